@@ -1,0 +1,231 @@
+"""The base class of every transform, and the per-file state the transforms share.
+
+All transforms of the pipeline run in ONE traversal of the original tree (see ``engine``), over
+metadata resolved once. So a transform:
+
+* reads metadata (qualified names, parents, scopes) of *original* nodes only: the ``original_node``
+  of a ``leave_*`` hook, or any node of ``self.module`` in ``prepare``;
+* may rewrite expressions in ``leave_*`` hooks (returning the same kind of node where it can);
+* never replaces, removes or adds statements itself: it asks the shared ``EditPlan``
+  (``insert_before``, ``insert_after``, ``guard_rank0``, ``replace_statement``), which the engine
+  applies to every statement body in one place, so edits of different transforms compose;
+* records what it did with ``self.record(original_node, message, manual=...)``, never prints.
+
+A transform that needs to know something about the whole file before it edits (which loader is
+iterated in the training loop, which name holds the model) gathers it in ``prepare``, which runs
+on the original tree before the traversal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import libcst as cst
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import (
+    ParentNodeProvider,
+    QualifiedName,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
+
+from .analysis import FileInfo
+
+LrScaling = Literal["linear", "sqrt", "none"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for. ``only``/``skip`` hold transform names."""
+
+    lr_scaling: LrScaling = "linear"
+    framework: Literal["auto", "torch", "tensorflow"] = "auto"
+    only: frozenset[str] = frozenset()
+    skip: frozenset[str] = frozenset()
+
+
+@dataclass
+class EditPlan:
+    """Statement-level edits, keyed by statements of the original tree.
+
+    The engine applies them in every statement body (module, indented block) after the
+    transforms' own ``leave_*`` hooks ran. Consecutive statements guarded for rank 0 share one
+    ``if``.
+    """
+
+    before: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)
+    after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)
+    guarded: set[cst.CSTNode] = field(default_factory=set)
+    replaced: dict[cst.CSTNode, Sequence[cst.BaseStatement]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.before or self.after or self.guarded or self.replaced)
+
+
+@dataclass
+class FileState:
+    """Everything the transforms of one file share."""
+
+    info: FileInfo
+    options: Options
+    module: cst.Module
+    runtime_alias: str = "sdp"
+    edits: EditPlan = field(default_factory=EditPlan)
+    # (original node, transform, message, manual); positions are resolved once, at the end.
+    records: list[tuple[cst.CSTNode, str, str, bool]] = field(default_factory=list)
+    # Facts one transform's ``prepare`` found for later transforms (e.g. "ddp_models").
+    facts: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def runtime_module(self) -> str:
+        return "sdp_runtime.torch" if self.info.framework == "torch" else "sdp_runtime.tensorflow"
+
+
+class Transform(VisitorBasedCodemodCommand):
+    """A libcst codemod that is one step of the distributed recipe."""
+
+    #: One line, shown by ``--list-transforms``.
+    DESCRIPTION: ClassVar[str] = ""
+    #: Frameworks (``FileInfo.framework`` values) this transform applies to.
+    FRAMEWORKS: ClassVar[frozenset[str]] = frozenset()
+    #: The public name: the transform module's name (set by ``__init_subclass__``).
+    NAME: ClassVar[str] = ""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider, ScopeProvider)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.NAME = cls.__module__.rsplit(".", 1)[-1]
+
+    def __init__(self, context: CodemodContext, state: FileState) -> None:
+        super().__init__(context)
+        self.state = state
+
+    # -- the pipeline's questions -------------------------------------------------------------
+
+    @classmethod
+    def applies_to(cls, info: FileInfo) -> bool:
+        """Whether this transform runs on a file. By default: on the frameworks it names."""
+        return info.framework in cls.FRAMEWORKS and info.convertible
+
+    def prepare(self, module: cst.Module) -> None:
+        """Look at the whole original file before the traversal. Metadata is available."""
+
+    # -- helpers for subclasses ---------------------------------------------------------------
+
+    @property
+    def module(self) -> cst.Module:
+        return self.state.module
+
+    @property
+    def sdp(self) -> str:
+        """The name the runtime module is imported as in this file."""
+        return self.state.runtime_alias
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        """Fully qualified names ``node`` may refer to (``torch.optim.SGD`` for ``optim.SGD``)."""
+        found: Iterable[QualifiedName] = self.get_metadata(QualifiedNameProvider, node, set())
+        return {q.name for q in found}
+
+    def refers_to(self, node: cst.CSTNode, *names: str, prefix: bool = False) -> bool:
+        """Whether ``node`` refers to one of ``names`` (or to something under them if ``prefix``)."""
+        for q in self.qualified_names(node):
+            for name in names:
+                if q == name or (prefix and q.startswith(name + ".")):
+                    return True
+        return False
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+        current = self.parent(node)
+        while current is not None:
+            yield current
+            current = self.parent(current)
+
+    def enclosing_statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+        """The statement holding ``node`` that sits directly in a module or block body."""
+        child: cst.CSTNode = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, (cst.Module, cst.IndentedBlock)) and isinstance(
+                child, cst.BaseStatement
+            ):
+                return child
+            child = parent
+        return None
+
+    def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.FunctionDef):
+                return parent
+        return None
+
+    def record(self, node: cst.CSTNode, message: str, *, manual: bool = False) -> None:
+        """Report a change (or, with ``manual``, a spot a person must look at) at ``node``."""
+        self.state.records.append((node, self.NAME, message, manual))
+
+    def add_runtime_import(self) -> None:
+        AddImportsVisitor.add_needed_import(
+            self.context, self.state.runtime_module, asname=self.sdp
+        )
+
+    def insert_before(self, stmt: cst.CSTNode, *new: cst.BaseStatement) -> None:
+        self.state.edits.before.setdefault(stmt, []).extend(new)
+
+    def insert_after(self, stmt: cst.CSTNode, *new: cst.BaseStatement) -> None:
+        self.state.edits.after.setdefault(stmt, []).extend(new)
+
+    def guard_rank0(self, stmt: cst.CSTNode) -> None:
+        """Run ``stmt`` on rank 0 only (``if sdp.rank() == 0:``)."""
+        self.state.edits.guarded.add(stmt)
+
+    def replace_statement(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
+        self.state.edits.replaced[stmt] = new
+
+    def is_rank0_guarded(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` already runs on rank 0 only (inside ``if <rank> == 0:``)."""
+        child: cst.CSTNode = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.If) and child is parent.body and is_rank0_test(
+                self, parent.test
+            ):
+                return True
+            child = parent
+        return False
+
+
+_RANK_FUNCTIONS = (
+    "sdp_runtime.torch.rank",
+    "sdp_runtime.tensorflow.rank",
+    "torch.distributed.get_rank",
+    "horovod.torch.rank",
+    "horovod.tensorflow.rank",
+    "horovod.tensorflow.keras.rank",
+    "horovod.keras.rank",
+    "smdistributed.dataparallel.torch.distributed.get_rank",
+    "smdistributed.dataparallel.tensorflow.rank",
+    "sdp_runtime.torch.distributed.get_rank",
+)
+
+
+def is_rank0_test(transform: Transform, test: cst.BaseExpression) -> bool:
+    """``<rank call> == 0`` / ``0 == <rank call>`` / ``not <rank call>`` with a known rank call."""
+
+    def is_rank_call(expr: cst.BaseExpression) -> bool:
+        return isinstance(expr, cst.Call) and transform.refers_to(expr.func, *_RANK_FUNCTIONS)
+
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        if isinstance(target.operator, cst.Equal):
+            left, right = test.left, target.comparator
+            zero = (isinstance(right, cst.Integer) and right.value == "0") or (
+                isinstance(left, cst.Integer) and left.value == "0"
+            )
+            return zero and (is_rank_call(left) or is_rank_call(right))
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return is_rank_call(test.expression)
+    return False

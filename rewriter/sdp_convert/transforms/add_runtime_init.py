@@ -1,0 +1,76 @@
+"""Import the runtime and initialise it once, right after the imports.
+
+Before::
+
+    import torch
+    import torch.nn as nn
+
+    model = nn.Linear(10, 1)
+
+After::
+
+    import torch
+    import torch.nn as nn
+    import sdp_runtime.torch as sdp
+    sdp.init()
+
+    model = nn.Linear(10, 1)
+
+Why: every later step of the recipe (GPU pinning, sharding, lr scaling, rank-0 writes) asks the
+runtime for this process's rank, local rank and world size, which exist only after ``init()``.
+Calling it at import time, after the file's own imports, puts it before any use of the rank. With no
+launcher the runtime runs as rank 0 of 1, so ``python train.py`` keeps working.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+
+
+class AddRuntimeInit(Transform):
+    DESCRIPTION = "Import sdp_runtime and call init() once, after the file's imports."
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        self.anchor: cst.BaseStatement | None = None
+        self.already = False
+        init_names = (f"{self.state.runtime_module}.init",)
+        for stmt in module.body:
+            for call in m.findall(stmt, m.Call()):
+                assert isinstance(call, cst.Call)
+                if self.refers_to(call.func, *init_names):
+                    self.already = True
+                    return
+        self.anchor = _end_of_import_block(module)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if self.already:
+            return updated_node
+        self.add_runtime_import()
+        init = cst.parse_statement(f"{self.sdp}.init()\n")
+        if self.anchor is None:
+            # No import block at the top (rare): initialise first thing after the docstring.
+            body = list(updated_node.body)
+            at = 1 if body and m.matches(body[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])) else 0
+            body.insert(at, init)
+            self.record(original_node, f"import {self.state.runtime_module} as {self.sdp}; {self.sdp}.init()")
+            return updated_node.with_changes(body=body)
+        self.insert_after(self.anchor, init)
+        self.record(self.anchor, f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init()")
+        return updated_node
+
+
+def _end_of_import_block(module: cst.Module) -> cst.BaseStatement | None:
+    """The last statement of the first block of imports (where libcst adds new imports)."""
+    body = list(module.body)
+    start = 1 if body and m.matches(body[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])) else 0
+    last = None
+    for stmt in body[start:]:
+        if m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()])):
+            last = stmt
+        else:
+            break
+    return last

@@ -1,0 +1,36 @@
+"""Before/after checks for one transform (django-upgrade's ``check_transformed``/``check_noop``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from sdp_convert.base import Options
+from sdp_convert.engine import Result, convert
+
+
+def run(source: str, only: str | None = None, **options: object) -> Result:
+    """Convert ``source`` (dedented) with the pipeline, or just ``add_runtime_init`` + ``only``."""
+    opts = Options(
+        only=frozenset({only, "add_runtime_init"}) if only else frozenset(), **options  # type: ignore[arg-type]
+    )
+    return convert(textwrap.dedent(source), opts)
+
+
+def check_transformed(before: str, after: str, only: str | None = None, **options: object) -> Result:
+    result = run(before, only, **options)
+    assert result.output.decode() == textwrap.dedent(after)
+    return result
+
+
+def check_noop(source: str, only: str | None = None, **options: object) -> Result:
+    result = run(source, only, **options)
+    assert result.output.decode() == textwrap.dedent(source)
+    return result
+
+
+def messages(result: Result, transform: str | None = None, manual: bool | None = None) -> list[str]:
+    return [
+        c.message
+        for c in result.changes
+        if (transform is None or c.transform == transform) and (manual is None or c.manual == manual)
+    ]
