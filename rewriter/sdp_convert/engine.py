@@ -9,6 +9,8 @@ of different transforms compose. Positions are computed only when something is r
 
 from __future__ import annotations
 
+import ast
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -69,15 +71,29 @@ def _parse(data: bytes) -> cst.Module:
     try:
         return cst.parse_module(data)
     except cst.ParserSyntaxError as err:
-        raise ConversionError(f"syntax error: {err.message}", err.raw_line, err.raw_column + 1)
+        _check_syntax(data)  # CPython's message is clearer ("Missing parentheses in call...")
+        message = err.message.split(": expected one of")[0]
+        raise ConversionError(f"syntax error: {message}", err.raw_line, err.raw_column + 1) from None
     except (UnicodeDecodeError, LookupError, SyntaxError) as err:
         raise ConversionError(f"cannot decode file: {err}") from err
 
 
+def _check_syntax(data: bytes) -> None:
+    if b"\0" in data[:8192]:
+        raise ConversionError("binary file (contains NUL bytes)")
+    try:
+        ast.parse(data)
+    except SyntaxError as err:
+        raise ConversionError(f"syntax error: {err.msg}", err.lineno, err.offset) from None
+    except (UnicodeDecodeError, LookupError, ValueError) as err:
+        raise ConversionError(f"cannot decode file: {err}") from None
+
+
 def _convert_once(data: bytes, options: Options) -> Result:
     if not any(marker in data for marker in FRAMEWORK_MARKERS):
-        # Cheap path: nothing here imports a framework we know. Still refuse what can't parse?
-        # No: a file we have no business with is left alone, byte for byte, unread.
+        # Cheap path: nothing here can import a framework we know, so it is left alone byte for
+        # byte; CPython's own parser (many times faster than libcst's) still reports broken files.
+        _check_syntax(data)
         return Result(data, data, FileInfo(reason="imports no deep-learning framework"))
     module = _parse(data)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)

@@ -1,0 +1,117 @@
+"""What the CLI tells the user: per-file outcomes, and the report in text, JSON or GitHub form."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .changes import Change
+
+Status = Literal["converted", "unchanged", "skipped", "failed"]
+ReportFormat = Literal["text", "json", "github"]
+
+#: Version of the JSON report schema (README, "JSON report").
+JSON_SCHEMA_VERSION = 1
+
+
+@dataclass
+class FileOutcome:
+    """What happened to one input file. ``message`` explains a skip or failure."""
+
+    path: str
+    status: Status
+    kind: str = ""
+    changes: list[Change] = field(default_factory=list)
+    message: str = ""
+    diff: str = ""
+
+    @property
+    def manual_count(self) -> int:
+        return sum(1 for c in self.changes if c.manual)
+
+
+def summary_line(outcomes: Sequence[FileOutcome], check: bool = False) -> str:
+    counts = Counter(o.status for o in outcomes)
+    manual = sum(o.manual_count for o in outcomes)
+    verb = "would be converted" if check else "converted"
+    return (
+        f"{counts['converted']} {verb}, {counts['unchanged']} unchanged, "
+        f"{counts['skipped']} skipped, {counts['failed']} failed; {manual} manual items"
+    )
+
+
+def render(outcomes: Sequence[FileOutcome], fmt: ReportFormat, check: bool = False) -> str:
+    if fmt == "json":
+        return _json(outcomes, check)
+    if fmt == "github":
+        return _github(outcomes)
+    return _text(outcomes, check)
+
+
+def _text(outcomes: Sequence[FileOutcome], check: bool) -> str:
+    lines: list[str] = []
+    for o in outcomes:
+        if o.status == "failed":
+            lines.append(o.message)
+        lines.extend(c.format(o.path) for c in o.changes)
+    lines.append(summary_line(outcomes, check))
+    return "\n".join(lines) + "\n"
+
+
+def _json(outcomes: Sequence[FileOutcome], check: bool) -> str:
+    counts = Counter(o.status for o in outcomes)
+    doc = {
+        "version": JSON_SCHEMA_VERSION,
+        "changes": [
+            {
+                "path": o.path,
+                "line": c.line,
+                "column": c.col,
+                "transform": c.transform,
+                "message": c.message,
+                "manual": c.manual,
+            }
+            for o in outcomes
+            for c in o.changes
+        ],
+        "files": [
+            {"path": o.path, "status": o.status, "kind": o.kind, "message": o.message}
+            for o in outcomes
+        ],
+        "summary": {
+            "converted": counts["converted"],
+            "unchanged": counts["unchanged"],
+            "skipped": counts["skipped"],
+            "failed": counts["failed"],
+            "manual": sum(o.manual_count for o in outcomes),
+            "check": check,
+        },
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _escape(text: str) -> str:
+    # GitHub workflow commands: data needs %, CR, LF escaped; properties also , and :.
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _prop(text: str) -> str:
+    return _escape(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _github(outcomes: Sequence[FileOutcome]) -> str:
+    lines = []
+    for o in outcomes:
+        if o.status == "failed":
+            lines.append(f"::error file={_prop(o.path)},title=sdp-convert::{_escape(o.message)}")
+        for c in o.changes:
+            level = "warning" if c.manual else "notice"
+            title = _prop(f"sdp-convert [{c.transform}]")
+            lines.append(
+                f"::{level} file={_prop(o.path)},line={c.line},col={c.col},title={title}::"
+                f"{_escape(c.message)}"
+            )
+    return "\n".join(lines) + ("\n" if lines else "")
