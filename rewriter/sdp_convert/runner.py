@@ -64,7 +64,7 @@ def plan(
                 elif dest is not None and copy_other_files:
                     copies.append((file, dest))
             if not found:
-                early.append(FileOutcome(str(path), "skipped", message="no Python files found"))
+                early.append(FileOutcome(str(path), "skipped", message=f"{path}: no Python files found"))
         elif not path.exists() and not path.is_symlink():
             early.append(FileOutcome(arg, "failed", message=f"{arg}: no such file or directory"))
         else:
