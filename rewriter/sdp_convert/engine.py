@@ -84,7 +84,9 @@ def _check_syntax(data: bytes) -> None:
     try:
         ast.parse(data)
     except SyntaxError as err:
-        raise ConversionError(f"syntax error: {err.msg}", err.lineno, err.offset) from None
+        if not err.lineno:  # the coding cookie itself is wrong: there is no position
+            raise ConversionError(f"cannot decode file: {err.msg}") from None
+        raise ConversionError(f"syntax error: {err.msg}", err.lineno, max(err.offset or 1, 1)) from None
     except (UnicodeDecodeError, LookupError, ValueError) as err:
         raise ConversionError(f"cannot decode file: {err}") from None
 
