@@ -51,6 +51,11 @@ class FileInfo:
     #: Why the file was judged a training script, or which library already distributes it.
     reason: str = ""
     imports: set[str] = field(default_factory=set)
+    #: Every call of the file by the qualified names of what it calls, and by method name
+    #: (``backward`` for ``loss.backward()``): an index transforms query instead of re-walking.
+    calls: dict[str, list[cst.Call]] = field(default_factory=dict, repr=False)
+    method_calls: dict[str, list[cst.Call]] = field(default_factory=dict, repr=False)
+    call_order: dict[int, int] = field(default_factory=dict, repr=False)
 
     @property
     def convertible(self) -> bool:
@@ -76,8 +81,9 @@ class _Detector(cst.CSTVisitor):
     def __init__(self) -> None:
         super().__init__()
         self.imports: set[str] = set()
-        self.called: set[str] = set()
-        self.methods: set[str] = set()
+        self.calls: dict[str, list[cst.Call]] = {}
+        self.method_calls: dict[str, list[cst.Call]] = {}
+        self.order: dict[int, int] = {}
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
@@ -92,10 +98,11 @@ class _Detector(cst.CSTVisitor):
                     self.imports.add(f"{base}.{alias.name.value}")
 
     def visit_Call(self, node: cst.Call) -> None:
+        self.order[id(node)] = len(self.order)
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
-            self.called.add(q.name)
+            self.calls.setdefault(q.name, []).append(node)
         if isinstance(node.func, cst.Attribute):
-            self.methods.add(node.func.attr.value)
+            self.method_calls.setdefault(node.func.attr.value, []).append(node)
 
 
 def _imports_under(imports: set[str], package: str) -> bool:
@@ -111,8 +118,10 @@ def detect(
     detector = _Detector()
     detector.metadata = metadata  # type: ignore[assignment]  # shared, resolved once
     module.visit(detector)
-    imports, called, methods = detector.imports, detector.called, detector.methods
-    info = FileInfo(imports=imports)
+    imports, called, methods = detector.imports, detector.calls, detector.method_calls
+    info = FileInfo(
+        imports=imports, calls=called, method_calls=methods, call_order=detector.order
+    )
 
     has_torch = _imports_under(imports, "torch")
     has_tf = any(_imports_under(imports, p) for p in ("tensorflow", "keras", "tf_keras"))

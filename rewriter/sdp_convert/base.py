@@ -138,6 +138,25 @@ class Transform(VisitorBasedCodemodCommand):
                     return True
         return False
 
+    def calls_to(self, *names: str, prefix: bool = False) -> list[cst.Call]:
+        """Original ``Call`` nodes whose callee refers to one of ``names``, in file order.
+
+        An index built once per file (cheap): prefer it to walking the tree in ``prepare``.
+        """
+        found: dict[int, cst.Call] = {}
+        for qname, calls in self.state.info.calls.items():
+            if qname in names or (prefix and any(qname.startswith(n + ".") for n in names)):
+                for call in calls:
+                    found[id(call)] = call
+        return sorted(found.values(), key=self._order)
+
+    def method_calls(self, method: str) -> list[cst.Call]:
+        """Original calls of the form ``<anything>.<method>(...)``, in file order."""
+        return list(self.state.info.method_calls.get(method, ()))
+
+    def _order(self, node: cst.CSTNode) -> int:
+        return self.state.info.call_order.get(id(node), -1)
+
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.get_metadata(ParentNodeProvider, node, None)
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import ast
 
-from collections.abc import Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst._nodes.internal import CodegenState
+from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from .analysis import FRAMEWORK_MARKERS, FileInfo, detect
 from .base import FileState, Options, Transform
@@ -124,10 +127,13 @@ def _convert_once(data: bytes, options: Options) -> Result:
 
     new_module = module.visit(_Traversal(transforms, state))
     assert isinstance(new_module, cst.Module)
-    if AddImportsVisitor.CONTEXT_KEY in context.scratch and new_module is not module:
-        new_module = AddImportsVisitor(context).transform_module(new_module)
+    if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+        # libcst's own import scheduling, without transform_module's deep copy of the tree.
+        adder = AddImportsVisitor(context)
+        adder.visit_Module(new_module)
+        new_module = adder.leave_Module(new_module, new_module)
 
-    changes = _positions(wrapper, state.records)
+    changes = _positions(module, state.records)
     output = new_module.bytes if state.records or state.edits else data
     if output != data and not any(not c.manual for c in changes):
         # Edits without a report would be a silent change; refuse rather than hide it.
@@ -136,80 +142,144 @@ def _convert_once(data: bytes, options: Options) -> Result:
 
 
 def _runtime_alias(module: cst.Module, metadata: object, runtime_module: str) -> str:
-    """``sdp`` unless the file already binds that name to something else."""
-    for stmt in module.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Import):
-                    for alias in small.names:
-                        full = cst.helpers.get_full_name_for_node(alias.name)
-                        if full == runtime_module and alias.asname is not None:
-                            name = alias.asname.name
-                            if isinstance(name, cst.Name):
-                                return name.value
-    taken = {n.value for n in _bound_names(module)}
+    """The name the runtime is imported as: ``sdp`` unless the file uses that name already."""
+    scopes = metadata[ScopeProvider]  # type: ignore[index]
+    scope = scopes.get(module)
+    for assignment in scope.assignments if scope is not None else ():
+        node = getattr(assignment, "node", None)
+        if isinstance(node, (cst.Import, cst.ImportFrom)) and runtime_module in {
+            q.name for q in scope.get_qualified_names_for(assignment.name)
+        }:
+            return assignment.name
+    taken = {a.name for a in scope.assignments} if scope is not None else set()
     for candidate in ("sdp", "sdp_rt", "sdp_runtime_"):
         if candidate not in taken:
             return candidate
     return "sdp_runtime_"  # pragma: no cover
 
 
-def _bound_names(module: cst.Module) -> list[cst.Name]:
-    names: list[cst.Name] = []
+@functools.cache
+def _hooks(cls: type[Transform]) -> dict[str, tuple[str | None, str | None]]:
+    """``{node type: (visit method name, leave method name)}`` that ``cls`` overrides."""
+    hooks: dict[str, tuple[str | None, str | None]] = {}
+    for name in dir(cls):
+        prefix, _, node_type = name.partition("_")
+        if prefix not in ("visit", "leave") or not node_type or "_" in node_type:
+            continue
+        if getattr(cls, name) is getattr(cst.CSTTransformer, name, None):
+            continue  # the base class's no-op
+        if not isinstance(getattr(cst, node_type, None), type):
+            continue
+        visit, leave = hooks.get(node_type, (None, None))
+        hooks[node_type] = (name, leave) if prefix == "visit" else (visit, name)
+    return hooks
 
-    class _Collect(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value.startswith("sdp"):
-                names.append(node)
 
-    module.visit(_Collect())
-    return names
+class _TargetPositions(CodegenState):
+    """Code generation that notes where a few target nodes start, and nothing else.
+
+    libcst's ``PositionProvider`` tracks line and column for every token and every node (about
+    twice the cost of parsing); the report needs the start of a handful of nodes. Here a target's
+    start is its token index; line and column come from the text before it.
+    """
+
+    def __init__(self, module: cst.Module, targets: set[int]) -> None:
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        self.targets = targets
+        self.starts: dict[int, int] = {}
+        self.fallback: dict[int, int] = {}  # where codegen of a node began, whitespace included
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if id(node) in self.targets:
+            self.fallback.setdefault(id(node), len(self.tokens))
+
+    @contextlib.contextmanager
+    def record_syntactic_position(
+        self,
+        node: cst.CSTNode,
+        *,
+        start_node: cst.CSTNode | None = None,
+        end_node: cst.CSTNode | None = None,
+    ) -> Iterator[None]:
+        key = id(node)
+        if key in self.targets and start_node is not None:
+            self.targets.add(id(start_node))  # its start is the child's (an indented block's)
+        elif key in self.targets:
+            self.starts.setdefault(key, len(self.tokens))
+        yield
+        if key in self.targets and start_node is not None and id(start_node) in self.starts:
+            self.starts.setdefault(key, self.starts[id(start_node)])
 
 
 def _positions(
-    wrapper: MetadataWrapper, records: list[tuple[cst.CSTNode, str, str, bool]]
+    module: cst.Module, records: list[tuple[cst.CSTNode, str, str, bool]]
 ) -> list[Change]:
     if not records:
         return []
-    positions = wrapper.resolve(PositionProvider)
+    state = _TargetPositions(module, {id(node) for node, *_ in records})
+    module._codegen(state)
+    # Line and column of each target's first token, counting through the text once.
+    where: dict[int, tuple[int, int]] = {}
+    line, col, done = 1, 0, 0
+    starts = {**state.fallback, **state.starts}
+    for index, key in sorted((index, key) for key, index in starts.items()):
+        text = "".join(state.tokens[done:index])
+        newlines = text.count("\n")
+        if newlines:
+            line += newlines
+            col = len(text) - text.rfind("\n") - 1
+        else:
+            col += len(text)
+        done = index
+        where[key] = (line, col)
     changes = set()
     for node, transform, message, manual in records:
-        pos = positions[node].start
-        changes.add(Change(pos.line, pos.column + 1, transform, message, manual))
+        line_no, column = where.get(id(node), (1, 0))
+        changes.add(Change(line_no, column + 1, transform, message, manual))
     return sorted(changes)
 
 
 class _Traversal(cst.CSTTransformer):
-    """Runs every transform's hooks, in pipeline order, during one traversal."""
+    """Runs every transform's hooks, in pipeline order, during one traversal.
+
+    Only the ``visit_<Node>``/``leave_<Node>`` methods a transform defines are called (found once
+    per class), so the cost of a node does not grow with transforms that don't care about it.
+    Children are always visited: one transform must not hide them from another. (libcst's matcher
+    decorators are therefore not available to transforms; use ``libcst.matchers.matches``.)
+    """
 
     def __init__(self, transforms: Sequence[Transform], state: FileState) -> None:
         super().__init__()
-        self.transforms = transforms
         self.state = state
+        self.visits: dict[str, list[Callable[[cst.CSTNode], object]]] = {}
+        self.leaves: dict[str, list[Callable[[cst.CSTNode, cst.CSTNode], object]]] = {}
+        for transform in transforms:
+            for node_type, (visit, leave) in _hooks(type(transform)).items():
+                if visit:
+                    self.visits.setdefault(node_type, []).append(getattr(transform, visit))
+                if leave:
+                    self.leaves.setdefault(node_type, []).append(getattr(transform, leave))
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        # Children are always visited: one transform must not hide them from another.
-        for transform in self.transforms:
-            transform.on_visit(node)
+        for hook in self.visits.get(type(node).__name__, ()):
+            hook(node)
         return True
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        for transform in self.transforms:
-            transform.on_visit_attribute(node, attribute)
+        pass
 
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        for transform in self.transforms:
-            transform.on_leave_attribute(original_node, attribute)
+        pass
 
     def on_leave(  # type: ignore[override]
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode
     ) -> cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]:
         result: cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]
         result = updated_node
-        for transform in self.transforms:
+        for hook in self.leaves.get(type(original_node).__name__, ()):
             if not isinstance(result, cst.CSTNode):
                 break
-            result = transform.on_leave(original_node, result)
+            result = hook(original_node, result)  # type: ignore[assignment]
         if self.state.edits and isinstance(result, (cst.Module, cst.IndentedBlock)):
             assert isinstance(original_node, (cst.Module, cst.IndentedBlock))
             result = result.with_changes(body=self._apply_edits(original_node.body, result.body))

@@ -37,13 +37,10 @@ class AddRuntimeInit(Transform):
     def prepare(self, module: cst.Module) -> None:
         self.anchor: cst.BaseStatement | None = None
         self.already = False
-        init_names = (f"{self.state.runtime_module}.init",)
-        for stmt in module.body:
-            for call in m.findall(stmt, m.Call()):
-                assert isinstance(call, cst.Call)
-                if self.refers_to(call.func, *init_names):
-                    self.already = True
-                    return
+        # An init anywhere (in main(), say) counts: a second init() would raise.
+        if self.calls_to(f"{self.state.runtime_module}.init"):
+            self.already = True
+            return
         self.anchor = _end_of_import_block(module)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
