@@ -18,6 +18,16 @@ Origin = Literal["vanilla", "horovod", "smddp", "sdp", "distributed"]
 
 #: Substrings one of which a file must contain to be parsed at all (cheap prefilter).
 FRAMEWORK_MARKERS = (b"torch", b"tensorflow", b"keras", b"horovod", b"smdistributed")
+#: ... and one of these: a training step, or a library we migrate. A file with neither cannot be
+#: anything ``detect`` would convert or note, so it is not parsed by libcst at all.
+ACTIVITY_MARKERS = (b"backward", b"GradientTape", b"apply_gradients", b"fit(", b"horovod",
+                    b"smdistributed", b"minimize(", b"distributed", b"deepspeed", b"accelerate",
+                    b"lightning", b"sdp_runtime")
+
+
+def worth_parsing(data: bytes) -> bool:
+    """Whether ``data`` may be a training script or a distributed one (a cheap byte test)."""
+    return any(m in data for m in FRAMEWORK_MARKERS) and any(m in data for m in ACTIVITY_MARKERS)
 
 # Libraries that already make a script distributed; such files are left alone with a note.
 _DISTRIBUTED_IMPORTS = {

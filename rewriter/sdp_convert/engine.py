@@ -10,6 +10,8 @@ of different transforms compose. Positions are computed only when something is r
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 
 import contextlib
 import functools
@@ -22,7 +24,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst._nodes.internal import CodegenState
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from .analysis import FRAMEWORK_MARKERS, FileInfo, detect
+from .analysis import FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .pipeline import PIPELINE
@@ -85,7 +87,14 @@ def _check_syntax(data: bytes) -> None:
     if b"\0" in data[:8192]:
         raise ConversionError("binary file (contains NUL bytes)")
     try:
-        ast.parse(data)
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except SyntaxError as err:  # an unknown or inconsistent coding cookie
+        raise ConversionError(f"cannot decode file: {err.msg}") from None
+    except (UnicodeDecodeError, LookupError) as err:
+        raise ConversionError(f"cannot decode file: {err}") from None
+    try:
+        ast.parse(text.removeprefix("\ufeff"))
     except SyntaxError as err:
         if not err.lineno:  # the coding cookie itself is wrong: there is no position
             raise ConversionError(f"cannot decode file: {err.msg}") from None
@@ -95,11 +104,11 @@ def _check_syntax(data: bytes) -> None:
 
 
 def _convert_once(data: bytes, options: Options) -> Result:
-    if not any(marker in data for marker in FRAMEWORK_MARKERS):
-        # Cheap path: nothing here can import a framework we know, so it is left alone byte for
-        # byte; CPython's own parser (many times faster than libcst's) still reports broken files.
+    if not worth_parsing(data):
+        # Cheap path: nothing here can be a training script, so it is left alone byte for byte;
+        # CPython's own parser (many times faster than libcst's) still reports broken files.
         _check_syntax(data)
-        return Result(data, data, FileInfo(reason="imports no deep-learning framework"))
+        return Result(data, data, FileInfo(reason="no training step"))
     module = _parse(data)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     transforms_deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
