@@ -24,6 +24,8 @@ class FileOutcome:
     path: str
     status: Status
     kind: str = ""
+    #: Why the file was judged a training script (or what distributes it already).
+    reason: str = ""
     changes: list[Change] = field(default_factory=list)
     message: str = ""
     diff: str = ""
@@ -78,7 +80,8 @@ def _json(outcomes: Sequence[FileOutcome], check: bool) -> str:
             for c in o.changes
         ],
         "files": [
-            {"path": o.path, "status": o.status, "kind": o.kind, "message": o.message}
+            {"path": o.path, "status": o.status, "kind": o.kind, "reason": o.reason,
+             "message": o.message}
             for o in outcomes
         ],
         "summary": {

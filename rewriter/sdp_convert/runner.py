@@ -105,7 +105,7 @@ def process(job: Job, config: Config) -> FileOutcome:
         return FileOutcome(job.display, "failed", message=message)
 
     status = "converted" if result.changed else "unchanged"
-    outcome = FileOutcome(job.display, status, result.info.label, result.changes)
+    outcome = FileOutcome(job.display, status, result.info.label, result.info.reason, result.changes)
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
     if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):
@@ -175,7 +175,7 @@ def convert_stdin(config: Config) -> FileOutcome:
         sys.stdout.buffer.write(data if config.mode == "write" else b"")
         return FileOutcome("-", "failed", message=err.format("<stdin>"))
     status = "converted" if result.changed else "unchanged"
-    outcome = FileOutcome("-", status, result.info.label, result.changes)
+    outcome = FileOutcome("-", status, result.info.label, result.info.reason, result.changes)
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, "-")
     if config.mode == "write":

@@ -1,0 +1,296 @@
+"""Converter speed: sdp-convert against libcst's parse-only floor, start-up, memory, -j scaling.
+
+Corpus: every ``fixtures/*/*/input.py`` plus generated variants of realistic ~200-line PyTorch
+and Keras training scripts, at least 50 files. Printed as a table and written, with the machine,
+to ``benchmarks/results/convert.md``.
+
+Usage: ``.venv/bin/python benchmarks/bench_convert.py [--variants N] [--repeats R]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import libcst as cst
+
+from sdp_convert import __version__
+from sdp_convert.engine import _convert_once, convert
+from sdp_convert.base import Options
+
+ROOT = Path(__file__).resolve().parents[1]
+SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))
+
+TORCH_TEMPLATE = '''\
+"""Train a {name} regressor on synthetic data ({i})."""
+import argparse
+import json
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import optim
+from torch.utils.data import DataLoader, TensorDataset
+
+{blocks}
+
+class Net{i}(nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, width)
+        self.blocks = nn.Sequential(*[Block0(width) for _ in range({depth})])
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x):
+        return self.out(self.blocks(F.relu(self.inp(x))))
+
+
+def evaluate(model, loader, device):
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            total += F.mse_loss(model(x), y).item()
+    return total / max(len(loader), 1)
+
+
+def train_one_epoch(model, loader, opt, device, epoch, log_every=10):
+    model.train()
+    for step, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if step % log_every == 0:
+            print(f"epoch {{epoch}} step {{step}} loss {{loss.item():.4f}}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lr", type=float, default={lr})
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default="out")
+    args = parser.parse_args()
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator().manual_seed({i})
+    x = torch.randn(512, 16, generator=gen)
+    y = x.sum(dim=1, keepdim=True)
+    train_loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True)
+    eval_loader = DataLoader(TensorDataset(x, y), batch_size=128)
+    model = Net{i}().to(device)
+    opt = optim.{optimizer}(model.parameters(), lr=args.lr)
+    scheduler = optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    for epoch in range(args.epochs):
+        train_one_epoch(model, train_loader, opt, device, epoch)
+        scheduler.step()
+        print("eval", evaluate(model, eval_loader, device))
+    os.makedirs(args.out, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(args.out, "model.pt"))
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump({{"epochs": args.epochs}}, f)
+
+
+{utils}
+
+if __name__ == "__main__":
+    main()
+'''
+
+KERAS_TEMPLATE = '''\
+"""Keras {name} classifier ({i})."""
+import os
+
+import numpy as np
+import tensorflow as tf
+from tensorflow import keras
+
+{utils}
+
+def build_model(width={width}):
+    inputs = keras.Input(shape=(20,))
+    x = keras.layers.Dense(width, activation="relu")(inputs)
+    x = keras.layers.Dense(width, activation="relu")(x)
+    outputs = keras.layers.Dense(3, activation="softmax")(x)
+    return keras.Model(inputs, outputs)
+
+
+def make_dataset(n=1024, batch_size=32):
+    rng = np.random.RandomState({i})
+    x = rng.randn(n, 20).astype("float32")
+    y = rng.randint(0, 3, size=(n,))
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    return ds.shuffle(1024).batch(batch_size)
+
+
+def main():
+    model = build_model()
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate={lr}),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    callbacks = [keras.callbacks.ModelCheckpoint(os.path.join("ckpt", "model.keras"))]
+    model.fit(make_dataset(), epochs=2, steps_per_epoch=32, callbacks=callbacks, verbose=1)
+    model.save_weights("final.weights.h5")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+BLOCK = '''\
+class Block{k}(nn.Module):
+    """Residual block {k}."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        # residual connection keeps gradients flowing
+        return x + self.act(self.fc(x))
+'''
+
+UTIL = '''\
+def util_{k}(a, b=3, *args, **kwargs):
+    """Helper {k}: unrelated code a real script carries along."""
+    values = [a * b for _ in range(3)]
+    if kwargs.get("verbose"):
+        print(values)
+    return sum(values) + len(args)
+'''
+
+
+def corpus(tmp: Path, variants: int) -> list[Path]:
+    files = sorted(ROOT.glob("fixtures/*/*/input.py"))
+    out = tmp / "corpus"
+    out.mkdir()
+    paths = []
+    for n, f in enumerate(files):
+        dest = out / f"fixture_{n:03d}_{f.parent.parent.name}_{f.parent.name}.py"
+        shutil.copy(f, dest)
+        paths.append(dest)
+    optimizers = ["SGD", "Adam", "AdamW", "RMSprop"]
+    for i in range(variants):
+        if i % 4 == 3:
+            text = KERAS_TEMPLATE.format(
+                name=f"k{i}", i=i, width=32 + i, lr=0.001 * (1 + i % 3),
+                utils="\n\n".join(UTIL.format(k=k) for k in range(12)),
+            )
+        else:
+            text = TORCH_TEMPLATE.format(
+                name=f"t{i}", i=i, depth=2 + i % 3, lr=0.01 * (1 + i % 5),
+                optimizer=optimizers[i % len(optimizers)],
+                blocks="\n\n".join(BLOCK.format(k=k) for k in range(3 + i % 3)),
+                utils="\n\n".join(UTIL.format(k=k) for k in range(4 + i % 4)),
+            )
+        dest = out / f"generated_{i:03d}.py"
+        dest.write_text(text)
+        paths.append(dest)
+    return paths
+
+
+def timed(fn, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def run_cli(args: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run([SDP_CONVERT, *args], capture_output=True, timeout=1800, check=False)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--variants", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        paths = corpus(tmp, args.variants)
+        sources = [p.read_bytes() for p in paths]
+        lines = sum(s.count(b"\n") for s in sources)
+        options = Options()
+        changed = sum(convert(s, options).changed for s in sources)
+
+        parse = timed(lambda: [cst.parse_module(s) for s in sources], args.repeats)
+        once = timed(lambda: [_convert_once(s, options) for s in sources], args.repeats)
+        total = timed(lambda: [convert(s, options) for s in sources], args.repeats)
+
+        startup = statistics.median(run_cli(["--version"]) for _ in range(10))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        single = statistics.median(run_cli(["--check", "-q", "-j", "1", str(tmp / "corpus")])
+                                   for _ in range(args.repeats))
+        peak_kib = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+        double = statistics.median(run_cli(["--check", "-q", "-j", "2", str(tmp / "corpus")])
+                                   for _ in range(args.repeats))
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    rows = [
+        ("files (changed by conversion)", f"{len(paths)} ({changed})", ""),
+        ("lines", f"{lines}", ""),
+        ("libcst parse only", f"{parse * 1000:.0f} ms", "1.00x"),
+        ("sdp-convert, one pass (no verification)", f"{once * 1000:.0f} ms", f"{once / parse:.2f}x"),
+        ("sdp-convert, total (with parse + fixed-point check)", f"{total * 1000:.0f} ms",
+         f"{total / parse:.2f}x"),
+        ("sdp-convert per 1,000 lines", f"{total / lines * 1e6:.0f} ms", ""),
+        ("libcst parse per 1,000 lines", f"{parse / lines * 1e6:.0f} ms", ""),
+        ("`sdp-convert --version` start-up", f"{startup * 1000:.0f} ms", "target < 300 ms"),
+        ("directory mode -j 1 (wall)", f"{single:.2f} s", ""),
+        ("directory mode -j 2 (wall)", f"{double:.2f} s", f"speed-up {single / double:.2f}x"),
+        ("peak memory of one sdp-convert -j 1 process", f"{peak_kib / 1024:.0f} MiB", ""),
+    ]
+    table = ["| measure | value | ratio |", "| --- | ---: | ---: |",
+             *[f"| {a} | {b} | {c} |" for a, b, c in rows]]
+    header = [
+        "# Converter benchmark",
+        "",
+        f"Run {time.strftime('%Y-%m-%d')} with `.venv/bin/python benchmarks/bench_convert.py"
+        f" --variants {args.variants} --repeats {args.repeats}`.",
+        f"Machine: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
+        f"libcst {cst_version()}, sdp-convert {__version__}. In-process timings run on one core;"
+        " medians of the repeats.",
+        "",
+    ]
+    text = "\n".join(header + table) + "\n"
+    print(text)
+    (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "benchmarks" / "results" / "convert.md").write_text(text)
+    return 0
+
+
+def cst_version() -> str:
+    from importlib.metadata import version
+
+    return version("libcst")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
