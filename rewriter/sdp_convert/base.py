@@ -26,7 +26,6 @@ import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import (
-    ParentNodeProvider,
     QualifiedName,
     QualifiedNameProvider,
     ScopeProvider,
@@ -94,7 +93,9 @@ class Transform(VisitorBasedCodemodCommand):
     #: The public name: the transform module's name (set by ``__init_subclass__``).
     NAME: ClassVar[str] = ""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider, ScopeProvider)
+    # Parents come from ``FileInfo.parents`` (see ``parent``), not ParentNodeProvider: same map,
+    # a fraction of the cost. A transform that needs more metadata declares it and gets it.
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -158,7 +159,8 @@ class Transform(VisitorBasedCodemodCommand):
         return self.state.info.call_order.get(id(node), -1)
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self.get_metadata(ParentNodeProvider, node, None)
+        """The parent of an original node (from the map the detection pass builds)."""
+        return self.state.info.parents.get(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
         current = self.parent(node)
