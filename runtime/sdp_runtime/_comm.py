@@ -1,0 +1,736 @@
+"""Collectives on torch.distributed: the one module of the runtime that talks to it.
+
+Every framework layer (``sdp_runtime.torch``, ``sdp_runtime.tensorflow``) calls these functions
+with torch tensors; nothing else imports ``torch.distributed``.
+
+- Backend: NCCL when this process has a GPU, Gloo otherwise; ``SDP_BACKEND`` or ``init(backend=)``
+  overrides. Without a launcher (one process) a real single-process group is created all the
+  same, so that every code path is the one used with many processes. A process group that the
+  user created before ``init()`` is adopted.
+- Time limit: ``SDP_TIMEOUT`` seconds (default 300) for meeting the other processes and for
+  every collective, so a peer that never arrives, hangs or dies gives a ``CommunicationError``
+  instead of a hang.
+- Fusion: ``allreduce_`` and ``broadcast_`` copy many tensors into a few flat buckets (25 MiB by
+  default; ``SDP_BUCKET_MB`` or ``bucket_bytes=``), run one collective per bucket, all of them in
+  flight at once, and copy back. Bucket buffers are cached and reused from call to call (one per
+  dtype, device and position in the call, grown when a larger one is needed), because allocating
+  a fresh 100 MB buffer costs 40-60 ms in page faults where reusing one costs 10 ms.
+- Ops: ``AVERAGE`` is a SUM followed by a division by the number of processes. For integer
+  tensors that division rounds down (``floor(sum / size)``, like Python's ``//``); for bool
+  tensors ``SUM`` is a logical OR, ``MIN`` an AND, ``MAX`` an OR, and ``AVERAGE`` is refused.
+  Integer sums wrap around like torch's own integer arithmetic.
+- Compression ``"fp16"``: float32/float64 tensors travel as float16 (for AVERAGE they are divided
+  by the number of processes before the cast, as torch's ``fp16_compress_hook`` does) and are cast
+  back afterwards; other dtypes travel as they are.
+- Checks: before each fused collective the ranks compare a fingerprint of the tensors they pass
+  (number, dtypes, shapes, op) in one tiny allreduce; if they differ every rank raises
+  ``MismatchError`` naming what each rank passed, where Gloo would silently return garbage and
+  NCCL would hang. ``SDP_SHAPE_CHECK=0`` turns this off.
+- One process: reductions return at once and change nothing (the result of reducing one value
+  is that value; nothing is sent, so nothing is compressed). This keeps a converted script run
+  with ``python train.py`` exactly equal to the original.
+
+Tensors may live anywhere: under NCCL, CPU tensors are copied to ``device()`` for the collective
+and back. Calls are serialised by a lock, so that two threads cannot interleave their collectives.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _env
+from ._types import (
+    AlreadyInitializedError,
+    CommunicationError,
+    MismatchError,
+    NotInitializedError,
+    ReduceOp,
+)
+
+__all__ = [
+    "AlreadyInitializedError",
+    "CommunicationError",
+    "MismatchError",
+    "NotInitializedError",
+    "ReduceOp",
+    "allgather",
+    "allgather_object",
+    "allreduce_",
+    "alone",
+    "backend",
+    "barrier",
+    "broadcast_",
+    "broadcast_object",
+    "buffer_stats",
+    "device",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "placement",
+    "rank",
+    "shutdown",
+    "size",
+]
+
+DEFAULT_BUCKET_MB = 25.0
+DEFAULT_TIMEOUT_S = 300.0
+_MIB = 1024 * 1024
+
+# Dtypes Gloo and NCCL reduce natively; int16 travels as int32 (Gloo has no int16). Complex
+# tensors travel as their real view.
+_NATIVE = {
+    torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+}
+_WIDENED = {torch.int16: torch.int32}
+_COMPRESSIBLE = {torch.float32, torch.float64}
+_DIST_OPS = {
+    ReduceOp.AVERAGE: dist.ReduceOp.SUM,
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+}
+_COMPRESSIONS = ("none", "fp16")
+
+
+@dataclass
+class _State:
+    placement: _env.Placement
+    backend: str
+    device: torch.device
+    owns_group: bool
+    timeout_s: float
+    bucket_bytes: int
+    check_shapes: bool
+
+
+_state: _State | None = None
+_lock = threading.RLock()
+# (wire dtype, device, slot) -> flat buffer; slot = index of the bucket among the call's buckets
+# of that dtype, so that buckets in flight together never share a buffer.
+_buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
+_atexit_registered = False
+# With one process every collective returns at once. Tests of the GPU path turn this off, to run
+# real NCCL collectives on a one-process group.
+_SHORTCUT_ALONE = True
+
+
+# --------------------------------------------------------------------------------------------
+# Lifecycle and queries
+
+
+def init(backend: str | None = None) -> None:
+    """Join the job: find this process's place, pick a backend and meet the other processes.
+
+    Arguments:
+        backend: ``"nccl"`` or ``"gloo"``; default ``SDP_BACKEND``, else NCCL with a GPU and Gloo
+            without.
+
+    Raises:
+        AlreadyInitializedError: ``init()`` already ran in this process (``shutdown()`` first).
+        CommunicationError: the other processes did not all arrive within ``SDP_TIMEOUT`` s.
+
+    Example:
+        >>> init()
+        >>> rank(), size()
+        (0, 1)
+    """
+    global _state, _atexit_registered
+    with _lock:
+        if _state is not None:
+            raise AlreadyInitializedError(
+                "sdp_runtime is already initialized in this process; call sdp.shutdown() before "
+                "calling sdp.init() again"
+            )
+        placement = _env.detect()
+        timeout_s = _env_float("SDP_TIMEOUT", DEFAULT_TIMEOUT_S)
+        bucket_bytes = int(_env_float("SDP_BUCKET_MB", DEFAULT_BUCKET_MB) * _MIB)
+        check = os.environ.get("SDP_SHAPE_CHECK", "1").strip().lower() not in ("0", "false", "no")
+        if dist.is_initialized():
+            placement, name, dev = _adopt(placement)
+            owns = False
+        else:
+            name = _choose_backend(backend)
+            dev = _choose_device(name, placement.local_rank)
+            if dev.type == "cuda":
+                torch.cuda.set_device(dev)
+            _rendezvous(name, placement, timeout_s)
+            owns = True
+        _state = _State(placement, name, dev, owns, timeout_s, max(bucket_bytes, 1), check)
+        if not _atexit_registered:
+            # Leaving the group explicitly avoids the backend's "terminate called" noise at exit.
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Leave the job and free the bucket buffers; a no-op when not initialized.
+
+    A process group adopted from the user (created before ``init()``) is left alone.
+
+    Example:
+        >>> shutdown()
+    """
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        state, _state = _state, None
+        _buffers.clear()
+        if state.owns_group and dist.is_initialized():
+            if state.placement.size > 1:
+                # Leave together: a rank that tears Gloo down while a peer still sends to it
+                # can abort at exit ("terminate called without an active exception").
+                with contextlib.suppress(Exception):
+                    dist.barrier()
+            dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    """Whether ``init()`` has run (and ``shutdown()`` has not)."""
+    return _state is not None
+
+
+def placement() -> _env.Placement:
+    """This process's full placement (rank, size, local rank, master address, launcher)."""
+    return _require("sdp.placement()").placement
+
+
+def rank() -> int:
+    """This process's rank, 0 to ``size() - 1``."""
+    return _require("sdp.rank()").placement.rank
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return _require("sdp.size()").placement.size
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its machine (its GPU index)."""
+    return _require("sdp.local_rank()").placement.local_rank
+
+
+def local_size() -> int:
+    """Number of processes on this process's machine."""
+    return _require("sdp.local_size()").placement.local_size
+
+
+def device() -> torch.device:
+    """Where collectives run: ``cuda:<local rank>`` under NCCL, else ``cpu``."""
+    return _require("sdp.device()").device
+
+
+def backend() -> str:
+    """The torch.distributed backend in use (``"nccl"`` or ``"gloo"``)."""
+    return _require("sdp.backend()").backend
+
+
+def buffer_stats() -> dict[str, int]:
+    """How many bucket buffers are cached and their total size in bytes (for tests and tuning)."""
+    with _lock:
+        return {
+            "count": len(_buffers),
+            "bytes": sum(b.numel() * b.element_size() for b in _buffers.values()),
+        }
+
+
+def alone() -> bool:
+    """Whether this process is the whole job, so that collectives have nothing to do."""
+    return _alone(_require("sdp collectives"))
+
+
+def _alone(state: _State) -> bool:
+    return state.placement.size == 1 and _SHORTCUT_ALONE
+
+
+def _require(what: str) -> _State:
+    state = _state
+    if state is None:
+        raise NotInitializedError(what)
+    return state
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"environment variable {name}={raw!r} must be positive")
+    return value
+
+
+def _choose_backend(requested: str | None) -> str:
+    name = (requested or os.environ.get("SDP_BACKEND") or "").strip().lower()
+    if not name:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if name not in ("nccl", "gloo"):
+        raise ValueError(f"unknown backend {name!r} (SDP_BACKEND): expected 'nccl' or 'gloo'")
+    if name == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs a CUDA GPU, and this process has none; use 'gloo'")
+    return name
+
+
+def _choose_device(name: str, local_rank: int) -> torch.device:
+    if name == "nccl":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _adopt(found: _env.Placement) -> tuple[_env.Placement, str, torch.device]:
+    """Take over a process group the user initialised (e.g. with torch's init_process_group)."""
+    name = str(dist.get_backend()).lower()
+    r, s = dist.get_rank(), dist.get_world_size()
+    if (found.rank, found.size) == (r, s):
+        here = found
+    else:  # the environment says nothing reliable: assume one machine
+        here = replace(found, rank=r, size=s, local_rank=r, local_size=s, launcher="adopted")
+    nccl = "nccl" in name
+    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    return here, "nccl" if nccl else name, dev
+
+
+def _rendezvous(name: str, p: _env.Placement, timeout_s: float) -> None:
+    timeout = timedelta(seconds=timeout_s)
+    kwargs: dict[str, Any] = {
+        "backend": name, "rank": p.rank, "world_size": p.size, "timeout": timeout
+    }
+    if p.store_from_env:
+        kwargs["init_method"] = "env://"  # torchrun: its agent already hosts the store
+    elif p.size == 1:
+        kwargs["store"] = dist.HashStore()
+    else:
+        kwargs["init_method"] = f"tcp://{p.master_addr}:{p.master_port}"
+    hook = sys.excepthook
+    try:
+        dist.init_process_group(**kwargs)
+        if os.environ.get("SDP_RUN_PREFIXED") == "1":
+            sys.excepthook = hook  # sdp-run prefixes each line already; torch's hook repeats it
+    except Exception as error:  # DistStoreError, TimeoutError, RuntimeError: all mean the same here
+        raise CommunicationError(
+            f"sdp.init(): rank {p.rank} of {p.size} could not meet the other processes at "
+            f"{p.master_addr}:{p.master_port} within {timeout_s:g} s (SDP_TIMEOUT; launcher: "
+            f"{p.launcher}). Did every process start, with the same address? Cause: "
+            f"{_first_line(error)}"
+        ) from error
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives
+
+
+def allreduce_(
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp | str = ReduceOp.AVERAGE,
+    compression: str = "none",
+    bucket_bytes: int | None = None,
+) -> None:
+    """Reduce ``tensors`` across all processes, in place, fused into a few buckets.
+
+    Arguments:
+        tensors: tensors of any supported dtype (mixed dtypes are grouped), any device; every
+            process must pass the same number, shapes and dtypes in the same order.
+        op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX`` (or their names).
+        compression: ``"none"`` or ``"fp16"`` (float32/float64 travel as float16).
+        bucket_bytes: bucket size in bytes; default ``SDP_BUCKET_MB`` (25 MiB).
+
+    Example:
+        >>> grads = [p.grad for p in model.parameters()]
+        >>> allreduce_(grads, ReduceOp.AVERAGE)
+    """
+    state = _require("sdp allreduce")
+    op = ReduceOp.parse(op)
+    compression = _parse_compression(compression)
+    items = [_as_reducible(t, op) for t in _tensor_list(tensors, "allreduce_")]
+    if _alone(state) or not items:
+        return
+    limit = bucket_bytes or state.bucket_bytes
+    with _lock, torch.no_grad():
+        _check_same(state, "allreduce", items, f"{op.name} {compression} {limit}")
+        buckets = _plan(items, lambda t: _wire_dtype(t.dtype, compression), limit)
+        prescale = op is ReduceOp.AVERAGE and compression == "fp16"
+
+        def launch(buf: torch.Tensor, bucket: _Bucket) -> Any:
+            if prescale and bucket.wire != bucket.source:
+                buf.div_(state.placement.size)
+            return dist.all_reduce(buf, op=_reduce_op(op, bucket.wire), async_op=True)
+
+        def finish(buf: torch.Tensor, bucket: _Bucket) -> None:
+            if op is ReduceOp.AVERAGE and not (prescale and bucket.wire != bucket.source):
+                _divide(buf, state.placement.size)
+
+        _run(state, "allreduce", buckets, launch, finish, copy_in=True, copy_out=True)
+
+
+def broadcast_(tensors: Sequence[torch.Tensor], root_rank: int = 0) -> None:
+    """Overwrite ``tensors`` on every process with ``root_rank``'s values, fused into buckets.
+
+    Tensors of every dtype travel together as bytes, so one bucket serves a whole state dict.
+
+    Arguments:
+        tensors: tensors of any dtype and device, the same shapes and dtypes on every process.
+        root_rank: the process whose values everyone receives.
+
+    Example:
+        >>> broadcast_(list(model.state_dict().values()), root_rank=0)
+    """
+    state = _require("sdp broadcast")
+    root = _check_root(root_rank, state)
+    items = [t for t in _tensor_list(tensors, "broadcast_")]
+    if _alone(state) or not items:
+        return
+    with _lock, torch.no_grad():
+        _check_same(state, "broadcast", items, f"root {root}")
+        buckets = _plan(items, lambda t: torch.uint8, state.bucket_bytes, as_bytes=True)
+        mine = state.placement.rank == root
+
+        def launch(buf: torch.Tensor, bucket: _Bucket) -> Any:
+            return dist.broadcast(buf, src=root, async_op=True)
+
+        _run(state, "broadcast", buckets, launch, None, copy_in=mine, copy_out=not mine)
+
+
+def allgather(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate every process's ``tensor`` along dim 0, in rank order.
+
+    The first dimension may differ between processes; the others and the dtype may not. A 0-d
+    tensor counts as shape ``(1,)``.
+
+    Arguments:
+        tensor: the local piece (any dtype, any device); the result lives on the same device.
+
+    Example:
+        >>> allgather(torch.tensor([rank()]))  # tensor([0, 1]) on two processes
+    """
+    state = _require("sdp allgather")
+    (x,) = _tensor_list([tensor], "allgather")
+    x = x.detach().reshape(1) if x.dim() == 0 else x.detach()
+    if _alone(state):
+        return x.clone()
+    n = state.placement.size
+    trailing = tuple(x.shape[1:])
+    with _lock, _guard(state, "allgather"):
+        sig = _fingerprint(f"{x.dtype}{trailing}")
+        rows = torch.tensor([x.shape[0], sig, -sig], dtype=torch.int64, device=state.device)
+        table = torch.empty(n * 3, dtype=torch.int64, device=state.device)
+        dist.all_gather(list(table.chunk(n)), rows)
+        table = table.view(n, 3).cpu()
+        if not (table[:, 1] == sig).all():
+            _explain_mismatch("allgather", f"{x.dtype} [*, {', '.join(map(str, trailing))}]")
+        counts = table[:, 0].tolist()
+        row_bytes = math.prod(trailing) * x.element_size()
+        width = max(counts) * row_bytes
+        if width == 0:
+            return x.new_empty((sum(counts), *trailing))
+        send = torch.zeros(width, dtype=torch.uint8, device=state.device)
+        if x.numel():
+            send[: x.numel() * x.element_size()].copy_(_bytes_of(x.contiguous()))
+        received = torch.empty(n * width, dtype=torch.uint8, device=state.device)
+        dist.all_gather(list(received.chunk(n)), send)
+    pieces = [received[i * width : i * width + c * row_bytes] for i, c in enumerate(counts)]
+    flat = torch.cat(pieces).to(x.device)
+    return flat.view(x.dtype).view(sum(counts), *trailing)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+    """Return ``root_rank``'s ``obj`` (any picklable object) on every process.
+
+    Example:
+        >>> config = broadcast_object(config if rank() == 0 else None)
+    """
+    state = _require("sdp broadcast_object")
+    root = _check_root(root_rank, state)
+    if _alone(state):
+        return obj
+    box = [obj if state.placement.rank == root else None]
+    with _lock, _guard(state, "broadcast_object"):
+        dist.broadcast_object_list(box, src=root, device=_object_device(state))
+    return box[0]
+
+
+def allgather_object(obj: Any) -> list[Any]:
+    """Return the list of every process's ``obj``, in rank order.
+
+    Example:
+        >>> allgather_object({"rank": rank()})  # [{'rank': 0}, {'rank': 1}]
+    """
+    state = _require("sdp allgather_object")
+    if _alone(state):
+        return [obj]
+    out: list[Any] = [None] * state.placement.size
+    with _lock, _guard(state, "allgather_object"):
+        dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    """Wait until every process has reached this point.
+
+    Example:
+        >>> barrier()
+    """
+    state = _require("sdp barrier")
+    if _alone(state):
+        return
+    with _lock, _guard(state, "barrier"):
+        if state.device.type == "cuda":
+            dist.barrier(device_ids=[state.device.index])
+        else:
+            dist.barrier()
+
+
+# --------------------------------------------------------------------------------------------
+# Fusion machinery
+
+
+@dataclass
+class _Bucket:
+    source: torch.dtype  # dtype of the tensors (after complex -> real views)
+    wire: torch.dtype  # dtype on the wire and in the buffer
+    tensors: list[torch.Tensor]
+    offsets: list[int]  # element offsets (bytes, for byte buckets) of each tensor in the buffer
+    numel: int  # buffer elements
+    as_bytes: bool
+
+
+def _plan(
+    items: list[torch.Tensor],
+    wire_of: Callable[[torch.Tensor], torch.dtype],
+    limit: int,
+    as_bytes: bool = False,
+) -> list[_Bucket]:
+    """Group tensors by dtype (in order of first appearance) and cut each group into buckets."""
+    groups: dict[tuple[torch.dtype, torch.dtype], list[torch.Tensor]] = {}
+    for t in items:
+        if t.numel():
+            key = (torch.uint8, torch.uint8) if as_bytes else (t.dtype, wire_of(t))
+            groups.setdefault(key, []).append(t)
+    buckets: list[_Bucket] = []
+    for (source, wire), group in groups.items():
+        current: list[torch.Tensor] = []
+        offsets: list[int] = []
+        used = 0
+        for t in group:
+            # Byte buckets hold every dtype: 16-byte alignment lets each slice be viewed as it.
+            need = _aligned(t.numel() * t.element_size()) if as_bytes else t.numel()
+            if current and (used + need) * wire.itemsize > limit:
+                buckets.append(_Bucket(source, wire, current, offsets, used, as_bytes))
+                current, offsets, used = [], [], 0
+            current.append(t)
+            offsets.append(used)
+            used += need
+        buckets.append(_Bucket(source, wire, current, offsets, used, as_bytes))
+    return buckets
+
+
+def _run(
+    state: _State,
+    what: str,
+    buckets: list[_Bucket],
+    launch: Callable[[torch.Tensor, _Bucket], Any],
+    finish: Callable[[torch.Tensor, _Bucket], None] | None,
+    copy_in: bool,
+    copy_out: bool,
+) -> None:
+    """Pack each bucket and start its collective, then wait for them in order and unpack."""
+    slots: dict[torch.dtype, int] = {}
+    in_flight = []
+    with _guard(state, what):
+        for bucket in buckets:
+            direct = _direct_view(bucket, state.device)
+            if direct is not None:
+                buf = direct
+            else:
+                slot = slots.get(bucket.wire, 0)
+                slots[bucket.wire] = slot + 1
+                buf = _buffer(bucket.wire, state.device, slot, bucket.numel)
+                if copy_in:
+                    for t, view in _views(bucket, buf):
+                        view.copy_(t)
+            in_flight.append((bucket, buf, direct is not None, launch(buf, bucket)))
+        for bucket, buf, direct, work in in_flight:
+            work.wait()
+            if finish is not None:
+                finish(buf, bucket)
+            if copy_out and not direct:
+                for t, view in _views(bucket, buf):
+                    t.copy_(view)
+
+
+def _direct_view(bucket: _Bucket, dev: torch.device) -> torch.Tensor | None:
+    """A lone tensor already in wire form on the right device is reduced where it lies."""
+    if len(bucket.tensors) != 1 or bucket.as_bytes:
+        return None
+    t = bucket.tensors[0]
+    if t.dtype == bucket.wire and t.device == dev and t.is_contiguous():
+        return t
+    return None
+
+
+def _views(bucket: _Bucket, buf: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for t, start in zip(bucket.tensors, bucket.offsets, strict=True):
+        if bucket.as_bytes:
+            nbytes = t.numel() * t.element_size()
+            yield t, buf[start : start + nbytes].view(t.dtype).view(t.shape)
+        else:
+            yield t, buf[start : start + t.numel()].view(t.shape)
+
+
+def _buffer(dtype: torch.dtype, dev: torch.device, slot: int, numel: int) -> torch.Tensor:
+    key = (dtype, dev, slot)
+    buf = _buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=dtype, device=dev)
+        _buffers[key] = buf
+    return buf[:numel]
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + 15) // 16 * 16
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+# --------------------------------------------------------------------------------------------
+# Dtypes, ops, checks
+
+
+def _tensor_list(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError(f"{what} takes a list of tensors; wrap a single tensor as [tensor]")
+    out = list(tensors)
+    for t in out:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} takes torch tensors, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{what}: {t.layout} tensors are not supported; use .to_dense()")
+    return out
+
+
+def _as_reducible(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    if t.is_complex():
+        if op in (ReduceOp.MIN, ReduceOp.MAX):
+            raise TypeError(f"complex tensors cannot be reduced with {op.name}")
+        return torch.view_as_real(t)
+    if t.dtype == torch.bool and op is ReduceOp.AVERAGE:
+        raise TypeError("bool tensors cannot be averaged; use SUM (logical or), MIN or MAX")
+    if t.dtype not in _NATIVE and t.dtype not in _WIDENED:
+        raise TypeError(f"allreduce does not support dtype {t.dtype}")
+    return t
+
+
+def _wire_dtype(dtype: torch.dtype, compression: str) -> torch.dtype:
+    if compression == "fp16" and dtype in _COMPRESSIBLE:
+        return torch.float16
+    return _WIDENED.get(dtype, dtype)
+
+
+def _reduce_op(op: ReduceOp, wire: torch.dtype) -> Any:
+    if wire == torch.bool and op is ReduceOp.SUM:
+        return dist.ReduceOp.MAX  # logical or, as NCCL does for bool sums
+    return _DIST_OPS[op]
+
+
+def _divide(buf: torch.Tensor, n: int) -> None:
+    if buf.is_floating_point() or buf.is_complex():
+        buf.div_(n)
+    else:
+        buf.div_(n, rounding_mode="floor")
+
+
+def _parse_compression(compression: Any) -> str:
+    name = getattr(compression, "name", compression)
+    name = "none" if name is None else str(name).lower()
+    if name not in _COMPRESSIONS:
+        raise ValueError(f"unknown compression {compression!r}; expected 'none' or 'fp16'")
+    return name
+
+
+def _check_root(root_rank: int, state: _State) -> int:
+    root = int(root_rank)
+    if not 0 <= root < state.placement.size:
+        size = state.placement.size
+        raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {size})")
+    return root
+
+
+def _describe(items: list[torch.Tensor], extra: str) -> str:
+    shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in items)
+    return f"{len(items)} tensors ({extra}): {shapes}"
+
+
+def _fingerprint(text: str) -> int:
+    # 7 bytes: a positive int64 whose negation also fits, for the one-allreduce check below.
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
+
+
+def _check_same(state: _State, what: str, items: list[torch.Tensor], extra: str) -> None:
+    """Raise MismatchError on every rank if the ranks' tensor lists differ (one tiny allreduce)."""
+    if not state.check_shapes:
+        return
+    description = _describe(items, extra)
+    sig = _fingerprint(description)
+    probe = torch.tensor([sig, -sig], dtype=torch.int64, device=state.device)
+    with _guard(state, what):
+        dist.all_reduce(probe, op=dist.ReduceOp.MAX)  # max(s) == s and max(-s) == -s iff all equal
+    if probe.tolist() != [sig, -sig]:
+        _explain_mismatch(what, description)
+
+
+def _explain_mismatch(what: str, description: str) -> None:
+    # Every rank found the difference, so all of them take part in this last collective.
+    state = _require(what)
+    shown = description if len(description) < 300 else description[:297] + "..."
+    everyone: list[Any] = [None] * state.placement.size
+    with _guard(state, what):
+        dist.all_gather_object(everyone, shown)
+    lines = "\n".join(f"  rank {r}: {d}" for r, d in enumerate(everyone))
+    raise MismatchError(
+        f"{what}: the processes passed different tensors (every rank must pass the same number, "
+        f"shapes and dtypes, in the same order):\n{lines}"
+    )
+
+
+def _object_device(state: _State) -> torch.device | None:
+    return state.device if state.device.type == "cuda" else None
+
+
+@contextmanager
+def _guard(state: _State, what: str) -> Iterator[None]:
+    """Turn the backend's errors into one clear CommunicationError."""
+    try:
+        yield
+    except (CommunicationError, NotInitializedError):
+        raise
+    except (RuntimeError, TimeoutError, ConnectionError) as error:
+        raise CommunicationError(
+            f"{what} failed on rank {state.placement.rank} of {state.placement.size}: another "
+            f"process probably died, or did not reach the same {what} within "
+            f"{state.timeout_s:g} s (SDP_TIMEOUT). Cause: {_first_line(error)}"
+        ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

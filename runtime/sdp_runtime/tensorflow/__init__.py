@@ -1,0 +1,77 @@
+"""The Horovod/SMDDP TensorFlow API on torch.distributed: ``import sdp_runtime.tensorflow as hvd``.
+
+Works in eager mode and inside ``tf.function`` (not under XLA ``jit_compile``), with Keras 3
+variables. Keras ``model.fit`` helpers live in :mod:`sdp_runtime.tensorflow.keras`.
+"""
+
+from __future__ import annotations
+
+from sdp_runtime.tensorflow.basics import (
+    cross_rank,
+    cross_size,
+    gloo_built,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    nccl_built,
+    rank,
+    shutdown,
+    size,
+)
+from sdp_runtime.tensorflow.collectives import (
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    grouped_allreduce,
+    oob_allreduce,
+    overlap,
+)
+from sdp_runtime.tensorflow.compression import (
+    Average,
+    Compression,
+    Compressor,
+    Max,
+    Min,
+    ReduceOp,
+    Sum,
+)
+from sdp_runtime.tensorflow.optimizer import DistributedOptimizer
+from sdp_runtime.tensorflow.tape import DistributedGradientTape
+
+__all__ = [
+    "Average",
+    "Compression",
+    "Compressor",
+    "DistributedGradientTape",
+    "DistributedOptimizer",
+    "Max",
+    "Min",
+    "ReduceOp",
+    "Sum",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_variables",
+    "cross_rank",
+    "cross_size",
+    "gloo_built",
+    "grouped_allreduce",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "nccl_built",
+    "oob_allreduce",
+    "overlap",
+    "rank",
+    "shutdown",
+    "size",
+]

@@ -1,0 +1,465 @@
+"""Collectives on TF tensors: allreduce, grouped_allreduce, broadcast, allgather, and friends.
+
+Every function works in eager mode and inside ``tf.function``. The tensors of one call are
+copied once, dtype by dtype, into a flat torch buffer (reused from call to call, see
+:mod:`buffers`), reduced there by ``sdp_runtime._comm`` in one fused collective, and handed back
+to TF as zero-copy views of that buffer:
+
+* eager: TF and torch share memory through DLPack, both ways;
+* ``tf.function``: ONE stateful ``tf.numpy_function`` per call takes all the tensors (NumPy views,
+  no copy) and returns views of the reduced buffers (a call costs about 1.3 ms, so fusing matters).
+
+The copy is deliberate: TF tensors are immutable and share memory with variables and cached
+constants, so reducing in place would corrupt them. Stateful ``numpy_function`` calls run in
+program order inside a ``tf.function`` (automatic control dependencies), which keeps the
+collectives in the same order on every rank. XLA (``jit_compile=True``) cannot compile a
+``numpy_function``: there, use these functions outside the compiled function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import tensorflow as tf
+import torch
+
+from sdp_runtime import _comm
+from sdp_runtime.tensorflow import buffers
+from sdp_runtime.tensorflow.bridge import (
+    TF_ALIGNMENT,
+    numpy_to_torch,
+    tf_to_torch,
+    torch_to_numpy,
+    torch_to_tf,
+)
+from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp, resolve_op
+
+Work = Callable[[list[torch.Tensor]], None]
+
+# Plain Python over Python values: AutoGraph has nothing to convert here, and skipping it makes
+# tracing a user's tf.function faster.
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
+def _refuse_xla() -> None:
+    """Fail clearly, at trace time, where XLA would fail on the numpy_function obscurely."""
+    try:
+        from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+    except ImportError:  # a TF without it: let XLA report the problem itself
+        return
+    if GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise RuntimeError(
+            "sdp_runtime collectives cannot run inside an XLA-compiled function "
+            "(jit_compile=True); compile without XLA (for Keras: model.compile(..., "
+            "jit_compile=False)) or call them outside the compiled function"
+        )
+
+
+def _check_dtype(dtype: tf.DType) -> None:
+    if not (dtype.is_floating or dtype.is_integer or dtype == tf.bool):
+        raise TypeError(f"cannot communicate tensors of dtype {dtype.name}")
+
+
+def _run_packed(views: list[torch.Tensor], work: Work, reuse: bool) -> list[torch.Tensor]:
+    """Copy ``views`` into one flat buffer per dtype, run ``work`` on the buffers, return views.
+
+    Each tensor starts at a TF-aligned offset, so that its result can go back to TF as a
+    zero-copy view; the gaps are zeroed. With ``reuse``, buffers come from :mod:`buffers` (no page
+    faults once warm); otherwise they are fresh (for results TF may keep, e.g. variables).
+    """
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, view in enumerate(views):
+        groups.setdefault(view.dtype, []).append(i)
+    out: list[Any] = [None] * len(views)
+    with buffers.lock:
+        packed = []
+        for dtype, idx in groups.items():
+            step = max(1, TF_ALIGNMENT // views[idx[0]].element_size())
+            offsets, total = [], 0
+            for i in idx:
+                offsets.append(total)
+                total += -(-views[i].numel() // step) * step
+            device = views[idx[0]].device
+            flat = (
+                buffers.flat_buffer(dtype, device, total)
+                if reuse
+                else torch.empty(total, dtype=dtype, device=device)
+            )
+            for i, start, end in zip(idx, offsets, offsets[1:] + [total], strict=True):
+                n = views[i].numel()
+                flat[start : start + n].view(views[i].shape).copy_(views[i])
+                flat[start + n : end].zero_()
+            packed.append((flat, offsets, idx))
+        work([flat for flat, _, _ in packed])
+        for flat, offsets, idx in packed:
+            for i, start in zip(idx, offsets, strict=True):
+                out[i] = flat[start : start + views[i].numel()].view(views[i].shape)
+    return out
+
+
+def _fused(
+    tensors: Sequence[tf.Tensor], work: Work, name: str, reuse: bool = True
+) -> list[tf.Tensor]:
+    """Run ``work`` on the tensors packed into flat torch buffers; return the results in TF.
+
+    Eager: zero-copy DLPack both ways. In a ``tf.function``: ONE stateful ``numpy_function``
+    takes every tensor (as zero-copy NumPy views) and returns views of the reduced buffers.
+    """
+    for t in tensors:
+        _check_dtype(t.dtype)
+    if not tensors:
+        return []
+    if tf.executing_eagerly():
+        results = _run_packed([tf_to_torch(t) for t in tensors], work, reuse)
+        return [torch_to_tf(r) for r in results]
+
+    _refuse_xla()
+
+    def body(*arrays: Any) -> list[Any]:
+        results = _run_packed([numpy_to_torch(a) for a in arrays], work, reuse)
+        return [torch_to_numpy(r) for r in results]
+
+    outs = tf.numpy_function(
+        body, list(tensors), [t.dtype for t in tensors], stateful=True, name=name
+    )
+    for out, t in zip(outs, tensors, strict=True):
+        out.set_shape(t.shape)
+    return list(outs)
+
+
+def _reduce_work(
+    op: ReduceOp, compression: str, bucket_bytes: int | None, prescale: float, postscale: float
+) -> Work:
+    def work(flats: list[torch.Tensor]) -> None:
+        if prescale != 1.0:
+            for f in flats:
+                f.mul_(prescale)
+        _comm.allreduce_(flats, op=op, compression=compression, bucket_bytes=bucket_bytes)
+        if postscale != 1.0:
+            for f in flats:
+                f.mul_(postscale)
+
+    return work
+
+
+def _broadcast_work(root_rank: int) -> Work:
+    def work(flats: list[torch.Tensor]) -> None:
+        _comm.broadcast_(flats, root_rank=root_rank)  # every dtype travels as bytes, together
+
+    return work
+
+
+def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    if factor == 1.0:
+        return tensor
+    if not tensor.dtype.is_floating:
+        raise ValueError("prescale_factor/postscale_factor need floating-point tensors")
+    return tensor * tf.cast(factor, tensor.dtype)
+
+
+def _allreduce_sparse(slices: tf.IndexedSlices, op: ReduceOp, factor: float) -> tf.IndexedSlices:
+    """Reduce IndexedSlices by gathering every rank's values and indices (no densifying)."""
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"{op} of IndexedSlices needs sparse_as_dense=True")
+    if op is ReduceOp.AVERAGE:
+        factor /= _comm.size()
+    values = _scale(allgather(slices.values), factor)
+    return tf.IndexedSlices(values, allgather(slices.indices), dense_shape=slices.dense_shape)
+
+
+@_not_converted
+def grouped_allreduce(
+    tensors: Iterable[Any],
+    compression: type[Compressor] = Compression.none,
+    op: ReduceOp | None = None,
+    *,
+    average: bool | None = None,
+    sparse_as_dense: bool = False,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    bucket_cap_mb: float | None = None,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+) -> list[Any]:
+    """Allreduce many tensors at once, fused into one communication per dtype bucket.
+
+    ``None`` entries pass through; ``tf.IndexedSlices`` are gathered (values and indices from all
+    ranks, values scaled for AVERAGE) unless ``sparse_as_dense`` turns them into dense tensors.
+    On one process nothing is communicated and the tensors come back unchanged (scaled, if asked).
+
+    Arguments:
+        tensors: tensors, variables, ``IndexedSlices`` or ``None``, same shapes on every rank.
+        compression: ``Compression.none`` or ``Compression.fp16`` (or a Horovod-style compressor).
+        op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
+        average: Horovod's older spelling: ``True`` is AVERAGE, ``False`` is SUM.
+        sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense tensors.
+        prescale_factor: multiply inputs by this before reducing (floating point only).
+        postscale_factor: multiply results by this after reducing (floating point only).
+        bucket_cap_mb: fusion bucket size in MiB; default is ``_comm``'s (25 MB).
+        name, device_dense, device_sparse: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> grads = sdp.grouped_allreduce(tape.gradient(loss, model.trainable_variables))
+    """
+    del name, device_dense, device_sparse
+    op = resolve_op(op, average)
+    out = list(tensors)
+    single = _comm.size() == 1
+    factor = prescale_factor * postscale_factor
+    dense: list[int] = []
+    for i, t in enumerate(out):
+        if t is None:
+            continue
+        if isinstance(t, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = (
+                tf.IndexedSlices(_scale(t.values, factor), t.indices, t.dense_shape)
+                if single
+                else _allreduce_sparse(t, op, factor)
+            )
+        else:
+            out[i] = tf.convert_to_tensor(t)
+            dense.append(i)
+    if single:
+        for i in dense:
+            out[i] = _scale(out[i], factor)
+        return out
+    values = [out[i] for i in dense]
+    for t in values:
+        if factor != 1.0 and not t.dtype.is_floating:
+            raise ValueError("prescale_factor/postscale_factor need floating-point tensors")
+    wire = compression.wire
+    contexts: list[Any] = []
+    if wire is None:  # a user-defined compressor: run it in TF
+        compressed = [compression.compress(t) for t in values]
+        values = [c for c, _ in compressed]
+        contexts = [ctx for _, ctx in compressed]
+        wire = "none"
+    bucket_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 1024 * 1024)
+    work = _reduce_work(op, wire, bucket_bytes, prescale_factor, postscale_factor)
+    reduced = _fused(values, work, "sdp_allreduce")
+    if contexts:
+        reduced = [compression.decompress(t, ctx) for t, ctx in zip(reduced, contexts, strict=True)]
+    for i, t in zip(dense, reduced, strict=True):
+        out[i] = t
+    return out
+
+
+def gradient_options(
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    op: ReduceOp | None = None,
+    gradient_predivide_factor: float = 1.0,
+    bucket_cap_mb: float | None = None,
+) -> dict[str, Any]:
+    """Turn the options of the gradient wrappers into :func:`grouped_allreduce` keywords.
+
+    Horovod's ``gradient_predivide_factor`` f sums grads/f and multiplies by f/size afterwards:
+    still an average, split in two to keep float16 sums in range.
+    """
+    op = resolve_op(op, None)
+    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor needs op=ReduceOp.AVERAGE")
+    return {
+        "compression": compression,
+        "op": op,
+        "sparse_as_dense": sparse_as_dense,
+        "prescale_factor": 1.0 / gradient_predivide_factor,
+        "postscale_factor": gradient_predivide_factor,
+        "bucket_cap_mb": bucket_cap_mb,
+    }
+
+
+@_not_converted
+def allreduce(
+    tensor: Any,
+    param_index: int = 0,
+    num_params: int = 1,
+    compression: type[Compressor] = Compression.none,
+    op: ReduceOp | None = None,
+    *,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+) -> Any:
+    """Allreduce one tensor (or ``IndexedSlices``) across all processes.
+
+    SMDDP's signature, plus Horovod's ``average=``, ``prescale_factor`` and
+    ``postscale_factor``. Each call communicates on its own: to fuse many gradients, use
+    :func:`grouped_allreduce` or :class:`DistributedGradientTape`.
+
+    Arguments:
+        tensor: a tensor, variable or ``tf.IndexedSlices``; same shape on every rank.
+        param_index, num_params: SMDDP's gradient bookkeeping; accepted, unused.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
+        average: Horovod's older spelling: ``True`` is AVERAGE, ``False`` is SUM.
+        prescale_factor, postscale_factor: scale before / after reducing (floating point).
+        name, device_dense, device_sparse: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> total = sdp.allreduce(tf.constant(local_count), op=sdp.ReduceOp.SUM)
+    """
+    del param_index, num_params, name, device_dense, device_sparse
+    return grouped_allreduce(
+        [tensor],
+        compression,
+        op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )[0]
+
+
+@_not_converted
+def oob_allreduce(
+    tensor: Any,
+    compression: type[Compressor] = Compression.none,
+    op: ReduceOp | None = ReduceOp.AVERAGE,
+) -> Any:
+    """Allreduce a tensor that is not a gradient (a loss, a metric): SMDDP's "out of band" call.
+
+    Arguments:
+        tensor: a tensor or variable, same shape on every rank.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
+
+    Example:
+        >>> mean_loss = sdp.oob_allreduce(loss)
+    """
+    return grouped_allreduce([tensor], compression, op)[0]
+
+
+@_not_converted
+def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+    """Concatenate every rank's tensor along the first dimension, in rank order.
+
+    The first dimension may differ between ranks; the others must agree. A scalar is treated
+    as a one-element vector.
+
+    Arguments:
+        tensor: a tensor or variable.
+        name: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> all_labels = sdp.allgather(labels)  # shape [sum of every rank's batch, ...]
+    """
+    del name
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor.dtype)
+    if tensor.shape.rank == 0:
+        tensor = tf.reshape(tensor, [1])
+    if tf.executing_eagerly():
+        return torch_to_tf(_comm.allgather(tf_to_torch(tensor)))
+
+    _refuse_xla()
+
+    def body(array: Any) -> Any:
+        return torch_to_numpy(_comm.allgather(numpy_to_torch(array)))
+
+    result = tf.numpy_function(body, [tensor], tensor.dtype, stateful=True, name="sdp_allgather")
+    result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    return result
+
+
+@_not_converted
+def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
+    """Return ``root_rank``'s value of ``tensor`` on every rank (the input is not modified).
+
+    Arguments:
+        tensor: a tensor or variable, same shape and dtype on every rank.
+        root_rank: the rank whose value is sent.
+        name: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> seed = sdp.broadcast(tf.constant(local_seed), root_rank=0)
+    """
+    del name
+    tensor = tf.convert_to_tensor(tensor)
+    return _fused([tensor], _broadcast_work(root_rank), "sdp_broadcast", reuse=False)[0]
+
+
+def _unique_variables(variables: Any) -> list[Any]:
+    if isinstance(variables, tf.Variable) or hasattr(variables, "assign"):
+        variables = [variables]
+    seen: set[int] = set()
+    unique = []
+    for var in variables:
+        # A Keras 3 variable is unhashable and has no .ref(); its .value is the tf.Variable.
+        inner = var if isinstance(var, tf.Variable) else getattr(var, "value", var)
+        if id(inner) not in seen:
+            seen.add(id(inner))
+            unique.append(var)
+    return unique
+
+
+@_not_converted
+def broadcast_variables(variables: Any, root_rank: int = 0) -> None:
+    """Overwrite ``variables`` on every rank with ``root_rank``'s values, in one fused broadcast.
+
+    Accepts ``tf.Variable``s and Keras 3 variables, e.g. ``model.variables`` and
+    ``optimizer.variables``. A Keras 3 optimizer creates its slot variables on its first
+    ``apply``; call ``optimizer.build(model.trainable_variables)`` before broadcasting them.
+
+    Arguments:
+        variables: a variable or an iterable of variables (duplicates are sent once).
+        root_rank: the rank whose values are kept.
+
+    Example:
+        >>> optimizer.build(model.trainable_variables)
+        >>> sdp.broadcast_variables(model.variables, root_rank=0)
+        >>> sdp.broadcast_variables(optimizer.variables, root_rank=0)
+    """
+    unique = _unique_variables(variables)
+    if not unique or _comm.size() == 1:
+        return
+    values = [tf.convert_to_tensor(v) for v in unique]
+    # Fresh buffers: an assigned variable may keep the result's memory as its own.
+    results = _fused(values, _broadcast_work(root_rank), "sdp_broadcast", reuse=False)
+    for var, value in zip(unique, results, strict=True):
+        var.assign(value)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """Return ``root_rank``'s picklable ``obj`` on every rank.
+
+    Arguments:
+        obj: any picklable object (only ``root_rank``'s is used).
+        root_rank: the rank whose object is sent.
+        name: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> start_epoch = sdp.broadcast_object(start_epoch, root_rank=0)
+    """
+    del name
+    return _comm.broadcast_object(obj, root_rank=root_rank)
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Return the list of every rank's picklable ``obj``, in rank order.
+
+    Arguments:
+        obj: any picklable object.
+        name: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> counts = sdp.allgather_object(len(local_files))
+    """
+    del name
+    return _comm.allgather_object(obj)
+
+
+def overlap(tensor: Any) -> Any:
+    """Identity: SMDDP's hint for overlapping communication under XLA, which needs no hint here.
+
+    Arguments:
+        tensor: any tensor.
+
+    Example:
+        >>> x = sdp.overlap(tf.nn.dropout(x, 0.1))
+    """
+    return tensor

@@ -1,0 +1,55 @@
+"""Keras 3 helpers: ``import sdp_runtime.tensorflow.keras as hvd`` (horovod.tensorflow.keras).
+
+Besides the basics and collectives of :mod:`sdp_runtime.tensorflow`, it has the Keras
+``DistributedOptimizer``, :func:`load_model` and the ``callbacks`` module
+(``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``).
+"""
+
+from __future__ import annotations
+
+from sdp_runtime.tensorflow import (
+    Average,
+    Compression,
+    Max,
+    Min,
+    ReduceOp,
+    Sum,
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from sdp_runtime.tensorflow.keras import callbacks
+from sdp_runtime.tensorflow.keras.optimizer import DistributedOptimizer, load_model
+
+__all__ = [
+    "Average",
+    "Compression",
+    "DistributedOptimizer",
+    "Max",
+    "Min",
+    "ReduceOp",
+    "Sum",
+    "allgather",
+    "allreduce",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_variables",
+    "callbacks",
+    "init",
+    "is_initialized",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "rank",
+    "shutdown",
+    "size",
+]

@@ -1,0 +1,149 @@
+"""Keras callbacks: start all ranks from the same state, average epoch logs, warm the lr up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import torch
+
+from sdp_runtime import _comm
+from sdp_runtime.tensorflow.collectives import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Copy ``root_rank``'s model and optimizer variables to every rank when training starts.
+
+    At train begin the optimizer is built if it is not yet (``optimizer.build(
+    model.trainable_variables)``), so its slot variables exist and are broadcast too. If the
+    model itself has no variables yet (a subclassed model built by its first batch), the
+    broadcast happens after the first batch instead, as in Horovod.
+
+    Arguments:
+        root_rank: the rank whose variables every rank starts from.
+        device: accepted for Horovod compatibility, unused.
+
+    Example:
+        >>> model.fit(x, y, callbacks=[sdp.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+
+    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self) -> None:
+        model = self.model
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        variables = list(model.variables)
+        if optimizer is not None:
+            variables += list(optimizer.variables)
+        broadcast_variables(variables, root_rank=self.root_rank)
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.broadcast_done and self.model.variables:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace each numeric value in the epoch logs by its average over all ranks.
+
+    Put it before callbacks that read the logs (ModelCheckpoint, ReduceLROnPlateau, CSVLogger)
+    so that they see the averaged metrics. All ranks must log the same keys.
+
+    Example:
+        >>> callbacks = [sdp.callbacks.MetricAverageCallback(), keras.callbacks.CSVLogger("x")]
+    """
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is None or _comm.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        if not keys:
+            return
+        values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64)
+        _comm.allreduce_([values], op=_comm.ReduceOp.AVERAGE)
+        for key, value in zip(keys, values.tolist(), strict=True):
+            logs[key] = value
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, (str, bytes))
+
+
+class LearningRateWarmupCallback(keras.callbacks.Callback):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr`` over the first epochs.
+
+    Large scaled learning rates (``lr * size()``) can diverge in the first steps; this starts at
+    the single-process rate and reaches ``initial_lr`` after ``warmup_epochs``, batch by batch
+    (Goyal et al., "Accurate, Large Minibatch SGD", as in Horovod).
+
+    Arguments:
+        initial_lr: the learning rate to reach, usually ``base_lr * size()``.
+        warmup_epochs: number of epochs the ramp lasts.
+        momentum_correction: accepted for Horovod compatibility; a Keras 3 optimizer's momentum
+            is fixed when its training step is traced, so it is not corrected.
+        steps_per_epoch: batches per epoch; by default taken from ``model.fit``.
+        verbose: 1 prints a line on rank 0 when the warmup ends.
+
+    Example:
+        >>> lr = 0.01 * sdp.size()
+        >>> cb = sdp.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=3)
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: float = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__()
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = warmup_epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self.current_epoch = 0
+
+    def multiplier(self, epoch: float) -> float:
+        """Return the fraction of ``initial_lr`` to use at (fractional) ``epoch``."""
+        n = _comm.size()
+        return 1.0 / n * (epoch * (n - 1) / self.warmup_epochs + 1)
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+        if not self.steps_per_epoch:
+            raise ValueError("LearningRateWarmupCallback needs steps_per_epoch")
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.current_epoch >= self.warmup_epochs:
+            return
+        # +1 batch so that the end of each epoch lands on a round value.
+        epoch = self.current_epoch + float(batch + 1) / self.steps_per_epoch
+        epoch = min(epoch, float(self.warmup_epochs))
+        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = float(self.model.optimizer.learning_rate)
+        if self.verbose and _comm.rank() == 0 and epoch + 1 == self.warmup_epochs:
+            print(
+                f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                f"{self.initial_lr:g}."
+            )

@@ -1,0 +1,132 @@
+"""``DistributedDataParallel``: torch's DDP, set up for this runtime and checkpoint-compatible.
+
+- ``device_ids`` come from the local rank on a GPU (none on the CPU), and a module still on the
+  CPU is moved to this process's GPU.
+- ``compression=Compression.fp16`` registers torch's ``fp16_compress_hook`` (with more than one
+  process; with one nothing is sent, so nothing is compressed).
+- ``state_dict()`` has the wrapped module's keys (no ``module.`` prefix), so a checkpoint saved
+  by the converted script loads into the original model, and ``load_state_dict`` takes both
+  forms. This holds as well when the wrapper sits inside another module.
+- Attributes the wrapper lacks are looked up on the wrapped module (``model.fc``,
+  ``model.custom_method()``), as in the single-process script.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from .. import _comm
+from .compression import Compression, wire_name
+
+_PREFIX = "module."
+# Names torch's DDP itself probes with hasattr(); they must not reach the wrapped module.
+_OWN = frozenset({"module", "buffer_hook"})
+
+
+class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
+    """torch DDP with this runtime's defaults and unprefixed state dicts.
+
+    Arguments:
+        module: the model.
+        device_ids: default ``[local GPU]`` under NCCL, None on the CPU.
+        bucket_cap_mb: gradient bucket size in MiB (default 25; None means 25).
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        **kwargs: passed to ``torch.nn.parallel.DistributedDataParallel``.
+
+    Example:
+        >>> model = sdp.DistributedDataParallel(model)
+        >>> torch.save(model.state_dict(), "ckpt.pt")  # loads into the plain model
+    """
+
+    def __init__(self, module: torch.nn.Module, device_ids: list[int] | None = None,
+                 bucket_cap_mb: float | None = 25, compression: Any = Compression.none,
+                 **kwargs: Any) -> None:
+        dev = _comm.device()  # NotInitializedError before init()
+        wire = wire_name(compression)
+        if wire is None:
+            raise ValueError("DistributedDataParallel takes Compression.none or Compression.fp16")
+        if dev.type == "cuda":
+            if _module_device(module).type == "cpu":
+                module = module.to(dev)
+            if device_ids is None and _module_device(module) == dev:
+                device_ids = [dev.index]
+        else:
+            device_ids = None
+            kwargs.pop("output_device", None)
+        super().__init__(module, device_ids=device_ids,
+                         bucket_cap_mb=25 if bucket_cap_mb is None else bucket_cap_mb, **kwargs)
+        if wire == "fp16" and not _comm.alone():
+            self.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        self.register_load_state_dict_pre_hook(_add_prefix_when_nested)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's state dict (keys without ``module.``).
+
+        Example:
+            >>> plain_model.load_state_dict(ddp_model.state_dict())
+        """
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> Any:
+        """Load a state dict saved from the plain model or from a ``module.``-prefixed wrapper.
+
+        Example:
+            >>> ddp_model.load_state_dict(torch.load("ckpt.pt"))
+        """
+        own = set(self.module.state_dict(keep_vars=True))
+        fixed = _strip_prefix(state_dict, own)
+        return self.module.load_state_dict(fixed, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            if name in _OWN or name.startswith("_") or not modules or "module" not in modules:
+                raise
+            return getattr(modules["module"], name)
+
+
+def _module_device(module: torch.nn.Module) -> torch.device:
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _strip_prefix(state_dict: Mapping[str, Any], own: set[str]) -> Any:
+    """Drop a leading ``module.`` from the keys that need it to match the wrapped module."""
+    def fixed(key: str) -> str:
+        if key not in own and key.startswith(_PREFIX) and key[len(_PREFIX):] in own:
+            return key[len(_PREFIX):]
+        return key
+
+    out = OrderedDict((fixed(k), v) for k, v in state_dict.items())
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        # the wrapper's own entry ("") is dropped: the inner module's ("module") becomes the root
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (k[len(_PREFIX):] if k.startswith(_PREFIX) else ("" if k == "module" else k), v)
+            for k, v in metadata.items()
+            if k != "" or "module" not in metadata
+        )
+    return out
+
+
+def _add_prefix_when_nested(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str,
+                            *args: Any) -> None:
+    """When the wrapper sits inside another module, re-add ``module.`` for the inner keys.
+
+    The parent's ``load_state_dict`` walks into ``<prefix>module.``; our ``state_dict`` saved the
+    keys as ``<prefix>...``.
+    """
+    inner = prefix + _PREFIX
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)

@@ -1,0 +1,465 @@
+"""What each rank runs for tests/runtime/test_torch_api.py (sdp_runtime.torch, SMDDP names)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from typing import Any
+
+import sdp_runtime.torch as sdp
+import sdp_runtime.torch.distributed as smddp
+import sdp_runtime.torch.parallel
+import torch
+from sdp_runtime.torch.parallel.distributed import DistributedDataParallel as SMDDP_DDP
+from torch import nn
+
+from ._checks import checks_in, expect_raises, run_checks
+
+
+def _same_everywhere(value: Any) -> None:
+    everyone = sdp.allgather_object(value)
+    assert all(v == everyone[0] for v in everyone), everyone
+
+
+def _listed(module_or_state: Any) -> dict[str, Any]:
+    state = module_or_state
+    if hasattr(state, "state_dict"):
+        state = state.state_dict()
+    return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def _data(seed: int, rows: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 3, generator=g), torch.randn(rows, 1, generator=g)
+
+
+def _model(seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(3, 1)
+
+
+def _loss(model: nn.Module, rank: int, micro: int = 0) -> torch.Tensor:
+    x, y = _data(100 * micro + rank)
+    return nn.functional.mse_loss(model(x), y)
+
+
+def _reference_grads(n: int, micros: int = 1, op: str = "average") -> list[torch.Tensor]:
+    """Gradients of the same model on every rank's data, combined as the optimizer should."""
+    total = None
+    for rank in range(n):
+        model = _model()
+        for micro in range(micros):
+            _loss(model, rank, micro).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        total = grads if total is None else [a + b for a, b in zip(total, grads, strict=True)]
+    return [g / n for g in total] if op == "average" else total
+
+
+# ---- checks --------------------------------------------------------------------------------
+
+
+def check_smddp_names() -> None:
+    n, r = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    assert smddp.is_available() and smddp.is_initialized()
+    assert (smddp.get_rank(), smddp.get_world_size()) == (r, n)
+    assert (smddp.get_local_rank(), smddp.get_local_size()) == (r, n)
+    t = torch.tensor([float(r + 1)])
+    smddp.all_reduce(t)  # SUM by default, as in SMDDP
+    assert t.item() == n * (n + 1) / 2
+    t = torch.tensor([float(r + 1)])
+    smddp.all_reduce(t, op=smddp.ReduceOp.AVERAGE, group=smddp.group.WORLD)
+    assert t.item() == (n + 1) / 2
+    t = torch.tensor([float(r + 1)])
+    assert smddp.all_reduce(t, op=smddp.ReduceOp.MAX, async_op=True).wait()
+    assert t.item() == n
+    b = torch.tensor([r])
+    smddp.broadcast(b, src=n - 1)
+    assert b.item() == n - 1
+    parts = [torch.empty(2) for _ in range(n)]
+    smddp.all_gather(parts, torch.full((2,), float(r)))
+    assert [p.tolist() for p in parts] == [[float(k)] * 2 for k in range(n)]
+    objects: list[Any] = [None] * n
+    smddp.all_gather_object(objects, {"r": r})
+    assert objects == [{"r": k} for k in range(n)]
+    box = [r]
+    smddp.broadcast_object_list(box, src=0)
+    assert box == [0]
+    smddp.barrier()
+    assert SMDDP_DDP is sdp.DistributedDataParallel
+    assert SMDDP_DDP is sdp_runtime.torch.parallel.DistributedDataParallel
+    assert smddp.DistributedDataParallel is SMDDP_DDP
+    expect_raises(sdp.AlreadyInitializedError, smddp.init_process_group)
+
+
+def check_horovod_queries() -> None:
+    n, r = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    assert sdp.is_initialized()
+    assert (sdp.rank(), sdp.size(), sdp.local_rank(), sdp.local_size()) == (r, n, r, n)
+    assert (sdp.cross_rank(), sdp.cross_size()) == (0, 1)
+    assert sdp.device() == torch.device("cpu") and sdp.gloo_built() and not sdp.mpi_built()
+
+
+def check_allreduce_api() -> None:
+    n, r = sdp.size(), sdp.rank()
+    t = torch.tensor([float(r + 1), 2.0])
+    out = sdp.allreduce(t)
+    assert t.tolist() == [r + 1, 2.0], "allreduce must not change its input"
+    assert out.tolist() == [(n + 1) / 2, 2.0]
+    assert sdp.allreduce(t, average=False).tolist() == [n * (n + 1) / 2, 2 * n]
+    assert sdp.allreduce(t, op=sdp.Max).tolist() == [n, 2.0]
+    assert sdp.allreduce(t, op=sdp.Min).tolist() == [1, 2.0]
+    assert sdp.allreduce(t, op=sdp.Sum, prescale_factor=2.0, postscale_factor=0.5).tolist() == \
+        [n * (n + 1) / 2, 2 * n]
+    expect_raises(ValueError, lambda: sdp.allreduce(t, average=True, op=sdp.Sum))
+    sdp.allreduce_(t, op=sdp.Sum)
+    assert t.tolist() == [n * (n + 1) / 2, 2 * n]
+    a, b = torch.tensor([float(r)]), torch.tensor([r], dtype=torch.int64)
+    ga, gb = sdp.grouped_allreduce([a, b], op=sdp.Sum)
+    assert (ga.item(), gb.item(), a.item()) == (n * (n - 1) / 2, n * (n - 1) // 2, r)
+    sdp.grouped_allreduce_([a, b], op=sdp.Max)
+    assert (a.item(), b.item()) == (n - 1, n - 1)
+    h = sdp.allreduce_async(torch.tensor([1.0]), op=sdp.Sum)
+    assert sdp.poll(h) and sdp.synchronize(h).item() == n
+    h = sdp.allreduce_async_(torch.tensor([1.0]), op=sdp.Sum)
+    assert sdp.synchronize(h).item() == n
+    fp16 = sdp.allreduce(torch.tensor([(r + 1) * 0.1 + 0.001]), compression=sdp.Compression.fp16)
+    assert fp16.dtype == torch.float32 and abs(fp16.item() - ((n + 1) * 0.05 + 0.001)) < 1e-3
+
+    class Float64Compressor(sdp.Compressor):  # a user's own compressor also works
+        @staticmethod
+        def compress(tensor):
+            return tensor.to(torch.float64), tensor.dtype
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor.to(ctx)
+
+    custom = sdp.allreduce(torch.tensor([float(r)]), op=sdp.Sum, compression=Float64Compressor)
+    assert custom.dtype == torch.float32 and custom.item() == n * (n - 1) / 2
+
+
+def check_allreduce_is_differentiable() -> None:
+    n = sdp.size()
+    x = torch.ones(3, requires_grad=True)
+    y = sdp.allreduce(x * 2, op=sdp.Sum)
+    y.sum().backward()
+    assert x.grad.tolist() == [2.0 * n] * 3  # gradient of a sum-allreduce is a sum-allreduce
+
+
+def check_broadcast_and_allgather_api() -> None:
+    n, r = sdp.size(), sdp.rank()
+    t = torch.full((2,), float(r))
+    assert sdp.broadcast(t, root_rank=n - 1).tolist() == [n - 1.0] * 2 and t[0].item() == r
+    assert sdp.broadcast_(t, root_rank=0) is t and t.tolist() == [0.0, 0.0]
+    assert sdp.synchronize(sdp.broadcast_async(torch.tensor([r]), 1)).item() == 1
+    gathered = sdp.allgather(torch.full((r + 1,), r))
+    assert gathered.tolist() == [k for k in range(n) for _ in range(k + 1)]
+    assert sdp.synchronize(sdp.allgather_async(torch.tensor([r]))).tolist() == list(range(n))
+    assert sdp.broadcast_object([r], root_rank=1) == [1]
+    assert sdp.allgather_object(r) == list(range(n))
+    sdp.barrier()
+
+
+def check_broadcast_parameters() -> None:
+    r = sdp.rank()
+    torch.manual_seed(100 + r)  # every rank starts different
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    model(torch.randn(5, 4))  # running statistics and num_batches_tracked (int64) differ too
+    sdp.broadcast_parameters(model.state_dict(), root_rank=0)
+    _same_everywhere(_listed(model))
+    torch.manual_seed(200 + r)
+    other = nn.Linear(3, 3)
+    sdp.broadcast_parameters(other.named_parameters(), root_rank=1)
+    _same_everywhere(_listed(other))
+    if r == 1:
+        torch.manual_seed(201)
+        assert torch.equal(other.weight, nn.Linear(3, 3).weight)
+
+
+def _state(optimizer: torch.optim.Optimizer) -> Any:
+    sd = optimizer.state_dict()
+    return {
+        "state": {k: _listed(v) for k, v in sd["state"].items()},
+        "groups": sd["param_groups"],
+    }
+
+
+def check_broadcast_optimizer_state_adam_while_empty_elsewhere() -> None:
+    r = sdp.rank()
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    if r == 0:  # only the root has state; the others have not stepped yet
+        for micro in range(2):
+            opt.zero_grad()
+            _loss(model, 0, micro).backward()
+            opt.step()
+    sdp.broadcast_parameters(model.state_dict(), root_rank=0)
+    sdp.broadcast_optimizer_state(opt, root_rank=0)
+    _same_everywhere(_state(opt))
+    lr, filled = opt.param_groups[0]["lr"], len(opt.state)
+    opt.zero_grad()
+    _loss(model, 0).backward()
+    opt.step()
+    _same_everywhere(_listed(model))
+    assert lr == 0.01 and filled == 2, (lr, filled)
+
+
+def check_broadcast_optimizer_state_sgd_momentum() -> None:
+    r = sdp.rank()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.zero_grad()
+    _loss(model, r).backward()  # different momentum buffers on every rank
+    opt.step()
+    sdp.broadcast_optimizer_state(opt, root_rank=1)
+    _same_everywhere(_state(opt))
+
+
+def check_distributed_optimizer_averages_gradients() -> None:
+    n, r = sdp.size(), sdp.rank()
+    model = _model()
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = sdp.DistributedOptimizer(plain, named_parameters=model.named_parameters())
+    assert opt is plain and isinstance(opt, torch.optim.SGD) and type(opt).__name__ == "SGD"
+    opt.zero_grad()
+    _loss(model, r).backward()
+    opt.step()
+    reference = _model()
+    for p, g in zip(reference.parameters(), _reference_grads(n), strict=True):
+        p.grad = g
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(got, want, atol=1e-6), (got, want)
+    torch.optim.SGD(_model().parameters(), lr=0.1).load_state_dict(opt.state_dict())
+    expect_raises(ValueError, lambda: sdp.DistributedOptimizer(opt), "already")
+
+
+def check_distributed_optimizer_backward_passes_per_step() -> None:
+    n, r = sdp.size(), sdp.rank()
+    model = _model()
+    opt = sdp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   backward_passes_per_step=2)
+    opt.zero_grad()
+    for micro in range(2):
+        _loss(model, r, micro).backward()
+    opt.step()
+    reference = _model()
+    for p, g in zip(reference.parameters(), _reference_grads(n, micros=2), strict=True):
+        p.data -= 0.1 * g
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+def check_distributed_optimizer_synchronize_then_clip() -> None:
+    n, r = sdp.size(), sdp.rank()
+    model = _model()
+    # op=Sum makes a second reduction visible (it would multiply the gradients by n again)
+    opt = sdp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), op=sdp.Sum)
+    _loss(model, r).backward()
+    opt.synchronize()
+    reduced = [p.grad.clone() for p in model.parameters()]
+    nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    clipped = [p.grad.clone() for p in model.parameters()]
+    before = [p.detach().clone() for p in model.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    after = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    _loss(model, r).backward()
+    opt.synchronize()
+    synced = [p.grad.clone() for p in model.parameters()]
+    opt.step()  # without skip_synchronize: still reduced only once
+    for got, want in zip(reduced, _reference_grads(n, op="sum"), strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
+    for p, b, g in zip(after, before, clipped, strict=True):
+        assert torch.allclose(p, b - g, atol=1e-7)
+    for p, g in zip(model.parameters(), synced, strict=True):
+        assert torch.equal(p.grad, g)
+
+
+def check_distributed_optimizer_missing_gradients() -> None:
+    n, r = sdp.size(), sdp.rank()
+    torch.manual_seed(0)
+    used_on_rank0, never_used = nn.Linear(3, 1), nn.Linear(3, 1)
+    opt = sdp.DistributedOptimizer(torch.optim.SGD(
+        [*used_on_rank0.parameters(), *never_used.parameters()], lr=0.1, weight_decay=0.1))
+    if r == 0:
+        used_on_rank0(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    _same_everywhere(_listed(used_on_rank0))
+    assert all(p.grad is None for p in never_used.parameters())
+    assert used_on_rank0.weight.grad.tolist() == [[2.0 / n] * 3]
+    torch.manual_seed(0)
+    nn.Linear(3, 1)
+    assert torch.equal(never_used.weight, nn.Linear(3, 1).weight)  # untouched, as without sdp
+
+
+def check_distributed_optimizer_with_scheduler_made_before() -> None:
+    r = sdp.rank()
+    model = _model()
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.5)
+    opt = sdp.DistributedOptimizer(plain)
+    _loss(model, r).backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+        scheduler.step()
+    _same_everywhere(_listed(model))
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "lr_scheduler" in m or "step" in m], messages
+    assert opt.param_groups[0]["lr"] == 0.05
+
+
+def check_distributed_optimizer_closure() -> None:
+    r = sdp.rank()
+    model = _model()
+    opt = sdp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def closure():
+        opt.zero_grad()
+        loss = _loss(model, r)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert loss is not None
+    _same_everywhere(_listed(model))
+
+
+def check_ddp_averages_gradients() -> None:
+    n, r = sdp.size(), sdp.rank()
+    model = sdp.DistributedDataParallel(_model())
+    assert model.device_ids is None
+    _loss(model, r).backward()
+    for p, g in zip(model.parameters(), _reference_grads(n), strict=True):
+        assert torch.allclose(p.grad, g, atol=1e-6)
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.scale = 3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.fc(x)) * self.scale
+
+    def describe(self) -> str:
+        return f"net x{self.scale}"
+
+
+def check_ddp_state_dict_is_unprefixed_and_loads_both_ways() -> None:
+    torch.manual_seed(0)
+    net = _Net()
+    ddp = sdp.DistributedDataParallel(net)
+    state = ddp.state_dict()
+    assert list(state) == list(net.state_dict()) and not any(k.startswith("module.") for k in state)
+    plain = _Net()
+    plain.load_state_dict(state)  # a checkpoint of the converted script loads into the original
+    assert _listed(plain) == _listed(net)
+    torch.manual_seed(1)
+    other = _Net()
+    ddp.load_state_dict(other.state_dict())
+    assert _listed(net) == _listed(other)
+    torch.manual_seed(2)
+    third = _Net()
+    prefixed = {f"module.{k}": v for k, v in third.state_dict().items()}
+    ddp.load_state_dict(prefixed)  # torch DDP style checkpoints load too
+    assert _listed(net) == _listed(third)
+    bogus = {**prefixed, "module.bogus": torch.ones(1)}
+    expect_raises(RuntimeError, lambda: ddp.load_state_dict(bogus), "bogus")
+    outer = nn.ModuleDict({"net": ddp})  # the wrapper inside another module
+    saved = copy.deepcopy(outer.state_dict())
+    assert "net.fc.weight" in saved
+    torch.manual_seed(3)
+    ddp.load_state_dict(_Net().state_dict())
+    outer.load_state_dict(saved)
+    assert _listed(net) == _listed(third)
+    assert ddp.scale == 3 and ddp.describe() == "net x3" and ddp.fc is net.fc and ddp.module is net
+
+
+def check_ddp_fp16_compression_trains() -> None:
+    r = sdp.rank()
+    torch.manual_seed(0)
+    model = sdp.DistributedDataParallel(nn.Linear(8, 1), compression=sdp.Compression.fp16,
+                                        bucket_cap_mb=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(r)
+    target = torch.arange(8.0).unsqueeze(1) / 8
+    losses = []
+    for _ in range(30):
+        x = torch.randn(16, 8, generator=g)
+        loss = nn.functional.mse_loss(model(x), x @ target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.2 * losses[0], losses
+    _same_everywhere(_listed(model))
+
+
+def _before_init() -> None:
+    expect_raises(sdp.NotInitializedError, sdp.rank, "sdp.init()")
+    expect_raises(sdp.NotInitializedError, lambda: sdp.allreduce(torch.ones(1)))
+
+
+def torch_suite() -> dict[str, str]:
+    """Initialise through the SMDDP name, then run every ``check_*`` in order."""
+    outcome = run_checks([("before_init", _before_init)])
+    assert not smddp.is_initialized()
+    smddp.init_process_group()
+    return {**outcome, **run_checks(checks_in(globals()))}
+
+
+# ---- one process, no launcher: `python train.py` -------------------------------------------
+
+
+def single_process() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    model = _model()
+    expect_raises(sdp.NotInitializedError, lambda: sdp.DistributedDataParallel(model), "sdp.init()")
+    expect_raises(sdp.NotInitializedError,
+                  lambda: sdp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1)))
+    sdp.init()
+    out["placement"] = [sdp.rank(), sdp.size(), sdp.local_rank(), sdp.local_size()]
+    out["real_group"] = [torch.distributed.is_initialized(), torch.distributed.get_world_size(),
+                         torch.distributed.get_backend()]
+    expect_raises(sdp.AlreadyInitializedError, sdp.init)
+    third = torch.tensor([1 / 3])
+    reduced = sdp.allreduce(third, compression=sdp.Compression.fp16)
+    out["fp16_untouched"] = reduced.item() == third.item()
+    out["allgather"] = sdp.allgather(torch.tensor([5])).tolist()
+    out["objects"] = [sdp.broadcast_object("x"), sdp.allgather_object("y")]
+    sdp.barrier()
+
+    # the converted script must train exactly like the original on one process
+    wrapped = sdp.DistributedDataParallel(_model(), compression=sdp.Compression.fp16)
+    opt = sdp.DistributedOptimizer(torch.optim.Adam(wrapped.parameters(), lr=0.01))
+    sdp.broadcast_parameters(wrapped.state_dict(), root_rank=0)
+    sdp.broadcast_optimizer_state(opt, root_rank=0)
+    original = _model()
+    plain_opt = torch.optim.Adam(original.parameters(), lr=0.01)
+    for step in range(3):
+        for m, o in ((wrapped, opt), (original, plain_opt)):
+            o.zero_grad()
+            _loss(m, 0, step).backward()
+            o.step()
+    pairs = zip(wrapped.parameters(), original.parameters(), strict=True)
+    out["same_as_original"] = all(torch.equal(a, b) for a, b in pairs)
+    sdp.shutdown()
+    out["after_shutdown"] = [sdp.is_initialized(), torch.distributed.is_initialized()]
+    sdp.init()  # again after shutdown
+    sdp.shutdown()
+
+    # a group the user made first is adopted, and left to the user at shutdown
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    sdp.init()
+    out["adopted"] = [sdp.size(), sdp.allreduce(torch.tensor([2.0])).item()]
+    sdp.shutdown()
+    out["adopted_left_alone"] = torch.distributed.is_initialized()
+    torch.distributed.destroy_process_group()
+    return out

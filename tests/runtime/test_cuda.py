@@ -1,0 +1,27 @@
+"""GPU smoke test: NCCL chosen by itself, collectives on CPU and GPU tensors, a DDP step."""
+
+from __future__ import annotations
+
+import pytest
+
+from ._spawn import results, spawn
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow]
+
+
+@pytest.mark.timeout(300)
+def test_nccl_in_one_process(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    (out,) = results(spawn("_scenarios_cuda:nccl_smoke", 1, tmp_path, launcher=False,
+                           env={"SDP_BACKEND": ""}))
+    assert out["backend"] == "nccl" and out["torch_backend"] == "nccl"
+    assert out["device"] == "cuda:0"
+    assert out["allreduce"] == [[0.0, 1.0, 2.0, 3.0], [0.0, 2.0, 4.0, 6.0], [3, -3], [1.0, 1.0],
+                                "cpu", "cuda"]
+    assert all(abs(v - 0.101) < 1e-3 for v in out["fp16"])
+    assert out["allgather"] == [[2, 3], "cuda"]
+    assert out["objects"] == [{"a": 1}, [2]]
+    assert out["ddp"] == ["cuda:0", [0]]
+    assert out["stepped"] is True

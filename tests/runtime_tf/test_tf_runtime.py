@@ -1,0 +1,101 @@
+"""sdp_runtime.tensorflow on real processes (sdp-run, Gloo, CPU).
+
+Each test starts one worker script per world size, which runs many checks and reports which
+passed; see ``workers/``. TF takes 2-3 s to import, so checks are batched per process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.runtime_tf.launch import HAS_TF, run_alone, run_ranks
+
+pytestmark = [
+    pytest.mark.tensorflow,
+    pytest.mark.slow,
+    pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed"),
+]
+
+COLLECTIVE_CHECKS = [
+    "basics",
+    "allreduce_every_dtype_and_op",
+    "allreduce_scalar_and_horovod_spellings",
+    "inputs_are_never_written",
+    "earlier_results_stay_valid",
+    "xla_is_refused_clearly",
+    "grouped_allreduce_mixed_dtypes_none_and_slices",
+    "allgather_uneven_first_dims",
+    "broadcast_from_each_root",
+    "objects",
+    "broadcast_keras_model_optimizer_and_tf_variables",
+    "tape_training_matches_union_batch",
+    "tape_analytic_none_nested_and_sparse",
+    "distributed_optimizer_custom_loop",
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_collectives_tape_and_optimizer(tmp_path: Path, nproc: int) -> None:
+    results = run_ranks("collectives_worker.py", nproc, tmp_path, timeout=240)
+    for result in results:
+        assert result["size"] == nproc
+        assert result["passed"] == COLLECTIVE_CHECKS
+
+
+@pytest.mark.timeout(300)
+def test_fit_on_two_ranks_equals_one_rank_with_the_union_batch(tmp_path: Path) -> None:
+    (one,) = run_ranks("fit_worker.py", 1, tmp_path / "one", timeout=120)
+    two = run_ranks("fit_worker.py", 2, tmp_path / "two", timeout=180)
+
+    assert one["passed"] == ["save_and_load", "warmup"]
+    assert two[0]["passed"] == ["save_and_load", "warmup"]
+    assert two[1]["passed"] == ["warmup"]
+    # The ranks started from different random weights and saw different data.
+    for a, b in zip(two[0]["weights"], two[1]["weights"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(two[0]["weights"], one["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # MetricAverageCallback: every rank's history holds the mean of the ranks' own losses.
+    assert two[0]["local_loss"] != two[1]["local_loss"]
+    mean = np.mean([two[0]["local_loss"], two[1]["local_loss"]], axis=0)
+    for rank in two:
+        np.testing.assert_allclose(rank["loss"], mean, rtol=1e-6)
+    assert one["loss"] == one["local_loss"]
+
+
+@pytest.mark.timeout(200)
+def test_one_process_without_launcher_is_the_unwrapped_script(tmp_path: Path) -> None:
+    result = run_alone("single_worker.py", tmp_path, timeout=150)
+    assert result["passed"] == [
+        "quiet_light_import",
+        "collectives_are_identities",
+        "fit_unchanged",
+        "tape_unchanged",
+    ]
+
+
+def _gpu_count() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA GPU")
+def test_nccl_smoke(tmp_path: Path) -> None:
+    nproc = min(2, _gpu_count())
+    results = run_ranks("cuda_worker.py", nproc, tmp_path, timeout=240)
+    assert all(result["passed"] == ["nccl"] for result in results)
