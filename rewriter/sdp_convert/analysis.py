@@ -70,15 +70,26 @@ class FileInfo:
     #: parse; this map comes almost free with the detection pass that visits every node anyway).
     parents: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict, repr=False)
 
+    #: Set on the engine's own check that a vanilla script's conversion is a fixed point: the
+    #: transforms then run on the sdp_runtime code they wrote and must find nothing to do.
+    recheck: bool = False
+
+    @property
+    def vanilla(self) -> bool:
+        """A single-process script (or, on the engine's fixed-point check, its conversion)."""
+        return self.origin == "vanilla" or (self.origin == "sdp" and self.recheck)
+
     @property
     def convertible(self) -> bool:
-        return self.training and self.origin in ("vanilla", "sdp")
+        return self.training and self.vanilla
 
     @property
     def label(self) -> str:
         """A short human name for the report: ``torch``, ``keras``, ``horovod``, ..."""
         if self.origin == "distributed":
             return f"already distributed ({self.reason})"
+        if self.origin == "sdp" and not self.recheck:
+            return "already uses sdp_runtime"
         if self.origin in ("horovod", "smddp"):
             return f"{self.origin} ({self.framework})"
         if not self.training:
@@ -138,6 +149,7 @@ def detect(
     module: cst.Module,
     metadata: Mapping[object, Mapping[cst.CSTNode, object]],
     force: Literal["auto", "torch", "tensorflow"] = "auto",
+    recheck: bool = False,
 ) -> FileInfo:
     """Classify ``module``. ``metadata`` must hold ``QualifiedNameProvider``'s resolution."""
     detector = _Detector()
@@ -189,7 +201,8 @@ def detect(
         if strategies:
             info.origin, info.reason = "distributed", strategies[0].replace("tensorflow", "tf")
     if info.origin == "vanilla" and _imports_under(imports, "sdp_runtime"):
-        info.origin = "sdp"
+        info.origin, info.reason = "sdp", "sdp_runtime"
+    info.recheck = recheck
 
     # Does it train?
     if info.framework == "torch":

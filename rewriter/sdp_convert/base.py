@@ -44,6 +44,9 @@ class Options:
     framework: Literal["auto", "torch", "tensorflow"] = "auto"
     only: frozenset[str] = frozenset()
     skip: frozenset[str] = frozenset()
+    #: Run the transforms on a script that uses sdp_runtime already (normally left alone): the
+    #: engine's check that a conversion is a fixed point, and tests of the same.
+    recheck: bool = False
 
 
 @dataclass

@@ -16,7 +16,7 @@ import tokenize
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -60,7 +60,11 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
     result = _convert_once(data, options)
     if result.changed:
         try:
-            again = _convert_once(result.output, options)
+            # A vanilla script's conversion goes through the same transforms again, which must
+            # find nothing to do (a user's later run leaves any sdp_runtime script alone).
+            again = _convert_once(
+                result.output, replace(options, recheck=result.info.origin == "vanilla")
+            )
         except ConversionError as err:  # pragma: no cover - would be a bug in a transform
             raise ConversionError(f"internal error: converted code does not parse: {err}") from err
         if again.changed:
@@ -113,7 +117,7 @@ def _convert_once(data: bytes, options: Options) -> Result:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     transforms_deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
     metadata = wrapper.resolve_many(transforms_deps)
-    info = detect(module, metadata, options.framework)
+    info = detect(module, metadata, options.framework, options.recheck)
 
     selected = [
         cls

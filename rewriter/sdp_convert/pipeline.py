@@ -11,6 +11,21 @@ from typing import TYPE_CHECKING
 
 from .transforms import (
     add_runtime_init,
+    broadcast_initial_state,
+    flag_manual_steps,
+    guard_rank0_writes,
+    migrate_horovod,
+    migrate_smddp,
+    note_already_distributed,
+    pin_gpu_device,
+    pin_tf_gpus,
+    scale_keras_learning_rate,
+    scale_learning_rate,
+    shard_dataloader,
+    shard_tf_dataset,
+    wrap_gradient_tape,
+    wrap_keras_fit,
+    wrap_model_ddp,
 )
 
 if TYPE_CHECKING:
@@ -19,6 +34,31 @@ if TYPE_CHECKING:
 PIPELINE: tuple[type[Transform], ...] = (
     # First: every other transform's output calls the runtime this one imports and initialises.
     add_runtime_init.AddRuntimeInit,
+    # PyTorch. pin_gpu_device and scale_learning_rate come before shard_dataloader, and
+    # wrap_model_ddp after it.
+    # pin_gpu_device inserts set_device after add_runtime_init's init(), the same anchor.
+    pin_gpu_device.PinGpuDevice,
+    scale_learning_rate.ScaleLearningRate,
+    shard_dataloader.ShardDataLoader,
+    wrap_model_ddp.WrapModelDdp,
+    # TensorFlow / Keras. pin_tf_gpus inserts after add_runtime_init's init(), the same anchor;
+    # scale_keras_learning_rate turns compile's string optimizer into an object (lr scaled) before
+    # wrap_keras_fit wraps that object in DistributedOptimizer (both edit the same call).
+    pin_tf_gpus.PinTfGpus,
+    scale_keras_learning_rate.ScaleKerasLearningRate,
+    shard_tf_dataset.ShardTfDataset,
+    wrap_gradient_tape.WrapGradientTape,
+    broadcast_initial_state.BroadcastInitialState,
+    wrap_keras_fit.WrapKerasFit,
+    # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
+    # notes describe what is left once everything else is converted.
+    guard_rank0_writes.GuardRank0Writes,
+    flag_manual_steps.FlagManualSteps,
+    # Horovod / SMDDP / already distributed files only (the transforms above run on single-process
+    # scripts), so their place here does not matter.
+    migrate_horovod.MigrateHorovod,
+    migrate_smddp.MigrateSmddp,
+    note_already_distributed.NoteAlreadyDistributed,
 )
 
 

@@ -9,7 +9,12 @@ from sdp_convert.engine import Result, convert
 
 
 def run(source: str, only: str | None = None, **options: object) -> Result:
-    """Convert ``source`` (dedented) with the pipeline, or just ``add_runtime_init`` + ``only``."""
+    """Convert ``source`` (dedented) with the pipeline, or just ``add_runtime_init`` + ``only``.
+
+    A snippet that imports sdp_runtime (to keep it short) is looked at as the engine's fixed-point
+    check does (``recheck``): the transforms run on it, where a user's run would leave it alone.
+    """
+    options.setdefault("recheck", True)
     opts = Options(
         only=frozenset({only, "add_runtime_init"}) if only else frozenset(), **options  # type: ignore[arg-type]
     )

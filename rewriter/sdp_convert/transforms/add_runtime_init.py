@@ -50,24 +50,36 @@ class AddRuntimeInit(Transform):
         init = cst.parse_statement(f"{self.sdp}.init()\n")
         if self.anchor is None:
             # No import block at the top (rare): initialise first thing after the docstring.
-            body = list(updated_node.body)
+            # Through the edit plan, as the other transforms' statements go: inserting into the
+            # body here would shift it against the original statements their edits are keyed on.
+            body = list(original_node.body)
             at = 1 if body and m.matches(body[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])) else 0
-            body.insert(at, init)
+            if at < len(body):
+                self.state.edits.before.setdefault(body[at], []).insert(0, init)
+            else:
+                self.insert_after(body[-1], init)
             self.record(original_node, f"import {self.state.runtime_module} as {self.sdp}; {self.sdp}.init()")
-            return updated_node.with_changes(body=body)
+            return updated_node
         self.insert_after(self.anchor, init)
         self.record(self.anchor, f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init()")
         return updated_node
 
 
 def _end_of_import_block(module: cst.Module) -> cst.BaseStatement | None:
-    """The last statement of the first block of imports (where libcst adds new imports)."""
-    body = list(module.body)
-    start = 1 if body and m.matches(body[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])) else 0
+    """The last statement of the file's first block of top-level imports.
+
+    Usually the block that opens the file (after its docstring); in a file that starts with other
+    statements (``CONFIG = {...}`` then ``import torch``), the first imports that come later, so
+    that what goes after the block (``init()``, ``torch.cuda.set_device``) has torch imported.
+    ``__future__`` imports alone do not make a block.
+    """
     last = None
-    for stmt in body[start:]:
-        if m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()])):
+    for stmt in module.body:
+        is_import = m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()]))
+        if is_import and not m.matches(
+            stmt, m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))])
+        ):
             last = stmt
-        else:
+        elif last is not None:
             break
     return last

@@ -1,0 +1,646 @@
+"""Write files on rank 0 only: checkpoints, logs, arrays, plots, TensorBoard events.
+
+Before::
+
+    torch.save(model.state_dict(), "model.pt")
+    with open("history.json", "w") as f:
+        json.dump(history, f)
+    writer = SummaryWriter("runs")
+    writer.add_scalar("loss", loss, step)
+
+After::
+
+    if sdp.rank() == 0:
+        torch.save(model.state_dict(), "model.pt")
+        with open("history.json", "w") as f:
+            json.dump(history, f)
+    writer = SummaryWriter("runs") if sdp.rank() == 0 else None
+    if sdp.rank() == 0:
+        writer.add_scalar("loss", loss, step)
+
+Why: every rank holds the same weights after the averaged step, so N ranks writing the same path
+write N identical copies at once, racing on one file (torn checkpoints, interleaved logs, N-fold
+TensorBoard events). Rank 0 writes; the others skip. Checkpoints stay loadable by the original
+script because the runtime's DistributedDataParallel state dict has no ``module.`` prefix.
+
+What counts as a write: the calls in ``_WRITES`` (generic Python: json/pickle/yaml dumps to a
+stream, numpy saves, shutil copies/moves/rmtree, os.remove/rename/replace, matplotlib's savefig,
+pandas ``to_csv``-style and ``Path.write_text``-style methods) and ``_FRAMEWORK_WRITES`` (e.g.
+``torch.save``), and ``open`` in a writing mode. Reads, ``print``, logging and ``os.makedirs`` stay
+on every rank. Saves into an ``io.BytesIO`` are not file writes and stay too.
+
+Handles (``open(..., "w")`` and ``SummaryWriter(...)`` assigned to a name or ``self.<attr>``)
+become ``None`` on the other ranks, and every statement using them is guarded, followed into this
+file's functions the handle is passed to and into objects made from it (``csv.writer(f)``); a
+use already testing the handle (``if writer is not None:``) is left as it is. If any use cannot be
+guarded (returned, in a condition, ...), nothing of that handle changes and it gets a manual note.
+``with open(p, "w") as f:`` is guarded whole, unless its body trains (``backward``/``step``/
+collectives), in which case only the opening is conditional (``... if sdp.rank() == 0 else
+contextlib.nullcontext()``) and the uses of ``f`` are guarded.
+
+Writes already under ``if <rank> == 0:`` (a rank call, or a variable holding one:
+``rank = dist.get_rank()``), or in a function only called there, are left alone; a write inside a
+function called from everywhere is guarded inside it (the rank is global). What cannot be guarded
+safely (a write in a condition, a mode known only at run time, a result used later) gets a manual
+note. The framework writes go in ``_FRAMEWORK_WRITES``/``_FRAMEWORK_METHOD_WRITES``/
+``_FRAMEWORK_HANDLES`` (TensorFlow: ``tf.saved_model.save``, ``model.save``, ``save_weights``,
+``checkpoint.save``, ``manager.save()``, ``tf.summary.create_file_writer``); the rest is
+framework-neutral.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import AddImportsVisitor
+
+from ..base import _RANK_FUNCTIONS, Transform, is_rank0_test
+from .shard_dataloader import (
+    Binding,
+    assigned_binding,
+    assigned_values,
+    binding_of,
+    callee,
+    class_of,
+    function_references,
+    node_order,
+    param_for_arg,
+    training_calls,
+    uses,
+)
+
+# Calls that write a file, with where their destination is (positional index, keyword) when it
+# may be an in-memory buffer. Generic Python here; frameworks add theirs in _FRAMEWORK_WRITES.
+_WRITES: dict[str, tuple[int, str] | None] = {
+    "json.dump": (1, "fp"),
+    "pickle.dump": (1, "file"),
+    "numpy.save": (0, "file"),
+    "numpy.savez": (0, "file"),
+    "numpy.savez_compressed": (0, "file"),
+    "numpy.savetxt": (0, "fname"),
+    "shutil.copy": None,
+    "shutil.copy2": None,
+    "shutil.copyfile": None,
+    "shutil.copytree": None,
+    "shutil.move": None,
+    "shutil.rmtree": None,
+    "os.remove": None,
+    "os.unlink": None,
+    "os.rename": None,
+    "os.replace": None,
+    "matplotlib.pyplot.savefig": (0, "fname"),
+}
+# Writes only when given a stream (without one they return a string).
+_STREAM_WRITES: dict[str, tuple[int, str]] = {
+    "yaml.dump": (1, "stream"),
+    "yaml.safe_dump": (1, "stream"),
+    "yaml.dump_all": (1, "stream"),
+    "yaml.safe_dump_all": (1, "stream"),
+}
+# ``<object>.<method>(destination, ...)``: the object's type is unknown, the method name is telling.
+_METHOD_WRITES = (
+    "savefig",
+    "write_text",
+    "write_bytes",
+    "to_csv",
+    "to_json",
+    "to_parquet",
+    "to_pickle",
+    "save_pretrained",
+)
+_FRAMEWORK_WRITES: dict[str, dict[str, tuple[int, str] | None]] = {
+    "torch": {"torch.save": (1, "f"), "torch.jit.save": (1, "f"), "torch.onnx.export": (2, "f")},
+    "tensorflow": {
+        "tensorflow.saved_model.save": None,
+        "tensorflow.keras.models.save_model": None,
+        "tensorflow.keras.saving.save_model": None,
+        "keras.models.save_model": None,
+        "keras.saving.save_model": None,
+        "tensorflow.io.write_file": None,
+    },
+}
+# Methods that write in a script of that framework, whatever the object: ``model.save(path)``,
+# ``model.save_weights(path)``, ``checkpoint.save(prefix)``, ``manager.save()`` (no argument).
+_FRAMEWORK_METHOD_WRITES: dict[str, tuple[str, ...]] = {
+    "torch": (),
+    "tensorflow": ("save", "save_weights"),
+}
+# Calls opening a file: (default mode, position of the mode argument).
+_OPENERS: dict[str, tuple[str, int]] = {
+    "builtins.open": ("r", 1),
+    "io.open": ("r", 1),
+    "codecs.open": ("r", 1),
+    "gzip.open": ("rb", 1),
+    "bz2.open": ("rb", 1),
+    "lzma.open": ("rb", 1),
+}
+# Objects that write files as they are used (a handle, like an open file).
+_HANDLES = ("tensorboardX.SummaryWriter",)
+_FRAMEWORK_HANDLES: dict[str, tuple[str, ...]] = {
+    "torch": (
+        "torch.utils.tensorboard.SummaryWriter",
+        "torch.utils.tensorboard.writer.SummaryWriter",
+    ),
+    "tensorflow": ("tensorflow.summary.create_file_writer",),
+}
+# Handles whose library has a do-nothing twin with the same methods (given to the other ranks).
+_NOOP_TWINS = {"tensorflow.summary.create_file_writer": "create_noop_writer"}
+_MEMORY_BUFFERS = ("io.BytesIO", "io.StringIO")
+# Calls a rank must not skip: the others would wait for it.
+_COLLECTIVE_PREFIXES = ("sdp_runtime", "torch.distributed")
+
+
+@dataclass
+class _Action:
+    """One edit, kept until all are known so that nested guards can be dropped."""
+
+    kind: str  # "guard" (a statement), "ifexp" (an assignment's value), "with" (a with item)
+    node: cst.CSTNode  # the statement, Assign/AnnAssign, or WithItem
+    anchor: cst.CSTNode  # the statement the edit is in (to find nesting)
+    records: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+
+
+class GuardRank0Writes(Transform):
+    DESCRIPTION = "Write files (checkpoints, logs, TensorBoard) on rank 0 only."
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        self._actions: list[_Action] = []
+        self._else: dict[cst.CSTNode, cst.BaseExpression] = {}  # ifexp assignment -> its else
+        self._by_node: dict[cst.CSTNode, _Action] = {}
+        self._ifexp: set[cst.CSTNode] = set()
+        self._with_items: set[cst.CSTNode] = set()
+        self._followed: set[int] = set()
+        self._problems: list[str] = []
+        framework = self.state.info.framework or ""
+        self._writes = {**_WRITES, **_FRAMEWORK_WRITES.get(framework, {})}
+        self._handles = (*_HANDLES, *_FRAMEWORK_HANDLES.get(framework, ()))
+
+        candidates: list[cst.Call] = []
+        candidates += self.calls_to(*self._writes, *_STREAM_WRITES, *_OPENERS, *self._handles)
+        for method in _METHOD_WRITES:
+            candidates += [c for c in self.method_calls(method) if c.args]
+        for method in _FRAMEWORK_METHOD_WRITES.get(framework, ()):
+            candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
+        order = node_order(self)
+        seen: set[int] = set()
+        for call in sorted(candidates, key=lambda c: order.get(id(c), -1)):
+            if id(call) not in seen:
+                seen.add(id(call))
+                self._write(call)
+        self._apply()
+
+    def _noop_twin(self, call: cst.Call, names: set[str]) -> cst.Call | None:
+        """``tf.summary.create_noop_writer()`` for ``tf.summary.create_file_writer(...)``."""
+        twin = next((_NOOP_TWINS[n] for n in names if n in _NOOP_TWINS), None)
+        if twin is None or not isinstance(call.func, cst.Attribute):
+            return None
+        return cst.Call(func=call.func.with_changes(attr=cst.Name(twin)))
+
+    def _is_known_call(self, call: cst.Call) -> bool:
+        """``x.save()`` where ``x.save`` resolves to a known module's function (``np.save``,
+        ``torch.save``): the tables above decide about those."""
+        roots = {i.split(".")[0] for i in self.state.info.imports}
+        return any(n.split(".")[0] in roots for n in self.qualified_names(call.func))
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    def _write(self, call: cst.Call) -> None:
+        names = self.qualified_names(call.func)
+        what = self._describe(call)
+        opener = next((n for n in names if n in _OPENERS), None)
+        if opener is not None:
+            default, position = _OPENERS[opener]
+            mode = _mode(call, default, position)
+            if mode is None:
+                if not self._rank0_only(call):
+                    self.record(
+                        call,
+                        f"{what} opens a file in a mode known only at run time: if it writes, "
+                        f"open and use it on rank 0 only (if {self.sdp}.rank() == 0:)",
+                        manual=True,
+                    )
+                return
+            if not any(c in mode for c in "wax+"):
+                return  # a read
+        stream = next((n for n in names if n in _STREAM_WRITES), None)
+        if stream is not None and _argument(call, *_STREAM_WRITES[stream]) is None:
+            return  # returns a string
+        destination = next((self._writes[n] for n in names if self._writes.get(n)), None)
+        if destination is not None and self._in_memory(_argument(call, *destination)):
+            return
+        if self._rank0_only(call) or self._only_called_on_rank0(call):
+            return
+        is_handle = opener is not None or any(n in self._handles for n in names)
+        parent = self.parent(call)
+        if is_handle and isinstance(parent, cst.WithItem) and parent.item is call:
+            self._with(parent, what)
+            return
+        noop = self._noop_twin(call, names)
+        if noop is not None and isinstance(parent, (cst.Assign, cst.AnnAssign)):
+            # A writer with a do-nothing twin: the other ranks get the twin, every use stays.
+            self._else[parent] = noop
+            self._add("ifexp", parent, self.enclosing_statement(parent) or parent, call,
+                      f"{what} on rank 0 only ({self.module.code_for_node(noop)} on the others)")
+            return
+        if is_handle:
+            binding = assigned_binding(self, call)
+            assign = self.parent(call)
+            if binding is not None and isinstance(assign, (cst.Assign, cst.AnnAssign)):
+                self._handle(
+                    assign,
+                    call,
+                    binding,
+                    f"{what} on rank 0 only ({binding.code} is None on the other ranks)",
+                )
+                return
+        self._guard_statement(call, f"{what} runs on rank 0 only")
+
+    def _guard_statement(self, node: cst.CSTNode, message: str) -> None:
+        """Guard the statement holding ``node`` if that is safe, else note it."""
+        stmt = self.enclosing_statement(node)
+        problem = self._why_not_guardable(node, stmt)
+        if problem is not None or stmt is None:
+            self.record(
+                node,
+                f"{self._describe(node)} writes on every rank: "
+                f"{problem or 'it is not in a statement'}; "
+                f"make it run on rank 0 only (if {self.sdp}.rank() == 0:)",
+                manual=True,
+            )
+            return
+        self._add("guard", stmt, stmt, node, message)
+
+    def _why_not_guardable(self, node: cst.CSTNode, stmt: cst.CSTNode | None) -> str | None:
+        child = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.Lambda):
+                return "it is inside a lambda"
+            if isinstance(parent, cst.SimpleStatementSuite) and parent is not stmt:
+                compound = self.parent(parent)
+                if isinstance(compound, (cst.FunctionDef, cst.ClassDef)):
+                    return "it shares its line with a def, class or try"
+            if parent is stmt:
+                break
+            if isinstance(parent, (cst.If, cst.While)) and child is parent.test:
+                return "it is in a condition"
+            if isinstance(parent, cst.For) and child is parent.iter:
+                return "it is in a for header"
+            child = parent
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.Try)):
+            return "it shares its line with a def, class or try"
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Return):
+                    return "its result is returned"
+                if isinstance(
+                    small, (cst.Assign, cst.AnnAssign, cst.AugAssign)
+                ) and self._binds_used_names(small):
+                    return "it assigns a name used later, which the other ranks would miss"
+        if isinstance(stmt, (cst.If, cst.While)) and isinstance(stmt.body, cst.IndentedBlock):
+            return "it is in a condition"
+        return None
+
+    def _binds_used_names(self, small: cst.Assign | cst.AnnAssign | cst.AugAssign) -> bool:
+        targets = (
+            [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+        )
+        for target in targets:
+            names = (
+                [n for n in _target_names(target)]
+                if not isinstance(target, cst.Attribute)
+                else None
+            )
+            if names is None or isinstance(small, cst.AugAssign):
+                return True
+            for name in names:
+                binding = binding_of(self, name)
+                if binding is None or uses(self, binding):
+                    return True
+        return False
+
+    def _with(self, item: cst.WithItem, what: str) -> None:
+        stmt = self.parent(item)
+        assert isinstance(stmt, cst.With)
+        if self._runs_collectives(stmt.body):
+            # The body trains: only the opening is conditional, the uses are guarded.
+            mark = len(self._actions)
+            self._add(
+                "with",
+                item,
+                stmt,
+                item.item,
+                f"{what} on rank 0 only (contextlib.nullcontext() on the other ranks)",
+            )
+            binding = binding_of(self, item.asname.name) if item.asname is not None else None
+            self._all_or_nothing(mark, item.item, what, binding)
+            return
+        self._add("guard", stmt, stmt, item.item, f"{what} runs on rank 0 only")
+
+    def _handle(
+        self, assign: cst.Assign | cst.AnnAssign, call: cst.Call, binding: Binding, message: str
+    ) -> None:
+        stmt = self.enclosing_statement(assign)
+        mark = len(self._actions)
+        self._add("ifexp", assign, stmt or assign, call, message)
+        self._all_or_nothing(mark, call, self._describe(call), binding)
+
+    def _all_or_nothing(
+        self, mark: int, call: cst.CSTNode, what: str, binding: Binding | None
+    ) -> None:
+        """Guard every use of a handle just made conditional, or undo all actions from ``mark``
+        (the one making it conditional included) and note it."""
+        self._followed, self._problems = set(), []
+        if binding is not None:
+            self._guard_uses(binding, 0)
+        if not self._problems:
+            return
+        for action in self._actions[mark:]:
+            del self._by_node[action.node]
+        del self._actions[mark:]
+        self.record(
+            call,
+            f"{what} writes on every rank, and its handle is used where a guard cannot go "
+            f"({self._problems[0]}): open and use it on rank 0 only (if {self.sdp}.rank() == 0:)",
+            manual=True,
+        )
+
+    def _guard_uses(self, binding: Binding, depth: int) -> None:
+        """Guard each statement using a handle that is None on the other ranks."""
+        if depth > 3 or id(binding.target) in self._followed:
+            return
+        self._followed.add(id(binding.target))
+        for use in uses(self, binding):
+            if self._rank0_only(use) or self._tests_handle(use, binding) or self._is_test(use):
+                continue
+            parent = self.parent(use)
+            if isinstance(parent, cst.Arg) and parent.value is use:
+                call = self.parent(parent)
+                function = callee(self, call) if isinstance(call, cst.Call) else None
+                param = (
+                    param_for_arg(function, call, parent)
+                    if function is not None and isinstance(call, cst.Call)
+                    else None
+                )
+                inner = binding_of(self, param) if param is not None else None
+                if inner is not None:
+                    self._guard_uses(inner, depth + 1)
+                    continue
+            if isinstance(parent, cst.WithItem) and parent.item is use:
+                stmt = self.parent(parent)
+                assert isinstance(stmt, cst.With)
+                if not self._runs_collectives(stmt.body):
+                    self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
+                    continue
+            stmt = self.enclosing_statement(use)
+            small = (
+                stmt.body[0]
+                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                else None
+            )
+            derived = assigned_binding(self, small.value) if isinstance(small, cst.Assign) else None
+            if (
+                derived is not None
+                and stmt is not None
+                and isinstance(small, cst.Assign)
+                and self._why_not_guardable(use, small) is None
+            ):
+                # ``rows = csv.writer(log)``: made from the handle, None where it is.
+                self._add(
+                    "ifexp",
+                    small,
+                    stmt,
+                    use,
+                    f"{derived.code} is made on rank 0 only, like {binding.code}",
+                )
+                self._guard_uses(derived, depth + 1)
+                continue
+            if (
+                stmt is not None
+                and isinstance(small, cst.Expr)
+                and self._why_not_guardable(use, stmt) is None
+            ):
+                self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
+                continue
+            code = self.module.code_for_node(stmt or use).strip().splitlines()[0]
+            self._problems.append(f"`{code}`")
+
+    def _use_message(self, stmt: cst.CSTNode, binding: Binding) -> str:
+        head = self.module.code_for_node(stmt).strip().splitlines()[0]
+        if len(head) > 60:
+            head = head[:57] + "..."
+        return f"{head} runs on rank 0 only ({binding.code} exists there only)"
+
+    def _add(
+        self, kind: str, node: cst.CSTNode, anchor: cst.CSTNode, at: cst.CSTNode, message: str
+    ) -> None:
+        action = self._by_node.get(node)
+        if action is None:
+            action = _Action(kind, node, anchor)
+            self._by_node[node] = action
+            self._actions.append(action)
+            action.records.append((at, message))
+
+    # -- applying -------------------------------------------------------------------------------
+
+    def _apply(self) -> None:
+        guarded = {a.node for a in self._actions if a.kind == "guard"} | self.state.edits.guarded
+        for action in self._actions:
+            if any(p in guarded for p in self.ancestors(action.anchor)):
+                continue  # inside a statement guarded whole
+            if action.kind == "guard":
+                self.guard_rank0(action.node)
+            elif action.kind == "ifexp":
+                self._ifexp.add(action.node)
+            else:
+                self._with_items.add(action.node)
+                AddImportsVisitor.add_needed_import(self.context, "contextlib")
+            for at, message in action.records:
+                self.record(at, message)
+            self.add_runtime_import()
+
+    def _rank0_test(self) -> cst.BaseExpression:
+        return cst.parse_expression(f"{self.sdp}.rank() == 0")
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if original_node in self._ifexp:
+            return updated_node.with_changes(
+                value=cst.IfExp(
+                    test=self._rank0_test(),
+                    body=updated_node.value,
+                    orelse=self._else.get(original_node, cst.Name("None")),
+                )
+            )
+        return updated_node
+
+    def leave_AnnAssign(
+        self, original_node: cst.AnnAssign, updated_node: cst.AnnAssign
+    ) -> cst.AnnAssign:
+        if original_node in self._ifexp and updated_node.value is not None:
+            return updated_node.with_changes(
+                value=cst.IfExp(
+                    test=self._rank0_test(),
+                    body=updated_node.value,
+                    orelse=self._else.get(original_node, cst.Name("None")),
+                )
+            )
+        return updated_node
+
+    def leave_WithItem(
+        self, original_node: cst.WithItem, updated_node: cst.WithItem
+    ) -> cst.WithItem:
+        if original_node in self._with_items:
+            return updated_node.with_changes(
+                item=cst.IfExp(
+                    test=self._rank0_test(),
+                    body=updated_node.item,
+                    orelse=cst.parse_expression("contextlib.nullcontext()"),
+                )
+            )
+        return updated_node
+
+    # -- questions ------------------------------------------------------------------------------
+
+    def _rank0_only(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` runs on rank 0 only already: in the body of ``if <rank> == 0:`` or of
+        ``x if <rank> == 0 else ...``, where <rank> may also be a variable holding a rank call
+        (``rank = dist.get_rank()``)."""
+        child = node
+        for parent in self.ancestors(node):
+            if (
+                isinstance(parent, (cst.If, cst.IfExp))
+                and child is parent.body
+                and (is_rank0_test(self, parent.test) or self._rank_variable_test(parent.test))
+            ):
+                return True
+            child = parent
+        return False
+
+    def _rank_variable_test(self, test: cst.BaseExpression) -> bool:
+        """``rank == 0`` / ``0 == rank`` / ``not rank`` with ``rank = <rank call>``."""
+        name: cst.BaseExpression | None = None
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            name = test.expression
+        elif (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+        ):
+            left, right = test.left, test.comparisons[0].comparator
+            if m.matches(right, m.Integer("0")):
+                name = left
+            elif m.matches(left, m.Integer("0")):
+                name = right
+        if not isinstance(name, cst.Name):
+            return False
+        values = assigned_values(self, name)
+        return bool(values) and all(
+            isinstance(v, cst.Call) and self.refers_to(v.func, *_RANK_FUNCTIONS) for v in values
+        )
+
+    def _only_called_on_rank0(self, node: cst.CSTNode) -> bool:
+        """``node`` is in a function of this file that is only ever called on rank 0."""
+        function = self.enclosing_function(node)
+        if function is None:
+            return False
+        if class_of(self, function) is not None:
+            # A method: every ``<something>.<name>(...)`` call of the file.
+            calls = self.method_calls(function.name.value)
+            return bool(calls) and all(self._rank0_only(c) for c in calls)
+        refs = function_references(self, function)
+        return bool(refs) and all(
+            isinstance(call := self.parent(ref), cst.Call)
+            and call.func is ref
+            and self._rank0_only(call)
+            for ref in refs
+        )
+
+    def _tests_handle(self, use: cst.CSTNode, binding: Binding) -> bool:
+        """``use`` is in ``if handle:`` / ``if handle is not None:`` (None on the other ranks)."""
+        child = use
+        for parent in self.ancestors(use):
+            if isinstance(parent, cst.If) and child is parent.body:
+                test = parent.test
+                if m.matches(
+                    test,
+                    m.Comparison(comparisons=[m.ComparisonTarget(m.IsNot(), m.Name("None"))]),
+                ):
+                    assert isinstance(test, cst.Comparison)
+                    test = test.left
+                if self.module.code_for_node(test) == binding.code:
+                    return True
+            child = parent
+        return False
+
+    def _is_test(self, use: cst.CSTNode) -> bool:
+        """``handle is None``, ``not handle``, ``if handle:``: reading None there is fine."""
+        parent = self.parent(use)
+        if isinstance(parent, cst.Comparison) and parent.left is use:
+            return all(
+                isinstance(c.operator, (cst.Is, cst.IsNot))
+                and m.matches(c.comparator, m.Name("None"))
+                for c in parent.comparisons
+            )
+        if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+            return True
+        if isinstance(parent, cst.BooleanOperation):
+            return True
+        return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is use
+
+    def _in_memory(self, arg: cst.Arg | None) -> bool:
+        if arg is None:
+            return False
+        values = [arg.value]
+        if isinstance(arg.value, cst.Name):
+            values = assigned_values(self, arg.value)
+        return any(
+            isinstance(v, cst.Call) and self.refers_to(v.func, *_MEMORY_BUFFERS) for v in values
+        )
+
+    def _runs_collectives(self, body: cst.BaseSuite) -> bool:
+        """Whether a block trains or communicates: skipping it on some ranks would hang them."""
+        calls = training_calls(self) | set(self.calls_to(*_COLLECTIVE_PREFIXES, prefix=True))
+        return any(any(p is body for p in self.ancestors(c)) for c in calls)
+
+    def _describe(self, node: cst.CSTNode) -> str:
+        if isinstance(node, cst.Call):
+            func = self.module.code_for_node(node.func)
+            if self.refers_to(node.func, *_OPENERS):
+                mode = _argument(node, 1, "mode")
+                if mode is not None:
+                    return f"{func}(..., {self.module.code_for_node(mode.value)})"
+            return f"{func}(...)"
+        return self.module.code_for_node(node).strip().splitlines()[0]
+
+
+def _argument(call: cst.Call, position: int, keyword: str) -> cst.Arg | None:
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if position < len(positional):
+        return positional[position]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    return None
+
+
+def _mode(call: cst.Call, default: str, position: int) -> str | None:
+    """The mode string of an ``open``-like call; None when it is not a literal."""
+    arg = _argument(call, position, "mode")
+    if arg is None:
+        return None if any(a.star for a in call.args) else default
+    if isinstance(arg.value, cst.SimpleString):
+        value = arg.value.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []

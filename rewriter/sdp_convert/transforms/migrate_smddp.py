@@ -1,0 +1,169 @@
+"""Migrate a SageMaker smdistributed.dataparallel (SMDDP) script to sdp_runtime.
+
+Before::
+
+    import smdistributed.dataparallel.torch.distributed as dist
+    from smdistributed.dataparallel.torch.parallel.distributed import DistributedDataParallel as DDP
+
+    dist.init_process_group()
+    model = DDP(model)
+
+After::
+
+    import sdp_runtime.torch.distributed as dist
+    from sdp_runtime.torch.parallel.distributed import DistributedDataParallel as DDP
+
+    dist.init_process_group()
+    model = DDP(model)
+
+The backend form (SMDDP 1.4 and later), where SMDDP only registers a torch.distributed backend::
+
+    import smdistributed.dataparallel.torch.torch_smddp
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend="smddp")
+
+becomes::
+
+    import sdp_runtime.torch.distributed as dist
+    from sdp_runtime.torch.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group()
+
+The ``torch_smddp`` import goes, the file's ``torch.distributed`` and ``DistributedDataParallel``
+become the runtime's (which has SMDDP's PyTorch names: ``init_process_group``, ``get_rank``,
+``get_local_rank``, ``get_world_size``, ``barrier``, ``all_reduce``, ...), and the backend argument
+goes: the runtime picks NCCL on GPUs and Gloo on CPUs, so the same script runs under ``sdp-run`` on
+either, and as one plain ``python`` process. (Keeping torch's own ``init_process_group`` with
+``backend=None`` would also pick a backend, but the script would then need a launcher even for one
+process, and would stay a torch-DDP script rather than an sdp_runtime one.) The few
+torch.distributed names the runtime does not re-export (``destroy_process_group``, ``new_group``,
+...) keep calling torch.distributed, on the runtime's process group, and are reported.
+
+``smdistributed.dataparallel.tensorflow`` (``as sdp``/``smdp``) and its ``keras`` module become
+``sdp_runtime.tensorflow`` and ``sdp_runtime.tensorflow.keras``, whose API was, like SMDDP's, made
+close to Horovod's.
+
+Why: so that a SageMaker script runs anywhere with ``sdp-run``. SageMaker's environment
+(``SM_MODEL_DIR``, ``SM_CHANNEL_*``) and ``current_host == hosts[0]`` guards are left working and
+reported. The import machinery, the unsupported-API notes and the checks of the usual mistakes are
+``migrate_horovod``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import libcst as cst
+
+from . import migrate_horovod as hvd
+
+_ROOT = "smdistributed.dataparallel"
+_TORCH_SMDDP = f"{_ROOT}.torch.torch_smddp"
+
+#: SMDDP's PyTorch API (v1.0-1.3), as sdp_runtime.torch.distributed provides it.
+_DIST = hvd.names(
+    """init_process_group is_available is_initialized get_rank get_local_rank get_world_size
+    get_local_size barrier all_reduce broadcast all_gather all_gather_object broadcast_object_list
+    group ReduceOp DistributedDataParallel"""
+)
+_TF = hvd.names(
+    """init shutdown is_initialized size local_size rank local_rank allreduce oob_allreduce
+    grouped_allreduce allgather broadcast broadcast_variables broadcast_object allgather_object
+    overlap DistributedGradientTape DistributedOptimizer Compression ReduceOp Average Sum Min Max
+    keras"""
+)
+#: torch.distributed's name -> sdp_runtime.torch's (leaving the job destroys the runtime's group).
+_RENAMED = {"destroy_process_group": "shutdown"}
+_KERAS = hvd.HOROVOD_MODULES["horovod.tensorflow.keras"].names
+_CALLBACKS = hvd.HOROVOD_MODULES["horovod.tensorflow.keras.callbacks"].names
+_DDP = hvd.names("DistributedDataParallel")
+
+SMDDP_MODULES: Mapping[str, hvd.Target] = {
+    f"{_ROOT}.torch": hvd.Target("sdp_runtime.torch", hvd.names("distributed parallel")),
+    f"{_ROOT}.torch.distributed": hvd.Target(
+        "sdp_runtime.torch.distributed", _DIST, "torch.distributed", _RENAMED
+    ),
+    f"{_ROOT}.torch.parallel": hvd.Target("sdp_runtime.torch.parallel", _DDP | {"distributed"}),
+    f"{_ROOT}.torch.parallel.distributed": hvd.Target(
+        "sdp_runtime.torch.parallel.distributed", _DDP
+    ),
+    f"{_ROOT}.tensorflow": hvd.Target("sdp_runtime.tensorflow", _TF),
+    f"{_ROOT}.tensorflow.keras": hvd.Target("sdp_runtime.tensorflow.keras", _KERAS),
+    f"{_ROOT}.tensorflow.keras.callbacks": hvd.Target(
+        "sdp_runtime.tensorflow.keras.callbacks", _CALLBACKS
+    ),
+}
+
+#: The backend form: the file's torch.distributed and torch DDP become the runtime's.
+_BACKEND_MODULES: Mapping[str, hvd.Target] = {
+    "torch.distributed": hvd.Target(
+        "sdp_runtime.torch.distributed", _DIST, "torch.distributed", _RENAMED
+    ),
+}
+_RUNTIME_DDP = "sdp_runtime.torch.parallel.DistributedDataParallel"
+_BACKEND_NAMES: Mapping[str, str] = {
+    "torch.nn.parallel.DistributedDataParallel": _RUNTIME_DDP,
+    "torch.nn.parallel.distributed.DistributedDataParallel": _RUNTIME_DDP,
+}
+_INIT = ("torch.distributed.init_process_group", f"{_ROOT}.torch.distributed.init_process_group")
+
+
+class MigrateSmddp(hvd.Migration):
+    DESCRIPTION = "Point SageMaker smdistributed.dataparallel imports at sdp_runtime."
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    ROOT = _ROOT
+    LIBRARY = "SageMaker smdistributed.dataparallel"
+    MODULES = SMDDP_MODULES
+    DROPPED_MODULES = frozenset({_TORCH_SMDDP})
+    LAUNCH = (
+        "launch with `sdp-run -n N train.py` (N processes per machine) instead of SageMaker's "
+        "smdistributed launcher"
+    )
+
+    def configure(self) -> None:
+        if _TORCH_SMDDP in self.state.info.imports:
+            self.modules.update(_BACKEND_MODULES)
+            self.moved_names.update(_BACKEND_NAMES)
+
+    def dropped_message(self, full: str) -> str:
+        return f"removed import {full}: it registers the smddp backend, which sdp_runtime replaces"
+
+    def leave_ImportFrom(
+        self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
+    ) -> cst.ImportFrom:
+        # from smdistributed.dataparallel.torch import torch_smddp
+        if (
+            updated_node.module is not None
+            and not isinstance(updated_node.names, cst.ImportStar)
+            and len(updated_node.names) == 1
+            and f"{cst.helpers.get_full_name_for_node(updated_node.module)}."
+            f"{cst.helpers.get_full_name_for_node(updated_node.names[0].name)}"
+            in self.DROPPED_MODULES
+        ):
+            self.record(original_node, self.dropped_message(_TORCH_SMDDP))
+            self._remove_statement(original_node)
+            return updated_node
+        return super().leave_ImportFrom(original_node, updated_node)
+
+    def rewrite_call(
+        self, original_node: cst.Call, updated_node: cst.Call, qualified: set[str]
+    ) -> cst.BaseExpression:
+        if not qualified.intersection(_INIT):
+            return updated_node
+        args = list(updated_node.args)
+        for i, (arg, original) in enumerate(zip(args, original_node.args, strict=True)):
+            if (arg.keyword is None and i == 0 and arg.star == "") or (
+                arg.keyword is not None and arg.keyword.value == "backend"
+            ):
+                del args[i]
+                if args and i == len(args):  # it was the last one: no trailing comma left behind
+                    args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                self.record(
+                    original,
+                    f"init_process_group({self.module.code_for_node(original.value)}) -> "
+                    f"init_process_group(): sdp_runtime picks NCCL on GPUs and Gloo on CPUs",
+                )
+                return updated_node.with_changes(args=args)
+        return updated_node

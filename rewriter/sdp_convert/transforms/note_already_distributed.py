@@ -1,0 +1,100 @@
+"""Leave an already distributed script alone, saying what distributes it.
+
+Before::
+
+    import deepspeed
+
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config)
+
+After: the same bytes, and one report entry::
+
+    train.py:1:1: [note_already_distributed] left unchanged: already distributed with DeepSpeed
+
+Why: torch DDP/FSDP with ``init_process_group``, ``tf.distribute`` strategies, DeepSpeed,
+Accelerate and Lightning scripts already average gradients, shard data and start every rank from
+the same weights; adding sdp_runtime on top would do it twice. Such a file is left byte for byte
+as it is, but the report says why nothing happened, so that an unchanged file is never mistaken
+for one the converter did not understand. (Horovod and SMDDP scripts are migrated instead, by
+``migrate_horovod`` and ``migrate_smddp``.)
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..analysis import FileInfo
+from ..base import Transform
+
+#: What each library is called in the note, by the calls and the imports that show it.
+_CALLS = {
+    "torch.distributed.init_process_group": "torch.distributed",
+    "torch.nn.parallel.DistributedDataParallel": "torch DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel": "torch DistributedDataParallel",
+    "torch.distributed.fsdp.FullyShardedDataParallel": "torch FSDP",
+}
+_IMPORTS = {
+    "deepspeed": "DeepSpeed",
+    "accelerate": "Hugging Face Accelerate",
+    "lightning": "PyTorch Lightning",
+    "pytorch_lightning": "PyTorch Lightning",
+    "torch.distributed.fsdp": "torch FSDP",
+    "fairscale": "FairScale",
+    "colossalai": "ColossalAI",
+}
+_STRATEGIES = "tensorflow.distribute."
+
+
+class NoteAlreadyDistributed(Transform):
+    DESCRIPTION = "Leave already distributed scripts (DDP, tf.distribute, DeepSpeed, ...) alone."
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+
+    @classmethod
+    def applies_to(cls, info: FileInfo) -> bool:
+        return info.origin == "distributed"
+
+    def prepare(self, module: cst.Module) -> None:
+        info = self.state.info
+        # (label, node that shows it), the reason analysis gave first.
+        found: list[tuple[str, cst.CSTNode]] = []
+        for qname, label in _CALLS.items():
+            calls = self.calls_to(qname)
+            if calls:
+                found.append((label, calls[0]))
+        for qname in sorted(q for q in info.calls if q.startswith(_STRATEGIES)):
+            if qname.endswith("Strategy"):
+                found.append(("tf" + qname[len("tensorflow"):], self.calls_to(qname)[0]))
+        finder = _ImportFinder(tuple(_IMPORTS))
+        module.visit(finder)
+        found += [(_IMPORTS[package], node) for package, node in finder.found]
+        found.sort(key=lambda item: item[0] != info.reason)
+        labels = list(dict.fromkeys(label for label, _ in found)) or [info.reason]
+        self.record(
+            found[0][1] if found else module,
+            f"left unchanged: already distributed with {' + '.join(labels)}; launch it as before",
+        )
+
+
+class _ImportFinder(cst.CSTVisitor):
+    """The first import of each of ``packages`` (or of something under it)."""
+
+    def __init__(self, packages: tuple[str, ...]) -> None:
+        self.packages = packages
+        self.found: list[tuple[str, cst.CSTNode]] = []
+
+    def _note(self, name: str, node: cst.CSTNode) -> None:
+        # The longest matching package: torch.distributed.fsdp, not torch.
+        for package in sorted(self.packages, key=len, reverse=True):
+            if name == package or name.startswith(package + "."):
+                if package not in {p for p, _ in self.found}:
+                    self.found.append((package, node))
+                return
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        for alias in node.names:
+            self._note(cst.helpers.get_full_name_for_node(alias.name) or "", node)
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if node.module is not None and not node.relative:
+            self._note(cst.helpers.get_full_name_for_node(node.module) or "", node)
+        return False

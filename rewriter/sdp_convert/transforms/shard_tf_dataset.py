@@ -1,0 +1,398 @@
+"""Give each worker its own shard of the training ``tf.data`` dataset.
+
+Before::
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000).batch(32)
+    for step, (xb, yb) in enumerate(ds.take(500)):
+        train_step(xb, yb)
+
+After::
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(32)
+    for step, (xb, yb) in enumerate(ds.take(500 // sdp.size())):
+        train_step(xb, yb)
+
+Why: data parallelism only pays when workers read different samples. ``shard(size, rank)`` right
+after the source (``from_tensor_slices``, ``from_tensors``, ``range``, ``list_files``,
+``TFRecordDataset``, ``tfds.load``, ...) and before ``shuffle``/``batch``/``repeat`` splits the
+*samples* into disjoint parts whatever the shuffle seed, and batch B per worker makes a global batch
+of N*B. A ``take``/``skip`` that selects samples before any shuffle or batch stays in front of the
+shard (the selection is the same set of samples); a ``take(n)`` after it counts steps (or samples)
+per worker, so it becomes ``n // sdp.size()``: all workers together do the original amount of work.
+
+Only the *training* dataset is sharded: the one iterated by the loop that applies the gradients
+(followed through ``enumerate``, ``iter``/``next``, variables, step-by-step reassignment, helper
+functions and parameters) and the one given to Keras ``fit``. Validation data is left alone so that
+every worker evaluates the same data. Sources that batch or shuffle by themselves
+(``image_dataset_from_directory``, ``make_csv_dataset``, ``list_files`` without ``shuffle=False``,
+``tfds.load(shuffle_files=True)``) are reported: their order differs between workers, so their
+shards would overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+from .scale_keras_learning_rate import (
+    FileIndex,
+    arg_named,
+    code,
+    divided_by_size,
+    file_index,
+    keras_fit_calls,
+    keras_name,
+    mentions_size,
+    replace_arg,
+)
+from .wrap_gradient_tape import training_facts
+
+_SOURCES = frozenset(
+    {
+        "tensorflow.data.Dataset.from_tensor_slices",
+        "tensorflow.data.Dataset.from_tensors",
+        "tensorflow.data.Dataset.range",
+        "tensorflow.data.Dataset.list_files",
+        "tensorflow.data.Dataset.from_generator",
+        "tensorflow.data.Dataset.zip",
+        "tensorflow.data.Dataset.load",
+        "tensorflow.data.TFRecordDataset",
+        "tensorflow.data.TextLineDataset",
+        "tensorflow.data.FixedLengthRecordDataset",
+        "tensorflow.data.experimental.CsvDataset",
+        "tensorflow_datasets.load",
+    }
+)
+# Sources that come shuffled and batched: a shard of them is a set of whole, differently ordered
+# batches on each worker.
+_BATCHED_SOURCES = frozenset(
+    {
+        "tensorflow.data.experimental.make_csv_dataset",
+        "keras.utils.image_dataset_from_directory",
+        "keras.utils.text_dataset_from_directory",
+        "keras.utils.audio_dataset_from_directory",
+        "keras.utils.timeseries_dataset_from_array",
+        "keras.preprocessing.image_dataset_from_directory",
+        "keras.preprocessing.text_dataset_from_directory",
+    }
+)
+#: Operations after which a ``take``/``skip`` no longer selects the same samples on every worker.
+_ORDERING = frozenset(
+    {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
+     "bucket_by_sequence_length", "window", "interleave", "flat_map", "prefetch", "cache"}
+)
+_WRAPPERS = ("builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
+
+
+@dataclass
+class DatasetTrace:
+    """How a training loop's (or fit's) dataset was built, from the use back to its source."""
+
+    #: Method calls and the names they were reached through, from the use inwards.
+    steps: list[cst.CSTNode] = field(default_factory=list)
+    source: cst.Call | None = None
+    source_name: str = ""
+    #: The source is unpacked from a tuple (``(train, test), info = tfds.load(...)``).
+    unpacked: bool = False
+    problem: str | None = None
+
+    @property
+    def chain(self) -> list[cst.CSTNode]:
+        """The steps in the order they apply, starting after the source."""
+        return list(reversed(self.steps))
+
+
+def trace_dataset(
+    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+) -> DatasetTrace:
+    trace = DatasetTrace()
+    _walk(transform, index, expr, at if at is not None else expr, trace, 0)
+    return trace
+
+
+def _source_name(transform: Transform, call: cst.Call) -> tuple[str, bool] | None:
+    for q in transform.qualified_names(call.func):
+        if q in _SOURCES:
+            return q, False
+        if q in _BATCHED_SOURCES or keras_name(q) in _BATCHED_SOURCES:
+            return q, True
+    return None
+
+
+def _walk(
+    transform: Transform,
+    index: FileIndex,
+    expr: cst.BaseExpression,
+    at: cst.CSTNode,
+    trace: DatasetTrace,
+    depth: int,
+) -> None:
+    if depth > 20:
+        trace.problem = "too many steps to follow"
+        return
+    if isinstance(expr, cst.Call):
+        found = _source_name(transform, expr)
+        if found is not None:
+            trace.source, trace.source_name = expr, found[0]
+            if found[1]:
+                trace.problem = f"{_short(found[0])} shuffles and batches by itself"
+            return
+        if transform.refers_to(expr.func, *_WRAPPERS) and expr.args:
+            _walk(transform, index, expr.args[0].value, at, trace, depth + 1)
+            return
+        if isinstance(expr.func, cst.Attribute):
+            trace.steps.append(expr)
+            _walk(transform, index, expr.func.value, at, trace, depth + 1)
+            return
+        if isinstance(expr.func, cst.Name):
+            binding = index.reaching(expr.func.value, expr)
+            if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
+                _through_function(transform, index, binding.stmt, trace, depth)
+                return
+        trace.problem = f"built by {code(expr.func)}()"
+        return
+    if isinstance(expr, cst.Name):
+        binding = index.reaching(expr.value, at)
+        if binding is None:
+            trace.problem = f"{expr.value} is not assigned in this file"
+        elif binding.kind == "assign" and binding.value is not None:
+            trace.steps.append(expr)
+            if binding.unpacked:
+                value = binding.value
+                if isinstance(value, cst.Call) and _source_name(transform, value):
+                    trace.source, trace.unpacked = value, True
+                    trace.source_name = _source_name(transform, value)[0]  # type: ignore[index]
+                else:
+                    trace.problem = f"{expr.value} is unpacked from {code(value)}"
+                return
+            _walk(transform, index, binding.value, binding.stmt, trace, depth + 1)
+        elif binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
+            _through_parameter(transform, index, binding.stmt, expr.value, trace, depth)
+        else:
+            trace.problem = f"{expr.value} comes from a {binding.kind} statement"
+        return
+    if isinstance(expr, cst.Attribute):
+        found = index.attribute_bindings.get(code(expr), [])
+        if found and found[-1].value is not None:
+            trace.steps.append(expr)
+            _walk(transform, index, found[-1].value, found[-1].stmt, trace, depth + 1)
+            return
+    trace.problem = f"{code(expr)} is not a tf.data pipeline the converter can follow"
+
+
+def _through_function(
+    transform: Transform, index: FileIndex, function: cst.FunctionDef, trace: DatasetTrace, depth: int
+) -> None:
+    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
+    callers = index.calls_by_name.get(function.name.value, [])
+    if len(returns) != 1:
+        trace.problem = f"{function.name.value}() has {len(returns)} return statements"
+    elif len(callers) > 1:
+        trace.problem = (
+            f"{function.name.value}() builds several datasets (it is called {len(callers)} times)"
+        )
+    else:
+        value = returns[0].value
+        assert value is not None
+        _walk(transform, index, value, returns[0], trace, depth + 1)
+
+
+def _through_parameter(
+    transform: Transform,
+    index: FileIndex,
+    function: cst.FunctionDef,
+    name: str,
+    trace: DatasetTrace,
+    depth: int,
+) -> None:
+    params = function.params
+    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+    callers = [
+        c for c in index.calls_by_name.get(function.name.value, []) if function not in transform.ancestors(c)
+    ]
+    if len(callers) != 1:
+        trace.problem = f"parameter {name!r} of {function.name.value}(), called {len(callers)} times"
+        return
+    call = callers[0]
+    if isinstance(call.func, cst.Attribute) and isinstance(
+        index.parent_scope.get(id(function)), cst.ClassDef
+    ):
+        positional = positional[1:]
+    position = positional.index(name) if name in positional else None
+    arg = arg_named(call, name, position)
+    if arg is None:
+        trace.problem = f"parameter {name!r} of {function.name.value}() is not passed"
+        return
+    _walk(transform, index, arg.value, call, trace, depth + 1)
+
+
+def _short(qname: str) -> str:
+    return qname.replace("tensorflow_datasets.", "tfds.").replace("tensorflow.", "tf.")
+
+
+def _method(node: cst.CSTNode) -> str | None:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.attr.value
+    return None
+
+
+def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[cst.BaseExpression]]]:
+    """(where, candidate expressions) for each place a training dataset is consumed: the loops
+    around the optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
+    uses: list[tuple[cst.CSTNode, list[cst.BaseExpression]]] = []
+    seen: set[int] = set()
+    for site in training_facts(transform).sites:
+        if id(site.loops[-1]) in seen:
+            continue
+        seen.add(id(site.loops[-1]))
+        candidates: list[cst.BaseExpression] = []
+        for loop in site.loops:
+            if isinstance(loop, cst.For) and not (
+                isinstance(loop.iter, cst.Call) and transform.refers_to(loop.iter.func, "builtins.range")
+            ):
+                candidates.append(loop.iter)
+            for call in m.findall(loop.body, m.Call(func=m.Name("next"))):
+                assert isinstance(call, cst.Call)
+                if call.args:
+                    candidates.append(call.args[0].value)
+        uses.append((site.loops[0], candidates))
+    for fit in keras_fit_calls(transform):
+        x = arg_named(fit, "x", 0)
+        if x is not None and arg_named(fit, "y", 1) is None:
+            uses.append((fit, [x.value]))
+    return uses
+
+
+class ShardTfDataset(Transform):
+    DESCRIPTION = "Shard the training tf.data dataset by worker, right after its source."
+    FRAMEWORKS = frozenset({"tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        self.anchors: dict[cst.CSTNode, str] = {}  # node to append .shard() to -> its source
+        self.takes: set[cst.CSTNode] = set()
+        index = file_index(self)
+        done: set[int] = set()
+        for where, candidates in training_dataset_uses(self):
+            traces = [trace_dataset(self, index, c) for c in candidates]
+            usable = [t for t in traces if t.source is not None]
+            if not usable:
+                why = "; ".join(t.problem for t in traces if t.problem) or "no dataset found"
+                self.record(
+                    where,
+                    f"training data not sharded ({why}): give each worker its own part, e.g. "
+                    f".shard({self.sdp}.size(), {self.sdp}.rank()) right after the source",
+                    manual=True,
+                )
+                continue
+            trace = usable[0]
+            assert trace.source is not None
+            if id(trace.source) in done:
+                continue
+            done.add(id(trace.source))
+            self._plan(trace)
+
+    def _plan(self, trace: DatasetTrace) -> None:
+        assert trace.source is not None
+        source = _short(trace.source_name)
+        if trace.problem is not None:
+            self.record(
+                trace.source,
+                f"training data from {source} not sharded: {trace.problem}; build it so that every "
+                f"worker sees the same order, then .shard({self.sdp}.size(), {self.sdp}.rank())",
+                manual=True,
+            )
+            return
+        chain = trace.chain
+        existing = [s for s in chain if _method(s) == "shard"]
+        if existing:
+            if not any(mentions_size(self, s) for s in existing):
+                self.record(
+                    existing[0],
+                    f"the training data is sharded already: make it "
+                    f".shard({self.sdp}.size(), {self.sdp}.rank())",
+                    manual=True,
+                )
+            return
+        anchor: cst.CSTNode = trace.source
+        position = -1
+        if trace.unpacked:
+            names = [i for i, s in enumerate(chain) if isinstance(s, cst.Name)]
+            position = names[0]
+            anchor = chain[position]
+        for i, step in enumerate(chain):
+            method = _method(step)
+            if i <= position or method is None:
+                continue
+            if method in _ORDERING:
+                break
+            if method in ("take", "skip"):  # selects samples: the same ones on every worker
+                anchor, position = step, i
+        self.anchors[anchor] = source
+        self.add_runtime_import()
+        self._note_order(trace.source, trace.source_name)
+        for step in chain[position + 1 :]:
+            if _method(step) == "take" and isinstance(step, cst.Call) and step.args and not (
+                mentions_size(self, step)
+            ):
+                self.takes.add(step)
+
+    def _note_order(self, source: cst.Call, name: str) -> None:
+        """Sources that shuffle differently on each worker make overlapping shards."""
+        if name.endswith("list_files"):
+            shuffle = arg_named(source, "shuffle", 1)
+            seed = arg_named(source, "seed", 2)
+            if seed is None and not (shuffle is not None and code(shuffle.value) == "False"):
+                self.record(
+                    source,
+                    "list_files shuffles the file names differently on each worker: pass "
+                    "shuffle=False (or the same seed everywhere) so that the shards do not overlap",
+                    manual=True,
+                )
+        elif name == "tensorflow_datasets.load":
+            shuffle = arg_named(source, "shuffle_files")
+            if shuffle is not None and code(shuffle.value) != "False":
+                self.record(
+                    source,
+                    "tfds.load(shuffle_files=True) reads the files in a different order on each "
+                    "worker: pass shuffle_files=False or a read_config with a fixed shuffle_seed "
+                    "so that the shards do not overlap",
+                    manual=True,
+                )
+
+    def _shard(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
+        self.record(
+            original,
+            f"training data from {self.anchors[original]}: .shard({self.sdp}.size(), "
+            f"{self.sdp}.rank()) before shuffle/batch, each worker reads its own part",
+        )
+        return cst.Call(
+            func=cst.Attribute(value=updated, attr=cst.Name("shard")),
+            args=[
+                cst.Arg(
+                    cst.parse_expression(f"{self.sdp}.size()"),
+                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+                ),
+                cst.Arg(cst.parse_expression(f"{self.sdp}.rank()")),
+            ],
+        )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.takes:
+            count = updated_node.args[0]
+            self.record(
+                original_node,
+                f"take({code(count.value)}) -> take({code(count.value)} // {self.sdp}.size()): "
+                f"each worker does its part of the steps",
+            )
+            updated_node = replace_arg(updated_node, count, divided_by_size(count.value, self.sdp))
+        if original_node in self.anchors:
+            return self._shard(original_node, updated_node)
+        return updated_node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if original_node in self.anchors:
+            return self._shard(original_node, updated_node)
+        return updated_node

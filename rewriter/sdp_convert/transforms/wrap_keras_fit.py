@@ -1,0 +1,425 @@
+"""Make Keras ``compile``/``fit`` data-parallel: distributed optimizer, broadcast and metric callbacks.
+
+Before::
+
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.001), loss="mse")
+    model.fit(x_train, y_train, batch_size=64, epochs=3, steps_per_epoch=100,
+              callbacks=[tf.keras.callbacks.ModelCheckpoint("ckpt.keras")])
+
+After (with ``scale_keras_learning_rate`` and ``add_runtime_init``)::
+
+    model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * sdp.size())), loss="mse")
+    model.fit(x_train[sdp.rank()::sdp.size()], y_train[sdp.rank()::sdp.size()], batch_size=64,
+              epochs=3, steps_per_epoch=100 // sdp.size(),
+              callbacks=[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                         sdp.keras.callbacks.MetricAverageCallback()]
+              + ([tf.keras.callbacks.ModelCheckpoint("ckpt.keras")] if sdp.rank() == 0 else []),
+              verbose=1 if sdp.rank() == 0 else 0)
+
+Why, step by step:
+
+* ``DistributedOptimizer`` averages the gradients across workers before Keras applies them. Not done
+  when the model's class overrides ``train_step`` with a tape that ``wrap_gradient_tape`` wrapped:
+  the gradients would be averaged twice. A string optimizer (``"adam"``) or none (Keras' default
+  ``"rmsprop"``) becomes the optimizer object first, in the Keras namespace the file uses.
+* ``BroadcastGlobalVariablesCallback(0)`` gives every worker rank 0's weights and optimizer state
+  after the first batch (when Keras 3 has built them); ``MetricAverageCallback`` averages the epoch
+  metrics so that ``EarlyStopping``, ``ReduceLROnPlateau`` and checkpoints decide the same on every
+  worker. Both go first, so that later callbacks see averaged metrics.
+* Callbacks that write files (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``,
+  ``BackupAndRestore``, ...) run on rank 0 only, wherever the list is built (a literal in ``fit``, a
+  variable, ``callbacks.append``); ``verbose`` keeps its value on rank 0 and is 0 elsewhere.
+* ``steps_per_epoch`` is divided by the number of workers: each worker's shard has 1/N of the batches.
+  ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all of it.
+* A ``tf.data`` dataset given to ``fit`` is sharded at its source by ``shard_tf_dataset``. Arrays
+  (``fit(x, y)``) are sharded here by striding, ``x[sdp.rank()::sdp.size()]``: ``batch_size`` stays
+  the per-worker batch, and without shuffling one step of N workers sees exactly the samples of one
+  step of batch N*B. The sample count must be divisible by N (else the workers run different numbers
+  of steps and wait for each other); inputs given as a list or dict of arrays are reported instead.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..base import Transform, is_rank0_test
+from .scale_keras_learning_rate import (
+    DEFAULT_COMPILE_OPTIMIZER,
+    FileIndex,
+    add_keyword,
+    arg_named,
+    assigned_values,
+    code,
+    compile_optimizer_arg,
+    divided_by_size,
+    file_index,
+    is_keras_compile,
+    keras_fit_calls,
+    keras_names,
+    mentions,
+    mentions_size,
+    optimizer_from_string,
+    replace_arg,
+)
+from .wrap_gradient_tape import training_facts
+
+#: Callbacks that write files or talk to the outside: rank 0 only.
+_RANK0_CALLBACKS = frozenset(
+    {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
+     "RemoteMonitor"}
+)
+
+
+#: Positions of ``Model.fit``'s parameters (Keras 3 and 2 alike).
+_FIT_POSITIONS = {"x": 0, "y": 1, "verbose": 4, "callbacks": 5, "sample_weight": 10}
+
+
+def _fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    return arg_named(call, name, _FIT_POSITIONS.get(name))
+
+
+class WrapKerasFit(Transform):
+    DESCRIPTION = "Keras fit: DistributedOptimizer, broadcast/metric callbacks, rank-0 callbacks and output."
+    FRAMEWORKS = frozenset({"tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        keras = f"{self.state.runtime_module}.keras"
+        self.broadcast_callback = f"{keras}.callbacks.BroadcastGlobalVariablesCallback"
+        self.compiles: set[cst.Call] = set()
+        self.fits: set[cst.Call] = set()
+        self.split_lists: set[cst.List] = set()
+        self.arrays: dict[cst.Call, list[str]] = {}  # fit -> keywords of the arrays to stride
+        if not self.state.info.uses_fit:
+            return
+        index = file_index(self)
+        facts = training_facts(self)
+        for call in self.method_calls("compile"):
+            if not is_keras_compile(self, call):
+                continue
+            arg = compile_optimizer_arg(call)
+            if arg is not None and mentions(self, arg.value, f"{keras}.DistributedOptimizer"):
+                continue
+            owner = self._train_step_owner(index, call, set(facts.train_step_classes))
+            if owner is not None:
+                if self.state.info.origin == "sdp":
+                    continue  # said when the file was converted; nothing new to report
+                self.record(
+                    call,
+                    f"optimizer not wrapped: {owner}.train_step averages its gradients "
+                    f"(DistributedGradientTape) already",
+                )
+                continue
+            self.compiles.add(call)
+        for call in keras_fit_calls(self):
+            self.fits.add(call)
+            self._plan_arrays(index, call)
+        self._plan_rank0_callbacks(index)
+        if self.compiles or self.fits:
+            self.add_runtime_import()
+
+    # -- compile ----------------------------------------------------------------------------------
+
+    def _train_step_owner(
+        self, index: FileIndex, call: cst.Call, classes: set[str]
+    ) -> str | None:
+        """The class with a wrapped ``train_step`` that the compiled model is an instance of."""
+        if not classes:
+            return None
+        receiver = call.func.value  # type: ignore[attr-defined]
+        for value in assigned_values(index, receiver, call):
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+                if value.func.value in classes:
+                    return value.func.value
+            if isinstance(value, cst.Name) and value.value == "self":
+                owner = index.parent_scope.get(id(index.scope(call)))
+                if isinstance(owner, cst.ClassDef) and owner.name.value in classes:
+                    return owner.name.value
+        if len(classes) == 1:  # a model built elsewhere (a factory): the file's only such class
+            if self.state.info.origin == "sdp":
+                return None
+            self.record(
+                call,
+                f"{next(iter(classes))}.train_step averages its gradients already: if this model "
+                f"is one, do not also wrap its optimizer in {self.sdp}.keras.DistributedOptimizer",
+                manual=True,
+            )
+        return None
+
+    def _compile(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        arg = compile_optimizer_arg(updated)
+        if arg is None:
+            optimizer = optimizer_from_string(self, DEFAULT_COMPILE_OPTIMIZER, None)
+            assert optimizer is not None
+            self.record(original, f"Keras' default optimizer made explicit: {code(optimizer)}")
+            updated = add_keyword(updated, "optimizer", optimizer, first=True)
+            arg = compile_optimizer_arg(updated)
+            assert arg is not None
+        value = arg.value
+        if isinstance(value, cst.SimpleString):
+            name = value.evaluated_value
+            converted = optimizer_from_string(self, name, None) if isinstance(name, str) else None
+            if converted is None:
+                self.record(
+                    original,
+                    f"optimizer {value.value}: wrap it in {self.sdp}.keras.DistributedOptimizer "
+                    f"by hand (the converter does not know this name)",
+                    manual=True,
+                )
+                return updated
+            self.record(original, f"optimizer {value.value} -> {code(converted)}")
+            value = converted
+        wrapped = cst.Call(
+            func=cst.parse_expression(f"{self.sdp}.keras.DistributedOptimizer"),
+            args=[cst.Arg(value)],
+        )
+        self.record(
+            original,
+            f"optimizer wrapped in {self.sdp}.keras.DistributedOptimizer: gradients averaged "
+            f"across workers",
+        )
+        return replace_arg(updated, arg, wrapped)
+
+    # -- fit --------------------------------------------------------------------------------------
+
+    def _fit(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        updated = self._callbacks(original, updated)
+        updated = self._verbose(original, updated)
+        steps = arg_named(updated, "steps_per_epoch")
+        original_steps = arg_named(original, "steps_per_epoch")
+        if steps is not None and original_steps is not None and not mentions_size(
+            self, original_steps.value
+        ) and code(steps.value) != "None":
+            self.record(
+                original_steps,
+                f"steps_per_epoch={code(steps.value)} -> // {self.sdp}.size(): each worker's "
+                f"shard has its part of the batches",
+            )
+            updated = replace_arg(updated, steps, divided_by_size(steps.value, self.sdp))
+        for keyword in self.arrays.get(original, []):
+            arg = _fit_arg(updated, keyword)
+            assert arg is not None
+            strided = cst.parse_expression(f"_[{self.sdp}.rank()::{self.sdp}.size()]")
+            assert isinstance(strided, cst.Subscript)
+            value = arg.value
+            if not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)):
+                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            updated = replace_arg(updated, arg, strided.with_changes(value=value))
+        if self.arrays.get(original):
+            names = ", ".join(code(_fit_arg(original, k).value)  # type: ignore[union-attr]
+                              for k in self.arrays[original])
+            self.record(
+                original,
+                f"{names}: each worker trains on every {self.sdp}.size()-th sample from "
+                f"{self.sdp}.rank() on (batch_size is per worker; keep the sample count divisible "
+                f"by the number of workers)",
+            )
+        return updated
+
+    def _callbacks(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        arg = _fit_arg(original, "callbacks")
+        if arg is not None and any(
+            mentions(self, v, self.broadcast_callback)
+            for v in assigned_values(file_index(self), arg.value, original)
+        ):
+            return updated
+        new = cst.parse_expression(
+            f"[{self.sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0), "
+            f"{self.sdp}.keras.callbacks.MetricAverageCallback()]"
+        )
+        assert isinstance(new, cst.List)
+        self.record(
+            arg.value if arg is not None else original,
+            "callbacks BroadcastGlobalVariablesCallback(0) (rank 0's initial weights on every "
+            "worker) and MetricAverageCallback() (metrics averaged across workers) added first",
+        )
+        current = _fit_arg(updated, "callbacks")
+        if current is None:
+            return add_keyword(updated, "callbacks", new, first=False)
+        value = current.value
+        if isinstance(value, cst.List) and not value.lpar:
+            return replace_arg(updated, current, _prepend(value, new))
+        if (
+            isinstance(value, cst.BinaryOperation)
+            and isinstance(value.operator, cst.Add)
+            and isinstance(value.left, cst.List)
+        ):  # a list split for rank 0 (below): [shared...] + ([...] if rank 0 else [])
+            return replace_arg(updated, current, value.with_changes(left=_prepend(value.left, new)))
+        combined = cst.BinaryOperation(left=new, operator=cst.Add(), right=_operand(value))
+        return replace_arg(updated, current, combined)
+
+    def _verbose(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        arg = _fit_arg(original, "verbose")
+        if arg is not None and (
+            (isinstance(arg.value, cst.IfExp) and is_rank0_test(self, arg.value.test))
+            or code(arg.value) in ("0", "False")
+        ):
+            return updated
+        current = _fit_arg(updated, "verbose")
+        value = current.value if current is not None else cst.Integer("1")
+        quiet = cst.parse_expression(f"_ if {self.sdp}.rank() == 0 else 0")
+        assert isinstance(quiet, cst.IfExp)
+        quiet = quiet.with_changes(body=_operand(value, ifexp=True))
+        self.record(
+            arg.value if arg is not None else original,
+            "progress output on rank 0 only (verbose=0 on the other workers)",
+        )
+        if current is None:
+            return add_keyword(updated, "verbose", quiet, first=False)
+        return replace_arg(updated, current, quiet)
+
+    def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
+        x, y = _fit_arg(fit, "x"), _fit_arg(fit, "y")
+        if x is None or y is None:
+            return  # a dataset (shard_tf_dataset) or nothing to shard
+        keywords = ["x", "y"]
+        if _fit_arg(fit, "sample_weight") is not None:
+            keywords.append("sample_weight")
+        for keyword in keywords:
+            arg = _fit_arg(fit, keyword)
+            assert arg is not None
+            if isinstance(arg.value, cst.Subscript) and mentions_size(self, arg.value):
+                return  # strided already
+            for value in assigned_values(index, arg.value, fit):
+                if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
+                    self.record(
+                        arg.value,
+                        f"fit input {code(arg.value)} is a {type(value).__name__.lower()} of "
+                        f"arrays: give each worker every {self.sdp}.size()-th sample from "
+                        f"{self.sdp}.rank() on (of each array), or use a tf.data dataset",
+                        manual=True,
+                    )
+                    return
+        self.arrays[fit] = keywords
+
+    # -- callbacks that write ---------------------------------------------------------------------
+
+    def _rank0_callback(self, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+        for value in assigned_values(index, expr, at):
+            if isinstance(value, cst.Call):
+                for name in keras_names(self, value.func):
+                    if name.startswith("keras.callbacks.") and name.rsplit(".", 1)[1] in _RANK0_CALLBACKS:
+                        return name.rsplit(".", 1)[1]
+        return None
+
+    def _plan_rank0_callbacks(self, index: FileIndex) -> None:
+        for name in _RANK0_CALLBACKS:
+            for qname in (f"tensorflow.keras.callbacks.{name}", f"keras.callbacks.{name}",
+                          f"tf_keras.callbacks.{name}"):
+                for call in self.calls_to(qname):
+                    if name == "BackupAndRestore":
+                        self.record(
+                            call,
+                            "BackupAndRestore runs on rank 0 only: to resume, every worker must "
+                            "restore the same backup (e.g. restore on all, write on rank 0)",
+                            manual=True,
+                        )
+                    self._place(index, call)
+
+    def _place(self, index: FileIndex, call: cst.Call) -> None:
+        """Find where the callback joins a list, and plan to keep it there on rank 0 only."""
+        parent = self.parent(call)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            target = parent.targets[0].target
+            if isinstance(target, cst.Name):
+                uses = index.loads_of(target.value, index.scope(parent))
+                for use in uses:
+                    self._place_use(use)
+                return
+        self._place_use(call)
+
+    def _place_use(self, node: cst.BaseExpression) -> None:
+        parent = self.parent(node)
+        if isinstance(parent, cst.Element):
+            container = self.parent(parent)
+            if isinstance(container, cst.List) and not self._in_rank0_branch(container):
+                self.split_lists.add(container)
+            return
+        if isinstance(parent, cst.Arg):
+            call = self.parent(parent)
+            if (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in ("append", "insert")
+            ):
+                statement = self.enclosing_statement(call)
+                if statement is not None and not self.is_rank0_guarded(call):
+                    self.guard_rank0(statement)
+                    self.record(call, f"{code(node)} added on rank 0 only (it writes files)")
+
+    def _in_rank0_branch(self, node: cst.CSTNode) -> bool:
+        parent = self.parent(node)
+        return isinstance(parent, cst.IfExp) and parent.body is node and is_rank0_test(
+            self, parent.test
+        )
+
+    def _split(self, original: cst.List, updated: cst.List) -> cst.BaseExpression:
+        index = file_index(self)
+        shared, rank0 = [], []
+        for original_element, element in zip(original.elements, updated.elements):
+            if isinstance(original_element, cst.Element) and self._rank0_callback(
+                index, original_element.value, original
+            ):
+                rank0.append(element)
+            else:
+                shared.append(element)
+        if not rank0:
+            return updated
+        names = ", ".join(code(e.value) for e in rank0)
+        self.record(original, f"{names} on rank 0 only (writes files)")
+        only = cst.parse_expression(f"_ if {self.sdp}.rank() == 0 else []")
+        assert isinstance(only, cst.IfExp)
+        only = only.with_changes(body=_elements_list(rank0), lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        if not shared:
+            return only.with_changes(lpar=(), rpar=())
+        # The last element left takes the list's last comma (or none): the layout stays.
+        shared[-1] = shared[-1].with_changes(comma=updated.elements[-1].comma)
+        return cst.BinaryOperation(
+            left=updated.with_changes(elements=shared),
+            operator=cst.Add(),
+            right=only,
+        )
+
+    # -- hooks ------------------------------------------------------------------------------------
+
+    def leave_List(self, original_node: cst.List, updated_node: cst.List) -> cst.BaseExpression:
+        if original_node in self.split_lists:
+            return self._split(original_node, updated_node)
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.compiles:
+            return self._compile(original_node, updated_node)
+        if original_node in self.fits:
+            return self._fit(original_node, updated_node)
+        return updated_node
+
+
+def _prepend(value: cst.List, new: cst.List) -> cst.List:
+    if not value.elements:
+        return new
+    elements = [
+        e.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        for e in new.elements
+    ]
+    return value.with_changes(elements=[*elements, *value.elements])
+
+
+def _elements_list(elements: list[cst.BaseElement]) -> cst.List:
+    return cst.List(elements=_fix_commas(elements))
+
+
+def _fix_commas(elements: list[cst.BaseElement]) -> list[cst.BaseElement]:
+    """Elements taken out of a list: single-line commas between them, none after the last."""
+    fixed = [
+        e.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        for e in elements[:-1]
+    ]
+    return [*fixed, elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)] if elements else []
+
+
+def _operand(expr: cst.BaseExpression, *, ifexp: bool = False) -> cst.BaseExpression:
+    """``expr`` parenthesised where ``+`` (or a conditional's branch) would bind it wrongly."""
+    simple = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.List, cst.Integer, cst.SimpleString)
+    if expr.lpar or isinstance(expr, simple) or (ifexp and not isinstance(expr, (cst.IfExp, cst.Lambda))):
+        return expr
+    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])

@@ -1,0 +1,508 @@
+from __future__ import annotations
+
+from .helpers import check_noop, check_transformed, messages
+
+ONLY = "guard_rank0_writes"
+
+# A training step, so that the file is a training script; sdp is initialised already so that
+# check_noop sees only this transform.
+HEAD = """\
+import torch
+import sdp_runtime.torch as sdp
+
+sdp.init()
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(1, 2)).sum().backward()
+opt.step()
+"""
+
+
+def guarded(result):
+    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+
+
+def test_torch_save_and_consecutive_writes_share_one_guard():
+    result = check_transformed(
+        HEAD
+        + """\
+import json
+import numpy as np
+
+torch.save(model.state_dict(), "model.pt")
+# the history too
+with open("history.json", "w") as f:
+    json.dump([1, 2], f)
+print("saved")
+np.save("losses.npy", np.zeros(3))
+""",
+        HEAD
+        + """\
+import json
+import numpy as np
+
+if sdp.rank() == 0:
+    torch.save(model.state_dict(), "model.pt")
+    # the history too
+    with open("history.json", "w") as f:
+        json.dump([1, 2], f)
+print("saved")
+if sdp.rank() == 0:
+    np.save("losses.npy", np.zeros(3))
+""",
+        only=ONLY,
+    )
+    assert guarded(result) == [
+        (12, "torch.save(...) runs on rank 0 only"),
+        (14, 'open(..., "w") runs on rank 0 only'),
+        (17, "np.save(...) runs on rank 0 only"),
+    ]
+
+
+def test_alias_imports_and_every_write_kind():
+    check_transformed(
+        HEAD
+        + """\
+from torch import save as torch_save
+import pickle as pk
+import shutil, os
+import yaml
+import matplotlib.pyplot as plt
+from pathlib import Path
+
+torch_save(model, "m.pt")
+pk.dump(model, fh)
+yaml.safe_dump({"a": 1}, fh)
+shutil.copy("a.pt", "b.pt")
+os.replace("a.tmp", "a.pt")
+plt.savefig("loss.png")
+Path("notes.txt").write_text("done")
+df.to_csv("metrics.csv")
+out = open("log.txt", mode="a")
+""",
+        HEAD
+        + """\
+from torch import save as torch_save
+import pickle as pk
+import shutil, os
+import yaml
+import matplotlib.pyplot as plt
+from pathlib import Path
+
+if sdp.rank() == 0:
+    torch_save(model, "m.pt")
+    pk.dump(model, fh)
+    yaml.safe_dump({"a": 1}, fh)
+    shutil.copy("a.pt", "b.pt")
+    os.replace("a.tmp", "a.pt")
+    plt.savefig("loss.png")
+    Path("notes.txt").write_text("done")
+    df.to_csv("metrics.csv")
+out = open("log.txt", mode="a") if sdp.rank() == 0 else None
+""",
+        only=ONLY,
+    )
+
+
+def test_reads_prints_buffers_and_makedirs_stay_on_every_rank():
+    check_noop(
+        HEAD
+        + """\
+import io
+import os
+import yaml
+
+os.makedirs("out", exist_ok=True)
+with open("config.json") as f:
+    config = f.read()
+data = open("data.bin", "rb").read()
+buf = io.BytesIO()
+torch.save(model.state_dict(), buf)
+text = yaml.dump({"a": 1})
+summary = df.to_csv()
+print("loss", 0.1)
+""",
+        only=ONLY,
+    )
+
+
+def test_already_guarded_writes_are_left_alone():
+    check_noop(
+        HEAD
+        + """\
+import torch.distributed as dist
+
+if sdp.rank() == 0:
+    torch.save(model, "a.pt")
+if dist.get_rank() == 0:
+    torch.save(model, "b.pt")
+if not sdp.rank():
+    torch.save(model, "c.pt")
+writer = open("log.txt", "w") if sdp.rank() == 0 else None
+""",
+        only=ONLY,
+    )
+
+
+def test_write_inside_a_function_called_everywhere_is_guarded_inside():
+    result = check_transformed(
+        HEAD
+        + """\
+import os
+
+
+def save_checkpoint(path):
+    torch.save(model.state_dict(), path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def save_final():
+    torch.save(model, "final.pt")
+
+
+for epoch in range(3):
+    save_checkpoint("ckpt.pt")
+if sdp.rank() == 0:
+    save_final()
+""",
+        HEAD
+        + """\
+import os
+
+
+def save_checkpoint(path):
+    if sdp.rank() == 0:
+        torch.save(model.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+def save_final():
+    torch.save(model, "final.pt")
+
+
+for epoch in range(3):
+    save_checkpoint("ckpt.pt")
+if sdp.rank() == 0:
+    save_final()
+""",
+        only=ONLY,
+    )
+    assert [line for line, _ in guarded(result)] == [13, 14]
+
+
+def test_summary_writer_is_none_on_other_ranks_and_its_uses_are_guarded():
+    result = check_transformed(
+        HEAD
+        + """\
+from torch.utils.tensorboard import SummaryWriter
+
+
+def log_metrics(w, step, value):
+    w.add_scalar("loss", value, step)
+
+
+writer = SummaryWriter("runs/exp")
+for step in range(3):
+    writer.add_scalar("lr", 0.1, step)
+    log_metrics(writer, step, 0.5)
+    if writer is not None:
+        writer.flush()
+writer.close()
+""",
+        HEAD
+        + """\
+from torch.utils.tensorboard import SummaryWriter
+
+
+def log_metrics(w, step, value):
+    if sdp.rank() == 0:
+        w.add_scalar("loss", value, step)
+
+
+writer = SummaryWriter("runs/exp") if sdp.rank() == 0 else None
+for step in range(3):
+    if sdp.rank() == 0:
+        writer.add_scalar("lr", 0.1, step)
+    log_metrics(writer, step, 0.5)
+    if writer is not None:
+        writer.flush()
+if sdp.rank() == 0:
+    writer.close()
+""",
+        only=ONLY,
+    )
+    assert [line for line, _ in guarded(result)] == [13, 16, 18, 22]
+    assert guarded(result)[1][1] == (
+        "SummaryWriter(...) on rank 0 only (writer is None on the other ranks)"
+    )
+
+
+def test_self_attribute_handle_in_a_class():
+    check_transformed(
+        HEAD
+        + """\
+import tensorboardX
+
+
+class Trainer:
+    def __init__(self):
+        self.tb = tensorboardX.SummaryWriter()
+
+    def log(self, step):
+        self.tb.add_scalar("x", 1.0, step)
+""",
+        HEAD
+        + """\
+import tensorboardX
+
+
+class Trainer:
+    def __init__(self):
+        self.tb = tensorboardX.SummaryWriter() if sdp.rank() == 0 else None
+
+    def log(self, step):
+        if sdp.rank() == 0:
+            self.tb.add_scalar("x", 1.0, step)
+""",
+        only=ONLY,
+    )
+
+
+def test_open_handle_and_a_writer_made_from_it():
+    check_transformed(
+        HEAD
+        + """\
+import csv
+
+log = open("metrics.csv", "w", newline="")
+rows = csv.writer(log)
+rows.writerow(["step", "loss"])
+print("header written", file=log)
+log.close()
+""",
+        HEAD
+        + """\
+import csv
+
+log = open("metrics.csv", "w", newline="") if sdp.rank() == 0 else None
+rows = csv.writer(log) if sdp.rank() == 0 else None
+if sdp.rank() == 0:
+    rows.writerow(["step", "loss"])
+    print("header written", file=log)
+    log.close()
+""",
+        only=ONLY,
+    )
+
+
+def test_with_open_around_training_guards_only_the_writes():
+    result = check_transformed(
+        HEAD
+        + """\
+with open("train.log", "a") as log:
+    for step in range(3):
+        loss = model(torch.ones(1, 2)).sum()
+        loss.backward()
+        opt.step()
+        log.write(f"{loss.item()}\\n")
+""",
+        HEAD.replace("as sdp\n", "as sdp\nimport contextlib\n")
+        + """\
+with open("train.log", "a") if sdp.rank() == 0 else contextlib.nullcontext() as log:
+    for step in range(3):
+        loss = model(torch.ones(1, 2)).sum()
+        loss.backward()
+        opt.step()
+        if sdp.rank() == 0:
+            log.write(f"{loss.item()}\\n")
+""",
+        only=ONLY,
+    )
+    assert [line for line, _ in guarded(result)] == [9, 14]
+    assert guarded(result)[0][1] == (
+        'open(..., "a") on rank 0 only (contextlib.nullcontext() on the other ranks)'
+    )
+
+
+def test_one_line_if_is_guarded_whole():
+    check_transformed(
+        HEAD
+        + """\
+for epoch in range(3):
+    if epoch % 2 == 0: torch.save(model, f"m{epoch}.pt")
+""",
+        HEAD
+        + """\
+for epoch in range(3):
+    if sdp.rank() == 0:
+        if epoch % 2 == 0: torch.save(model, f"m{epoch}.pt")
+""",
+        only=ONLY,
+    )
+
+
+def test_unsafe_spots_get_manual_notes():
+    result = check_noop(
+        HEAD
+        + """\
+import shutil
+
+f = open(path, mode)
+if torch.save(model, "x.pt") is None:
+    pass
+def save(): torch.save(model, "y.pt")
+size = shutil.copy("a", "b")
+print(size)
+
+
+def make_log():
+    out = open("log.txt", "w")
+    return out
+""",
+        only=ONLY,
+    )
+    notes = [(c.line, c.message) for c in result.changes if c.manual]
+    assert [line for line, _ in notes] == [11, 12, 14, 15, 20]
+    assert "mode known only at run time" in notes[0][1]
+    assert "it is in a condition" in notes[1][1]
+    assert "shares its line with a def" in notes[2][1]
+    assert "assigns a name used later" in notes[3][1]
+    assert notes[4][1].startswith('open(..., "w") writes on every rank, and its handle is used')
+    assert "(`return out`)" in notes[4][1]
+
+
+def test_idempotent():
+    result = check_transformed(
+        HEAD
+        + """\
+from torch.utils.tensorboard import SummaryWriter
+
+writer = SummaryWriter()
+with open("a.txt", "w") as f:
+    f.write("x")
+writer.add_scalar("a", 1.0, 0)
+""",
+        HEAD
+        + """\
+from torch.utils.tensorboard import SummaryWriter
+
+writer = SummaryWriter() if sdp.rank() == 0 else None
+if sdp.rank() == 0:
+    with open("a.txt", "w") as f:
+        f.write("x")
+    writer.add_scalar("a", 1.0, 0)
+""",
+        only=ONLY,
+    )
+    again = check_noop(result.output.decode(), only=ONLY)
+    assert messages(again, ONLY) == []
+
+
+def test_rank_held_in_a_variable_counts_as_a_guard():
+    check_noop(
+        HEAD
+        + """\
+import torch.distributed as dist
+
+rank = dist.get_rank()
+args.rank = world_rank = sdp.rank()
+if rank == 0:
+    torch.save(model, "a.pt")
+if 0 == world_rank:
+    torch.save(model, "b.pt")
+""",
+        only=ONLY,
+    )
+    result = check_transformed(
+        HEAD
+        + """\
+rank = compute_rank()
+if rank == 0:
+    torch.save(model, "a.pt")
+""",
+        HEAD
+        + """\
+rank = compute_rank()
+if rank == 0:
+    if sdp.rank() == 0:
+        torch.save(model, "a.pt")
+""",
+        only=ONLY,
+    )
+    assert guarded(result) == [(11, "torch.save(...) runs on rank 0 only")]
+
+
+TF_HEAD = """\
+import numpy as np
+import tensorflow as tf
+import sdp_runtime.tensorflow as sdp
+
+sdp.init()
+model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+opt = tf.keras.optimizers.SGD(0.1)
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(model(tf.ones((1, 2))))
+tape = sdp.DistributedGradientTape(tape)
+opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+"""
+
+
+def test_tensorflow_saves_checkpoints_and_summary_writer():
+    result = check_transformed(
+        TF_HEAD
+        + """\
+ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+manager = tf.train.CheckpointManager(ckpt, "ckpts", max_to_keep=2)
+ckpt.restore(manager.latest_checkpoint)
+writer = tf.summary.create_file_writer("logs")
+with writer.as_default():
+    tf.summary.scalar("loss", loss, step=0)
+manager.save()
+ckpt.save("ckpt/model")
+model.save("model.keras")
+model.save_weights("final.weights.h5")
+tf.saved_model.save(model, "exported")
+np.save("loss.npy", np.zeros(1))
+print(ckpt.restore("ckpt/model-1"))
+""",
+        TF_HEAD
+        + """\
+ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+manager = tf.train.CheckpointManager(ckpt, "ckpts", max_to_keep=2)
+ckpt.restore(manager.latest_checkpoint)
+writer = tf.summary.create_file_writer("logs") if sdp.rank() == 0 else tf.summary.create_noop_writer()
+with writer.as_default():
+    tf.summary.scalar("loss", loss, step=0)
+if sdp.rank() == 0:
+    manager.save()
+    ckpt.save("ckpt/model")
+    model.save("model.keras")
+    model.save_weights("final.weights.h5")
+    tf.saved_model.save(model, "exported")
+    np.save("loss.npy", np.zeros(1))
+print(ckpt.restore("ckpt/model-1"))
+""",
+        only=ONLY,
+    )
+    assert [m for _, m in guarded(result)] == [
+        "tf.summary.create_file_writer(...) on rank 0 only (tf.summary.create_noop_writer() on "
+        "the others)",
+        "manager.save(...) runs on rank 0 only",
+        "ckpt.save(...) runs on rank 0 only",
+        "model.save(...) runs on rank 0 only",
+        "model.save_weights(...) runs on rank 0 only",
+        "tf.saved_model.save(...) runs on rank 0 only",
+        "np.save(...) runs on rank 0 only",
+    ]
+
+
+def test_tensorflow_writes_already_on_rank0_are_left_alone():
+    check_noop(
+        TF_HEAD
+        + """\
+if sdp.rank() == 0:
+    model.save_weights("final.weights.h5")
+writer = tf.summary.create_file_writer("logs") if sdp.rank() == 0 else tf.summary.create_noop_writer()
+""",
+        only=ONLY,
+    )

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import pytest
+
+from .helpers import check_noop, messages, run
+
+ONLY = "note_already_distributed"
+
+
+def note(source: str) -> tuple[int, str]:
+    result = check_noop(source)  # the whole pipeline: nothing else may touch the file either
+    assert [c.transform for c in result.changes] == [ONLY]
+    assert not result.manual
+    (change,) = result.changes
+    return change.line, change.message
+
+
+def test_torch_ddp_names_what_it_uses():
+    assert note(
+        """\
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, 2)).sum().backward()
+        opt.step()
+        """
+    ) == (5, "left unchanged: already distributed with torch.distributed + torch "
+             "DistributedDataParallel; launch it as before")
+
+
+def test_fsdp():
+    line, message = note(
+        """\
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        model = FSDP(torch.nn.Linear(2, 1))
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.ones(2, 2)).sum().backward()
+        opt.step()
+        """
+    )
+    assert (line, message) == (4, "left unchanged: already distributed with torch FSDP; launch "
+                                  "it as before")
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["tf.distribute.MirroredStrategy()", "tf.distribute.MultiWorkerMirroredStrategy()"],
+)
+def test_tf_distribute_strategies(strategy: str):
+    line, message = note(
+        f"""\
+        import tensorflow as tf
+
+        strategy = {strategy}
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(loss="mse", optimizer="sgd")
+        model.fit(tf.ones((4, 2)), tf.ones((4, 1)))
+        """
+    )
+    name = strategy.removesuffix("()")
+    assert (line, message) == (3, f"left unchanged: already distributed with {name}; launch it "
+                                  "as before")
+
+
+@pytest.mark.parametrize(
+    ("imports", "label"),
+    [
+        ("import deepspeed", "DeepSpeed"),
+        ("from accelerate import Accelerator", "Hugging Face Accelerate"),
+        ("import pytorch_lightning as pl", "PyTorch Lightning"),
+        ("import lightning as L", "PyTorch Lightning"),
+    ],
+)
+def test_libraries(imports: str, label: str):
+    line, message = note(
+        f"""\
+        import torch
+        {imports}
+
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, 2)).sum().backward()
+        opt.step()
+        """
+    )
+    assert (line, message) == (2, f"left unchanged: already distributed with {label}; launch it "
+                                  "as before")
+
+
+def test_bytes_are_kept_exactly():
+    source = (
+        "import deepspeed  \r\nimport torch\r\n\r\n"
+        "engine = deepspeed.initialize(model=torch.nn.Linear(2, 1))\r\n"
+    )
+    result = run(source, ONLY)
+    assert result.output == source.encode()
+    assert messages(result, ONLY) == [
+        "left unchanged: already distributed with DeepSpeed; launch it as before"
+    ]
+
+
+def test_horovod_and_plain_scripts_get_no_such_note():
+    for source in (
+        "import horovod.torch as hvd\nhvd.init()\n",
+        "import torch\nmodel = torch.nn.Linear(2, 1)\nprint(model)\n",
+    ):
+        assert not messages(run(source, ONLY), ONLY)

@@ -1,0 +1,682 @@
+from __future__ import annotations
+
+from .helpers import check_noop, check_transformed, messages
+
+ONLY = "wrap_model_ddp"
+
+
+def changes(result, manual: bool | None = None) -> list[tuple[int, str]]:
+    return [
+        (c.line, c.message)
+        for c in result.changes
+        if c.transform == ONLY and (manual is None or c.manual == manual)
+    ]
+
+
+def test_module_level_model_is_wrapped_right_after_it_is_moved():
+    result = check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+
+        model = Net().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        criterion = nn.CrossEntropyLoss()
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        torch.save(model.state_dict(), "model.pt")
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Net().to(device)
+        model = sdp.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        criterion = nn.CrossEntropyLoss()
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        torch.save(model.state_dict(), "model.pt")
+        """,
+        only=ONLY,
+    )
+    assert changes(result) == [(4, "wrap model in sdp.DistributedDataParallel")]
+
+
+def test_moved_under_a_condition_the_wrap_follows_the_if():
+    check_transformed(
+        """\
+        import torch.optim as optim
+
+
+        def main():
+            model = Net()
+            if use_cuda:
+                model.cuda()
+            optimizer = optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(3):
+                train(model, optimizer)
+
+
+        def train(model, optimizer):
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        """\
+        import torch.optim as optim
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        def main():
+            model = Net()
+            if use_cuda:
+                model.cuda()
+            model = sdp.DistributedDataParallel(model)
+            optimizer = optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(3):
+                train(model, optimizer)
+
+
+        def train(model, optimizer):
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_moved_and_frozen_after_the_optimizer_is_built():
+    result = check_transformed(
+        """\
+        from torch.optim import SGD
+
+        model = Net()
+        opt = SGD(model.parameters(), lr=0.1)
+        print(model)
+        model.to(device)
+        for p in model.backbone.parameters():
+            p.requires_grad = False
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        """\
+        from torch.optim import SGD
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Net()
+        opt = SGD(model.parameters(), lr=0.1)
+        print(model)
+        model.to(device)
+        for p in model.backbone.parameters():
+            p.requires_grad = False
+        model = sdp.DistributedDataParallel(model)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    assert changes(result) == [(7, "wrap model in sdp.DistributedDataParallel")]
+
+
+def test_a_model_attribute_of_a_trainer_class():
+    result = check_transformed(
+        """\
+        import torch
+
+
+        class Trainer:
+            def __init__(self, cfg):
+                self.model = WaveNet().to(self.device)
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+
+            def train_epoch(self):
+                for x in self.loader:
+                    self.model(x).sum().backward()
+                    self.optimizer.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        class Trainer:
+            def __init__(self, cfg):
+                self.model = WaveNet().to(self.device)
+                self.model = sdp.DistributedDataParallel(self.model)
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+
+            def train_epoch(self):
+                for x in self.loader:
+                    self.model(x).sum().backward()
+                    self.optimizer.step()
+        """,
+        only=ONLY,
+    )
+    assert changes(result) == [(6, "wrap self.model in sdp.DistributedDataParallel")]
+
+
+def test_model_and_optimizer_from_factories():
+    check_transformed(
+        """\
+        import torch
+
+
+        def build_model(arch):
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+            return model
+
+
+        def build_optimizer(params, lr):
+            return torch.optim.RMSprop(params, lr=lr)
+
+
+        if __name__ == "__main__":
+            model = build_model("small").to(device)
+            optimizer = build_optimizer(model.parameters(), 0.1)
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        def build_model(arch):
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+            return model
+
+
+        def build_optimizer(params, lr):
+            return torch.optim.RMSprop(params, lr=lr)
+
+
+        if __name__ == "__main__":
+            model = build_model("small").to(device)
+            model = sdp.DistributedDataParallel(model)
+            optimizer = build_optimizer(model.parameters(), 0.1)
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_model_passed_to_the_function_that_trains_it():
+    result = check_transformed(
+        """\
+        import torch
+
+
+        def train(net, loader):
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for x in loader:
+                loss = net.encode(x).sum() + net(x).sum()
+                loss.backward()
+                opt.step()
+            print(net.num_classes, net.head.weight.norm())
+
+
+        def main():
+            model = Net().cuda()
+            train(model, loader)
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        def train(net, loader):
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for x in loader:
+                loss = net.encode(x).sum() + net(x).sum()
+                loss.backward()
+                opt.step()
+            print(net.num_classes, net.head.weight.norm())
+
+
+        def main():
+            model = Net().cuda()
+            model = sdp.DistributedDataParallel(model)
+            train(model, loader)
+        """,
+        only=ONLY,
+    )
+    # attributes reach the wrapped module through sdp.DistributedDataParallel; a method call
+    # in the training step bypasses DDP's forward, so it needs a person
+    assert changes(result) == [
+        (7, "net.encode(...) runs the wrapped module around DDP's forward: gradients computed "
+            "through it are not averaged; in the training step call net(...) instead"),
+        (14, "wrap model in sdp.DistributedDataParallel"),
+    ]
+    assert [c.line for c in result.manual] == [7]
+
+
+def test_submodule_attributes_are_left_as_they_are():
+    result = check_transformed(
+        """\
+        import torch
+
+        model = Classifier().to(device)
+        optimizer = torch.optim.SGD(
+            [{"params": model.backbone.parameters()}, {"params": model.head.parameters()}], lr=0.1
+        )
+        for x in loader:
+            model(x).sum().backward()
+            optimizer.step()
+        print(model.num_classes)
+        model.eval()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Classifier().to(device)
+        model = sdp.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(
+            [{"params": model.backbone.parameters()}, {"params": model.head.parameters()}], lr=0.1
+        )
+        for x in loader:
+            model(x).sum().backward()
+            optimizer.step()
+        print(model.num_classes)
+        model.eval()
+        """,
+        only=ONLY,
+    )
+    assert result.manual == []
+
+
+def test_two_models_with_two_optimizers_are_both_wrapped():
+    result = check_transformed(
+        """\
+        import torch
+
+        netG = Generator().to(device)
+        netD = Discriminator().to(device)
+        optG = torch.optim.Adam(netG.parameters(), lr=2e-4)
+        optD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+        for z, real in loader:
+            errD = netD(real).mean() - netD(netG(z).detach()).mean()
+            errD.backward()
+            optD.step()
+            errG = -netD(netG(z)).mean()
+            errG.backward()
+            optG.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        netG = Generator().to(device)
+        netG = sdp.DistributedDataParallel(netG)
+        netD = Discriminator().to(device)
+        netD = sdp.DistributedDataParallel(netD)
+        optG = torch.optim.Adam(netG.parameters(), lr=2e-4)
+        optD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+        for z, real in loader:
+            errD = netD(real).mean() - netD(netG(z).detach()).mean()
+            errD.backward()
+            optD.step()
+            errG = -netD(netG(z)).mean()
+            errG.backward()
+            optG.step()
+        """,
+        only=ONLY,
+    )
+    assert messages(result, ONLY) == [
+        "wrap netG in sdp.DistributedDataParallel",
+        "wrap netD in sdp.DistributedDataParallel",
+    ]
+
+
+def test_data_parallel_is_replaced_by_the_ddp_wrap():
+    result = check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+
+        model = Net()
+        if torch.cuda.device_count() > 1:
+            model = nn.DataParallel(model, device_ids=[0, 1])
+        model.to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Net()
+        model.to(device)
+        model = sdp.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    assert changes(result) == [
+        (6, "nn.DataParallel removed: one process per GPU, the model is wrapped in "
+            "sdp.DistributedDataParallel instead"),
+        (7, "wrap model in sdp.DistributedDataParallel"),
+    ]
+
+
+def test_data_parallel_inside_an_expression():
+    check_transformed(
+        """\
+        import torch
+        from torch.nn.parallel import DataParallel
+
+
+        class Trainer:
+            def __init__(self):
+                self.model = DataParallel(WaveNet()).cuda()
+                self.opt = torch.optim.Adam(self.model.parameters())
+
+            def step(self, x):
+                self.model(x).sum().backward()
+                self.opt.step()
+        """,
+        """\
+        import torch
+        from torch.nn.parallel import DataParallel
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        class Trainer:
+            def __init__(self):
+                self.model = WaveNet().cuda()
+                self.model = sdp.DistributedDataParallel(self.model)
+                self.opt = torch.optim.Adam(self.model.parameters())
+
+            def step(self, x):
+                self.model(x).sum().backward()
+                self.opt.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_the_wrap_comes_before_torch_compile():
+    result = check_transformed(
+        """\
+        import torch
+
+        model = Net().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model = torch.compile(model)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Net().cuda()
+        model = sdp.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model = torch.compile(model)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    assert messages(result, ONLY) == [
+        "wrap model in sdp.DistributedDataParallel (before torch.compile)"
+    ]
+
+
+def test_an_already_wrapped_model_is_left_alone():
+    check_noop(
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+        from sdp_runtime.torch import DistributedDataParallel as DDP
+
+        sdp.init()
+        model = DDP(Net().cuda())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        other = Net().cuda()
+        other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+        other = sdp.DistributedDataParallel(other)
+        for x in loader:
+            (model(x) + other(x)).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_converting_the_output_again_changes_nothing():
+    result = check_transformed(
+        """\
+        import torch
+
+        model = Net()
+        model = torch.nn.DataParallel(model)
+        model.cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Net()
+        model.cuda()
+        model = sdp.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_a_model_no_optimizer_trains_gets_a_note():
+    result = check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+
+
+        class Net(nn.Module):
+            def forward(self, x):
+                return x
+
+
+        student = Net().cuda()
+        teacher = Net().cuda()
+        teacher.load_state_dict(torch.load("teacher.pt"))
+        opt = torch.optim.SGD(student.parameters(), lr=0.1)
+        for x in loader:
+            loss = (student(x) - teacher(x)).pow(2).mean()
+            loss.backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        class Net(nn.Module):
+            def forward(self, x):
+                return x
+
+
+        student = Net().cuda()
+        student = sdp.DistributedDataParallel(student)
+        teacher = Net().cuda()
+        teacher.load_state_dict(torch.load("teacher.pt"))
+        opt = torch.optim.SGD(student.parameters(), lr=0.1)
+        for x in loader:
+            loss = (student(x) - teacher(x)).pow(2).mean()
+            loss.backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    assert changes(result, manual=True) == [
+        (11, "teacher is not trained here (no optimizer gets its parameters): left unwrapped, "
+             "each process runs its own copy"),
+    ]
+
+
+def test_a_model_inside_another_model_is_not_wrapped_on_its_own():
+    result = check_transformed(
+        """\
+        import torch
+
+        encoder = Encoder().cuda()
+        decoder = Decoder(encoder).cuda()
+        opt = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()))
+        for x in loader:
+            decoder(x).sum().backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        encoder = Encoder().cuda()
+        decoder = Decoder(encoder).cuda()
+        decoder = sdp.DistributedDataParallel(decoder)
+        opt = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()))
+        for x in loader:
+            decoder(x).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    assert changes(result, manual=True) == [
+        (3, "encoder is part of decoder, which is wrapped: not wrapped on its own"),
+    ]
+
+
+def test_an_optimizer_over_plain_tensors_needs_a_person():
+    result = check_transformed(
+        """\
+        import torch
+
+        w = torch.zeros(3, requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1)
+        for x in loader:
+            (x @ w).sum().backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        w = torch.zeros(3, requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1)
+        for x in loader:
+            (x @ w).sum().backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
+    assert changes(result, manual=True) == [
+        (4, "could not tell which model this optimizer trains: wrap it in "
+            "sdp.DistributedDataParallel by hand (or average the gradients with sdp.allreduce "
+            "before each step)"),
+    ]
+
+
+def test_without_a_visible_optimizer_the_module_feeding_backward_is_the_model():
+    check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+        from mylib import make_optimizer
+
+
+        class Net(nn.Module):
+            pass
+
+
+        model = Net().cuda()
+        crit = nn.MSELoss()
+        opt = make_optimizer(cfg)
+        for x, y in loader:
+            out = model(x)
+            loss = crit(out, y)
+            loss.backward()
+            opt.step()
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        from mylib import make_optimizer
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        class Net(nn.Module):
+            pass
+
+
+        model = Net().cuda()
+        model = sdp.DistributedDataParallel(model)
+        crit = nn.MSELoss()
+        opt = make_optimizer(cfg)
+        for x, y in loader:
+            out = model(x)
+            loss = crit(out, y)
+            loss.backward()
+            opt.step()
+        """,
+        only=ONLY,
+    )
