@@ -1,0 +1,86 @@
+"""Put on PYTHONPATH by the e2e tests: logs which process writes which file of its run directory.
+
+Python imports ``sitecustomize`` at start-up in every process of a run (the launcher and each rank
+alike). When ``SDP_E2E_AUDIT`` names a directory, each process appends one line per distinct file it
+writes under its working directory to ``SDP_E2E_AUDIT/writes.<pid>.log``::
+
+    <RANK or ->\t<how>\t<path relative to the working directory>
+
+``how`` is ``open`` (the interpreter's ``open`` audit event with a writing mode, which covers
+``open(..., "w")``, ``json.dump`` to such a file, ``np.save``...) or ``torch.save`` (which writes
+through C++ for a path, so it is wrapped when ``torch.serialization`` is first imported). Nothing
+else changes: the calls go through unmodified.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import os
+import sys
+
+_LOG_DIR = os.environ.get("SDP_E2E_AUDIT")
+
+
+def _install(log_dir: str) -> None:
+    root = os.getcwd()
+    log_file = os.path.join(log_dir, f"writes.{os.getpid()}.log")
+    seen: set[tuple[str, str]] = set()
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT
+
+    def note(how: str, path: object) -> None:
+        try:
+            full = os.path.abspath(os.fspath(path))  # type: ignore[arg-type]
+        except TypeError:
+            return
+        if not full.startswith(root + os.sep) or "__pycache__" in full:
+            return  # also keeps the log's own writes (outside root) from recursing
+        rel = os.path.relpath(full, root)
+        if (how, rel) in seen:
+            return
+        seen.add((how, rel))
+        with open(log_file, "a") as f:
+            f.write(f"{os.environ.get('RANK', '-')}\t{how}\t{rel}\n")
+
+    def hook(event: str, args: tuple) -> None:
+        if event != "open" or isinstance(args[0], int):
+            return
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(
+            isinstance(flags, int) and flags & write_flags
+        )
+        if writes:
+            note("open", path)
+
+    class WrapTorchSave:
+        """Finds ``torch.serialization`` like the path finder does and wraps its ``save``."""
+
+        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+            if name != "torch.serialization":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_wrap(module):  # type: ignore[no-untyped-def]
+                exec_module(module)
+                save = module.save
+
+                @functools.wraps(save)
+                def audited_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+                    if isinstance(f, (str, os.PathLike)):
+                        note("torch.save", f)
+                    return save(obj, f, *args, **kwargs)
+
+                module.save = audited_save
+
+            spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+            return spec
+
+    sys.addaudithook(hook)
+    sys.meta_path.insert(0, WrapTorchSave())
+
+
+if _LOG_DIR:
+    _install(_LOG_DIR)
