@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import (
     QualifiedName,
@@ -105,7 +105,11 @@ class Transform(VisitorBasedCodemodCommand):
         cls.NAME = cls.__module__.rsplit(".", 1)[-1]
 
     def __init__(self, context: CodemodContext, state: FileState) -> None:
-        super().__init__(context)
+        # Codemod's set-up without MatcherDecoratableTransformer's: the engine calls the hooks
+        # itself (no matcher decorators here), and gathering them costs about 14 ms per transform
+        # per file, more than parsing a 100-line file.
+        Codemod.__init__(self, context)
+        cst.CSTTransformer.__init__(self)
         self.state = state
 
     # -- the pipeline's questions -------------------------------------------------------------

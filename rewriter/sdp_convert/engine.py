@@ -142,8 +142,9 @@ def _convert_once(data: bytes, options: Options) -> Result:
     assert isinstance(new_module, cst.Module)
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         # libcst's own import scheduling, without transform_module's deep copy of the tree.
+        # Its visit_Module walks the whole tree to read the leading imports only: give it those.
         adder = AddImportsVisitor(context)
-        adder.visit_Module(new_module)
+        adder.visit_Module(new_module.with_changes(body=_leading_imports(new_module)))
         new_module = adder.leave_Module(new_module, new_module)
 
     changes = _positions(module, state.records)
@@ -152,6 +153,23 @@ def _convert_once(data: bytes, options: Options) -> Result:
         # Edits without a report would be a silent change; refuse rather than hide it.
         raise ConversionError("internal error: a transform changed code without reporting it")
     return Result(data, output, info, changes)
+
+
+def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:
+    """The statements AddImportsVisitor reads: a docstring, then the imports before any code."""
+    body = list(module.body)
+    end = 0
+    for i, stmt in enumerate(body):
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            break
+        small = stmt.body[0] if stmt.body else None
+        if isinstance(small, (cst.Import, cst.ImportFrom)) or (
+            i == 0 and isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
+        ) or (isinstance(small, cst.Assign) and "__strict__" in module.code_for_node(small)):
+            end = i + 1
+            continue
+        break
+    return body[:end]
 
 
 def _runtime_alias(module: cst.Module, metadata: object, runtime_module: str) -> str:
