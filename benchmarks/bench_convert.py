@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import libcst as cst
-
 from sdp_convert import __version__
-from sdp_convert.engine import _convert_once, convert
 from sdp_convert.base import Options
+from sdp_convert.engine import _convert_once, convert
 
 ROOT = Path(__file__).resolve().parents[1]
 SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))

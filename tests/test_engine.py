@@ -9,7 +9,6 @@ import libcst as cst
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from libcst.metadata import MetadataWrapper, PositionProvider
-
 from sdp_convert import transforms
 from sdp_convert.engine import _positions
 from sdp_convert.pipeline import PIPELINE

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from sdp_convert.engine import convert
 
 SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))

@@ -10,18 +10,17 @@ of different transforms compose. Positions are computed only when something is r
 from __future__ import annotations
 
 import ast
-import io
-import tokenize
-
 import contextlib
 import functools
+import io
+import tokenize
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
+from libcst._nodes.internal import CodegenState
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst._nodes.internal import CodegenState
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from .analysis import FileInfo, detect, worth_parsing

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from .helpers import check_noop, check_transformed, messages
 
 ONLY = "shard_dataloader"
@@ -912,3 +914,32 @@ def test_long_sampler_statement_gets_one_argument_a_line():
         """,  # noqa: E501 (the loader call keeps the user's one-line layout)
         only=ONLY,
     )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # A loader built in another module: the script cannot be sharded from here.
+        "train_loader, val_loader = get_loaders(batch_size=64)\nbatches = train_loader\n",
+        # Tensors sliced by hand, no DataLoader at all.
+        "batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]\n",
+    ],
+    ids=["loader_from_another_module", "no_dataloader_at_all"],
+)
+def test_training_without_a_dataloader_here_is_noted(source):
+    result = check_noop(
+        "import torch\n"
+        "from mydata import get_loaders\n"
+        "import sdp_runtime.torch as sdp\n\n"
+        "sdp.init()\n"
+        + source
+        + "for x, y in batches:\n"
+        "    torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "    optimizer.step()\n",
+        only=ONLY,
+    )
+    (note,) = [c for c in result.changes if c.transform == ONLY]
+    assert note.manual and note.message.startswith(
+        "no DataLoader feeding this training loop was found"
+    )
+    assert "indices[sdp.rank()::sdp.size()]" in note.message

@@ -123,9 +123,7 @@ class ShardDataLoader(Transform):
         self._strip_leading: set[cst.CSTNode] = set()
         self._taken: dict[cst.CSTNode, set[str]] = {}
         loaders = self.calls_to(*_LOADERS)
-        if not loaders:
-            return
-        self._training_loops = training_loops(self)
+        self._training_loops = training_loops(self) if loaders else set()
         handled = False
         for call in loaders:
             handled = self._handle(call) or handled
