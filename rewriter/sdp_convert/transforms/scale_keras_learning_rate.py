@@ -635,7 +635,7 @@ class ScaleKerasLearningRate(Transform):
         arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")
         if arg is None:
             return
-        if mentions_size(self, arg.value):
+        if _is_scaled(self, index, arg.value):
             self.optimizers.pop(call)
             return
         for value in assigned_values(index, arg.value):
@@ -644,7 +644,7 @@ class ScaleKerasLearningRate(Transform):
             schedule = schedule_class(self, value)
             if schedule is not None:
                 self.optimizers.pop(call)
-                if not any(mentions_size(self, a.value) for a in value.args):
+                if not any(_is_scaled(self, index, a.value, value) for a in value.args):
                     self.schedules[value] = schedule
                 return
             if _is_custom_schedule(self, index, value):
@@ -768,6 +768,14 @@ class ScaleKerasLearningRate(Transform):
         if arg is None:
             return add_keyword(updated, "optimizer", optimizer, first=True)
         return replace_arg(updated, arg, optimizer)
+
+
+def _is_scaled(
+    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+) -> bool:
+    """Whether ``expr`` (original) involves ``sdp.size()`` already, through plain names too
+    (``lr = args.lr * sdp.size()`` then ``Adam(lr)``: scaling it again would square the factor)."""
+    return any(mentions_size(transform, value) for value in assigned_values(index, expr, at))
 
 
 def _is_lr_attribute(expr: cst.BaseExpression) -> bool:

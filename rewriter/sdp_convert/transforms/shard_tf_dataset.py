@@ -19,6 +19,9 @@ after the source (``from_tensor_slices``, ``from_tensors``, ``range``, ``list_fi
 of N*B. A ``take``/``skip`` that selects samples before any shuffle or batch stays in front of the
 shard (the selection is the same set of samples); a ``take(n)`` after it counts steps (or samples)
 per worker, so it becomes ``n // sdp.size()``: all workers together do the original amount of work.
+``from_tensors`` makes one element (the whole tensors), which a shard would give to one worker only:
+its shard goes after the first ``unbatch``/``repeat``/``flat_map``/``interleave``, and without one
+the dataset is reported instead.
 
 Only the *training* dataset is sharded: the one iterated by the loop that applies the gradients
 (followed through ``enumerate``, ``iter``/``next``, variables, step-by-step reassignment, helper
@@ -84,6 +87,10 @@ _ORDERING = frozenset(
     {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
      "bucket_by_sequence_length", "window", "interleave", "flat_map", "prefetch", "cache"}
 )
+#: ``from_tensors`` makes ONE element (the whole tensors): sharded as it is, worker 0 would get it
+#: and the others nothing. These make several elements of it; the shard goes after the first one.
+_SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
+_SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
 _WRAPPERS = ("builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
 
 
@@ -322,14 +329,27 @@ class ShardTfDataset(Transform):
             names = [i for i, s in enumerate(chain) if isinstance(s, cst.Name)]
             position = names[0]
             anchor = chain[position]
+        single = trace.source_name == _SINGLE_ELEMENT
         for i, step in enumerate(chain):
             method = _method(step)
             if i <= position or method is None:
                 continue
+            if single and method in _SPREADING:
+                anchor, position, single = step, i, False
+                break
             if method in _ORDERING:
                 break
-            if method in ("take", "skip"):  # selects samples: the same ones on every worker
+            if method in ("take", "skip") and not single:  # the same samples on every worker
                 anchor, position = step, i
+        if single:
+            self.record(
+                trace.source,
+                f"training data from {source} not sharded: it is one element (the whole tensors), "
+                f"which only one worker's shard would hold; use from_tensor_slices (or .unbatch()) "
+                f"and .shard({self.sdp}.size(), {self.sdp}.rank()) before shuffle/batch",
+                manual=True,
+            )
+            return
         self.anchors[anchor] = source
         self.add_runtime_import()
         self._note_order(trace.source, trace.source_name)

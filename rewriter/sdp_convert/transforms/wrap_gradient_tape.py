@@ -139,14 +139,36 @@ def _tape(transform: Transform, index: FileIndex, call: cst.Call) -> Tape | None
         return None
     tape = Tape(call, name, index.scope(call), with_stmt)
     runtime = transform.state.runtime_module
-    for binding in index.bindings_of(name, tape.scope):
+    # A name may hold several tapes in turn (``with tf.GradientTape() as tape:`` for the
+    # discriminator, again for the generator, again for a saliency map): this tape's uses are
+    # those between its binding and the next tape bound to the name.
+    bindings = index.bindings_of(name, tape.scope)
+    tapes = [
+        b for b in bindings
+        if isinstance(b.value, cst.Call) and transform.refers_to(b.value.func, *TAPES)
+    ]
+    own = next((b for b in tapes if b.value is call), None)
+    later = [b.order for b in tapes if own is not None and b.order > own.order]
+    end = min(later) if later else None
+
+    def is_own(order: int) -> bool:
+        if own is None:
+            return True
+        if order < tapes[0].order:  # before any tape is bound: carried over by a loop
+            return own is tapes[-1]
+        return own.order <= order and (end is None or order < end)
+
+    for binding in bindings:
         value = binding.value
         if (
             isinstance(value, cst.Call)
             and transform.refers_to(value.func, f"{runtime}.DistributedGradientTape")
+            and is_own(binding.order)
         ):
             tape.wrapped = True
     for load in index.loads_of(name, tape.scope):
+        if not is_own(index.order.get(id(load), 0)):
+            continue
         attribute = transform.parent(load)
         if isinstance(attribute, cst.Attribute) and attribute.attr.value == "gradient":
             gradient = transform.parent(attribute)
@@ -159,15 +181,16 @@ def _tape(transform: Transform, index: FileIndex, call: cst.Call) -> Tape | None
 def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
     """Follow the tape's gradients to the optimizer calls (or hand updates) that consume them."""
     work: list[cst.CSTNode] = list(tape.gradient_calls)
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, str, int]] = set()
     returned: set[int] = set()
 
-    def taint(target: cst.CSTNode) -> None:
+    def taint(target: cst.CSTNode, statement: cst.CSTNode) -> None:
+        scope = index.scope(target)
         for name in _target_names(target):
-            key = (id(index.scope(target)), name)
+            key = (id(scope), name, id(statement))
             if key not in seen:
                 seen.add(key)
-                work.extend(index.loads_of(name, index.scope(target)))
+                work.extend(_uses_of_binding(index, name, scope, statement))
 
     while work:
         child = work.pop()
@@ -191,11 +214,11 @@ def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
                         else [parent.target]
                     )
                     for target in targets:
-                        taint(target)
+                        taint(target, parent)
                 break
             elif isinstance(parent, cst.For):
                 if child is parent.iter:
-                    taint(parent.target)
+                    taint(parent.target, parent)
                 break
             elif isinstance(parent, cst.Return):
                 function = index.scope(parent)
@@ -206,6 +229,29 @@ def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
             elif isinstance(parent, (cst.BaseCompoundStatement, cst.SimpleStatementLine, cst.Lambda)):
                 break
             child = parent
+
+
+def _uses_of_binding(
+    index: FileIndex, name: str, scope: Scope, statement: cst.CSTNode
+) -> list[cst.Name]:
+    """The loads of ``name`` that see the value ``statement`` binds: those after it and before
+    the next binding of the name (``grads`` of the discriminator, then ``grads`` of a saliency map,
+    are two values). All loads of the name when the statement binds none the index knows of."""
+    loads = index.loads_of(name, scope)
+    bindings = index.bindings_of(name, scope)
+    own = next((b for b in bindings if b.stmt is statement), None)
+    if own is None:
+        return loads
+    later = [b.order for b in bindings if b.order > own.order]
+    end = min(later) if later else None
+    first = min(b.order for b in bindings)
+
+    def sees(order: int) -> bool:
+        if order < first:  # before any binding: the value a loop carries around
+            return own is bindings[-1]
+        return own.order <= order and (end is None or order < end)
+
+    return [load for load in loads if sees(index.order.get(id(load), 0))]
 
 
 def _target_names(target: cst.CSTNode) -> list[str]:

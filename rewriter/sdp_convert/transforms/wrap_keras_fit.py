@@ -89,7 +89,12 @@ class WrapKerasFit(Transform):
         self.fits: set[cst.Call] = set()
         self.split_lists: set[cst.List] = set()
         self.arrays: dict[cst.Call, list[str]] = {}  # fit -> keywords of the arrays to stride
-        if not self.state.info.uses_fit:
+        if not self.state.info.uses_fit and not any(
+            is_keras_compile(self, c) for c in self.method_calls("compile")
+        ):
+            # ``uses_fit`` needs a call of a Keras name; a subclassed model compiled with a string
+            # optimizer calls none (``class M(keras.Model)`` is no call) until this conversion
+            # writes ``keras.optimizers.Adam(...)``: a second pass must find nothing left to do.
             return
         index = file_index(self)
         facts = training_facts(self)
@@ -397,10 +402,12 @@ class WrapKerasFit(Transform):
 def _prepend(value: cst.List, new: cst.List) -> cst.List:
     if not value.elements:
         return new
-    elements = [
-        e.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        for e in new.elements
-    ]
+    # A list written one callback a line gets the new ones a line each, at the same indent.
+    after = value.lbracket.whitespace_after
+    between: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace(" ")
+    if isinstance(after, cst.ParenthesizedWhitespace):  # (a comment after ``[`` stays there)
+        between = cst.ParenthesizedWhitespace(indent=after.indent, last_line=after.last_line)
+    elements = [e.with_changes(comma=cst.Comma(whitespace_after=between)) for e in new.elements]
     return value.with_changes(elements=[*elements, *value.elements])
 
 

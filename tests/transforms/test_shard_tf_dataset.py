@@ -1,0 +1,393 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from .helpers import check_noop, check_transformed, run
+
+ONLY = "shard_tf_dataset"
+ALREADY_CONVERTED = (
+    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
+)
+CONVERTED_HEAD = """\
+import tensorflow as tf
+import sdp_runtime.tensorflow as sdp
+
+sdp.init()
+"""
+
+
+def loop(dataset: str, indent: str = "") -> str:
+    """A training loop over ``dataset`` that applies the gradients of a tape."""
+    body = f"""\
+for x, y in {dataset}:
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+"""
+    return textwrap.indent(body, indent)
+
+
+def convert(body: str, **options: object):
+    """``import tensorflow as tf`` + ``body``, converted; returns (output body, result)."""
+    result = run("import tensorflow as tf\n" + body, ONLY, **options)
+    output = result.output.decode()
+    if output.startswith(CONVERTED_HEAD):
+        output = output[len(CONVERTED_HEAD) :]
+    return output, result
+
+
+def sharded(result):
+    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+
+
+def notes(result):
+    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+
+
+def shard_message(source: str) -> str:
+    return (
+        f"training data from {source}: .shard(sdp.size(), sdp.rank()) before shuffle/batch, "
+        "each worker reads its own part"
+    )
+
+
+def test_chained_pipeline_is_sharded_after_its_source_and_take_counts_steps_per_worker():
+    result = check_transformed(
+        """\
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000).batch(32)
+        val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(32)
+        for step, (xb, yb) in enumerate(ds.take(500)):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        for xb, yb in val.take(10):
+            model(xb)
+        """,
+        """\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(32)
+        val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(32)
+        for step, (xb, yb) in enumerate(ds.take(500 // sdp.size())):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        for xb, yb in val.take(10):
+            model(xb)
+        """,
+        only=ONLY,
+    )
+    assert sharded(result) == [
+        (3, shard_message("tf.data.Dataset.from_tensor_slices")),
+        (5, "take(500) -> take(500 // sdp.size()): each worker does its part of the steps"),
+    ]
+    assert notes(result) == []
+
+
+def test_step_by_step_pipeline_from_tfrecords():
+    out, result = convert(
+        'files = tf.data.Dataset.list_files("data/*.tfrecord", shuffle=False)\n'
+        "ds = tf.data.TFRecordDataset(files)\n"
+        "ds = ds.map(parse)\n"
+        "ds = ds.shuffle(1000)\n"
+        "ds = ds.batch(32).repeat()\n" + loop("ds.take(STEPS)")
+    )
+    assert out == (
+        'files = tf.data.Dataset.list_files("data/*.tfrecord", shuffle=False)\n'
+        "ds = tf.data.TFRecordDataset(files).shard(sdp.size(), sdp.rank())\n"
+        "ds = ds.map(parse)\n"
+        "ds = ds.shuffle(1000)\n"
+        "ds = ds.batch(32).repeat()\n" + loop("ds.take(STEPS // sdp.size())")
+    )
+    assert sharded(result)[0] == (3, shard_message("tf.data.TFRecordDataset"))
+
+
+def test_every_import_spelling_of_the_sources():
+    check_transformed(
+        textwrap.dedent("""\
+        import tensorflow as tf
+        from tensorflow.data import Dataset
+        from tensorflow import data as tfdata
+
+        a = Dataset.from_tensor_slices(xs).batch(8)
+        b = tfdata.Dataset.range(1000).map(f).batch(8)
+        """)
+        + loop("a")
+        + loop("b"),
+        textwrap.dedent("""\
+        import tensorflow as tf
+        from tensorflow.data import Dataset
+        from tensorflow import data as tfdata
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        a = Dataset.from_tensor_slices(xs).shard(sdp.size(), sdp.rank()).batch(8)
+        b = tfdata.Dataset.range(1000).shard(sdp.size(), sdp.rank()).map(f).batch(8)
+        """)
+        + loop("a")
+        + loop("b"),
+        only=ONLY,
+    )
+
+
+def test_file_names_from_list_files_are_sharded_and_their_shuffle_reported():
+    out, result = convert(
+        'files = tf.data.Dataset.list_files("data/*.tfrecord")\n'
+        "ds = files.interleave(tf.data.TFRecordDataset).map(parse).batch(32)\n" + loop("ds")
+    )
+    assert out == (
+        'files = tf.data.Dataset.list_files("data/*.tfrecord").shard(sdp.size(), sdp.rank())\n'
+        "ds = files.interleave(tf.data.TFRecordDataset).map(parse).batch(32)\n" + loop("ds")
+    )
+    assert sharded(result) == [(2, shard_message("tf.data.Dataset.list_files"))]
+    assert notes(result) == [
+        (2, "list_files shuffles the file names differently on each worker: pass shuffle=False "
+            "(or the same seed everywhere) so that the shards do not overlap")
+    ]
+
+
+def test_tensorflow_datasets_load():
+    check_transformed(
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+
+        train = tfds.load("mnist", split="train", as_supervised=True)
+        train = train.map(scale).cache().shuffle(10000).batch(128)
+        """)
+        + loop("train"),
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        train = tfds.load("mnist", split="train", as_supervised=True).shard(sdp.size(), sdp.rank())
+        train = train.map(scale).cache().shuffle(10000).batch(128)
+        """)
+        + loop("train"),
+        only=ONLY,
+    )
+
+
+def test_tfds_splits_unpacked_from_a_tuple_and_shuffled_files():
+    result = check_transformed(
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+
+        (train, test), info = tfds.load(
+            "mnist", split=["train", "test"], with_info=True, shuffle_files=True
+        )
+        train = train.shuffle(100).batch(32)
+        """)
+        + loop("train"),
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        (train, test), info = tfds.load(
+            "mnist", split=["train", "test"], with_info=True, shuffle_files=True
+        )
+        train = train.shard(sdp.size(), sdp.rank()).shuffle(100).batch(32)
+        """)
+        + loop("train"),
+        only=ONLY,
+    )
+    assert sharded(result) == [(7, shard_message("tfds.load"))]
+    assert [line for line, _ in notes(result)] == [4]
+    assert "shuffle_files=False" in notes(result)[0][1]
+
+
+def test_from_tensors_is_sharded_once_it_holds_several_elements():
+    out, result = convert(
+        "rows = tf.data.Dataset.from_tensors((x, y)).unbatch().map(f).shuffle(100).batch(8)\n"
+        + loop("rows")
+        + "synthetic = tf.data.Dataset.from_tensors((images, labels)).repeat()\n"
+        + loop("synthetic.take(100)")
+        + "few = tf.data.Dataset.from_tensors(x).repeat(3).take(2).batch(1)\n"
+        + loop("few")
+    )
+    assert out == (
+        "rows = tf.data.Dataset.from_tensors((x, y)).unbatch().shard(sdp.size(), sdp.rank()).map(f).shuffle(100).batch(8)\n"
+        + loop("rows")
+        + "synthetic = tf.data.Dataset.from_tensors((images, labels)).repeat().shard(sdp.size(), sdp.rank())\n"
+        + loop("synthetic.take(100 // sdp.size())")
+        + "few = tf.data.Dataset.from_tensors(x).repeat(3).shard(sdp.size(), sdp.rank()).take(2 // sdp.size()).batch(1)\n"
+        + loop("few")
+    )
+    assert notes(result) == []
+
+
+def test_from_tensors_alone_is_one_element_and_needs_a_person():
+    # Sharded as it is, worker 0 would get the only element and the others none (and hang).
+    out, result = convert("full = tf.data.Dataset.from_tensors((x, y)).batch(1)\n" + loop("full"))
+    assert out == "full = tf.data.Dataset.from_tensors((x, y)).batch(1)\n" + loop("full")
+    assert notes(result) == [
+        (2, "training data from tf.data.Dataset.from_tensors not sharded: it is one element (the "
+            "whole tensors), which only one worker's shard would hold; use from_tensor_slices (or "
+            ".unbatch()) and .shard(sdp.size(), sdp.rank()) before shuffle/batch")
+    ]
+
+
+def test_a_selection_before_shuffle_stays_in_front_of_the_shard():
+    out, result = convert(
+        "def make_dataset(batch):\n"
+        "    return tf.data.Dataset.from_tensor_slices((xs, ys)).skip(100).take(1000).shuffle(1000).batch(batch)\n"
+        "\n\n"
+        "for epoch in range(3):\n" + loop("make_dataset(32).take(10)", indent="    ")
+    )
+    assert out == (
+        "def make_dataset(batch):\n"
+        "    return tf.data.Dataset.from_tensor_slices((xs, ys)).skip(100).take(1000).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(batch)\n"
+        "\n\n"
+        "for epoch in range(3):\n" + loop("make_dataset(32).take(10 // sdp.size())", indent="    ")
+    )
+    assert sharded(result)[1] == (
+        7, "take(10) -> take(10 // sdp.size()): each worker does its part of the steps"
+    )
+
+
+def test_a_dataset_read_with_iter_and_next():
+    out, _ = convert(
+        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).repeat().batch(32)\n"
+        "it = iter(ds)\n"
+        "for step in range(STEPS):\n"
+        "    x, y = next(it)\n"
+        "    with tf.GradientTape() as tape:\n"
+        "        loss = loss_fn(y, model(x))\n"
+        "    grads = tape.gradient(loss, model.trainable_variables)\n"
+        "    opt.apply_gradients(zip(grads, model.trainable_variables))\n"
+    )
+    assert out.startswith(
+        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).shard(sdp.size(), sdp.rank()).repeat().batch(32)\n"
+        "it = iter(ds)\n"
+    )
+
+
+def test_the_dataset_given_to_keras_fit_is_sharded_not_the_validation_data():
+    check_transformed(
+        """\
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(32)
+        val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(32)
+        model.fit(train, validation_data=val, epochs=2)
+        """,
+        """\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        train = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(100).batch(32)
+        val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(32)
+        model.fit(train, validation_data=val, epochs=2)
+        """,
+        only=ONLY,
+    )
+
+
+def test_sources_that_shuffle_and_batch_by_themselves_need_a_person():
+    out, result = convert(
+        'ds = tf.keras.utils.image_dataset_from_directory("images/", batch_size=32)\n' + loop("ds")
+    )
+    assert "shard" not in out
+    assert notes(result) == [
+        (2, "training data from tf.keras.utils.image_dataset_from_directory not sharded: "
+            "tf.keras.utils.image_dataset_from_directory shuffles and batches by itself; build it "
+            "so that every worker sees the same order, then .shard(sdp.size(), sdp.rank())")
+    ]
+
+
+def test_data_the_converter_cannot_follow_needs_a_person():
+    out, result = convert(loop("load_data()"))
+    assert out == loop("load_data()")
+    assert notes(result) == [
+        (2, "training data not sharded (built by load_data()): give each worker its own part, "
+            "e.g. .shard(sdp.size(), sdp.rank()) right after the source")
+    ]
+
+
+def test_an_already_sharded_pipeline_is_not_sharded_twice():
+    check_noop(
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+        ds = tf.data.Dataset.range(100).shard(sdp.size(), sdp.rank()).batch(8)
+        """)
+        + loop("ds.take(10 // sdp.size())"),
+        only=ONLY,
+    )
+    # Sharded by hand for a fixed number of workers: a person decides.
+    source = textwrap.dedent("""\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+        ds = tf.data.Dataset.from_tensor_slices(x).shard(2, 0).batch(8)
+        """) + loop("ds.take(10)")
+    result = check_noop(source, only=ONLY)
+    assert notes(result) == [
+        (5, "the training data is sharded already: make it .shard(sdp.size(), sdp.rank())")
+    ]
+
+
+def test_converting_the_output_again_changes_nothing():
+    out, result = convert(
+        "ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
+        "ds = ds.take(1000).shuffle(100).batch(32)\n" + loop("enumerate(ds.take(STEPS))")
+    )
+    assert out == (
+        "ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
+        "ds = ds.take(1000).shard(sdp.size(), sdp.rank()).shuffle(100).batch(32)\n"
+        + loop("enumerate(ds.take(STEPS // sdp.size()))")
+    )
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_datasets_that_do_not_feed_training_are_left_alone():
+    check_noop(
+        """\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).batch(32)
+        test = tf.data.Dataset.from_tensor_slices((tx, ty)).batch(32)
+        for x, y in ds:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        for x, y in test.take(5):
+            print(model(x))
+        preview = list(tf.data.Dataset.range(10).take(3))
+        """,
+        only=ONLY,
+    )
+
+
+def test_a_script_made_data_parallel_by_hand_is_left_alone():
+    # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
+    check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)

@@ -1,0 +1,465 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from sdp_convert.base import Options
+from sdp_convert.engine import convert as engine_convert
+
+from .helpers import check_noop, check_transformed, run
+
+ONLY = "wrap_keras_fit"
+ALREADY_CONVERTED = (
+    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
+)
+HEAD = """\
+import tensorflow as tf
+
+model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+"""
+CONVERTED_HEAD = """\
+import tensorflow as tf
+import sdp_runtime.tensorflow as sdp
+
+sdp.init()
+
+model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+"""
+CALLBACKS = (
+    "[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0), "
+    "sdp.keras.callbacks.MetricAverageCallback()]"
+)
+VERBOSE = "verbose=1 if sdp.rank() == 0 else 0"
+ADDED = (
+    "callbacks BroadcastGlobalVariablesCallback(0) (rank 0's initial weights on every worker) "
+    "and MetricAverageCallback() (metrics averaged across workers) added first"
+)
+QUIET = "progress output on rank 0 only (verbose=0 on the other workers)"
+WRAPPED = "optimizer wrapped in sdp.keras.DistributedOptimizer: gradients averaged across workers"
+
+
+def convert(body: str, **options: object):
+    """``HEAD`` + ``body``, converted; returns (output body, result)."""
+    result = run(HEAD + body, ONLY, **options)
+    output = result.output.decode()
+    if output.startswith(CONVERTED_HEAD):
+        output = output[len(CONVERTED_HEAD) :]
+    return output, result
+
+
+def changes(result):
+    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+
+
+def notes(result):
+    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+
+
+def test_compile_and_fit_made_data_parallel():
+    result = check_transformed(
+        """\
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.001), loss="mse")
+        model.fit(dataset, epochs=3, steps_per_epoch=100, validation_data=val, validation_steps=10)
+        """,
+        """\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam(0.001)), loss="mse")
+        model.fit(dataset, epochs=3, steps_per_epoch=100 // sdp.size(), validation_data=val, validation_steps=10, """
+        + f"callbacks={CALLBACKS}, {VERBOSE})\n",
+        only=ONLY,
+    )
+    assert changes(result) == [
+        (4, WRAPPED),
+        (5, ADDED),
+        (5, QUIET),
+        (5, "steps_per_epoch=100 -> // sdp.size(): each worker's shard has its part of the batches"),
+    ]
+
+
+def test_every_import_spelling_of_the_optimizer():
+    check_transformed(
+        """\
+        import tensorflow as tf
+        import keras
+        from tensorflow.keras.optimizers import Adam
+
+        a = keras.Sequential([keras.layers.Dense(1)])
+        a.compile(Adam(0.01), "mse")
+        a.compile(optimizer=tf.optimizers.SGD(0.1), loss="mse")
+        a.compile(optimizer=keras.optimizers.RMSprop(), loss="mse")
+        a.fit(dataset, verbose=0, callbacks=[])
+        """,
+        f"""\
+        import tensorflow as tf
+        import keras
+        from tensorflow.keras.optimizers import Adam
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        a = keras.Sequential([keras.layers.Dense(1)])
+        a.compile(sdp.keras.DistributedOptimizer(Adam(0.01)), "mse")
+        a.compile(optimizer=sdp.keras.DistributedOptimizer(tf.optimizers.SGD(0.1)), loss="mse")
+        a.compile(optimizer=sdp.keras.DistributedOptimizer(keras.optimizers.RMSprop()), loss="mse")
+        a.fit(dataset, verbose=0, callbacks={CALLBACKS})
+        """,
+        only=ONLY,
+    )
+
+
+def test_string_and_default_optimizers_become_objects_with_a_scaled_learning_rate():
+    # With scale_keras_learning_rate, which runs first and scales the object's learning rate.
+    source = textwrap.dedent(
+        """\
+        from tensorflow import keras
+
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        model.compile(loss="mse")
+        model.fit(dataset, verbose=0, callbacks=[])
+        """
+    )
+    options = Options(
+        only=frozenset({"add_runtime_init", "scale_keras_learning_rate", ONLY}), recheck=True
+    )
+    result = engine_convert(source, options)
+    assert result.output.decode() == textwrap.dedent(
+        f"""\
+        from tensorflow import keras
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer=sdp.keras.DistributedOptimizer(keras.optimizers.Adam(learning_rate=0.001 * sdp.size())), loss="mse")
+        model.compile(optimizer=sdp.keras.DistributedOptimizer(keras.optimizers.RMSprop(learning_rate=0.001 * sdp.size())), loss="mse")
+        model.fit(dataset, verbose=0, callbacks={CALLBACKS})
+        """
+    )
+    # On its own (--skip scale_keras_learning_rate), the object keeps Keras' default rate.
+    out, result = convert(
+        'model.compile(optimizer="adam", loss="mse")\n'
+        'model.compile(loss="mse")\n'
+        'model.compile(optimizer="novograd", loss="mse")\n'
+        "model.fit(dataset, verbose=0, callbacks=[])\n"
+    )
+    assert out == (
+        "model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam()), loss=\"mse\")\n"
+        "model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.RMSprop()), loss=\"mse\")\n"
+        'model.compile(optimizer="novograd", loss="mse")\n'
+        f"model.fit(dataset, verbose=0, callbacks={CALLBACKS})\n"
+    )
+    assert changes(result)[:4] == [
+        (4, 'optimizer "adam" -> tf.keras.optimizers.Adam()'),
+        (4, WRAPPED),
+        (5, "Keras' default optimizer made explicit: tf.keras.optimizers.RMSprop()"),
+        (5, WRAPPED),
+    ]
+    assert notes(result) == [
+        (6, 'optimizer "novograd": wrap it in sdp.keras.DistributedOptimizer by hand (the '
+            "converter does not know this name)")
+    ]
+
+
+def test_callbacks_are_added_first_to_a_list_a_variable_or_a_missing_argument():
+    out, result = convert(
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "model.fit(dataset, verbose=0)\n"
+        "model.fit(dataset, verbose=0, callbacks=[tf.keras.callbacks.EarlyStopping(patience=2)])\n"
+        "callbacks = [tf.keras.callbacks.ReduceLROnPlateau()]\n"
+        "model.fit(dataset, verbose=0, callbacks=callbacks)\n"
+        "model.fit(dataset, verbose=0, callbacks=extra + [stop])\n"
+    )
+    assert out.splitlines()[1:] == [
+        f"model.fit(dataset, verbose=0, callbacks={CALLBACKS})",
+        "model.fit(dataset, verbose=0, callbacks=[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0), "
+        "sdp.keras.callbacks.MetricAverageCallback(), tf.keras.callbacks.EarlyStopping(patience=2)])",
+        "callbacks = [tf.keras.callbacks.ReduceLROnPlateau()]",
+        f"model.fit(dataset, verbose=0, callbacks={CALLBACKS} + callbacks)",
+        f"model.fit(dataset, verbose=0, callbacks={CALLBACKS} + (extra + [stop]))",
+    ]
+    assert [line for line, message in changes(result) if message == ADDED] == [5, 6, 8, 9]
+
+
+def test_a_list_written_one_callback_a_line_keeps_its_layout():
+    out, _ = convert(
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "model.fit(\n"
+        "    dataset,\n"
+        "    callbacks=[  # stop early\n"
+        "        tf.keras.callbacks.EarlyStopping(patience=2),  # on val_loss\n"
+        "    ],\n"
+        ")\n"
+    )
+    assert out.split("\n", 1)[1] == (
+        "model.fit(\n"
+        "    dataset,\n"
+        "    callbacks=[  # stop early\n"
+        "        sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0),\n"
+        "        sdp.keras.callbacks.MetricAverageCallback(),\n"
+        "        tf.keras.callbacks.EarlyStopping(patience=2),  # on val_loss\n"
+        "    ],\n"
+        f"    {VERBOSE},\n"
+        ")\n"
+    )
+
+
+def test_callbacks_that_write_files_run_on_rank_0_only():
+    result = check_transformed(
+        """\
+        from tensorflow import keras
+        from tensorflow.keras.callbacks import EarlyStopping, ModelCheckpoint
+
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        ckpt = ModelCheckpoint("best.keras", save_best_only=True)
+        callbacks = [EarlyStopping(patience=3), ckpt]
+        callbacks.append(keras.callbacks.TensorBoard("logs"))
+        model.fit(ds, epochs=10, verbose=2, callbacks=callbacks)
+        model.fit(
+            ds,
+            verbose=0,
+            callbacks=[
+                EarlyStopping(patience=2),
+                keras.callbacks.CSVLogger("log.csv"),
+            ],
+        )
+        model.fit(ds, verbose=0, callbacks=[keras.callbacks.BackupAndRestore("backup")])
+        """,
+        f"""\
+        from tensorflow import keras
+        from tensorflow.keras.callbacks import EarlyStopping, ModelCheckpoint
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer=sdp.keras.DistributedOptimizer(keras.optimizers.Adam()), loss="mse")
+        ckpt = ModelCheckpoint("best.keras", save_best_only=True)
+        callbacks = [EarlyStopping(patience=3)] + ([ckpt] if sdp.rank() == 0 else [])
+        if sdp.rank() == 0:
+            callbacks.append(keras.callbacks.TensorBoard("logs"))
+        model.fit(ds, epochs=10, verbose=2 if sdp.rank() == 0 else 0, callbacks={CALLBACKS} + callbacks)
+        model.fit(
+            ds,
+            verbose=0,
+            callbacks=[
+                sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                sdp.keras.callbacks.MetricAverageCallback(),
+                EarlyStopping(patience=2),
+            ] + ([keras.callbacks.CSVLogger("log.csv")] if sdp.rank() == 0 else []),
+        )
+        model.fit(ds, verbose=0, callbacks={CALLBACKS} + ([keras.callbacks.BackupAndRestore("backup")] if sdp.rank() == 0 else []))
+        """,
+        only=ONLY,
+    )
+    assert [c for c in changes(result) if "rank 0 only" in c[1]] == [
+        (7, "ckpt on rank 0 only (writes files)"),
+        (8, 'keras.callbacks.TensorBoard("logs") added on rank 0 only (it writes files)'),
+        (9, QUIET),
+        (13, 'keras.callbacks.CSVLogger("log.csv") on rank 0 only (writes files)'),
+        (18, 'keras.callbacks.BackupAndRestore("backup") on rank 0 only (writes files)'),
+    ]
+    assert notes(result) == [
+        (18, "BackupAndRestore runs on rank 0 only: to resume, every worker must restore the same "
+             "backup (e.g. restore on all, write on rank 0)")
+    ]
+
+
+def test_verbose_keeps_its_value_on_rank_0():
+    out, _ = convert(
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "model.fit(dataset, callbacks=[])\n"
+        "model.fit(dataset, callbacks=[], verbose=2)\n"
+        "model.fit(dataset, callbacks=[], verbose=args.verbose + 1)\n"
+        "model.fit(dataset, callbacks=[], verbose=0)\n"
+    )
+    cb = f"callbacks={CALLBACKS}"
+    assert out.splitlines()[1:] == [
+        f"model.fit(dataset, {cb}, {VERBOSE})",
+        f"model.fit(dataset, {cb}, verbose=2 if sdp.rank() == 0 else 0)",
+        f"model.fit(dataset, {cb}, verbose=args.verbose + 1 if sdp.rank() == 0 else 0)",
+        f"model.fit(dataset, {cb}, verbose=0)",
+    ]
+
+
+def test_steps_per_epoch_is_divided_and_validation_steps_kept():
+    out, _ = convert(
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "model.fit(ds, verbose=0, callbacks=[], steps_per_epoch=len(x) // BATCH, validation_steps=5)\n"
+        "model.fit(ds, verbose=0, callbacks=[], steps_per_epoch=n - 1)\n"
+        "model.fit(ds, verbose=0, callbacks=[], steps_per_epoch=None)\n"
+    )
+    cb = f"callbacks={CALLBACKS}"
+    assert out.splitlines()[1:] == [
+        f"model.fit(ds, verbose=0, {cb}, steps_per_epoch=len(x) // BATCH // sdp.size(), validation_steps=5)",
+        f"model.fit(ds, verbose=0, {cb}, steps_per_epoch=(n - 1) // sdp.size())",
+        f"model.fit(ds, verbose=0, {cb}, steps_per_epoch=None)",
+    ]
+
+
+def test_numpy_arrays_given_to_fit_are_strided_and_reported():
+    out, result = convert(
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "model.fit(x_train, y_train, 32, 3, sample_weight=w, verbose=0, callbacks=[])\n"
+        "model.fit(x=features, y=labels, batch_size=32, verbose=0, callbacks=[])\n"
+        "model.fit([x_a, x_b], y_train, verbose=0, callbacks=[])\n"
+    )
+    cb = f"callbacks={CALLBACKS}"
+    assert out.splitlines()[1:] == [
+        "model.fit(x_train[sdp.rank()::sdp.size()], y_train[sdp.rank()::sdp.size()], 32, 3, "
+        f"sample_weight=w[sdp.rank()::sdp.size()], verbose=0, {cb})",
+        "model.fit(x=features[sdp.rank()::sdp.size()], y=labels[sdp.rank()::sdp.size()], "
+        f"batch_size=32, verbose=0, {cb})",
+        f"model.fit([x_a, x_b], y_train, verbose=0, {cb})",
+    ]
+    assert [c for c in changes(result) if "sample" in c[1]] == [
+        (5, "x_train, y_train, w: each worker trains on every sdp.size()-th sample from sdp.rank() "
+            "on (batch_size is per worker; keep the sample count divisible by the number of "
+            "workers)"),
+        (6, "features, labels: each worker trains on every sdp.size()-th sample from sdp.rank() "
+            "on (batch_size is per worker; keep the sample count divisible by the number of "
+            "workers)"),
+    ]
+    assert notes(result) == [
+        (7, "fit input [x_a, x_b] is a list of arrays: give each worker every sdp.size()-th sample "
+            "from sdp.rank() on (of each array), or use a tf.data dataset")
+    ]
+
+
+def test_a_model_whose_train_step_averages_its_gradients_keeps_its_optimizer():
+    result = check_transformed(
+        """\
+        import tensorflow as tf
+        from tensorflow import keras
+
+
+        class MyModel(keras.Model):
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply(gradients, self.trainable_variables)
+                return {"loss": loss}
+
+
+        model = MyModel()
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(dataset, epochs=2, verbose=0)
+        """,
+        f"""\
+        import tensorflow as tf
+        from tensorflow import keras
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+
+        class MyModel(keras.Model):
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply(gradients, self.trainable_variables)
+                return {{"loss": loss}}
+
+
+        model = MyModel()
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(dataset, epochs=2, verbose=0, callbacks={CALLBACKS})
+        """,
+        only=ONLY,
+    )
+    assert changes(result)[0] == (
+        16, "optimizer not wrapped: MyModel.train_step averages its gradients "
+            "(DistributedGradientTape) already"
+    )
+
+
+def test_a_subclassed_model_with_a_string_optimizer_converts_in_one_pass():
+    # No Keras name is *called* before the conversion writes keras.optimizers.Adam(...): the
+    # fit must be converted in the first pass all the same, or a second pass would change it.
+    source = """\
+        import keras
+        import tensorflow as tf
+
+
+        class MyModel(keras.Model):
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+                return {"loss": loss}
+
+
+        model = MyModel(inputs, outputs)
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(ds, epochs=1)
+        """
+    result = run(source)  # the whole pipeline; convert() checks that a second pass changes nothing
+    assert result.output.decode().endswith(
+        "model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.001 * sdp.size()), loss=\"mse\")\n"
+        f"model.fit(ds, epochs=1, callbacks={CALLBACKS}, {VERBOSE})\n"
+    )
+    check_noop(result.output.decode())
+
+
+def test_converting_the_output_again_changes_nothing():
+    out, result = convert(
+        'model.compile(optimizer="adam", loss="mse")\n'
+        'ckpt = tf.keras.callbacks.ModelCheckpoint("m.keras")\n'
+        "model.fit(x, y, epochs=2, steps_per_epoch=10, callbacks=[ckpt])\n"
+    )
+    assert out.splitlines() == [
+        'model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam()), loss="mse")',
+        'ckpt = tf.keras.callbacks.ModelCheckpoint("m.keras")',
+        "model.fit(x[sdp.rank()::sdp.size()], y[sdp.rank()::sdp.size()], epochs=2, "
+        f"steps_per_epoch=10 // sdp.size(), callbacks={CALLBACKS} + ([ckpt] if sdp.rank() == 0 "
+        f"else []), {VERBOSE})",
+    ]
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_unrelated_fit_and_compile_calls_are_left_alone():
+    check_noop(
+        """\
+        import re
+        import tensorflow as tf
+        from sklearn.preprocessing import StandardScaler
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+        scaler = StandardScaler()
+        scaler.fit(x_raw)
+        pattern = re.compile("a+")
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1 * sdp.size())), loss="mse")
+        model.fit(ds, callbacks=[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0)], verbose=0)
+        model.fit(
+            ds,
+            steps_per_epoch=100 // sdp.size(),
+            callbacks=[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0)],
+            verbose=2 if sdp.rank() == 0 else 0,
+        )
+        model.evaluate(x_test, y_test)
+        model.predict(x_test)
+        """,
+        only=ONLY,
+    )
+
+
+def test_a_script_made_data_parallel_by_hand_is_left_alone():
+    # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
+    check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
