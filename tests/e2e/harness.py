@@ -360,3 +360,33 @@ def definitions_of(script: Path) -> types.ModuleType:
     sys.modules[name] = module  # dataclasses and pickling look classes up here
     exec(compile(tree, str(script), "exec"), module.__dict__)
     return module
+
+
+# -- TensorFlow / Keras weights --------------------------------------------------------------------
+
+
+def load_weights(run_dir: Path, output: Output) -> dict[str, object]:
+    """An output as ``{name: torch tensor}``: a torch state dict, ``np.savez`` arrays (``.npz``:
+    ``{"arr_0": ..., ...}``) or every dataset of an HDF5 file (``.h5``, e.g. Keras'
+    ``save_weights``: ``{"layers/dense/vars/0": ...}``, in file order)."""
+    if not output.file.endswith((".npz", ".h5")):
+        return load_state(run_dir, output)
+    import numpy as np
+    import torch
+
+    path = run_dir / output.file
+    assert path.is_file(), f"{path} was not written (files there: {sorted(files_in(run_dir, ''))})"
+    if output.file.endswith(".npz"):
+        with np.load(path) as arrays:
+            return {k: torch.from_numpy(arrays[k].copy()) for k in arrays.files}
+    import h5py
+
+    found: dict[str, object] = {}
+
+    def visit(name: str, node: object) -> None:
+        if isinstance(node, h5py.Dataset):
+            found[name] = torch.from_numpy(np.array(node[()]))
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return found

@@ -449,6 +449,11 @@ def single_process() -> dict[str, Any]:
             o.step()
     pairs = zip(wrapped.parameters(), original.parameters(), strict=True)
     out["same_as_original"] = all(torch.equal(a, b) for a, b in pairs)
+    # alone, DDP sends nothing and copies no gradient (what torch's DDP says it was set up with)
+    logged = wrapped._get_ddp_logging_data()
+    out["alone_ddp"] = [logged.get("comm_hook"), logged.get("gradient_as_bucket_view")]
+    override = sdp.DistributedDataParallel(_model(), gradient_as_bucket_view=False)
+    out["view_override"] = override._get_ddp_logging_data().get("gradient_as_bucket_view")
     sdp.shutdown()
     out["after_shutdown"] = [sdp.is_initialized(), torch.distributed.is_initialized()]
     sdp.init()  # again after shutdown

@@ -1,10 +1,14 @@
 """The Horovod/SMDDP TensorFlow API on torch.distributed: ``import sdp_runtime.tensorflow as hvd``.
 
 Works in eager mode and inside ``tf.function`` (not under XLA ``jit_compile``), with Keras 3
-variables. Keras ``model.fit`` helpers live in :mod:`sdp_runtime.tensorflow.keras`.
+variables. Keras ``model.fit`` helpers live in :mod:`sdp_runtime.tensorflow.keras`, also reachable
+as ``hvd.keras`` (imported on first use).
 """
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
 
 from sdp_runtime.tensorflow.basics import (
     cross_rank,
@@ -75,3 +79,12 @@ __all__ = [
     "shutdown",
     "size",
 ]
+
+
+def __getattr__(name: str) -> ModuleType:
+    # sdp-convert writes ``sdp.keras.DistributedOptimizer(...)`` and ``sdp.keras.callbacks...``
+    # under ``import sdp_runtime.tensorflow as sdp`` alone. Imported here, on first use, so that
+    # scripts without Keras never import it (and without a cycle: the package imports this one).
+    if name == "keras":
+        return importlib.import_module(f"{__name__}.keras")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

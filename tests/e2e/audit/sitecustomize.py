@@ -8,8 +8,12 @@ writes under its working directory to ``SDP_E2E_AUDIT/writes.<pid>.log``::
 
 ``how`` is ``open`` (the interpreter's ``open`` audit event with a writing mode, which covers
 ``open(..., "w")``, ``json.dump`` to such a file, ``np.save``...) or ``torch.save`` (which writes
-through C++ for a path, so it is wrapped when ``torch.serialization`` is first imported). Nothing
-else changes: the calls go through unmodified.
+through C++ for a path, so it is wrapped when ``torch.serialization`` is first imported). Files
+that TensorFlow and HDF5 write from C++ are noted where Python asks for them, as their modules are
+first imported: ``h5py`` (``h5py.File`` opened to write: Keras ``save_weights``, ``.h5`` models),
+``tf.train.Checkpoint`` (``<prefix>.index`` of each checkpoint written), ``CheckpointManager``'s
+state file (``<directory>/checkpoint``) and ``tf.summary.create_file_writer`` (its log directory).
+Nothing else changes: the calls go through unmodified.
 """
 
 from __future__ import annotations
@@ -78,8 +82,83 @@ def _install(log_dir: str) -> None:
             spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
             return spec
 
+    def wrap_h5py_file(module):  # type: ignore[no-untyped-def]
+        init = module.File.__init__
+
+        @functools.wraps(init)
+        def audited_init(self, name, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+            if isinstance(name, (str, os.PathLike)) and mode in ("w", "w-", "x", "a", "r+"):
+                note("h5py", name)
+            return init(self, name, mode, *args, **kwargs)
+
+        module.File.__init__ = audited_init
+
+    def wrap_tf_checkpoint(module):  # type: ignore[no-untyped-def]
+        for name in ("Checkpoint", "CheckpointV1"):
+            cls = getattr(module, name, None)
+            if cls is None or not hasattr(cls, "_write"):
+                continue
+
+            def audited_write(self, file_prefix, *args, _write=cls._write, **kwargs):  # type: ignore[no-untyped-def]
+                path = _write(self, file_prefix, *args, **kwargs)
+                prefix = path if isinstance(path, (str, bytes)) else file_prefix
+                if isinstance(prefix, (str, bytes, os.PathLike)):
+                    note("tf.train.Checkpoint", os.fsdecode(prefix) + ".index")
+                return path
+
+            cls._write = functools.wraps(cls._write)(audited_write)
+
+    def wrap_tf_checkpoint_state(module):  # type: ignore[no-untyped-def]
+        update = module.update_checkpoint_state_internal
+
+        @functools.wraps(update)
+        def audited_update(save_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
+            latest = kwargs.get("latest_filename") or "checkpoint"
+            note("tf.train.CheckpointManager", os.path.join(os.fsdecode(save_dir), latest))
+            return update(save_dir, *args, **kwargs)
+
+        module.update_checkpoint_state_internal = audited_update
+
+    def wrap_tf_summary(module):  # type: ignore[no-untyped-def]
+        create = module.create_file_writer_v2
+
+        @functools.wraps(create)
+        def audited_create(logdir, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if isinstance(logdir, (str, bytes, os.PathLike)):
+                note("tf.summary", os.fsdecode(logdir))
+            return create(logdir, *args, **kwargs)
+
+        module.create_file_writer_v2 = audited_create
+
+    class WrapOnImport:
+        """Runs ``wrappers[name](module)`` once the module ``name`` has been executed."""
+
+        wrappers = {
+            "h5py._hl.files": wrap_h5py_file,
+            "tensorflow.python.checkpoint.checkpoint": wrap_tf_checkpoint,
+            "tensorflow.python.checkpoint.checkpoint_management": wrap_tf_checkpoint_state,
+            "tensorflow.python.ops.summary_ops_v2": wrap_tf_summary,
+        }
+
+        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+            wrap = self.wrappers.get(name)
+            if wrap is None:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_wrap(module):  # type: ignore[no-untyped-def]
+                exec_module(module)
+                wrap(module)
+
+            spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+            return spec
+
     sys.addaudithook(hook)
     sys.meta_path.insert(0, WrapTorchSave())
+    sys.meta_path.insert(0, WrapOnImport())
 
 
 if _LOG_DIR:
