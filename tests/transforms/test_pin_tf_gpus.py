@@ -68,13 +68,7 @@ def test_every_tensorflow_import_spelling_is_used_or_completed():
 
 
 def test_names_the_script_uses_are_not_taken_over():
-    # A script that sets memory growth itself keeps doing so; the pinning uses names of its own.
-    script = (
-        "import tensorflow as tf\n\n"
-        'gpus = tf.config.experimental.list_physical_devices("GPU")\n'
-        "for gpu in gpus:\n"
-        "    tf.config.experimental.set_memory_growth(gpu, True)\n\n" + FIT
-    )
+    script = "import tensorflow as tf\n\ngpus = 4\ngpu = 0\n\n" + FIT
     result = check_transformed(
         script,
         "import tensorflow as tf\nimport sdp_runtime.tensorflow as sdp\n\nsdp.init()\n"
@@ -89,6 +83,270 @@ def test_names_the_script_uses_are_not_taken_over():
     assert pinned(result) == [
         (1, "pin this worker to GPU sdp_gpus[sdp.local_rank()], with memory growth")
     ]
+
+
+def test_a_script_that_sets_memory_growth_itself_gets_only_the_pinning():
+    # Its own loop stays, on its own list of GPUs; no second memory-growth block.
+    for list_devices in ("list_physical_devices", "experimental.list_physical_devices"):
+        script = (
+            "import tensorflow as tf\n\n"
+            f'gpus = tf.config.{list_devices}("GPU")\n'
+            "for gpu in gpus:\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n\n" + FIT
+        )
+        result = check_transformed(
+            script,
+            "import tensorflow as tf\nimport sdp_runtime.tensorflow as sdp\n\nsdp.init()\n\n"
+            f'gpus = tf.config.{list_devices}("GPU")\n'
+            "for gpu in gpus:\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n"
+            "if gpus:\n"
+            '    tf.config.set_visible_devices(gpus[sdp.local_rank()], "GPU")\n\n' + FIT,
+            only=ONLY,
+        )
+        assert pinned(result) == [
+            (4, "pin this worker to GPU gpus[sdp.local_rank()] after the script's own memory-growth loop")
+        ]
+        assert notes(result) == []
+        check_noop(result.output.decode(), only=ONLY)
+
+
+def test_the_memory_growth_loop_of_the_tensorflow_guide_gets_the_pinning_inside_it():
+    # https://www.tensorflow.org/guide/gpu#limiting_gpu_memory_growth: within ``if gpus:`` and
+    # its ``try`` (set_visible_devices raises the same RuntimeError once the GPUs are in use).
+    result = check_transformed(
+        textwrap.dedent("""\
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices('GPU')
+        if gpus:
+            try:
+                for gpu in gpus:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError as e:
+                print(e)
+
+        """)
+        + FIT,
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        gpus = tf.config.list_physical_devices('GPU')
+        if gpus:
+            try:
+                for gpu in gpus:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+                tf.config.set_visible_devices(gpus[sdp.local_rank()], "GPU")
+            except RuntimeError as e:
+                print(e)
+
+        """)
+        + FIT,
+        only=ONLY,
+    )
+    assert pinned(result) == [
+        (6, "pin this worker to GPU gpus[sdp.local_rank()] after the script's own memory-growth loop")
+    ]
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_a_memory_growth_loop_over_the_listing_itself_gets_a_list_for_the_pinning():
+    check_transformed(
+        textwrap.dedent("""\
+        import tensorflow as tf
+        from tensorflow import config
+
+        gpus = ["not", "tensorflow's"]
+        for device in config.experimental.list_physical_devices("GPU"):
+            config.experimental.set_memory_growth(device, True)
+
+        """)
+        + FIT,
+        textwrap.dedent("""\
+        import tensorflow as tf
+        from tensorflow import config
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        gpus = ["not", "tensorflow's"]
+        for device in config.experimental.list_physical_devices("GPU"):
+            config.experimental.set_memory_growth(device, True)
+        sdp_gpus = config.experimental.list_physical_devices("GPU")
+        if sdp_gpus:
+            config.set_visible_devices(sdp_gpus[sdp.local_rank()], "GPU")
+
+        """)
+        + FIT,
+        only=ONLY,
+    )
+
+
+def test_tensorflow_imported_in_main_is_pinned_there_not_imported_at_the_top():
+    # The pinning must run before the first TF op: right after main()'s own import.
+    result = check_transformed(
+        """\
+        import argparse
+
+
+        def main():
+            import tensorflow as tf
+
+            args = parse()
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(dataset, epochs=1)
+
+
+        if __name__ == "__main__":
+            main()
+        """,
+        """\
+        import argparse
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+
+        def main():
+            import tensorflow as tf
+            gpus = tf.config.list_physical_devices("GPU")
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            if gpus:
+                tf.config.set_visible_devices(gpus[sdp.local_rank()], "GPU")
+
+            args = parse()
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(dataset, epochs=1)
+
+
+        if __name__ == "__main__":
+            main()
+        """,
+        only=ONLY,
+    )
+    assert pinned(result) == [
+        (5, "pin this worker to GPU gpus[sdp.local_rank()], with memory growth, right after "
+            "TensorFlow is imported in main()")
+    ]
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_tensorflow_imported_in_several_functions_is_pinned_in_the_one_that_trains():
+    # Keras only there: TensorFlow is imported next to it, in the function.
+    result = check_transformed(
+        """\
+        import os
+
+
+        def evaluate(model):
+            import tensorflow as tf
+            return model.evaluate(tf.zeros((1, 1)))
+
+
+        def train(gpus):
+            from tensorflow import keras
+
+            model = keras.Sequential([keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(dataset, epochs=1)
+        """,
+        """\
+        import os
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+
+        def evaluate(model):
+            import tensorflow as tf
+            return model.evaluate(tf.zeros((1, 1)))
+
+
+        def train(gpus):
+            from tensorflow import keras
+            import tensorflow as tf
+            sdp_gpus = tf.config.list_physical_devices("GPU")
+            for gpu in sdp_gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            if sdp_gpus:
+                tf.config.set_visible_devices(sdp_gpus[sdp.local_rank()], "GPU")
+
+            model = keras.Sequential([keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(dataset, epochs=1)
+        """,
+        only=ONLY,
+    )
+    assert [line for line, _ in pinned(result)] == [10]
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_tensorflow_imported_in_a_try_or_after_the_script_own_init():
+    # After the ``try`` (the pinning would not see ``tf`` before it).
+    check_transformed(
+        textwrap.dedent("""\
+        import numpy as np
+
+        try:
+            import tensorflow as tf
+        except ImportError:
+            raise SystemExit("needs tensorflow")
+
+        """)
+        + FIT,
+        textwrap.dedent("""\
+        import numpy as np
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        try:
+            import tensorflow as tf
+        except ImportError:
+            raise SystemExit("needs tensorflow")
+        """)
+        + PIN
+        + "\n"
+        + FIT,
+        only=ONLY,
+    )
+    # In main() with the script's own init after the import: after the init.
+    check_transformed(
+        """\
+        import sdp_runtime.tensorflow as sdp
+
+
+        def main():
+            import tensorflow as tf
+            sdp.init()
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(dataset, epochs=1)
+        """,
+        """\
+        import sdp_runtime.tensorflow as sdp
+
+
+        def main():
+            import tensorflow as tf
+            sdp.init()
+            gpus = tf.config.list_physical_devices("GPU")
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            if gpus:
+                tf.config.set_visible_devices(gpus[sdp.local_rank()], "GPU")
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(dataset, epochs=1)
+        """,
+        only=ONLY,
+    )
 
 
 def test_pinning_follows_an_init_the_script_makes_itself():

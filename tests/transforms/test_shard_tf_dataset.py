@@ -279,6 +279,203 @@ def test_a_dataset_read_with_iter_and_next():
     )
 
 
+def next_loop(header: str, iterator: str = "it", indent: str = "", after: str = "") -> str:
+    """A training loop ``header`` that pulls its batches with ``next(iterator)``."""
+    body = f"""\
+{header}
+    x, y = next({iterator})
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+{after}"""
+    return textwrap.indent(body, indent)
+
+
+def step_message(before: str, after: str, iterator: str = "it") -> str:
+    return f"{before} -> {after}: each worker does its part of the steps (next({iterator}) would run out of its shard)"
+
+
+def test_a_loop_counting_its_steps_over_next_does_its_part_of_them():
+    # Each worker's shard holds 1/N of the batches: STEPS next() calls would raise StopIteration.
+    result = check_transformed(
+        """\
+        import tensorflow as tf
+
+        STEPS = 1000
+        train_ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000).batch(32)
+        it = iter(train_ds)
+        for step in range(STEPS):
+            x, y = next(it)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        """,
+        """\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        STEPS = 1000
+        train_ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(32)
+        it = iter(train_ds)
+        for step in range(STEPS // sdp.size()):
+            x, y = next(it)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        """,
+        only=ONLY,
+    )
+    assert sharded(result) == [
+        (4, shard_message("tf.data.Dataset.from_tensor_slices")),
+        (6, step_message("range(STEPS)", "range(STEPS // sdp.size())")),
+    ]
+    assert notes(result) == []
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_a_while_loop_counting_its_steps_over_next_does_its_part_of_them():
+    result = check_transformed(
+        textwrap.dedent("""\
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+        batches = iter(ds)
+        step = 0
+        """)
+        + next_loop("while step < args.steps:", "batches", after="    step += 1\n"),
+        textwrap.dedent("""\
+        import tensorflow as tf
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).batch(32)
+        batches = iter(ds)
+        step = 0
+        """)
+        + next_loop("while step < args.steps // sdp.size():", "batches", after="    step += 1\n"),
+        only=ONLY,
+    )
+    assert sharded(result)[1] == (
+        6, step_message("step < args.steps", "step < args.steps // sdp.size()", "batches")
+    )
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_step_counts_in_every_usual_spelling_are_divided():
+    result = run(
+        "import tensorflow as tf\nfrom tqdm import tqdm\n\n"
+        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(BATCH).repeat(EPOCHS)\n"
+        "it = iter(ds)\n"
+        + next_loop("for step in tqdm(range(0, len(xs) // BATCH * EPOCHS - 1)):")
+        + "\n\ndef train(dataset, steps):\n"
+        "    for epoch in range(3):\n"
+        "        batches = iter(dataset)\n"
+        + next_loop("for step in range(steps):", "batches", indent="        ")
+        + "\n\ntrain(tf.data.Dataset.range(100).map(f).batch(8), 10)\n"
+        + "n = 0\n"
+        + "items = iter(tf.data.Dataset.range(100).batch(8).repeat().take(STEPS))\n"
+        + next_loop("while STEPS > n:", "items", after="    n = n + 1\n"),
+        ONLY,
+    )
+    assert result.output.decode() == (
+        "import tensorflow as tf\nfrom tqdm import tqdm\nimport sdp_runtime.tensorflow as sdp\n\n"
+        "sdp.init()\n\n"
+        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).shard(sdp.size(), sdp.rank()).batch(BATCH).repeat(EPOCHS)\n"
+        "it = iter(ds)\n"
+        + next_loop("for step in tqdm(range(0, (len(xs) // BATCH * EPOCHS - 1) // sdp.size())):")
+        + "\n\ndef train(dataset, steps):\n"
+        "    for epoch in range(3):\n"
+        "        batches = iter(dataset)\n"
+        + next_loop("for step in range(steps // sdp.size()):", "batches", indent="        ")
+        + "\n\ntrain(tf.data.Dataset.range(100).shard(sdp.size(), sdp.rank()).map(f).batch(8), 10)\n"
+        + "n = 0\n"
+        # A take() after repeat() ends the data again: both counts are divided, and agree.
+        + "items = iter(tf.data.Dataset.range(100).shard(sdp.size(), sdp.rank()).batch(8).repeat().take(STEPS // sdp.size()))\n"
+        + next_loop("while STEPS // sdp.size() > n:", "items", after="    n = n + 1\n")
+    )
+    assert [message for _, message in sharded(result) if "run out" in message] == [
+        step_message(
+            "range(0, len(xs) // BATCH * EPOCHS - 1)",
+            "range(0, (len(xs) // BATCH * EPOCHS - 1) // sdp.size())",
+        ),
+        step_message("range(steps)", "range(steps // sdp.size())", "batches"),
+        step_message("STEPS > n", "STEPS // sdp.size() > n", "items"),
+    ]
+    assert notes(result) == []
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_step_counts_that_cannot_run_out_are_left_alone():
+    source = "ds = tf.data.Dataset.from_tensor_slices((xs, ys))"
+    shard = ".shard(sdp.size(), sdp.rank())"
+    cases = [
+        # Repeated forever: every worker has as many batches as it asks for.
+        (".batch(32).repeat()\nit = iter(ds)\n", next_loop("for step in range(STEPS):")),
+        (".repeat(count=None).batch(32)\nit = iter(ds)\n", next_loop("for step in range(STEPS):")),
+        # Counted from the sharded dataset itself: per worker already.
+        (".batch(32)\nit = iter(ds)\n", next_loop("for step in range(len(ds)):")),
+        (".batch(32)\nsteps = int(ds.cardinality())\nit = iter(ds)\n",
+         next_loop("for step in range(steps):")),
+        (".batch(32)\nit = iter(ds)\nper_epoch = len(ds)\n",
+         next_loop("for step in range(per_epoch * 2 // 2):")),
+        # A new iterator on every step (the first batch each time).
+        (".shuffle(100).batch(32)\n", next_loop("for step in range(STEPS):", "iter(ds)")),
+        (".batch(32)\n", next_loop("for step in range(STEPS):\n    it = iter(ds)")),
+        # The script handles the end of the data itself (or gives next() a default).
+        (".batch(32)\nit = iter(ds)\n",
+         "for step in range(STEPS):\n"
+         "    try:\n"
+         "        x, y = next(it)\n"
+         "    except StopIteration:\n"
+         "        it = iter(ds)\n"
+         "        x, y = next(it)\n" + next_loop("").split("\n", 2)[2]),
+        (".batch(32)\nit = iter(ds)\n",
+         next_loop("for step in range(STEPS):").replace("next(it)", "next(it, (x0, y0))")),
+    ]
+    for pipeline, training in cases:
+        out, result = convert(source + pipeline + training)
+        assert out == source + shard + pipeline + training, training
+        assert sharded(result) == [(2, shard_message("tf.data.Dataset.from_tensor_slices"))]
+        assert notes(result) == [], training
+
+
+def test_step_counts_the_converter_cannot_divide_need_a_person():
+    def note(header: str, steps: str = "", maybe: str = "") -> str:
+        return (
+            f"`{header}` counts its own steps over next(it), and each worker's shard of the training "
+            f"data holds 1/sdp.size() of the batches: {maybe}run 1/sdp.size() of the steps{steps} or "
+            f".repeat() the dataset, or it stops with StopIteration"
+        )
+
+    head = "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(32)\nit = iter(ds)\n"
+    cases = [
+        # Resumed from a checkpoint: which part of the steps is this worker's?
+        (head + next_loop("for step in range(start, STEPS):"),
+         (4, note("for step in range(start, STEPS)", " (STEPS // sdp.size())"))),
+        # A count of the script's own making may count the (sharded) dataset already.
+        (head + next_loop("for step in range(steps_from(args)):"),
+         (4, note("for step in range(steps_from(args))", " (steps_from(args) // sdp.size())"))),
+        (head + "step = 0\n"
+         + next_loop("while True:", after="    step += 1\n    if step == STEPS:\n        break\n"),
+         (5, note("while True"))),
+        (head + next_loop("for x_val, y_val in val_ds:"), (4, note("for x_val, y_val in val_ds"))),
+        # A generator may never end.
+        ("ds = tf.data.Dataset.from_generator(gen, output_signature=sig).batch(32)\nit = iter(ds)\n"
+         + next_loop("for step in range(STEPS):"),
+         (4, note("for step in range(STEPS)", " (STEPS // sdp.size())", "if the generator ends, "))),
+    ]
+    for body, expected in cases:
+        out, result = convert(body)
+        assert out == body.replace(".batch(32)", ".shard(sdp.size(), sdp.rank()).batch(32)"), body
+        assert notes(result) == [expected], body
+
+
 def test_the_dataset_given_to_keras_fit_is_sharded_not_the_validation_data():
     check_transformed(
         """\

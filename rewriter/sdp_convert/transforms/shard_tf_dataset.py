@@ -23,6 +23,15 @@ per worker, so it becomes ``n // sdp.size()``: all workers together do the origi
 its shard goes after the first ``unbatch``/``repeat``/``flat_map``/``interleave``, and without one
 the dataset is reported instead.
 
+A loop that counts its own steps and pulls the batches with ``next(it)`` (``for step in
+range(STEPS)``, ``while step < STEPS`` with ``step += 1``) gets its count divided the same way
+(``range(STEPS // sdp.size())``) unless the dataset repeats forever (``.repeat()`` with no ``take``
+after it): each worker's shard holds 1/N of the batches, and the loop would stop with
+StopIteration. A count the converter cannot divide safely (``range(start, stop)``, a call of the
+script's own, ``while True``, a generator that may not end) is reported; a count taken from the
+sharded dataset itself (``len(ds)``, ``ds.cardinality()``), a new iterator on every step and a
+``try`` that handles StopIteration need nothing.
+
 Only the *training* dataset is sharded: the one iterated by the loop that applies the gradients
 (followed through ``enumerate``, ``iter``/``next``, variables, step-by-step reassignment, helper
 functions and parameters) and the one given to Keras ``fit``. Validation data is left alone so that
@@ -92,6 +101,19 @@ _ORDERING = frozenset(
 _SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
 _SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
 _WRAPPERS = ("builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
+#: Sources whose length the converter cannot tell (a generator may never end).
+_UNKNOWN_LENGTH = frozenset(
+    {"tensorflow.data.Dataset.from_generator", "tensorflow.data.Dataset.zip"}
+)
+#: What a counting loop's ``range(...)`` may be wrapped in.
+_RANGE_WRAPPERS = ("builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
+_RANGES = ("builtins.range", "tqdm.trange", "tqdm.auto.trange", "tqdm.notebook.trange")
+#: Calls a step count may be computed with and still be divided as it is.
+_PLAIN_CALLS = (
+    "builtins.int", "builtins.len", "builtins.min", "builtins.max", "builtins.round",
+    "builtins.abs", "math.ceil", "math.floor",
+)
+_CATCHES_STOP = ("builtins.StopIteration", "builtins.Exception", "builtins.BaseException")
 
 
 @dataclass
@@ -246,31 +268,92 @@ def _method(node: cst.CSTNode) -> str | None:
     return None
 
 
-def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[cst.BaseExpression]]]:
-    """(where, candidate expressions) for each place a training dataset is consumed: the loops
-    around the optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
-    uses: list[tuple[cst.CSTNode, list[cst.BaseExpression]]] = []
+@dataclass
+class Candidate:
+    """An expression that may hold the training dataset, where a training loop consumes it."""
+
+    expr: cst.BaseExpression
+    #: For ``next(it)`` in a loop: that call, and the innermost loop around the optimizer step
+    #: that holds it (the loop that decides how many batches are pulled).
+    next_call: cst.Call | None = None
+    loop: cst.For | cst.While | None = None
+
+
+def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[Candidate]]]:
+    """(where, candidates) for each place a training dataset is consumed: the loops around the
+    optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
+    uses: list[tuple[cst.CSTNode, list[Candidate]]] = []
     seen: set[int] = set()
     for site in training_facts(transform).sites:
         if id(site.loops[-1]) in seen:
             continue
         seen.add(id(site.loops[-1]))
-        candidates: list[cst.BaseExpression] = []
+        candidates: list[Candidate] = []
+        found: set[int] = set()
         for loop in site.loops:
             if isinstance(loop, cst.For) and not (
                 isinstance(loop.iter, cst.Call) and transform.refers_to(loop.iter.func, "builtins.range")
             ):
-                candidates.append(loop.iter)
+                candidates.append(Candidate(loop.iter))
             for call in m.findall(loop.body, m.Call(func=m.Name("next"))):
                 assert isinstance(call, cst.Call)
-                if call.args:
-                    candidates.append(call.args[0].value)
+                if call.args and id(call) not in found:  # innermost loop first
+                    found.add(id(call))
+                    candidates.append(Candidate(call.args[0].value, call, loop))
         uses.append((site.loops[0], candidates))
     for fit in keras_fit_calls(transform):
         x = arg_named(fit, "x", 0)
         if x is not None and arg_named(fit, "y", 1) is None:
-            uses.append((fit, [x.value]))
+            uses.append((fit, [Candidate(x.value)]))
     return uses
+
+
+def _length(trace: DatasetTrace) -> str:
+    """Whether the dataset ends: "finite", "infinite" (``.repeat()`` without a count, and no
+    ``take`` after it) or "unknown" (a generator's)."""
+    length = "unknown" if trace.source_name in _UNKNOWN_LENGTH else "finite"
+    for step in trace.chain:
+        method = _method(step)
+        if method not in ("repeat", "take"):
+            continue
+        assert isinstance(step, cst.Call)
+        count = arg_named(step, "count", 0)
+        if method == "repeat" and (count is None or code(count.value) in ("None", "-1")):
+            length = "infinite"
+        elif method == "take" and count is not None and code(count.value) != "-1":
+            length = "finite"
+    return length
+
+
+def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> set[str]:
+    """The variables that hold the dataset once it is sharded."""
+    chain = trace.chain
+    position = max((i for i, s in enumerate(chain) if s in anchors), default=-1)
+    return {s.value for s in chain[position + 1 :] if isinstance(s, cst.Name)}
+
+
+def _loads(expr: cst.CSTNode) -> list[cst.Name]:
+    """The names ``expr`` reads (not attribute names or keywords)."""
+    skip = {id(a.attr) for a in m.findall(expr, m.Attribute()) if isinstance(a, cst.Attribute)}
+    skip |= {
+        id(a.keyword) for a in m.findall(expr, m.Arg()) if isinstance(a, cst.Arg) and a.keyword
+    }
+    return [n for n in m.findall(expr, m.Name()) if isinstance(n, cst.Name) and id(n) not in skip]
+
+
+def _counts_up(body: cst.CSTNode, counter: str) -> bool:
+    """Whether ``body`` increases ``counter`` (``step += 1``, ``step = step + 1``)."""
+    if m.findall(body, m.AugAssign(target=m.Name(counter), operator=m.AddAssign())):
+        return True
+    return bool(
+        m.findall(
+            body,
+            m.Assign(
+                targets=[m.AssignTarget(target=m.Name(counter))],
+                value=m.BinaryOperation(left=m.Name(counter), operator=m.Add()),
+            ),
+        )
+    )
 
 
 class ShardTfDataset(Transform):
@@ -280,13 +363,17 @@ class ShardTfDataset(Transform):
     def prepare(self, module: cst.Module) -> None:
         self.anchors: dict[cst.CSTNode, str] = {}  # node to append .shard() to -> its source
         self.takes: set[cst.CSTNode] = set()
-        index = file_index(self)
+        #: step counts of loops that pull batches with next(): range call or comparison -> the
+        #: expression to divide, and the iterator's code (for the report)
+        self.bounds: dict[cst.CSTNode, tuple[cst.BaseExpression, str]] = {}
+        self.index = index = file_index(self)
         done: set[int] = set()
+        sharded: set[int] = set()
         for where, candidates in training_dataset_uses(self):
-            traces = [trace_dataset(self, index, c) for c in candidates]
-            usable = [t for t in traces if t.source is not None]
+            traces = [(c, trace_dataset(self, index, c.expr)) for c in candidates]
+            usable = [(c, t) for c, t in traces if t.source is not None]
             if not usable:
-                why = "; ".join(t.problem for t in traces if t.problem) or "no dataset found"
+                why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
                 self.record(
                     where,
                     f"training data not sharded ({why}): give each worker its own part, e.g. "
@@ -294,14 +381,19 @@ class ShardTfDataset(Transform):
                     manual=True,
                 )
                 continue
-            trace = usable[0]
+            trace = usable[0][1]
             assert trace.source is not None
-            if id(trace.source) in done:
-                continue
-            done.add(id(trace.source))
-            self._plan(trace)
+            if id(trace.source) not in done:
+                done.add(id(trace.source))
+                if self._plan(trace):
+                    sharded.add(id(trace.source))
+            if id(trace.source) in sharded:
+                for c, t in usable:
+                    if t.source is trace.source and c.loop is not None and c.next_call is not None:
+                        self._plan_steps(t, c.loop, c.next_call)
 
-    def _plan(self, trace: DatasetTrace) -> None:
+    def _plan(self, trace: DatasetTrace) -> bool:
+        """Plan the shard of a training dataset; whether it is sharded here."""
         assert trace.source is not None
         source = _short(trace.source_name)
         if trace.problem is not None:
@@ -311,7 +403,7 @@ class ShardTfDataset(Transform):
                 f"worker sees the same order, then .shard({self.sdp}.size(), {self.sdp}.rank())",
                 manual=True,
             )
-            return
+            return False
         chain = trace.chain
         existing = [s for s in chain if _method(s) == "shard"]
         if existing:
@@ -322,7 +414,7 @@ class ShardTfDataset(Transform):
                     f".shard({self.sdp}.size(), {self.sdp}.rank())",
                     manual=True,
                 )
-            return
+            return False
         anchor: cst.CSTNode = trace.source
         position = -1
         if trace.unpacked:
@@ -349,7 +441,7 @@ class ShardTfDataset(Transform):
                 f"and .shard({self.sdp}.size(), {self.sdp}.rank()) before shuffle/batch",
                 manual=True,
             )
-            return
+            return False
         self.anchors[anchor] = source
         self.add_runtime_import()
         self._note_order(trace.source, trace.source_name)
@@ -358,6 +450,185 @@ class ShardTfDataset(Transform):
                 mentions_size(self, step)
             ):
                 self.takes.add(step)
+        return True
+
+    # -- loops that count their own steps over next(it) ------------------------------------------
+
+    def _plan_steps(self, trace: DatasetTrace, loop: cst.For | cst.While, call: cst.Call) -> None:
+        """``for step in range(STEPS): next(it)`` over sharded data: each worker's shard has 1/N of
+        the batches, so unless the data repeats forever the loop would run out (StopIteration)."""
+        if len(call.args) != 1 or self._catches_stop(call, loop):
+            return  # next() with a default, or StopIteration handled
+        if self._fresh_iterator(call, loop):
+            return  # a new iterator on every step
+        length = _length(trace)
+        if length == "infinite":
+            return
+        iterator = code(call.args[0].value)
+        holder, bound = self._step_bound(loop)
+        datasets = _per_worker_names(trace, self.anchors)
+        if bound is not None and (mentions_size(self, bound) or self._per_worker(bound, datasets)):
+            return  # counted per worker already (len(ds) of the sharded dataset, ...)
+        if length == "finite" and holder is not None and bound is not None and self._is_plain(
+            bound
+        ):
+            self.bounds[holder] = (bound, iterator)
+            return
+        if isinstance(loop, cst.For):
+            header = f"for {code(loop.target)} in {code(loop.iter)}"
+        else:
+            header = f"while {code(loop.test)}"
+        steps = f" ({code(divided_by_size(bound, self.sdp))})" if bound is not None else ""
+        maybe = ""
+        if length == "unknown":
+            ends = "generator" if "generator" in trace.source_name else "data"
+            maybe = f"if the {ends} ends, "
+        self.record(
+            loop,
+            f"`{header}` counts its own steps over next({iterator}), and each worker's shard of "
+            f"the training data holds 1/{self.sdp}.size() of the batches: {maybe}run "
+            f"1/{self.sdp}.size() of the steps{steps} or .repeat() the dataset, or it stops with "
+            f"StopIteration",
+            manual=True,
+        )
+
+    def _catches_stop(self, call: cst.Call, loop: cst.CSTNode) -> bool:
+        """Whether ``call`` runs in a ``try`` (inside ``loop``) that handles StopIteration."""
+        child: cst.CSTNode = call
+        for parent in self.ancestors(call):
+            if parent is loop:
+                return False
+            if isinstance(parent, cst.Try) and child is parent.body:
+                for handler in parent.handlers:
+                    if handler.type is None:
+                        return True
+                    types = (
+                        [e.value for e in handler.type.elements]
+                        if isinstance(handler.type, cst.Tuple)
+                        else [handler.type]
+                    )
+                    if any(self.refers_to(t, *_CATCHES_STOP) for t in types):
+                        return True
+            child = parent
+        return False
+
+    def _fresh_iterator(self, call: cst.Call, loop: cst.CSTNode) -> bool:
+        """Whether the iterator of ``next(...)`` is made anew inside ``loop``."""
+        value = call.args[0].value
+        if isinstance(value, cst.Call):
+            return True  # next(iter(ds)): the first batch every time
+        if isinstance(value, cst.Name):
+            binding = self.index.reaching(value.value, call)
+            bindings = [binding] if binding is not None else []
+        elif isinstance(value, cst.Attribute):
+            bindings = self.index.attribute_bindings.get(code(value), [])
+        else:
+            return False
+        return any(loop in self.ancestors(b.stmt) for b in bindings)
+
+    def _step_bound(
+        self, loop: cst.For | cst.While
+    ) -> tuple[cst.CSTNode | None, cst.BaseExpression | None]:
+        """(node to rewrite, the step count in it): ``range(STEPS)`` and ``STEPS``, or
+        ``step < STEPS`` and ``STEPS`` for a while loop that counts with ``step += 1``."""
+        if isinstance(loop, cst.For):
+            iterable = loop.iter
+            while (
+                isinstance(iterable, cst.Call)
+                and iterable.args
+                and self.refers_to(iterable.func, *_RANGE_WRAPPERS)
+            ):
+                iterable = iterable.args[0].value
+            if not (isinstance(iterable, cst.Call) and self.refers_to(iterable.func, *_RANGES)):
+                return None, None
+            args = iterable.args
+            if any(a.keyword is not None or a.star for a in args):
+                return None, None
+            if len(args) == 1:
+                return iterable, args[0].value
+            start = args[0].value if len(args) == 2 else None
+            if isinstance(start, cst.Integer) and start.value == "0":  # range(0, STEPS)
+                return iterable, args[1].value
+            return None, args[-1].value if len(args) == 2 else None
+        test = loop.test
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+            return None, None
+        operator = test.comparisons[0].operator
+        comparator = test.comparisons[0].comparator
+        if isinstance(operator, (cst.LessThan, cst.LessThanEqual)):
+            counter, bound = test.left, comparator
+        elif isinstance(operator, (cst.GreaterThan, cst.GreaterThanEqual)):
+            counter, bound = comparator, test.left
+        else:
+            return None, None
+        if not (isinstance(counter, cst.Name) and _counts_up(loop.body, counter.value)):
+            return None, None
+        return test, bound
+
+    def _is_plain(self, expr: cst.BaseExpression) -> bool:
+        """A step count that can be divided as it is: names, numbers, arithmetic, int()/len()."""
+        if isinstance(expr, (cst.Integer, cst.Name)):
+            return True
+        if isinstance(expr, cst.Attribute):
+            return self._is_plain(expr.value)
+        if isinstance(expr, cst.Subscript):
+            return self._is_plain(expr.value) and all(
+                isinstance(e.slice, cst.Index)
+                and isinstance(e.slice.value, (cst.Integer, cst.SimpleString))
+                for e in expr.slice
+            )
+        if isinstance(expr, cst.BinaryOperation):
+            return self._is_plain(expr.left) and self._is_plain(expr.right)
+        if isinstance(expr, cst.UnaryOperation):
+            return self._is_plain(expr.expression)
+        if isinstance(expr, cst.Call):
+            return self.refers_to(expr.func, *_PLAIN_CALLS) and all(
+                a.keyword is None and not a.star and self._is_plain(a.value) for a in expr.args
+            )
+        return False
+
+    def _per_worker(self, expr: cst.CSTNode, datasets: set[str], depth: int = 0) -> bool:
+        """Whether ``expr`` counts the sharded data itself (``len(ds)``, ``ds.cardinality()``),
+        directly or through the variables it reads."""
+        if m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("cardinality")))):
+            return True
+        for name in _loads(expr):
+            if name.value in datasets:
+                return True
+            binding = self.index.reaching(name.value, name)
+            if (
+                depth < 3
+                and binding is not None
+                and binding.kind == "assign"
+                and binding.value is not None
+                and not binding.unpacked
+                and self._per_worker(binding.value, datasets, depth + 1)
+            ):
+                return True
+        return False
+
+    def leave_Comparison(
+        self, original_node: cst.Comparison, updated_node: cst.Comparison
+    ) -> cst.BaseExpression:
+        planned = self.bounds.get(original_node)
+        if planned is None:
+            return updated_node
+        bound, iterator = planned
+        if bound is original_node.left:
+            new = updated_node.with_changes(left=divided_by_size(updated_node.left, self.sdp))
+        else:
+            target = updated_node.comparisons[0]
+            new = updated_node.with_changes(
+                comparisons=[
+                    target.with_changes(comparator=divided_by_size(target.comparator, self.sdp))
+                ]
+            )
+        self.record(
+            original_node,
+            f"{code(original_node)} -> {code(new)}: each worker does its part of the steps "
+            f"(next({iterator}) would run out of its shard)",
+        )
+        return new
 
     def _note_order(self, source: cst.Call, name: str) -> None:
         """Sources that shuffle differently on each worker make overlapping shards."""
@@ -400,6 +671,17 @@ class ShardTfDataset(Transform):
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        planned = self.bounds.get(original_node)
+        if planned is not None:
+            bound, iterator = planned
+            position = next(i for i, a in enumerate(original_node.args) if a.value is bound)
+            count = updated_node.args[position]
+            updated_node = replace_arg(updated_node, count, divided_by_size(count.value, self.sdp))
+            self.record(
+                original_node,
+                f"{code(original_node)} -> {code(updated_node)}: each worker does its part of the "
+                f"steps (next({iterator}) would run out of its shard)",
+            )
         if original_node in self.takes:
             count = updated_node.args[0]
             self.record(
