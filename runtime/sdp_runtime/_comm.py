@@ -369,10 +369,10 @@ def allreduce_(
         buckets = _plan(items, lambda t: _wire_dtype(t.dtype, compression), limit)
         prescale = op is ReduceOp.AVERAGE and compression == "fp16"
 
-        def launch(buf: torch.Tensor, bucket: _Bucket) -> Any:
+        def launch(buf: torch.Tensor, bucket: _Bucket, wait: bool) -> Any:
             if prescale and bucket.wire != bucket.source:
                 buf.div_(state.placement.size)
-            return dist.all_reduce(buf, op=_reduce_op(op, bucket.wire), async_op=True)
+            return dist.all_reduce(buf, op=_reduce_op(op, bucket.wire), async_op=not wait)
 
         def finish(buf: torch.Tensor, bucket: _Bucket) -> None:
             if op is ReduceOp.AVERAGE and not (prescale and bucket.wire != bucket.source):
@@ -403,8 +403,8 @@ def broadcast_(tensors: Sequence[torch.Tensor], root_rank: int = 0) -> None:
         buckets = _plan(items, lambda t: torch.uint8, state.bucket_bytes, as_bytes=True)
         mine = state.placement.rank == root
 
-        def launch(buf: torch.Tensor, bucket: _Bucket) -> Any:
-            return dist.broadcast(buf, src=root, async_op=True)
+        def launch(buf: torch.Tensor, bucket: _Bucket, wait: bool) -> Any:
+            return dist.broadcast(buf, src=root, async_op=not wait)
 
         _run(state, "broadcast", buckets, launch, None, copy_in=mine, copy_out=not mine)
 
@@ -546,14 +546,20 @@ def _run(
     state: _State,
     what: str,
     buckets: list[_Bucket],
-    launch: Callable[[torch.Tensor, _Bucket], Any],
+    launch: Callable[[torch.Tensor, _Bucket, bool], Any],
     finish: Callable[[torch.Tensor, _Bucket], None] | None,
     copy_in: bool,
     copy_out: bool,
 ) -> None:
-    """Pack each bucket and start its collective, then wait for them in order and unpack."""
+    """Pack each bucket and start its collective, then wait for them in order and unpack.
+
+    ``launch(buf, bucket, wait)`` starts the collective; with ``wait`` (a single bucket: nothing to
+    overlap) it runs to the end in the call, which spares Gloo's hand-over to its worker thread
+    (about 10% of a 25 MiB allreduce between 2 processes on 2 cores).
+    """
     slots: dict[torch.dtype, int] = {}
     in_flight = []
+    wait = len(buckets) == 1
     with _guard(state, what):
         for bucket in buckets:
             direct = _direct_view(bucket, state.device)
@@ -566,9 +572,10 @@ def _run(
                 if copy_in:
                     for t, view in _views(bucket, buf):
                         view.copy_(t)
-            in_flight.append((bucket, buf, direct is not None, launch(buf, bucket)))
+            in_flight.append((bucket, buf, direct is not None, launch(buf, bucket, wait)))
         for bucket, buf, direct, work in in_flight:
-            work.wait()
+            if work is not None:
+                work.wait()
             if finish is not None:
                 finish(buf, bucket)
             if copy_out and not direct:

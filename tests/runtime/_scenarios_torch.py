@@ -332,6 +332,7 @@ def check_ddp_averages_gradients() -> None:
     n, r = sdp.size(), sdp.rank()
     model = sdp.DistributedDataParallel(_model())
     assert model.device_ids is None
+    assert model.communicates and hasattr(model, "reducer")
     _loss(model, r).backward()
     for p, g in zip(model.parameters(), _reference_grads(n), strict=True):
         assert torch.allclose(p.grad, g, atol=1e-6)
@@ -449,11 +450,13 @@ def single_process() -> dict[str, Any]:
             o.step()
     pairs = zip(wrapped.parameters(), original.parameters(), strict=True)
     out["same_as_original"] = all(torch.equal(a, b) for a, b in pairs)
-    # alone, DDP sends nothing and copies no gradient (what torch's DDP says it was set up with)
-    logged = wrapped._get_ddp_logging_data()
-    out["alone_ddp"] = [logged.get("comm_hook"), logged.get("gradient_as_bucket_view")]
-    override = sdp.DistributedDataParallel(_model(), gradient_as_bucket_view=False)
-    out["view_override"] = override._get_ddp_logging_data().get("gradient_as_bucket_view")
+    # alone, the wrapper only calls the module: no DDP reducer, and DDP's API still works
+    with wrapped.no_sync(), wrapped.join():
+        _loss(wrapped, 0).backward()
+    wrapped.register_comm_hook(None, lambda state, bucket: None)
+    out["alone_ddp"] = [wrapped.communicates, hasattr(wrapped, "reducer"),
+                        isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
+                        wrapped.module is not None]
     sdp.shutdown()
     out["after_shutdown"] = [sdp.is_initialized(), torch.distributed.is_initialized()]
     sdp.init()  # again after shutdown

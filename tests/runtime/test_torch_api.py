@@ -58,8 +58,7 @@ def test_one_process_without_launcher_behaves_like_the_original(tmp_path):
     assert out["allgather"] == [5]
     assert out["objects"] == ["x", ["y"]]
     assert out["same_as_original"] is True
-    assert out["alone_ddp"] == ["_keep_local", 1]
-    assert out["view_override"] == 0
+    assert out["alone_ddp"] == [False, False, True, True]
     assert out["after_shutdown"] == [False, False]
     assert out["adopted"] == [1, 2.0]
     assert out["adopted_left_alone"] is True
