@@ -2,6 +2,26 @@
 
 Detection looks at imports and at qualified names of calls, on the metadata the engine resolves
 once per file. It never runs the code.
+
+A file that trains is still not a training script, and is left alone byte for byte, when it is
+
+* a **test module**: it imports a test framework (unittest, pytest, absl.testing, a framework's
+  own testing helpers such as ``keras.src.testing`` or ``torch.testing._internal``, or subclasses
+  ``tf.test.TestCase``) *and* defines tests (top-level ``test_*`` functions, ``*TestCase``
+  subclasses, or classes with ``test_*`` methods); or
+* a **library module**: nothing in the file runs its training code (no ``if __name__ ==
+  "__main__":`` block, and no module-level code that calls a function or class the file defines
+  (``main()``, ``Trainer(model)``), passes one of its functions on (``app.run(main)``,
+  ``mp.spawn(train)``), builds a model or an optimizer (``keras.Sequential(...)``,
+  ``torch.optim.SGD(...)``) or trains itself (``model.fit(...)``, ``loss.backward()``,
+  ``with tf.GradientTape()``, ...)), *and* it is either part of a framework (it imports a framework's
+  internals: ``tensorflow.python``, ``keras.src``, ``torch._inductor``, any private ``_module``;
+  a relative import alone does not count, users' projects are packages too), or all its training code is inside optimizer classes (subclasses of an
+  ``...Optimizer`` or classes that define ``apply_gradients`` / ``minimize`` themselves). That is
+  a framework's own trainer or optimizer (``Optimizer.minimize``, ``Trainer.train_step``), which
+  only runs when a user's script calls it. A user's file of definitions alone (a ``Trainer``
+  class, a ``keras.Model`` subclass with its own ``train_step``) is still converted, and so is
+  any script with an entry point.
 """
 
 from __future__ import annotations
@@ -48,6 +68,38 @@ _DISTRIBUTED_CALLS = {
 _TF_STRATEGY_PREFIX = "tensorflow.distribute."
 _KERAS_PREFIXES = ("tensorflow.keras.", "keras.", "tf_keras.")
 
+# Test frameworks (imports, or qualified names of a test class's bases) that mark a test module.
+_TEST_FRAMEWORKS = (
+    "unittest",
+    "pytest",
+    "absl.testing",
+    "nose",
+    "keras.src.testing",
+    "keras.testing",
+    "tf_keras.src.testing_infra",
+    "tensorflow.test",
+    "tensorflow.python.platform.test",
+    "tensorflow.python.platform.googletest",
+    "tensorflow.python.framework.test_util",
+    "torch.testing._internal",
+)
+# Methods of Keras models and Lightning modules whose names only look like tests.
+_MODEL_TEST_METHODS = frozenset(
+    {"test_step", "test_on_batch", "test_dataloader", "test_epoch_end", "test_step_end",
+     "test_function"}
+)
+# Module-level calls of these methods train right there: the file is run, not imported.
+_TRAINING_METHODS = frozenset(
+    {"backward", "step", "apply_gradients", "fit", "fit_generator", "train_on_batch", "minimize"}
+)
+# ... and of these, where the training code itself is (an optimizer's implementation).
+_TRAINING_CODE = _TRAINING_METHODS | {"apply"}
+# Imports of a framework's internals: only the framework's own modules (and its tests) use them.
+_INTERNAL_PREFIXES = ("tensorflow.python", "keras.src", "tf_keras.src")
+_FRAMEWORK_ROOTS = ("torch", "tensorflow", "keras", "tf_keras")
+# Module-level construction of these (classes: a capitalized last name) sets training up.
+_SETUP_PREFIXES = ("torch.optim.", "torch.nn.") + _KERAS_PREFIXES
+
 
 @dataclass
 class FileInfo:
@@ -58,8 +110,12 @@ class FileInfo:
     training: bool = False
     uses_tape: bool = False
     uses_fit: bool = False
-    #: Why the file was judged a training script, or which library already distributes it.
+    #: Why the file was judged a training script, or which library already distributes it, or
+    #: (with ``excluded``) why a file that trains is not a training script.
     reason: str = ""
+    #: ``"test module"`` or ``"library module"`` for a file that trains but is no script to
+    #: convert (see the module docstring); such a file is left alone byte for byte.
+    excluded: str = ""
     imports: set[str] = field(default_factory=set)
     #: Every call of the file by the qualified names of what it calls, and by method name
     #: (``backward`` for ``loss.backward()``): an index transforms query instead of re-walking.
@@ -77,6 +133,8 @@ class FileInfo:
     @property
     def vanilla(self) -> bool:
         """A single-process script (or, on the engine's fixed-point check, its conversion)."""
+        if self.excluded:
+            return False
         return self.origin == "vanilla" or (self.origin == "sdp" and self.recheck)
 
     @property
@@ -92,6 +150,8 @@ class FileInfo:
             return "already uses sdp_runtime"
         if self.origin in ("horovod", "smddp"):
             return f"{self.origin} ({self.framework})"
+        if self.excluded:
+            return f"not a training script ({self.excluded})"
         if not self.training:
             return "not a training script"
         if self.framework == "tensorflow":
@@ -110,16 +170,62 @@ class _Detector(cst.CSTVisitor):
         self.order: dict[int, int] = {}
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self._stack: list[cst.CSTNode] = []
+        # The shape of the file, for telling scripts from test and library modules:
+        self._depth = 0  # how many function, class and lambda bodies enclose the node
+        self.module_calls: list[cst.Call] = []  # calls run when the module runs
+        self.top_functions: set[str] = set()
+        self.top_classes: set[str] = set()
+        self.main_guard = False
+        self.test_functions: list[str] = []  # top-level test_* functions
+        self.test_classes: list[str] = []  # *TestCase subclasses and classes with test_* methods
+        self.class_bases: set[str] = set()  # qualified names of every class's bases
+        self.optimizer_classes: set[cst.ClassDef] = set()  # optimizer implementations
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._stack:
             self.parents[node] = self._stack[-1]
         self._stack.append(node)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            self._depth += 1
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self._stack.pop()
+        if isinstance(original_node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            self._depth -= 1
         super().on_leave(original_node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        name = node.name.value
+        if self._depth == 1:  # on_visit has counted this very function already
+            self.top_functions.add(name)
+            if _is_test_name(name):
+                self.test_functions.append(name)
+        elif _is_test_name(name) and len(self._stack) >= 4:
+            cls = self._stack[-3]  # FunctionDef <- IndentedBlock <- ClassDef
+            if isinstance(cls, cst.ClassDef) and cls.name.value not in self.test_classes:
+                self.test_classes.append(cls.name.value)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if self._depth == 1:
+            self.top_classes.add(node.name.value)
+        for base in node.bases:
+            resolved = self.get_metadata(QualifiedNameProvider, base.value, set())
+            qualified = {q.name for q in resolved}
+            self.class_bases.update(qualified)
+            dotted = cst.helpers.get_full_name_for_node(base.value) or ""
+            if dotted.endswith("TestCase") and node.name.value not in self.test_classes:
+                self.test_classes.append(node.name.value)
+            if any(n.rsplit(".", 1)[-1].startswith("Optimizer") for n in qualified | {dotted}):
+                self.optimizer_classes.add(node)
+        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+        if any(isinstance(f, cst.FunctionDef) and f.name.value in ("apply_gradients", "minimize")
+               for f in body):
+            self.optimizer_classes.add(node)
+
+    def visit_If(self, node: cst.If) -> None:
+        if self._depth == 0 and _is_main_guard(node.test):
+            self.main_guard = True
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
@@ -135,6 +241,8 @@ class _Detector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         self.order[id(node)] = len(self.order)
+        if self._depth == 0:
+            self.module_calls.append(node)
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
             self.calls.setdefault(q.name, []).append(node)
         if isinstance(node.func, cst.Attribute):
@@ -143,6 +251,99 @@ class _Detector(cst.CSTVisitor):
 
 def _imports_under(imports: set[str], package: str) -> bool:
     return any(i == package or i.startswith(package + ".") for i in imports)
+
+
+def _is_test_name(name: str) -> bool:
+    """A test function's or method's name; not a model's ``test_step`` and its relatives."""
+    return name.startswith("test_") and name not in _MODEL_TEST_METHODS
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    if not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = (test.left, test.comparisons[0].comparator)
+    names = [s for s in sides if isinstance(s, cst.Name) and s.value == "__name__"]
+    strings = [
+        s for s in sides
+        if isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__"
+    ]
+    return bool(names and strings)
+
+
+def _test_module(detector: _Detector) -> str:
+    """Why the file is a test module, or ``""``."""
+    frameworks = sorted(
+        f for f in _TEST_FRAMEWORKS
+        if _imports_under(detector.imports, f) or _imports_under(detector.class_bases, f)
+    )
+    if not frameworks:
+        return ""
+    if detector.test_classes:
+        tests = f"test class {detector.test_classes[0]}"
+    elif detector.test_functions:
+        tests = f"test function {detector.test_functions[0]}()"
+    else:
+        return ""
+    return f"test module: uses {frameworks[0]} and defines {tests}"
+
+
+def _entry_point(detector: _Detector, called: Mapping[str, list[cst.Call]]) -> bool:
+    """Whether anything in the file runs when it is executed as a script (see the docstring)."""
+    if detector.main_guard:
+        return True
+    local = detector.top_functions | detector.top_classes
+    names: dict[int, list[str]] = {}
+    for name, calls in called.items():
+        for c in calls:
+            names.setdefault(id(c), []).append(name)
+    for call in detector.module_calls:
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in local:
+            return True
+        if isinstance(func, cst.Attribute) and func.attr.value in _TRAINING_METHODS:
+            return True
+        if any(isinstance(a.value, cst.Name) and a.value.value in detector.top_functions
+               for a in call.args):
+            return True
+        for q in names.get(id(call), ()):
+            if q.endswith(".GradientTape"):
+                return True
+            if q.startswith(_SETUP_PREFIXES) and q.rsplit(".", 1)[-1][:1].isupper():
+                return True
+    return False
+
+
+def _package_module(detector: _Detector) -> bool:
+    """Whether the file is part of a framework: it imports a framework's internals.
+
+    A relative import alone does not count: a user's ``myproject/train.py`` with ``from .model
+    import Net`` and a ``train()`` that ``__main__.py`` calls is a training script to convert.
+    """
+    for name in detector.imports:
+        if any(name == p or name.startswith(p + ".") for p in _INTERNAL_PREFIXES):
+            return True
+        parts = name.split(".")
+        if parts[0] in _FRAMEWORK_ROOTS and any(p.startswith("_") for p in parts[1:]):
+            return True
+    return False
+
+
+def _only_in_optimizers(detector: _Detector, called: Mapping[str, list[cst.Call]]) -> bool:
+    """Whether every training call of the file is inside an optimizer class's implementation."""
+    if not detector.optimizer_classes:
+        return False
+    calls = [c for m in _TRAINING_CODE for c in detector.method_calls.get(m, ())]
+    calls += [c for name, cs in called.items() if name.endswith(".GradientTape") for c in cs]
+    for call in calls:
+        node: cst.CSTNode | None = call
+        while node is not None and not isinstance(node, cst.ClassDef):
+            node = detector.parents.get(node)
+        if node not in detector.optimizer_classes:
+            return False
+    return True
 
 
 def detect(
@@ -224,4 +425,25 @@ def detect(
         elif fit:
             info.training = True
             info.reason = info.reason or "compiles and fits a Keras model"
+
+    # A test or library module that trains is still not a script to convert.
+    if info.training and info.origin == "vanilla":
+        why = _test_module(detector)
+        if why:
+            info.excluded = "test module"
+        elif not _entry_point(detector, called):
+            if _package_module(detector):
+                where = "a module of a framework (it imports framework internals)"
+            elif _only_in_optimizers(detector, called):
+                where = "an optimizer implementation (its training code is in optimizer classes)"
+            else:
+                where = ""
+            if where:
+                info.excluded = "library module"
+                why = (
+                    f"library module: {where} that nothing in the file runs (no __main__ block, "
+                    "no module-level training or call of its own functions)"
+                )
+        if why:
+            info.training, info.reason = False, why
     return info

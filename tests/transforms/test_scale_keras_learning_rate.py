@@ -390,3 +390,81 @@ def test_other_libraries_optimizers_and_unrelated_calls_are_left_alone():
 def test_a_script_made_data_parallel_by_hand_is_left_alone():
     # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
     check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
+
+
+def test_the_optimizer_import_takes_no_name_the_file_uses_for_something_else():
+    # ``from keras import optimizers`` here would rebind the file's own ``optimizers`` (Keras'
+    # private ``keras.src`` package, which the converter leaves alone): a second pass would then
+    # take ``optimizers.AdamW(...)`` for a Keras optimizer and scale it.
+    result = check_transformed(
+        """\
+        from keras.models import Sequential
+        from keras.layers import Dense
+        from keras.src import optimizers
+
+        model = Sequential([Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, y, epochs=3)
+        opt = optimizers.AdamW(learning_rate=0.1)
+        """,
+        """\
+        from keras.models import Sequential
+        from keras.layers import Dense
+        from keras.src import optimizers
+        import keras
+        import sdp_runtime.tensorflow as sdp
+
+        sdp.init()
+
+        model = Sequential([Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01 * sdp.size()), loss="mse")
+        model.fit(x, y, epochs=3)
+        opt = optimizers.AdamW(learning_rate=0.1)
+        """,
+        only=ONLY,
+    )
+    check_noop(result.output.decode(), only=ONLY)
+    # A project's own ``optimizers`` module, and ``keras`` taken as well: an alias.
+    result = check_transformed(
+        """\
+        from keras.models import Sequential
+        import keras_hub as keras
+        import optimizers
+
+        model = Sequential([])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(x, y, epochs=3)
+        """,
+        """\
+        from keras.models import Sequential
+        import keras_hub as keras
+        import optimizers
+        import sdp_runtime.tensorflow as sdp
+        from keras import optimizers as keras_optimizers
+
+        sdp.init()
+
+        model = Sequential([])
+        model.compile(optimizer=keras_optimizers.Adam(learning_rate=0.001 * sdp.size()), loss="mse")
+        model.fit(x, y, epochs=3)
+        """,
+        only=ONLY,
+    )
+    check_noop(result.output.decode(), only=ONLY)
+
+
+def test_an_optimizer_given_its_arguments_as_a_dict_needs_a_person():
+    # The dict may hold the learning rate: written out as well, it would fail the call.
+    out, result = convert(
+        'opt = tf.keras.optimizers.Adam(**config["optimizer"])\n'
+        "sgd = tf.keras.optimizers.SGD(momentum=0.9, **extra, learning_rate=0.1)\n"
+    )
+    assert out == (
+        'opt = tf.keras.optimizers.Adam(**config["optimizer"])\n'
+        "sgd = tf.keras.optimizers.SGD(momentum=0.9, **extra, learning_rate=0.1 * sdp.size())\n"
+    )
+    assert notes(result) == [
+        (2, "Adam(**config[\"optimizer\"]): scale the learning rate it holds (or Keras' default, "
+            "0.001) by sdp.size()"),
+    ]
+    check_noop(result.output.decode(), only=ONLY)

@@ -463,3 +463,30 @@ def test_unrelated_fit_and_compile_calls_are_left_alone():
 def test_a_script_made_data_parallel_by_hand_is_left_alone():
     # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
     check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
+
+
+def test_fit_given_keyword_arguments_as_a_dict_is_left_to_a_person_for_what_it_may_hold():
+    # ``fit_kwargs`` may hold callbacks and verbose (here it does): given again as keywords they
+    # would fail the call, and a second pass, not seeing them past ``**``, added them again.
+    out, result = convert(
+        'model.compile(optimizer="adam", loss="mse")\n'
+        'fit_kwargs = {"callbacks": [callback], "verbose": 0}\n'
+        "model.fit(x, y, epochs=3, **fit_kwargs)\n"
+        "model.fit(x, y, **fit_kwargs, callbacks=[], verbose=2, steps_per_epoch=10)\n"
+    )
+    assert out.splitlines() == [
+        'model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam()), loss="mse")',
+        'fit_kwargs = {"callbacks": [callback], "verbose": 0}',
+        "model.fit(x[sdp.rank()::sdp.size()], y[sdp.rank()::sdp.size()], epochs=3, **fit_kwargs)",
+        "model.fit(x[sdp.rank()::sdp.size()], y[sdp.rank()::sdp.size()], **fit_kwargs, "
+        f"callbacks={CALLBACKS}, verbose=2 if sdp.rank() == 0 else 0, "
+        "steps_per_epoch=10 // sdp.size())",
+    ]
+    assert notes(result) == [
+        (6, "fit(**fit_kwargs): the converter cannot see what it holds: put "
+            "sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0) and "
+            "sdp.keras.callbacks.MetricAverageCallback() first in its callbacks (callbacks that "
+            "write files on rank 0 only); set verbose=0 on the workers other than rank 0; divide "
+            "a steps_per_epoch it holds by sdp.size()"),
+    ]
+    check_noop(result.output.decode(), only=ONLY)

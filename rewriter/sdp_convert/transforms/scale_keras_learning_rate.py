@@ -154,8 +154,23 @@ def keras_spelling(transform: Transform, dotted: str) -> str:
     ) else "keras"
     module, _, name = f"{root}.{dotted}".rpartition(".")
     package, _, first = module.rpartition(".")
-    AddImportsVisitor.add_needed_import(transform.context, package, first)
-    return f"{first}.{name}"
+    # The import must not take a name the file already uses for something else (``from keras.src
+    # import optimizers``, a project's own ``optimizers.py``): it would change what that name means
+    # everywhere, and a second pass would take the file's own calls for Keras ones.
+    taken = {bound for _, bound in file_index(transform).bindings}
+    if first not in taken:
+        AddImportsVisitor.add_needed_import(transform.context, package, first)
+        return f"{first}.{name}"
+    top, asname = ("tensorflow", "tf") if root == "tensorflow.keras" else ("keras", None)
+    bound = asname or top
+    if bound not in taken:
+        AddImportsVisitor.add_needed_import(transform.context, top, asname=asname)
+        return f"{bound}{root[len(top):]}.{dotted}"  # keras.optimizers.Adam, tf.keras...
+    alias = f"keras_{first}"
+    while alias in taken:
+        alias = "_" + alias
+    AddImportsVisitor.add_needed_import(transform.context, package, first, asname=alias)
+    return f"{alias}.{name}"
 
 
 def is_keras_compile(transform: Transform, call: cst.Call) -> bool:
@@ -294,19 +309,27 @@ def code(node: cst.CSTNode) -> str:
 
 
 def arg_named(call: cst.Call, keyword: str, position: int | None = None) -> cst.Arg | None:
-    """The argument bound to parameter ``keyword`` (at ``position`` when passed positionally)."""
+    """The argument bound to parameter ``keyword`` (at ``position`` when passed positionally).
+
+    Keywords are found wherever they are, after ``*args`` or ``**kwargs`` too; positions are not
+    known past ``*args``. None may still mean that ``**kwargs`` holds it (see ``double_star``)."""
     positional = 0
     for arg in call.args:
         if arg.keyword is not None:
             if arg.keyword.value == keyword:
                 return arg
-        elif arg.star:
-            return None
-        else:
+        elif arg.star == "*":
+            position = None
+        elif not arg.star:
             if position is not None and positional == position:
                 return arg
             positional += 1
     return None
+
+
+def double_star(call: cst.Call) -> cst.Arg | None:
+    """The call's first ``**kwargs`` argument, if any."""
+    return next((arg for arg in call.args if arg.star == "**"), None)
 
 
 def replace_arg(call: cst.Call, old: cst.Arg, value: cst.BaseExpression) -> cst.Call:
@@ -696,9 +719,19 @@ class ScaleKerasLearningRate(Transform):
         return updated_node
 
     def _scale_optimizer(self, original: cst.Call, updated: cst.Call, cls: str) -> cst.Call:
-        self.add_runtime_import()
         factor = size_factor(self.sdp, self.mode)
         arg = arg_named(updated, "learning_rate", 0) or arg_named(updated, "lr")
+        kwargs = double_star(updated)
+        if arg is None and kwargs is not None:
+            # Written out as well, a learning rate the dict holds would fail the call.
+            self.record(
+                original,
+                f"{cls}(**{code(kwargs.value)}): scale the learning rate it holds (or Keras' "
+                f"default, {OPTIMIZER_DEFAULT_LR[cls]}) by {factor}",
+                manual=True,
+            )
+            return updated
+        self.add_runtime_import()
         if arg is None:
             default = OPTIMIZER_DEFAULT_LR[cls]
             self.record(original, f"{cls}: default learning rate {default} written out, * {factor}")
@@ -714,7 +747,7 @@ class ScaleKerasLearningRate(Transform):
         for name, position, default in _SCHEDULE_RATES[cls]:
             arg = arg_named(updated, name, position)
             if arg is None:
-                if default is not None:
+                if default is not None and double_star(updated) is None:
                     value = times_size(cst.Float(default), self.sdp, self.mode)
                     updated = add_keyword(updated, name, value, first=False)
                     scaled.append(name)

@@ -52,6 +52,7 @@ from .scale_keras_learning_rate import (
     code,
     compile_optimizer_arg,
     divided_by_size,
+    double_star,
     file_index,
     is_keras_compile,
     keras_fit_calls,
@@ -187,6 +188,9 @@ class WrapKerasFit(Transform):
     # -- fit --------------------------------------------------------------------------------------
 
     def _fit(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        kwargs = double_star(original)
+        if kwargs is not None:
+            self._hidden_arguments(original, kwargs)
         updated = self._callbacks(original, updated)
         updated = self._verbose(original, updated)
         steps = arg_named(updated, "steps_per_epoch")
@@ -220,8 +224,33 @@ class WrapKerasFit(Transform):
             )
         return updated
 
+    def _hidden_arguments(self, original: cst.Call, kwargs: cst.Arg) -> None:
+        """``fit(x, y, **fit_kwargs)``: the dict may hold ``callbacks``, ``verbose`` or
+        ``steps_per_epoch``; given again as keywords they would fail (``got multiple values for
+        keyword argument``), so what the call does not name is left to a person."""
+        todo = []
+        if _fit_arg(original, "callbacks") is None:
+            todo.append(
+                f"put {self.sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) and "
+                f"{self.sdp}.keras.callbacks.MetricAverageCallback() first in its callbacks "
+                f"(callbacks that write files on rank 0 only)"
+            )
+        if _fit_arg(original, "verbose") is None:
+            todo.append("set verbose=0 on the workers other than rank 0")
+        if arg_named(original, "steps_per_epoch") is None:
+            todo.append(f"divide a steps_per_epoch it holds by {self.sdp}.size()")
+        if todo:
+            self.record(
+                kwargs,
+                f"fit(**{code(kwargs.value)}): the converter cannot see what it holds: "
+                + "; ".join(todo),
+                manual=True,
+            )
+
     def _callbacks(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         arg = _fit_arg(original, "callbacks")
+        if arg is None and double_star(original) is not None:
+            return updated
         if arg is not None and any(
             mentions(self, v, self.broadcast_callback)
             for v in assigned_values(file_index(self), arg.value, original)
@@ -254,6 +283,8 @@ class WrapKerasFit(Transform):
 
     def _verbose(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         arg = _fit_arg(original, "verbose")
+        if arg is None and double_star(original) is not None:
+            return updated
         if arg is not None and (
             (isinstance(arg.value, cst.IfExp) and is_rank0_test(self, arg.value.test))
             or code(arg.value) in ("0", "False")
