@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
     lines = [
         "# sdp-convert --check over installed packages",
         "",
-        f"Run {time.strftime('%Y-%m-%d')} with `{' '.join(['benchmarks/scan_packages.py', *names])}` "
+        f"Run {time.strftime('%Y-%m-%d')} with "
+        f"`{' '.join(['benchmarks/scan_packages.py', *names])}` "
         f"on {platform.processor() or platform.machine()}, Python {platform.python_version()}.",
         "",
         "| package | files | would change | failed | seconds |",

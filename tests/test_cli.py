@@ -1,4 +1,5 @@
-"""The real ``sdp-convert`` entry point, run as a user runs it (a subprocess of the venv's script)."""
+"""The real ``sdp-convert`` entry point, run as a user runs it (a subprocess of the venv's
+script)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ print(torch.ones(3).sum())
 """
 
 
-def sdp(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+def sdp(
+    *args: str, cwd: Path | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [SDP_CONVERT, *args], cwd=cwd, input=stdin, capture_output=True, timeout=120
     )
@@ -122,7 +125,7 @@ def test_directory_is_recursed_and_mirrored(tmp_path):
     assert (src / "train.py").read_text() == TRAIN  # the input tree is untouched
     assert "skipped" in out.stderr.decode() and "@generated" in out.stderr.decode()
 
-    out2 = sdp(str(src), "-o", str(tmp_path / "out2"), "--no-copy-other-files")
+    sdp(str(src), "-o", str(tmp_path / "out2"), "--no-copy-other-files")
     assert not (tmp_path / "out2" / "pkg" / "config.yaml").exists()
     assert (tmp_path / "out2" / "train.py").exists()
 
@@ -138,7 +141,9 @@ def test_parallel_directory_mode_matches_serial(tmp_path):
     parallel = sdp("-j", "2", str(tmp_path / "b"))
     assert serial.returncode == parallel.returncode == 2
     for i in range(6):
-        assert (tmp_path / "a" / f"t{i}.py").read_text() == (tmp_path / "b" / f"t{i}.py").read_text()
+        assert (tmp_path / "a" / f"t{i}.py").read_text() == (
+            tmp_path / "b" / f"t{i}.py"
+        ).read_text()
     assert "6 converted, 0 unchanged, 0 skipped, 1 failed" in parallel.stderr.decode()
 
 
@@ -285,7 +290,10 @@ def test_reports_in_three_formats(tmp_path):
     text = sdp("--check", str(script), "--report", str(tmp_path / "r.txt"))
     assert text.returncode == 1
     report = (tmp_path / "r.txt").read_text().splitlines()
-    assert report[0] == f"{script}:1:1: [add_runtime_init] import sdp_runtime.torch as sdp and call sdp.init()"
+    assert report[0] == (
+        f"{script}:1:1: [add_runtime_init] "
+        "import sdp_runtime.torch as sdp and call sdp.init()"
+    )
     assert report[-1].startswith("1 would be converted")
 
 

@@ -38,7 +38,9 @@ def hook_repo(tmp_path_factory) -> tuple[Path, str]:
         if (REPO / name).exists():
             shutil.copy2(REPO / name, snap / name)
     for name in ("rewriter", "runtime"):
-        shutil.copytree(REPO / name, snap / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        shutil.copytree(
+            REPO / name, snap / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        )
     git(snap, "init", "-q")
     git(snap, "add", "-A")
     git(snap, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "snapshot")

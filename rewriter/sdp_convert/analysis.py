@@ -14,14 +14,15 @@ A file that trains is still not a training script, and is left alone byte for by
   (``main()``, ``Trainer(model)``), passes one of its functions on (``app.run(main)``,
   ``mp.spawn(train)``), builds a model or an optimizer (``keras.Sequential(...)``,
   ``torch.optim.SGD(...)``) or trains itself (``model.fit(...)``, ``loss.backward()``,
-  ``with tf.GradientTape()``, ...)), *and* it is either part of a framework (it imports a framework's
-  internals: ``tensorflow.python``, ``keras.src``, ``torch._inductor``, any private ``_module``;
-  a relative import alone does not count, users' projects are packages too), or all its training code is inside optimizer classes (subclasses of an
-  ``...Optimizer`` or classes that define ``apply_gradients`` / ``minimize`` themselves). That is
-  a framework's own trainer or optimizer (``Optimizer.minimize``, ``Trainer.train_step``), which
-  only runs when a user's script calls it. A user's file of definitions alone (a ``Trainer``
-  class, a ``keras.Model`` subclass with its own ``train_step``) is still converted, and so is
-  any script with an entry point.
+  ``with tf.GradientTape()``, ...)), *and* it is either part of a framework (it imports a
+  framework's internals: ``tensorflow.python``, ``keras.src``, ``torch._inductor``, any private
+  ``_module``; a relative import alone does not count, users' projects are packages too), or all
+  its training code is inside optimizer classes (subclasses of an ``...Optimizer`` or classes
+  that define ``apply_gradients`` / ``minimize`` themselves). That is a framework's own trainer
+  or optimizer (``Optimizer.minimize``, ``Trainer.train_step``), which only runs when a user's
+  script calls it. A user's file of definitions alone (a ``Trainer`` class, a ``keras.Model``
+  subclass with its own ``train_step``) is still converted, and so is any script with an entry
+  point.
 """
 
 from __future__ import annotations
@@ -407,7 +408,9 @@ def detect(
 
     # Does it train?
     if info.framework == "torch":
-        optimizers = sorted(c for c in called if c.startswith("torch.optim.") and c[12:13].isupper())
+        optimizers = sorted(
+            c for c in called if c.startswith("torch.optim.") and c[12:13].isupper()
+        )
         if "backward" in methods and "step" in methods:
             info.training = True
             info.reason = info.reason or "calls .backward() and .step()" + (

@@ -139,7 +139,8 @@ class Transform(VisitorBasedCodemodCommand):
         return {q.name for q in found}
 
     def refers_to(self, node: cst.CSTNode, *names: str, prefix: bool = False) -> bool:
-        """Whether ``node`` refers to one of ``names`` (or to something under them if ``prefix``)."""
+        """Whether ``node`` refers to one of ``names`` (or to something under them if
+        ``prefix``)."""
         for q in self.qualified_names(node):
             for name in names:
                 if q == name or (prefix and q.startswith(name + ".")):

@@ -66,7 +66,9 @@ def convert_cmd(
                      help="Write here instead of in place: a file, or a directory that mirrors "
                      "the input tree."),
     ] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="Print a unified diff; write nothing.")] = False,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Print a unified diff; write nothing.")
+    ] = False,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; exit 1 if any file would change.")
     ] = False,
@@ -77,13 +79,15 @@ def convert_cmd(
         Framework, typer.Option("--framework", help="Treat files as this framework.")
     ] = Framework.auto,
     only: Annotated[
-        list[str], typer.Option("--only", help="Run only these transforms (repeat or comma-separate).")
+        list[str],
+        typer.Option("--only", help="Run only these transforms (repeat or comma-separate)."),
     ] = [],  # noqa: B006 - typer reads defaults, never mutates them
     skip: Annotated[
         list[str], typer.Option("--skip", help="Do not run these transforms.")
     ] = [],  # noqa: B006
     list_transforms: Annotated[
-        bool, typer.Option("--list-transforms", help="List the transforms in pipeline order and exit.")
+        bool,
+        typer.Option("--list-transforms", help="List the transforms in pipeline order and exit."),
     ] = False,
     exclude: Annotated[
         list[str], typer.Option("--exclude", help="Glob of paths to leave out when recursing.")
@@ -101,14 +105,17 @@ def convert_cmd(
         ReportFormat, typer.Option("--report-format", help="Format of --report.")
     ] = ReportFormat.text,
     jobs: Annotated[
-        int | None, typer.Option("-j", "--jobs", min=1, help="Parallel processes (default: all cores).")
+        int | None,
+        typer.Option("-j", "--jobs", min=1, help="Parallel processes (default: all cores)."),
     ] = None,
     quiet: Annotated[
         bool, typer.Option("-q", "--quiet", help="Print only errors and the summary line.")
     ] = False,
     version: Annotated[
         bool | None,
-        typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit."),
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
     ] = None,
 ) -> None:
     """Convert single-GPU training scripts into data-parallel ones that call sdp_runtime."""

@@ -81,7 +81,9 @@ def _parse(data: bytes) -> cst.Module:
     except cst.ParserSyntaxError as err:
         _check_syntax(data)  # CPython's message is clearer ("Missing parentheses in call...")
         message = err.message.split(": expected one of")[0]
-        raise ConversionError(f"syntax error: {message}", err.raw_line, err.raw_column + 1) from None
+        raise ConversionError(
+            f"syntax error: {message}", err.raw_line, err.raw_column + 1
+        ) from None
     except (UnicodeDecodeError, LookupError, SyntaxError) as err:
         raise ConversionError(f"cannot decode file: {err}") from err
 
@@ -101,7 +103,9 @@ def _check_syntax(data: bytes) -> None:
     except SyntaxError as err:
         if not err.lineno:  # the coding cookie itself is wrong: there is no position
             raise ConversionError(f"cannot decode file: {err.msg}") from None
-        raise ConversionError(f"syntax error: {err.msg}", err.lineno, max(err.offset or 1, 1)) from None
+        raise ConversionError(
+            f"syntax error: {err.msg}", err.lineno, max(err.offset or 1, 1)
+        ) from None
     except (UnicodeDecodeError, LookupError, ValueError) as err:
         raise ConversionError(f"cannot decode file: {err}") from None
 
@@ -214,7 +218,9 @@ class _TargetPositions(CodegenState):
     """
 
     def __init__(self, module: cst.Module, targets: set[int]) -> None:
-        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        super().__init__(
+            default_indent=module.default_indent, default_newline=module.default_newline
+        )
         self.targets = targets
         self.starts: dict[int, int] = {}
         self.fallback: dict[int, int] = {}  # where codegen of a node began, whitespace included
@@ -329,7 +335,7 @@ class _Traversal(cst.CSTTransformer):
                 body.append(self._rank0_if(guard_run))
                 guard_run.clear()
 
-        for original, new in zip(originals, updated):
+        for original, new in zip(originals, updated, strict=True):
             if original in edits.before:
                 flush()
                 body.extend(edits.before[original])

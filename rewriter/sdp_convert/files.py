@@ -7,6 +7,7 @@ mode, and never writes through a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import stat
@@ -82,10 +83,8 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

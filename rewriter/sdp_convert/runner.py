@@ -64,7 +64,9 @@ def plan(
                 elif dest is not None and copy_other_files:
                     copies.append((file, dest))
             if not found:
-                early.append(FileOutcome(str(path), "skipped", message=f"{path}: no Python files found"))
+                early.append(
+                    FileOutcome(str(path), "skipped", message=f"{path}: no Python files found")
+                )
         elif not path.exists() and not path.is_symlink():
             early.append(FileOutcome(arg, "failed", message=f"{arg}: no such file or directory"))
         else:
@@ -105,7 +107,9 @@ def process(job: Job, config: Config) -> FileOutcome:
         return FileOutcome(job.display, "failed", message=message)
 
     status = "converted" if result.changed else "unchanged"
-    outcome = FileOutcome(job.display, status, result.info.label, result.info.reason, result.changes)
+    outcome = FileOutcome(
+        job.display, status, result.info.label, result.info.reason, result.changes
+    )
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
     if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):

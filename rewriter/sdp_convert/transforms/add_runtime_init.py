@@ -53,15 +53,22 @@ class AddRuntimeInit(Transform):
             # Through the edit plan, as the other transforms' statements go: inserting into the
             # body here would shift it against the original statements their edits are keyed on.
             body = list(original_node.body)
-            at = 1 if body and m.matches(body[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])) else 0
+            docstring = m.SimpleStatementLine([m.Expr(m.SimpleString())])
+            at = 1 if body and m.matches(body[0], docstring) else 0
             if at < len(body):
                 self.state.edits.before.setdefault(body[at], []).insert(0, init)
             else:
                 self.insert_after(body[-1], init)
-            self.record(original_node, f"import {self.state.runtime_module} as {self.sdp}; {self.sdp}.init()")
+            self.record(
+                original_node,
+                f"import {self.state.runtime_module} as {self.sdp}; {self.sdp}.init()",
+            )
             return updated_node
         self.insert_after(self.anchor, init)
-        self.record(self.anchor, f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init()")
+        self.record(
+            self.anchor,
+            f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init()",
+        )
         return updated_node
 
 

@@ -58,7 +58,9 @@ class _Untranslatable(Exception):
 
 
 class BroadcastInitialState(Transform):
-    DESCRIPTION = "Broadcast model and optimizer variables from rank 0 after the first training step."
+    DESCRIPTION = (
+        "Broadcast model and optimizer variables from rank 0 after the first training step."
+    )
     FRAMEWORKS = frozenset({"tensorflow"})
 
     def prepare(self, module: cst.Module) -> None:
@@ -202,7 +204,8 @@ def _translate_call(
         if receiver is not None:
             mapping[positional[0]] = receiver
         positional = positional[1:]
-    for name, arg in zip(positional, [a for a in call.args if a.keyword is None and not a.star]):
+    positional_args = [a for a in call.args if a.keyword is None and not a.star]
+    for name, arg in zip(positional, positional_args, strict=False):
         mapping[name] = arg.value
     for arg in call.args:
         if arg.keyword is not None:

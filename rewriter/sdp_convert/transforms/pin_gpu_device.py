@@ -300,7 +300,11 @@ def _imports_torch(stmt: cst.CSTNode) -> bool:
             for a in small.names
         ):
             return True
-        if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-            if (cst.helpers.get_full_name_for_node(small.module) or "").split(".")[0] == "torch":
-                return True
+        if (
+            isinstance(small, cst.ImportFrom)
+            and small.module is not None
+            and not small.relative
+            and (cst.helpers.get_full_name_for_node(small.module) or "").split(".")[0] == "torch"
+        ):
+            return True
     return False

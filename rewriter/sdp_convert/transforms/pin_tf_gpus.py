@@ -20,10 +20,11 @@ After::
         tf.config.set_visible_devices(gpus[sdp.local_rank()], "GPU")
 
 Why: TensorFlow grabs every visible GPU, and all of its memory, in every process; N workers on one
-machine would all compute on GPU 0 and run out of memory. Each worker keeps only the GPU of its local
-rank, with memory growth so that nothing is reserved on the others before the choice is made (both
-must happen before TensorFlow initialises the GPUs, hence right after ``init()``). On a machine
-without GPUs ``gpus`` is empty and nothing changes. A script that chooses its devices itself
+machine would all compute on GPU 0 and run out of memory. Each worker keeps only the GPU of its
+local rank, with memory growth so that nothing is reserved on the others before the choice is made
+(both must happen before TensorFlow initialises the GPUs, hence right after ``init()``). On a
+machine without GPUs ``gpus`` is empty and nothing changes. A script that chooses its devices
+itself
 (``set_visible_devices(gpus[0], "GPU")``) gets its index replaced by the local rank instead;
 ``CUDA_VISIBLE_DEVICES`` set in the script, or a device choice the converter cannot read, is
 reported for a person.
@@ -113,7 +114,8 @@ class PinTfGpus(Transform):
         indent = module.default_indent
         statements += [
             f'{gpus} = {tf}.config.list_physical_devices("GPU")\n',
-            f"for {gpu} in {gpus}:\n{indent}{tf}.config.experimental.set_memory_growth({gpu}, True)\n",
+            f"for {gpu} in {gpus}:\n"
+            f"{indent}{tf}.config.experimental.set_memory_growth({gpu}, True)\n",
             f"if {gpus}:\n{indent}{tf}.config.set_visible_devices("
             f'{gpus}[{self.sdp}.local_rank()], "GPU")\n',
         ]
@@ -325,7 +327,9 @@ class PinTfGpus(Transform):
                 found.append(target)
         return found
 
-    def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> cst.BaseExpression:
+    def leave_Integer(
+        self, original_node: cst.Integer, updated_node: cst.Integer
+    ) -> cst.BaseExpression:
         call = self.adapt.get(original_node)
         if call is None:
             return updated_node

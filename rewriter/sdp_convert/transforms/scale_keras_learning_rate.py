@@ -51,8 +51,9 @@ _TF_SHORTCUTS = ("optimizers", "losses", "metrics", "callbacks", "initializers")
 
 def keras_name(qname: str) -> str | None:
     """One name for every spelling of a Keras object: ``keras.optimizers.Adam`` for
-    ``tensorflow.keras.optimizers.Adam``, ``tf_keras.optimizers.Adam``, ``tensorflow.optimizers.Adam``
-    (``.legacy`` and ``.experimental`` dropped). None for anything else."""
+    ``tensorflow.keras.optimizers.Adam``, ``tf_keras.optimizers.Adam``,
+    ``tensorflow.optimizers.Adam`` (``.legacy`` and ``.experimental`` dropped). None for anything
+    else."""
     rest = None
     for root in _KERAS_ROOTS:
         if qname == root or qname.startswith(root + "."):
@@ -125,9 +126,10 @@ def schedule_class(transform: Transform, call: cst.Call) -> str | None:
 
 
 def keras_spelling(transform: Transform, dotted: str) -> str:
-    """How this file can spell ``keras.<dotted>`` (``optimizers.Adam``): ``tf.keras.optimizers.Adam``
-    after ``import tensorflow as tf``, ``keras.optimizers.Adam`` after ``import keras``, ``Adam``
-    after ``from keras.optimizers import Adam``. Schedules an import when the file has none."""
+    """How this file can spell ``keras.<dotted>`` (``optimizers.Adam``):
+    ``tf.keras.optimizers.Adam`` after ``import tensorflow as tf``, ``keras.optimizers.Adam`` after
+    ``import keras``, ``Adam`` after ``from keras.optimizers import Adam``. Schedules an import when
+    the file has none."""
     scope = transform.get_metadata(ScopeProvider, transform.module, None)
     wanted = "keras." + dotted
     best: tuple[int, str] | None = None
@@ -183,7 +185,9 @@ def is_keras_compile(transform: Transform, call: cst.Call) -> bool:
         return False
     keywords = {a.keyword.value for a in call.args if a.keyword}
     return bool(keywords & {"optimizer", "loss", "metrics"}) or (
-        bool(call.args) and not call.args[0].keyword and _is_optimizer_like(transform, call.args[0].value)
+        bool(call.args)
+        and not call.args[0].keyword
+        and _is_optimizer_like(transform, call.args[0].value)
     )
 
 
@@ -264,7 +268,7 @@ _ATOMS = (
 
 def _operand(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``expr`` as the left operand of ``*`` or ``//``: parenthesised unless it binds tighter."""
-    if expr.lpar or isinstance(expr, _ATOMS) or isinstance(expr, cst.UnaryOperation) or (
+    if expr.lpar or isinstance(expr, (*_ATOMS, cst.UnaryOperation)) or (
         isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, _TIGHT_OPERATORS)
     ):
         return expr
@@ -347,7 +351,9 @@ def _index_of(call: cst.Call, arg: cst.Arg) -> int:
     raise ValueError("argument not in call")
 
 
-def add_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression, *, first: bool) -> cst.Call:
+def add_keyword(
+    call: cst.Call, keyword: str, value: cst.BaseExpression, *, first: bool
+) -> cst.Call:
     """``call`` with ``keyword=value`` added first (or last), keeping the call's layout."""
     new = cst.Arg(value, keyword=cst.Name(keyword), equal=_EQUAL)
     args = list(call.args)
@@ -405,7 +411,8 @@ class FileIndex:
     attribute_bindings: dict[str, list[Binding]] = field(default_factory=dict)
     #: Loads of each name, by (scope, name).
     loads: dict[tuple[int, str], list[cst.Name]] = field(default_factory=dict)
-    #: Calls by the callee's last name: ``train_step`` for ``train_step(x)`` and ``self.train_step(x)``.
+    #: Calls by the callee's last name: ``train_step`` for ``train_step(x)`` and
+    #: ``self.train_step(x)``.
     calls_by_name: dict[str, list[cst.Call]] = field(default_factory=dict)
     functions: dict[str, list[cst.FunctionDef]] = field(default_factory=dict)
     classes: dict[str, cst.ClassDef] = field(default_factory=dict)
@@ -519,7 +526,8 @@ class _Indexer(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         if not isinstance(node.names, cst.ImportStar):
             for alias in node.names:
-                self.bind(alias.evaluated_alias or alias.evaluated_name, "import", node, node, "end")
+                name = alias.evaluated_alias or alias.evaluated_name
+                self.bind(name, "import", node, node, "end")
         return False
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -570,7 +578,9 @@ class _Indexer(cst.CSTVisitor):
 
     def finish(self) -> FileIndex:
         for binding, anchor, when in self.pending:
-            binding.order = self.index.order[id(anchor)] if when == "start" else self.end[id(anchor)]
+            binding.order = (
+                self.index.order[id(anchor)] if when == "start" else self.end[id(anchor)]
+            )
         for found in (*self.index.bindings.values(), *self.index.attribute_bindings.values()):
             found.sort(key=lambda b: b.order)
         return self.index
@@ -711,7 +721,9 @@ class ScaleKerasLearningRate(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.optimizers:
-            return self._scale_optimizer(original_node, updated_node, self.optimizers[original_node])
+            return self._scale_optimizer(
+                original_node, updated_node, self.optimizers[original_node]
+            )
         if original_node in self.schedules:
             return self._scale_schedule(original_node, updated_node, self.schedules[original_node])
         if original_node in self.compiles:

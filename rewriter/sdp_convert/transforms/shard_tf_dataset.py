@@ -8,7 +8,8 @@ Before::
 
 After::
 
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(32)
+    ds = (tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank())
+          .shuffle(1000).batch(32))
     for step, (xb, yb) in enumerate(ds.take(500 // sdp.size())):
         train_step(xb, yb)
 
@@ -100,7 +101,9 @@ _ORDERING = frozenset(
 #: and the others nothing. These make several elements of it; the shard goes after the first one.
 _SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
 _SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
-_WRAPPERS = ("builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
+_WRAPPERS = (
+    "builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"
+)
 #: Sources whose length the converter cannot tell (a generator may never end).
 _UNKNOWN_LENGTH = frozenset(
     {"tensorflow.data.Dataset.from_generator", "tensorflow.data.Dataset.zip"}
@@ -213,7 +216,11 @@ def _walk(
 
 
 def _through_function(
-    transform: Transform, index: FileIndex, function: cst.FunctionDef, trace: DatasetTrace, depth: int
+    transform: Transform,
+    index: FileIndex,
+    function: cst.FunctionDef,
+    trace: DatasetTrace,
+    depth: int,
 ) -> None:
     returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
     callers = index.calls_by_name.get(function.name.value, [])
@@ -240,10 +247,14 @@ def _through_parameter(
     params = function.params
     positional = [p.name.value for p in (*params.posonly_params, *params.params)]
     callers = [
-        c for c in index.calls_by_name.get(function.name.value, []) if function not in transform.ancestors(c)
+        c
+        for c in index.calls_by_name.get(function.name.value, [])
+        if function not in transform.ancestors(c)
     ]
     if len(callers) != 1:
-        trace.problem = f"parameter {name!r} of {function.name.value}(), called {len(callers)} times"
+        trace.problem = (
+            f"parameter {name!r} of {function.name.value}(), called {len(callers)} times"
+        )
         return
     call = callers[0]
     if isinstance(call.func, cst.Attribute) and isinstance(
@@ -292,7 +303,8 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
         found: set[int] = set()
         for loop in site.loops:
             if isinstance(loop, cst.For) and not (
-                isinstance(loop.iter, cst.Call) and transform.refers_to(loop.iter.func, "builtins.range")
+                isinstance(loop.iter, cst.Call)
+                and transform.refers_to(loop.iter.func, "builtins.range")
             ):
                 candidates.append(Candidate(loop.iter))
             for call in m.findall(loop.body, m.Call(func=m.Name("next"))):

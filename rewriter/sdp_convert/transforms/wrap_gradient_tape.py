@@ -226,7 +226,9 @@ def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
                     returned.add(id(function))
                     work.extend(_calls_of(transform, index, function))
                 break
-            elif isinstance(parent, (cst.BaseCompoundStatement, cst.SimpleStatementLine, cst.Lambda)):
+            elif isinstance(
+                parent, (cst.BaseCompoundStatement, cst.SimpleStatementLine, cst.Lambda)
+            ):
                 break
             child = parent
 
@@ -336,7 +338,9 @@ def _keras_optimizers_called(info: FileInfo) -> bool:
 
 
 class WrapGradientTape(Transform):
-    DESCRIPTION = "Wrap each GradientTape whose gradients are applied in sdp.DistributedGradientTape."
+    DESCRIPTION = (
+        "Wrap each GradientTape whose gradients are applied in sdp.DistributedGradientTape."
+    )
     FRAMEWORKS = frozenset({"tensorflow"})
 
     @classmethod
@@ -404,7 +408,9 @@ class WrapGradientTape(Transform):
         # Statement edits are planned before the traversal: the blocks they go into are left
         # (and edited) before any module-level hook would run.
         assert tape.with_stmt is not None
-        wrap = cst.parse_statement(f"{tape.name} = {self.sdp}.DistributedGradientTape({tape.name})\n")
+        wrap = cst.parse_statement(
+            f"{tape.name} = {self.sdp}.DistributedGradientTape({tape.name})\n"
+        )
         inside = [g for g in tape.gradient_calls if tape.with_stmt in self.ancestors(g)]
         if inside:  # gradient() called while recording: wrap before the first such call
             statement = self.enclosing_statement(inside[0])

@@ -1,4 +1,5 @@
-"""Make Keras ``compile``/``fit`` data-parallel: distributed optimizer, broadcast and metric callbacks.
+"""Make Keras ``compile``/``fit`` data-parallel: distributed optimizer, broadcast and metric
+callbacks.
 
 Before::
 
@@ -8,7 +9,9 @@ Before::
 
 After (with ``scale_keras_learning_rate`` and ``add_runtime_init``)::
 
-    model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * sdp.size())), loss="mse")
+    model.compile(optimizer=sdp.keras.DistributedOptimizer(
+                      tf.keras.optimizers.Adam(0.001 * sdp.size())),
+                  loss="mse")
     model.fit(x_train[sdp.rank()::sdp.size()], y_train[sdp.rank()::sdp.size()], batch_size=64,
               epochs=3, steps_per_epoch=100 // sdp.size(),
               callbacks=[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -29,8 +32,9 @@ Why, step by step:
 * Callbacks that write files (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``,
   ``BackupAndRestore``, ...) run on rank 0 only, wherever the list is built (a literal in ``fit``, a
   variable, ``callbacks.append``); ``verbose`` keeps its value on rank 0 and is 0 elsewhere.
-* ``steps_per_epoch`` is divided by the number of workers: each worker's shard has 1/N of the batches.
-  ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all of it.
+* ``steps_per_epoch`` is divided by the number of workers: each worker's shard has 1/N of the
+  batches. ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
+  of it.
 * A ``tf.data`` dataset given to ``fit`` is sharded at its source by ``shard_tf_dataset``. Arrays
   (``fit(x, y)``) are sharded here by striding, ``x[sdp.rank()::sdp.size()]``: ``batch_size`` stays
   the per-worker batch, and without shuffling one step of N workers sees exactly the samples of one
@@ -80,7 +84,9 @@ def _fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
 
 
 class WrapKerasFit(Transform):
-    DESCRIPTION = "Keras fit: DistributedOptimizer, broadcast/metric callbacks, rank-0 callbacks and output."
+    DESCRIPTION = (
+        "Keras fit: DistributedOptimizer, broadcast/metric callbacks, rank-0 callbacks and output."
+    )
     FRAMEWORKS = frozenset({"tensorflow"})
 
     def prepare(self, module: cst.Module) -> None:
@@ -133,9 +139,12 @@ class WrapKerasFit(Transform):
             return None
         receiver = call.func.value  # type: ignore[attr-defined]
         for value in assigned_values(index, receiver, call):
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-                if value.func.value in classes:
-                    return value.func.value
+            if (
+                isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Name)
+                and value.func.value in classes
+            ):
+                return value.func.value
             if isinstance(value, cst.Name) and value.value == "self":
                 owner = index.parent_scope.get(id(index.scope(call)))
                 if isinstance(owner, cst.ClassDef) and owner.name.value in classes:
@@ -329,11 +338,16 @@ class WrapKerasFit(Transform):
 
     # -- callbacks that write ---------------------------------------------------------------------
 
-    def _rank0_callback(self, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+    def _rank0_callback(
+        self, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
+    ) -> str | None:
         for value in assigned_values(index, expr, at):
             if isinstance(value, cst.Call):
                 for name in keras_names(self, value.func):
-                    if name.startswith("keras.callbacks.") and name.rsplit(".", 1)[1] in _RANK0_CALLBACKS:
+                    if (
+                        name.startswith("keras.callbacks.")
+                        and name.rsplit(".", 1)[1] in _RANK0_CALLBACKS
+                    ):
                         return name.rsplit(".", 1)[1]
         return None
 
@@ -391,7 +405,7 @@ class WrapKerasFit(Transform):
     def _split(self, original: cst.List, updated: cst.List) -> cst.BaseExpression:
         index = file_index(self)
         shared, rank0 = [], []
-        for original_element, element in zip(original.elements, updated.elements):
+        for original_element, element in zip(original.elements, updated.elements, strict=False):
             if isinstance(original_element, cst.Element) and self._rank0_callback(
                 index, original_element.value, original
             ):
@@ -404,7 +418,9 @@ class WrapKerasFit(Transform):
         self.record(original, f"{names} on rank 0 only (writes files)")
         only = cst.parse_expression(f"_ if {self.sdp}.rank() == 0 else []")
         assert isinstance(only, cst.IfExp)
-        only = only.with_changes(body=_elements_list(rank0), lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        only = only.with_changes(
+            body=_elements_list(rank0), lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+        )
         if not shared:
             return only.with_changes(lpar=(), rpar=())
         # The last element left takes the list's last comma (or none): the layout stays.
@@ -457,7 +473,13 @@ def _fix_commas(elements: list[cst.BaseElement]) -> list[cst.BaseElement]:
 
 def _operand(expr: cst.BaseExpression, *, ifexp: bool = False) -> cst.BaseExpression:
     """``expr`` parenthesised where ``+`` (or a conditional's branch) would bind it wrongly."""
-    simple = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.List, cst.Integer, cst.SimpleString)
-    if expr.lpar or isinstance(expr, simple) or (ifexp and not isinstance(expr, (cst.IfExp, cst.Lambda))):
+    simple = (
+        cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.List, cst.Integer, cst.SimpleString
+    )
+    if (
+        expr.lpar
+        or isinstance(expr, simple)
+        or (ifexp and not isinstance(expr, (cst.IfExp, cst.Lambda)))
+    ):
         return expr
     return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
