@@ -43,6 +43,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -125,6 +126,7 @@ _lock = threading.RLock()
 # of that dtype, so that buckets in flight together never share a buffer.
 _buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
 _atexit_registered = False
+_groups_left = 0  # groups this process has left (keys of the exit count in the store)
 # With one process every collective returns at once. Tests of the GPU path turn this off, to run
 # real NCCL collectives on a one-process group.
 _SHORTCUT_ALONE = True
@@ -194,11 +196,34 @@ def shutdown() -> None:
         _buffers.clear()
         if state.owns_group and dist.is_initialized():
             if state.placement.size > 1:
-                # Leave together: a rank that tears Gloo down while a peer still sends to it
-                # can abort at exit ("terminate called without an active exception").
-                with contextlib.suppress(Exception):
-                    dist.barrier()
+                _leave_together(state)
             dist.destroy_process_group()
+
+
+def _leave_together(state: _State) -> None:
+    """Return only once every rank is done with Gloo, so that none tears it down too early.
+
+    A rank that destroys its group while a peer is still finishing the last collective can make
+    that peer abort at exit ("terminate called without an active exception"). A Gloo barrier
+    alone does not prevent it (a rank may leave the barrier before its peer has), so each rank
+    then also counts itself out in the rendezvous store, outside Gloo, and waits for the others.
+    Best effort, bounded (10 s at most): a dead peer must not hang the exit.
+    """
+    try:
+        dist.barrier()
+    except Exception:  # a peer is gone: nobody to wait for
+        return
+    global _groups_left
+    _groups_left += 1  # every rank leaves the same groups in the same order: a fresh key each time
+    key = f"sdp_runtime/left/{_groups_left}"
+    with contextlib.suppress(Exception):
+        store = dist.distributed_c10d._get_default_store()
+        store.add(key, 1)
+        deadline = time.monotonic() + min(state.timeout_s, 10.0)
+        while store.add(key, 0) < state.placement.size:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
 
 
 def is_initialized() -> bool:
