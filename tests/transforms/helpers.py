@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from sdp_convert.base import Options
 from sdp_convert.engine import Result, convert
@@ -38,4 +39,17 @@ def messages(result: Result, transform: str | None = None, manual: bool | None =
         c.message
         for c in result.changes
         if (transform is None or c.transform == transform) and (manual is None or c.manual == manual)
+    ]
+
+
+#: A hand-converted TF2 script (a golden fixture): every TF transform must leave it alone.
+TF_ALREADY_CONVERTED = (
+    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
+)
+
+
+def reported(result: Result, transform: str, manual: bool) -> list[tuple[int, str]]:
+    """``(line, message)`` of what ``transform`` reported: its manual notes or its changes."""
+    return [
+        (c.line, c.message) for c in result.changes if c.transform == transform and c.manual == manual
     ]

@@ -1,14 +1,11 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
-from .helpers import check_noop, check_transformed, messages, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, messages, reported, run
 
 ONLY = "pin_tf_gpus"
-ALREADY_CONVERTED = (
-    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
-)
+ALREADY_CONVERTED = TF_ALREADY_CONVERTED
 
 # Something that makes the file a TensorFlow training script (Keras compile + fit).
 FIT = """\
@@ -26,11 +23,11 @@ if gpus:
 
 
 def pinned(result):
-    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+    return reported(result, ONLY, manual=False)
 
 
 def notes(result):
-    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+    return reported(result, ONLY, manual=True)
 
 
 def test_memory_growth_and_the_local_rank_gpu_right_after_init():

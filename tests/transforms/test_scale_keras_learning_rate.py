@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from .helpers import check_noop, check_transformed, messages, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, messages, reported, run
 
 ONLY = "scale_keras_learning_rate"
-ALREADY_CONVERTED = (
-    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
-)
+ALREADY_CONVERTED = TF_ALREADY_CONVERTED
 HEAD = "import tensorflow as tf\n"
 # A custom training step applying the gradients of a tape: the file is a TensorFlow training script.
 TAIL = """\
@@ -40,7 +36,7 @@ def scaled(result):
 
 
 def notes(result):
-    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+    return reported(result, ONLY, manual=True)
 
 
 def test_every_import_spelling_of_a_keras_optimizer():

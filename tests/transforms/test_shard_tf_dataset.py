@@ -1,14 +1,11 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
-from .helpers import check_noop, check_transformed, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, reported, run
 
 ONLY = "shard_tf_dataset"
-ALREADY_CONVERTED = (
-    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
-)
+ALREADY_CONVERTED = TF_ALREADY_CONVERTED
 CONVERTED_HEAD = """\
 import tensorflow as tf
 import sdp_runtime.tensorflow as sdp
@@ -39,11 +36,11 @@ def convert(body: str, **options: object):
 
 
 def sharded(result):
-    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+    return reported(result, ONLY, manual=False)
 
 
 def notes(result):
-    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+    return reported(result, ONLY, manual=True)
 
 
 def shard_message(source: str) -> str:

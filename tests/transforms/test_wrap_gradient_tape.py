@@ -1,21 +1,17 @@
 from __future__ import annotations
 
-from pathlib import Path
-
-from .helpers import check_noop, check_transformed, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, reported, run
 
 ONLY = "wrap_gradient_tape"
-ALREADY_CONVERTED = (
-    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
-)
+ALREADY_CONVERTED = TF_ALREADY_CONVERTED
 
 
 def wrapped(result):
-    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+    return reported(result, ONLY, manual=False)
 
 
 def notes(result):
-    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+    return reported(result, ONLY, manual=True)
 
 
 def test_the_tape_of_an_eager_loop_is_wrapped_after_its_with_block():

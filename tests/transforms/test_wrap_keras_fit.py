@@ -1,17 +1,14 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 from sdp_convert.base import Options
 from sdp_convert.engine import convert as engine_convert
 
-from .helpers import check_noop, check_transformed, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, reported, run
 
 ONLY = "wrap_keras_fit"
-ALREADY_CONVERTED = (
-    Path(__file__).resolve().parents[2] / "fixtures/tensorflow/already_converted/input.py"
-)
+ALREADY_CONVERTED = TF_ALREADY_CONVERTED
 HEAD = """\
 import tensorflow as tf
 
@@ -48,11 +45,11 @@ def convert(body: str, **options: object):
 
 
 def changes(result):
-    return [(c.line, c.message) for c in result.changes if c.transform == ONLY and not c.manual]
+    return reported(result, ONLY, manual=False)
 
 
 def notes(result):
-    return [(c.line, c.message) for c in result.manual if c.transform == ONLY]
+    return reported(result, ONLY, manual=True)
 
 
 def test_compile_and_fit_made_data_parallel():
