@@ -85,26 +85,26 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         return not self.__dict__.get("_sdp_alone", False)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self.__dict__.get("_sdp_alone"):
+        if not self.communicates:
             return self.module(*inputs, **kwargs)
         return super().forward(*inputs, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Skip gradient averaging for the backward passes inside (gradient accumulation)."""
-        if self.__dict__.get("_sdp_alone"):
+        if not self.communicates:
             yield
             return
         with super().no_sync():
             yield
 
     def join(self, *args: Any, **kwargs: Any) -> Any:
-        if self.__dict__.get("_sdp_alone"):
+        if not self.communicates:
             return contextlib.nullcontext()
         return super().join(*args, **kwargs)
 
     def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
-        if not self.__dict__.get("_sdp_alone"):  # alone, nothing is communicated
+        if self.communicates:  # alone, there is nothing to hook
             super().register_comm_hook(state, hook)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
