@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _env
+from . import _env, _exit
 from ._types import (
     AlreadyInitializedError,
     CommunicationError,
@@ -173,6 +173,8 @@ def init(backend: str | None = None) -> None:
                 torch.cuda.set_device(dev)
             _rendezvous(name, placement, timeout_s)
             owns = True
+            if placement.size > 1:
+                _exit.start(placement.rank, placement.size, _default_store())
         _state = _State(placement, name, dev, owns, timeout_s, max(bucket_bytes, 1), check)
         if not _atexit_registered:
             # Leaving the group explicitly avoids the backend's "terminate called" noise at exit.
@@ -183,7 +185,10 @@ def init(backend: str | None = None) -> None:
 def shutdown() -> None:
     """Leave the job and free the bucket buffers; a no-op when not initialized.
 
-    A process group adopted from the user (created before ``init()``) is left alone.
+    Runs by itself at exit. A rank whose script ended cleanly waits (``SDP_EXIT_WAIT`` s at most)
+    for the others and leaves together with them; a rank that failed, or whose peers failed or
+    wait for it in a collective, leaves at once (see ``_exit``). A process group adopted from the
+    user (created before ``init()``) is left alone.
 
     Example:
         >>> shutdown()
@@ -196,18 +201,29 @@ def shutdown() -> None:
         _buffers.clear()
         if state.owns_group and dist.is_initialized():
             if state.placement.size > 1:
-                _leave_together(state)
+                how = _exit.finish()
+                if how == "failed":
+                    return  # leave at once: the launcher sees this rank exit and stops the others
+                if how == "together":
+                    _leave_together(state)
+                # "alone": a peer failed, waits for us in a collective or is still busy; closing
+                # our side makes whatever collective it still tries fail at once.
             dist.destroy_process_group()
+
+
+def _default_store() -> Any:
+    return dist.distributed_c10d._get_default_store()
 
 
 def _leave_together(state: _State) -> None:
     """Return only once every rank is done with Gloo, so that none tears it down too early.
 
-    A rank that destroys its group while a peer is still finishing the last collective can make
-    that peer abort at exit ("terminate called without an active exception"). A Gloo barrier
-    alone does not prevent it (a rank may leave the barrier before its peer has), so each rank
-    then also counts itself out in the rendezvous store, outside Gloo, and waits for the others.
-    Best effort, bounded (10 s at most): a dead peer must not hang the exit.
+    Called only when every rank has posted a clean end of its script (``_exit.finish``), so all
+    of them take part in this barrier. A rank that destroys its group while a peer is still
+    finishing the last collective can make that peer abort at exit ("terminate called without
+    an active exception"). A Gloo barrier alone does not prevent it (a rank may leave the barrier
+    before its peer has), so each rank then also counts itself out in the rendezvous store,
+    outside Gloo, and waits for the others. Bounded (10 s at most).
     """
     try:
         dist.barrier()
@@ -217,7 +233,7 @@ def _leave_together(state: _State) -> None:
     _groups_left += 1  # every rank leaves the same groups in the same order: a fresh key each time
     key = f"sdp_runtime/left/{_groups_left}"
     with contextlib.suppress(Exception):
-        store = dist.distributed_c10d._get_default_store()
+        store = _default_store()
         store.add(key, 1)
         deadline = time.monotonic() + min(state.timeout_s, 10.0)
         while store.add(key, 0) < state.placement.size:
@@ -750,17 +766,25 @@ def _object_device(state: _State) -> torch.device | None:
 
 @contextmanager
 def _guard(state: _State, what: str) -> Iterator[None]:
-    """Turn the backend's errors into one clear CommunicationError."""
+    """Track the collective for the watchdog; turn the backend's errors into one clear message."""
+    _exit.enter(what)
     try:
         yield
     except (CommunicationError, NotInitializedError):
         raise
     except (RuntimeError, TimeoutError, ConnectionError) as error:
+        reason = _exit.explain(what) if state.placement.size > 1 else None
+        if reason is None:
+            reason = (
+                f"another process probably died, or did not reach the same {what} within "
+                f"{state.timeout_s:g} s (SDP_TIMEOUT)"
+            )
         raise CommunicationError(
-            f"{what} failed on rank {state.placement.rank} of {state.placement.size}: another "
-            f"process probably died, or did not reach the same {what} within "
-            f"{state.timeout_s:g} s (SDP_TIMEOUT). Cause: {_first_line(error)}"
+            f"{what} failed on rank {state.placement.rank} of {state.placement.size}: {reason}. "
+            f"Cause: {_first_line(error)}"
         ) from error
+    finally:
+        _exit.leave()
 
 
 def _first_line(error: BaseException) -> str:

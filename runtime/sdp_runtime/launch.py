@@ -21,11 +21,14 @@ else 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from . import _env
 
@@ -166,8 +169,8 @@ def _count_nproc(p: Plan) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sdp-run``; returns the exit status.
 
-    0 when every rank succeeded; the failing rank's exit status (1 for a signal) when one
-    failed; 2 for a usage error.
+    0 when every rank succeeded; the exit status of the rank that failed first (128 + N when it
+    was killed by signal N) when one failed; 2 for a usage error.
 
     Example:
         >>> main(["-n", "2", "train.py"])
@@ -195,25 +198,80 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     torchrun_argv = torchrun_args(p, args, _count_nproc(p), log_dir)
-    try:
-        torchrun.run(torchrun.get_args_parser().parse_args(torchrun_argv))
-    except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
-        if failure.exitcode < 0:
-            why, status = f"was killed by signal {failure.signal_name()}", 1
-        else:
-            why, status = f"exited with status {failure.exitcode}", failure.exitcode or 1
-        sys.stdout.flush()
-        print(
-            f"sdp-run: rank {rank} {why} (its output above shows why); the other ranks "
-            "were stopped.",
-            file=sys.stderr,
-        )
-        return status
+    with tempfile.TemporaryDirectory(prefix="sdp-run-exits-") as reports:
+        os.environ["SDP_RUN_REPORT_DIR"] = reports  # where a failing rank says why (sdp_runtime)
+        try:
+            torchrun.run(torchrun.get_args_parser().parse_args(torchrun_argv))
+        except ChildFailedError as error:
+            sys.stdout.flush()
+            rank, why, status, trace = first_failure(error.failures, _read_reports(reports))
+            print(f"sdp-run: rank {rank} failed first: {why}; the other ranks were stopped.",
+                  file=sys.stderr)
+            if trace:
+                lines = trace.rstrip().splitlines()[-20:]
+                print(f"sdp-run: rank {rank}'s traceback (end):", file=sys.stderr)
+                print("\n".join(f"    {line}" for line in lines), file=sys.stderr)
+            return status
+        except SignalException as stop:  # Ctrl-C or SIGTERM: torchrun has stopped every rank
+            sys.stdout.flush()
+            name = signal.Signals(stop.sigval).name
+            print(f"sdp-run: stopped by {name}; every rank was stopped.", file=sys.stderr)
+            return 128 + int(stop.sigval)
     return 0
+
+
+def first_failure(
+    failures: Mapping[int, Any], reports: Mapping[int, Mapping[str, Any]]
+) -> tuple[int, str, int, str]:
+    """Which rank failed first, why, the exit status to return and its traceback ('' if none).
+
+    ``failures`` are torchrun's (rank -> ProcessFailure: ``exitcode``, ``timestamp``,
+    ``signal_name()``), ``reports`` the records failing ranks wrote (``sdp_runtime._exit``). A
+    rank's own recorded error, or a rank that left without a record (``sys.exit``, killed by a
+    signal such as SIGKILL), comes before errors that only followed from another rank's exit (a
+    collective whose peer left) and ranks stopped with SIGTERM/SIGINT, which is how torchrun stops
+    the survivors. Within each of the two classes the earliest wins.
+
+    Example:
+        >>> first_failure({1: failure}, {1: {"error": "ValueError: bad batch", "time": 5.0}})
+        (1, 'ValueError: bad batch (exit status 1)', 1, '')
+    """
+    stopped = (-int(signal.SIGTERM), -int(signal.SIGINT))
+
+    def order(rank: int) -> tuple[int, float]:
+        report = reports.get(rank)
+        when = float((report or {}).get("time", getattr(failures[rank], "timestamp", 0)))
+        if report is not None:
+            return int(bool(report.get("caused_by_peer"))), when
+        return int(int(failures[rank].exitcode) in stopped), when
+
+    rank = min(failures, key=order)
+    failure, report = failures[rank], reports.get(rank) or {}
+    code = int(failure.exitcode)
+    if code < 0:
+        how, status = f"killed by signal {failure.signal_name()}", 128 - code
+    else:
+        how, status = f"exit status {code}", code or 1
+    error = report.get("error") or ""
+    why = f"{error} ({how})" if error else how
+    return rank, why, status, str(report.get("traceback") or "")
+
+
+def _read_reports(folder: str) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for name in os.listdir(folder):
+        if name.startswith("rank") and name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    record = json.load(f)
+                out[int(record["rank"])] = record
+            except (OSError, ValueError, KeyError):
+                continue
+    return out
 
 
 if __name__ == "__main__":

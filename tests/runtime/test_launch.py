@@ -166,7 +166,8 @@ def test_a_failing_rank_fails_the_run_and_stops_the_others(script, tmp_path):
     assert "[rank1]: Traceback (most recent call last):" in err
     assert "[rank1]: RuntimeError: planned failure on rank 1" in err
     assert "[rank1]: [rank1]:" not in err  # one prefix, not torch's on top of ours
-    assert "sdp-run: rank 1 exited with status 1" in err
+    assert ("sdp-run: rank 1 failed first: RuntimeError: planned failure on rank 1 "
+            "(exit status 1)") in err
     assert "[rank0]: rank 0 of 2" in out
 
 
