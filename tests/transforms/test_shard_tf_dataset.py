@@ -45,8 +45,9 @@ def notes(result):
 
 def shard_message(source: str) -> str:
     return (
-        f"training data from {source}: .shard(sdp.size(), sdp.rank()) before shuffle/batch, "
-        "each worker reads its own part"
+        f"training data from {source}: .apply(sdp.shard) before shuffle/batch, "
+        "each worker reads its own part (the same number of elements on every worker, padded "
+        "like DistributedSampler)"
     )
 
 
@@ -71,7 +72,7 @@ def test_chained_pipeline_is_sharded_after_its_source_and_take_counts_steps_per_
 
         sdp.init()
 
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(32)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard).shuffle(1000).batch(32)
         val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(32)
         for step, (xb, yb) in enumerate(ds.take(500 // sdp.size())):
             with tf.GradientTape() as tape:
@@ -100,7 +101,7 @@ def test_step_by_step_pipeline_from_tfrecords():
     )
     assert out == (
         'files = tf.data.Dataset.list_files("data/*.tfrecord", shuffle=False)\n'
-        "ds = tf.data.TFRecordDataset(files).shard(sdp.size(), sdp.rank())\n"
+        "ds = tf.data.TFRecordDataset(files).apply(sdp.shard)\n"
         "ds = ds.map(parse)\n"
         "ds = ds.shuffle(1000)\n"
         "ds = ds.batch(32).repeat()\n" + loop("ds.take(STEPS // sdp.size())")
@@ -128,8 +129,8 @@ def test_every_import_spelling_of_the_sources():
 
         sdp.init()
 
-        a = Dataset.from_tensor_slices(xs).shard(sdp.size(), sdp.rank()).batch(8)
-        b = tfdata.Dataset.range(1000).shard(sdp.size(), sdp.rank()).map(f).batch(8)
+        a = Dataset.from_tensor_slices(xs).apply(sdp.shard).batch(8)
+        b = tfdata.Dataset.range(1000).apply(sdp.shard).map(f).batch(8)
         """)
         + loop("a")
         + loop("b"),
@@ -143,7 +144,7 @@ def test_file_names_from_list_files_are_sharded_and_their_shuffle_reported():
         "ds = files.interleave(tf.data.TFRecordDataset).map(parse).batch(32)\n" + loop("ds")
     )
     assert out == (
-        'files = tf.data.Dataset.list_files("data/*.tfrecord").shard(sdp.size(), sdp.rank())\n'
+        'files = tf.data.Dataset.list_files("data/*.tfrecord").apply(sdp.shard)\n'
         "ds = files.interleave(tf.data.TFRecordDataset).map(parse).batch(32)\n" + loop("ds")
     )
     assert sharded(result) == [(2, shard_message("tf.data.Dataset.list_files"))]
@@ -170,7 +171,7 @@ def test_tensorflow_datasets_load():
 
         sdp.init()
 
-        train = tfds.load("mnist", split="train", as_supervised=True).shard(sdp.size(), sdp.rank())
+        train = tfds.load("mnist", split="train", as_supervised=True).apply(sdp.shard)
         train = train.map(scale).cache().shuffle(10000).batch(128)
         """)
         + loop("train"),
@@ -200,7 +201,7 @@ def test_tfds_splits_unpacked_from_a_tuple_and_shuffled_files():
         (train, test), info = tfds.load(
             "mnist", split=["train", "test"], with_info=True, shuffle_files=True
         )
-        train = train.shard(sdp.size(), sdp.rank()).shuffle(100).batch(32)
+        train = train.apply(sdp.shard).shuffle(100).batch(32)
         """)
         + loop("train"),
         only=ONLY,
@@ -220,11 +221,11 @@ def test_from_tensors_is_sharded_once_it_holds_several_elements():
         + loop("few")
     )
     assert out == (
-        "rows = tf.data.Dataset.from_tensors((x, y)).unbatch().shard(sdp.size(), sdp.rank()).map(f).shuffle(100).batch(8)\n"
+        "rows = tf.data.Dataset.from_tensors((x, y)).unbatch().apply(sdp.shard).map(f).shuffle(100).batch(8)\n"
         + loop("rows")
-        + "synthetic = tf.data.Dataset.from_tensors((images, labels)).repeat().shard(sdp.size(), sdp.rank())\n"
+        + "synthetic = tf.data.Dataset.from_tensors((images, labels)).repeat().apply(sdp.shard)\n"
         + loop("synthetic.take(100 // sdp.size())")
-        + "few = tf.data.Dataset.from_tensors(x).repeat(3).shard(sdp.size(), sdp.rank()).take(2 // sdp.size()).batch(1)\n"
+        + "few = tf.data.Dataset.from_tensors(x).repeat(3).apply(sdp.shard).take(2 // sdp.size()).batch(1)\n"
         + loop("few")
     )
     assert notes(result) == []
@@ -237,7 +238,7 @@ def test_from_tensors_alone_is_one_element_and_needs_a_person():
     assert notes(result) == [
         (2, "training data from tf.data.Dataset.from_tensors not sharded: it is one element (the "
             "whole tensors), which only one worker's shard would hold; use from_tensor_slices (or "
-            ".unbatch()) and .shard(sdp.size(), sdp.rank()) before shuffle/batch")
+            ".unbatch()) and .apply(sdp.shard) before shuffle/batch")
     ]
 
 
@@ -250,7 +251,7 @@ def test_a_selection_before_shuffle_stays_in_front_of_the_shard():
     )
     assert out == (
         "def make_dataset(batch):\n"
-        "    return tf.data.Dataset.from_tensor_slices((xs, ys)).skip(100).take(1000).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(batch)\n"
+        "    return tf.data.Dataset.from_tensor_slices((xs, ys)).skip(100).take(1000).apply(sdp.shard).shuffle(1000).batch(batch)\n"
         "\n\n"
         "for epoch in range(3):\n" + loop("make_dataset(32).take(10 // sdp.size())", indent="    ")
     )
@@ -271,7 +272,7 @@ def test_a_dataset_read_with_iter_and_next():
         "    opt.apply_gradients(zip(grads, model.trainable_variables))\n"
     )
     assert out.startswith(
-        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).shard(sdp.size(), sdp.rank()).repeat().batch(32)\n"
+        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).apply(sdp.shard).repeat().batch(32)\n"
         "it = iter(ds)\n"
     )
 
@@ -316,7 +317,7 @@ def test_a_loop_counting_its_steps_over_next_does_its_part_of_them():
         sdp.init()
 
         STEPS = 1000
-        train_ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(1000).batch(32)
+        train_ds = tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard).shuffle(1000).batch(32)
         it = iter(train_ds)
         for step in range(STEPS // sdp.size()):
             x, y = next(it)
@@ -351,7 +352,7 @@ def test_a_while_loop_counting_its_steps_over_next_does_its_part_of_them():
 
         sdp.init()
 
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).batch(32)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard).batch(32)
         batches = iter(ds)
         step = 0
         """)
@@ -383,17 +384,17 @@ def test_step_counts_in_every_usual_spelling_are_divided():
     assert result.output.decode() == (
         "import tensorflow as tf\nfrom tqdm import tqdm\nimport sdp_runtime.tensorflow as sdp\n\n"
         "sdp.init()\n\n"
-        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).shard(sdp.size(), sdp.rank()).batch(BATCH).repeat(EPOCHS)\n"
+        "ds = tf.data.Dataset.from_tensor_slices((xs, ys)).apply(sdp.shard).batch(BATCH).repeat(EPOCHS)\n"
         "it = iter(ds)\n"
         + next_loop("for step in tqdm(range(0, (len(xs) // BATCH * EPOCHS - 1) // sdp.size())):")
         + "\n\ndef train(dataset, steps):\n"
         "    for epoch in range(3):\n"
         "        batches = iter(dataset)\n"
         + next_loop("for step in range(steps // sdp.size()):", "batches", indent="        ")
-        + "\n\ntrain(tf.data.Dataset.range(100).shard(sdp.size(), sdp.rank()).map(f).batch(8), 10)\n"
+        + "\n\ntrain(tf.data.Dataset.range(100).apply(sdp.shard).map(f).batch(8), 10)\n"
         + "n = 0\n"
         # A take() after repeat() ends the data again: both counts are divided, and agree.
-        + "items = iter(tf.data.Dataset.range(100).shard(sdp.size(), sdp.rank()).batch(8).repeat().take(STEPS // sdp.size()))\n"
+        + "items = iter(tf.data.Dataset.range(100).apply(sdp.shard).batch(8).repeat().take(STEPS // sdp.size()))\n"
         + next_loop("while STEPS // sdp.size() > n:", "items", after="    n = n + 1\n")
     )
     assert [message for _, message in sharded(result) if "run out" in message] == [
@@ -410,7 +411,7 @@ def test_step_counts_in_every_usual_spelling_are_divided():
 
 def test_step_counts_that_cannot_run_out_are_left_alone():
     source = "ds = tf.data.Dataset.from_tensor_slices((xs, ys))"
-    shard = ".shard(sdp.size(), sdp.rank())"
+    shard = ".apply(sdp.shard)"
     cases = [
         # Repeated forever: every worker has as many batches as it asks for.
         (".batch(32).repeat()\nit = iter(ds)\n", next_loop("for step in range(STEPS):")),
@@ -469,7 +470,7 @@ def test_step_counts_the_converter_cannot_divide_need_a_person():
     ]
     for body, expected in cases:
         out, result = convert(body)
-        assert out == body.replace(".batch(32)", ".shard(sdp.size(), sdp.rank()).batch(32)"), body
+        assert out == body.replace(".batch(32)", ".apply(sdp.shard).batch(32)"), body
         assert notes(result) == [expected], body
 
 
@@ -492,7 +493,7 @@ def test_the_dataset_given_to_keras_fit_is_sharded_not_the_validation_data():
 
         model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-        train = tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank()).shuffle(100).batch(32)
+        train = tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard).shuffle(100).batch(32)
         val = tf.data.Dataset.from_tensor_slices((vx, vy)).batch(32)
         model.fit(train, validation_data=val, epochs=2)
         """,
@@ -508,7 +509,7 @@ def test_sources_that_shuffle_and_batch_by_themselves_need_a_person():
     assert notes(result) == [
         (2, "training data from tf.keras.utils.image_dataset_from_directory not sharded: "
             "tf.keras.utils.image_dataset_from_directory shuffles and batches by itself; build it "
-            "so that every worker sees the same order, then .shard(sdp.size(), sdp.rank())")
+            "so that every worker sees the same order, then .apply(sdp.shard)")
     ]
 
 
@@ -517,7 +518,7 @@ def test_data_the_converter_cannot_follow_needs_a_person():
     assert out == loop("load_data()")
     assert notes(result) == [
         (2, "training data not sharded (built by load_data()): give each worker its own part, "
-            "e.g. .shard(sdp.size(), sdp.rank()) right after the source")
+            "e.g. .apply(sdp.shard) right after the source")
     ]
 
 
@@ -543,7 +544,7 @@ def test_an_already_sharded_pipeline_is_not_sharded_twice():
         """) + loop("ds.take(10)")
     result = check_noop(source, only=ONLY)
     assert notes(result) == [
-        (5, "the training data is sharded already: make it .shard(sdp.size(), sdp.rank())")
+        (5, "the training data is sharded already: make it .apply(sdp.shard)")
     ]
 
 
@@ -554,7 +555,7 @@ def test_converting_the_output_again_changes_nothing():
     )
     assert out == (
         "ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
-        "ds = ds.take(1000).shard(sdp.size(), sdp.rank()).shuffle(100).batch(32)\n"
+        "ds = ds.take(1000).apply(sdp.shard).shuffle(100).batch(32)\n"
         + loop("enumerate(ds.take(STEPS // sdp.size()))")
     )
     check_noop(result.output.decode(), only=ONLY)

@@ -312,19 +312,19 @@ def test_numpy_arrays_given_to_fit_are_strided_and_reported():
     )
     cb = f"callbacks={CALLBACKS}"
     assert out.splitlines()[1:] == [
-        "model.fit(x_train[sdp.rank()::sdp.size()], y_train[sdp.rank()::sdp.size()], 32, 3, "
-        f"sample_weight=w[sdp.rank()::sdp.size()], verbose=0, {cb})",
-        "model.fit(x=features[sdp.rank()::sdp.size()], y=labels[sdp.rank()::sdp.size()], "
+        "model.fit(sdp.shard(x_train), sdp.shard(y_train), 32, 3, "
+        f"sample_weight=sdp.shard(w), verbose=0, {cb})",
+        "model.fit(x=sdp.shard(features), y=sdp.shard(labels), "
         f"batch_size=32, verbose=0, {cb})",
         f"model.fit([x_a, x_b], y_train, verbose=0, {cb})",
     ]
     assert [c for c in changes(result) if "sample" in c[1]] == [
         (5, "x_train, y_train, w: each worker trains on every sdp.size()-th sample from sdp.rank() "
-            "on (batch_size is per worker; keep the sample count divisible by the number of "
-            "workers)"),
+            "on, padded like DistributedSampler so that every worker runs the same number of "
+            "steps (batch_size is per worker)"),
         (6, "features, labels: each worker trains on every sdp.size()-th sample from sdp.rank() "
-            "on (batch_size is per worker; keep the sample count divisible by the number of "
-            "workers)"),
+            "on, padded like DistributedSampler so that every worker runs the same number of "
+            "steps (batch_size is per worker)"),
     ]
     assert notes(result) == [
         (7, "fit input [x_a, x_b] is a list of arrays: give each worker every sdp.size()-th sample "
@@ -422,7 +422,7 @@ def test_converting_the_output_again_changes_nothing():
     assert out.splitlines() == [
         'model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam()), loss="mse")',
         'ckpt = tf.keras.callbacks.ModelCheckpoint("m.keras")',
-        "model.fit(x[sdp.rank()::sdp.size()], y[sdp.rank()::sdp.size()], epochs=2, "
+        "model.fit(sdp.shard(x), sdp.shard(y), epochs=2, "
         f"steps_per_epoch=10 // sdp.size(), callbacks={CALLBACKS} + ([ckpt] if sdp.rank() == 0 "
         f"else []), {VERBOSE})",
     ]
@@ -474,8 +474,8 @@ def test_fit_given_keyword_arguments_as_a_dict_is_left_to_a_person_for_what_it_m
     assert out.splitlines() == [
         'model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam()), loss="mse")',
         'fit_kwargs = {"callbacks": [callback], "verbose": 0}',
-        "model.fit(x[sdp.rank()::sdp.size()], y[sdp.rank()::sdp.size()], epochs=3, **fit_kwargs)",
-        "model.fit(x[sdp.rank()::sdp.size()], y[sdp.rank()::sdp.size()], **fit_kwargs, "
+        "model.fit(sdp.shard(x), sdp.shard(y), epochs=3, **fit_kwargs)",
+        "model.fit(sdp.shard(x), sdp.shard(y), **fit_kwargs, "
         f"callbacks={CALLBACKS}, verbose=2 if sdp.rank() == 0 else 0, "
         "steps_per_epoch=10 // sdp.size())",
     ]

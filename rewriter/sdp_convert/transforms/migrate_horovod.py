@@ -531,11 +531,55 @@ class Migration(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         names_ = {q for q in self.qualified_names(original_node.func) if self._is_ours(q)}
         if not names_:
-            return updated_node
+            return self._even_shard(original_node, updated_node)
         for arg in original_node.args:
             if arg.keyword is not None and arg.keyword.value == "process_set":
                 self.record(arg, f"process_set=: {ADVICE['ProcessSet']}", manual=True)
         return self.rewrite_call(original_node, updated_node, names_)
+
+    def _even_shard(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        """``ds.shard(hvd.size(), hvd.rank())`` -> ``ds.apply(hvd.shard)``.
+
+        The plain shard gives the first ``n % size`` ranks one element more; after ``batch`` that
+        can be one step more, and that rank waits at the end of the epoch for peers that left it
+        (Horovod users meet it as a hang). The runtime's ``shard`` pads as DistributedSampler does.
+        """
+        func = original.func
+        if not (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "shard"
+            and len(original.args) == 2
+            and all(a.keyword is None and not a.star for a in original.args)
+        ):
+            return updated
+        size_call, rank_call = (a.value for a in original.args)
+        modules = []
+        for call, member in ((size_call, "size"), (rank_call, "rank")):
+            if not (isinstance(call, cst.Call) and not call.args
+                    and isinstance(call.func, cst.Attribute)):
+                return updated
+            found = {q.rpartition(".")[0] for q in self.qualified_names(call.func)
+                     if q.endswith("." + member)}
+            modules.append(found & set(self.modules))
+        common = modules[0] & modules[1]
+        target = self.modules.get(next(iter(common))) if common else None
+        if target is None or not target.module.startswith("sdp_runtime.tensorflow"):
+            return updated
+        new_size = updated.args[0].value
+        assert isinstance(new_size, cst.Call) and isinstance(new_size.func, cst.Attribute)
+        spelled = new_size.func.value
+        self.record(
+            original,
+            f"{self.module.code_for_node(original)} -> .apply("
+            f"{self.module.code_for_node(spelled)}.shard): every rank gets the same number of "
+            "elements (a rank with one batch more would wait for the others at the end of each "
+            "epoch)",
+        )
+        assert isinstance(updated.func, cst.Attribute)
+        return updated.with_changes(
+            func=updated.func.with_changes(attr=cst.Name("apply")),
+            args=[cst.Arg(cst.Attribute(value=spelled, attr=cst.Name("shard")))],
+        )
 
     def rewrite_call(
         self, original_node: cst.Call, updated_node: cst.Call, qualified: set[str]

@@ -8,12 +8,14 @@ Before::
 
 After::
 
-    ds = (tf.data.Dataset.from_tensor_slices((x, y)).shard(sdp.size(), sdp.rank())
+    ds = (tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard)
           .shuffle(1000).batch(32))
     for step, (xb, yb) in enumerate(ds.take(500 // sdp.size())):
         train_step(xb, yb)
 
-Why: data parallelism only pays when workers read different samples. ``shard(size, rank)`` right
+Why: data parallelism only pays when workers read different samples. ``sdp.shard`` (the
+runtime's ``dataset.shard(size, rank)`` that also gives every worker the same number of elements,
+so that no worker waits for the others at the end of an epoch) right
 after the source (``from_tensor_slices``, ``from_tensors``, ``range``, ``list_files``,
 ``TFRecordDataset``, ``tfds.load``, ...) and before ``shuffle``/``batch``/``repeat`` splits the
 *samples* into disjoint parts whatever the shuffle seed, and batch B per worker makes a global batch
@@ -389,7 +391,7 @@ class ShardTfDataset(Transform):
                 self.record(
                     where,
                     f"training data not sharded ({why}): give each worker its own part, e.g. "
-                    f".shard({self.sdp}.size(), {self.sdp}.rank()) right after the source",
+                    f".apply({self.sdp}.shard) right after the source",
                     manual=True,
                 )
                 continue
@@ -412,18 +414,19 @@ class ShardTfDataset(Transform):
             self.record(
                 trace.source,
                 f"training data from {source} not sharded: {trace.problem}; build it so that every "
-                f"worker sees the same order, then .shard({self.sdp}.size(), {self.sdp}.rank())",
+                f"worker sees the same order, then .apply({self.sdp}.shard)",
                 manual=True,
             )
             return False
         chain = trace.chain
+        if any(self._evened(s) for s in chain):
+            return False  # .apply(sdp.shard) already
         existing = [s for s in chain if _method(s) == "shard"]
         if existing:
             if not any(mentions_size(self, s) for s in existing):
                 self.record(
                     existing[0],
-                    f"the training data is sharded already: make it "
-                    f".shard({self.sdp}.size(), {self.sdp}.rank())",
+                    f"the training data is sharded already: make it .apply({self.sdp}.shard)",
                     manual=True,
                 )
             return False
@@ -450,7 +453,7 @@ class ShardTfDataset(Transform):
                 trace.source,
                 f"training data from {source} not sharded: it is one element (the whole tensors), "
                 f"which only one worker's shard would hold; use from_tensor_slices (or .unbatch()) "
-                f"and .shard({self.sdp}.size(), {self.sdp}.rank()) before shuffle/batch",
+                f"and .apply({self.sdp}.shard) before shuffle/batch",
                 manual=True,
             )
             return False
@@ -665,21 +668,25 @@ class ShardTfDataset(Transform):
                     manual=True,
                 )
 
+    def _evened(self, step: cst.CSTNode) -> bool:
+        """``.apply(sdp.shard)``: this transform's own shard."""
+        return (
+            _method(step) == "apply"
+            and isinstance(step, cst.Call)
+            and len(step.args) == 1
+            and self.refers_to(step.args[0].value, f"{self.state.runtime_module}.shard")
+        )
+
     def _shard(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
         self.record(
             original,
-            f"training data from {self.anchors[original]}: .shard({self.sdp}.size(), "
-            f"{self.sdp}.rank()) before shuffle/batch, each worker reads its own part",
+            f"training data from {self.anchors[original]}: .apply({self.sdp}.shard) before "
+            f"shuffle/batch, each worker reads its own part (the same number of elements on every "
+            f"worker, padded like DistributedSampler)",
         )
         return cst.Call(
-            func=cst.Attribute(value=updated, attr=cst.Name("shard")),
-            args=[
-                cst.Arg(
-                    cst.parse_expression(f"{self.sdp}.size()"),
-                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
-                ),
-                cst.Arg(cst.parse_expression(f"{self.sdp}.rank()")),
-            ],
+            func=cst.Attribute(value=updated, attr=cst.Name("apply")),
+            args=[cst.Arg(cst.parse_expression(f"{self.sdp}.shard"))],
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

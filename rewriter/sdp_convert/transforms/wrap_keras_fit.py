@@ -12,7 +12,7 @@ After (with ``scale_keras_learning_rate`` and ``add_runtime_init``)::
     model.compile(optimizer=sdp.keras.DistributedOptimizer(
                       tf.keras.optimizers.Adam(0.001 * sdp.size())),
                   loss="mse")
-    model.fit(x_train[sdp.rank()::sdp.size()], y_train[sdp.rank()::sdp.size()], batch_size=64,
+    model.fit(sdp.shard(x_train), sdp.shard(y_train), batch_size=64,
               epochs=3, steps_per_epoch=100 // sdp.size(),
               callbacks=[sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0),
                          sdp.keras.callbacks.MetricAverageCallback()]
@@ -36,10 +36,12 @@ Why, step by step:
   batches. ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
   of it.
 * A ``tf.data`` dataset given to ``fit`` is sharded at its source by ``shard_tf_dataset``. Arrays
-  (``fit(x, y)``) are sharded here by striding, ``x[sdp.rank()::sdp.size()]``: ``batch_size`` stays
-  the per-worker batch, and without shuffling one step of N workers sees exactly the samples of one
-  step of batch N*B. The sample count must be divisible by N (else the workers run different numbers
-  of steps and wait for each other); inputs given as a list or dict of arrays are reported instead.
+  (``fit(x, y)``) are sharded here with ``sdp.shard(x)``: every ``sdp.size()``-th sample from
+  ``sdp.rank()`` on, the samples padded (like ``DistributedSampler``) to a multiple of the number of
+  workers so that every worker runs the same number of steps (a worker with one batch more would
+  wait for the others at the end of each epoch). ``batch_size`` stays the per-worker batch, and
+  without shuffling one step of N workers sees exactly the samples of one step of batch N*B; inputs
+  given as a list or dict of arrays are reported instead.
 """
 
 from __future__ import annotations
@@ -216,20 +218,18 @@ class WrapKerasFit(Transform):
         for keyword in self.arrays.get(original, []):
             arg = _fit_arg(updated, keyword)
             assert arg is not None
-            strided = cst.parse_expression(f"_[{self.sdp}.rank()::{self.sdp}.size()]")
-            assert isinstance(strided, cst.Subscript)
-            value = arg.value
-            if not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)):
-                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            updated = replace_arg(updated, arg, strided.with_changes(value=value))
+            shard = cst.Call(
+                func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(arg.value)]
+            )
+            updated = replace_arg(updated, arg, shard)
         if self.arrays.get(original):
             names = ", ".join(code(_fit_arg(original, k).value)  # type: ignore[union-attr]
                               for k in self.arrays[original])
             self.record(
                 original,
                 f"{names}: each worker trains on every {self.sdp}.size()-th sample from "
-                f"{self.sdp}.rank() on (batch_size is per worker; keep the sample count divisible "
-                f"by the number of workers)",
+                f"{self.sdp}.rank() on, padded like DistributedSampler so that every worker runs "
+                f"the same number of steps (batch_size is per worker)",
             )
         return updated
 
@@ -324,6 +324,10 @@ class WrapKerasFit(Transform):
             assert arg is not None
             if isinstance(arg.value, cst.Subscript) and mentions_size(self, arg.value):
                 return  # strided already
+            if isinstance(arg.value, cst.Call) and self.refers_to(
+                arg.value.func, f"{self.state.runtime_module}.shard"
+            ):
+                return  # sdp.shard(x) already
             for value in assigned_values(index, arg.value, fit):
                 if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
                     self.record(

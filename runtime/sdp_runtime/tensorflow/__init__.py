@@ -44,6 +44,7 @@ from sdp_runtime.tensorflow.compression import (
     ReduceOp,
     Sum,
 )
+from sdp_runtime.tensorflow.data import shard
 from sdp_runtime.tensorflow.optimizer import DistributedOptimizer
 from sdp_runtime.tensorflow.tape import DistributedGradientTape
 
@@ -76,6 +77,7 @@ __all__ = [
     "oob_allreduce",
     "overlap",
     "rank",
+    "shard",
     "shutdown",
     "size",
 ]

@@ -24,6 +24,7 @@ from sdp_runtime.tensorflow import (
     local_rank,
     local_size,
     rank,
+    shard,
     shutdown,
     size,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "shard",
     "shutdown",
     "size",
 ]
