@@ -8,9 +8,8 @@ the clean-run fast path before and after a runtime change (results/fail_fast_bef
 
 import time
 
-import torch
-
 import sdp_runtime.torch as sdp
+import torch
 
 sdp.init()
 x = torch.ones(5120)
