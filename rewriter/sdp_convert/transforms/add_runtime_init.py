@@ -28,6 +28,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
+from ..program.syntax import end_of_import_block
 
 
 class AddRuntimeInit(Transform):
@@ -41,7 +42,7 @@ class AddRuntimeInit(Transform):
         if self.calls_to(f"{self.state.runtime_module}.init"):
             self.already = True
             return
-        self.anchor = _end_of_import_block(module)
+        self.anchor = end_of_import_block(module)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if self.already:
@@ -72,21 +73,3 @@ class AddRuntimeInit(Transform):
         return updated_node
 
 
-def _end_of_import_block(module: cst.Module) -> cst.BaseStatement | None:
-    """The last statement of the file's first block of top-level imports.
-
-    Usually the block that opens the file (after its docstring); in a file that starts with other
-    statements (``CONFIG = {...}`` then ``import torch``), the first imports that come later, so
-    that what goes after the block (``init()``, ``torch.cuda.set_device``) has torch imported.
-    ``__future__`` imports alone do not make a block.
-    """
-    last = None
-    for stmt in module.body:
-        is_import = m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()]))
-        if is_import and not m.matches(
-            stmt, m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))])
-        ):
-            last = stmt
-        elif last is not None:
-            break
-    return last

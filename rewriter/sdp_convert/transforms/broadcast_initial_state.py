@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ..base import Transform
-from .scale_keras_learning_rate import FileIndex, arg_named, assigned_values, code, file_index
-from .wrap_gradient_tape import StepSite, is_tf_function, training_facts
+from ..program.index import FileIndex, assigned_values, file_index
+from ..program.syntax import arg_named, code
+from ..program.training import StepSite, is_tf_function, training_facts
 
 _VARIABLE_ATTRS = ("trainable_variables", "trainable_weights", "variables", "weights")
 

@@ -42,14 +42,7 @@ import libcst.matchers as m
 
 from ..analysis import FileInfo
 from ..base import Transform
-from .shard_dataloader import (
-    Binding,
-    assigned_binding,
-    class_of,
-    node_order,
-    referents,
-    uses,
-)
+from ..program.scopes import Binding, assigned_binding, class_of, node_order, referents, uses
 
 _IN_PLACE_UPDATES = ("add_", "sub_", "addcdiv_", "addcmul_", "copy_", "lerp_")
 _LBFGS = ("torch.optim.LBFGS", "torch.optim.lbfgs.LBFGS")

@@ -57,7 +57,7 @@ import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import _RANK_FUNCTIONS, Transform, is_rank0_test
-from .shard_dataloader import (
+from ..program.scopes import (
     Binding,
     assigned_binding,
     assigned_values,

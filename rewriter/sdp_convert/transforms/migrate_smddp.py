@@ -57,7 +57,7 @@ from collections.abc import Mapping
 
 import libcst as cst
 
-from . import migrate_horovod as hvd
+from .. import migration as hvd
 
 _ROOT = "smdistributed.dataparallel"
 _TORCH_SMDDP = f"{_ROOT}.torch.torch_smddp"
@@ -76,8 +76,8 @@ _TF = hvd.names(
 )
 #: torch.distributed's name -> sdp_runtime.torch's (leaving the job destroys the runtime's group).
 _RENAMED = {"destroy_process_group": "shutdown"}
-_KERAS = hvd.HOROVOD_MODULES["horovod.tensorflow.keras"].names
-_CALLBACKS = hvd.HOROVOD_MODULES["horovod.tensorflow.keras.callbacks"].names
+_KERAS = hvd.RUNTIME_KERAS_NAMES
+_CALLBACKS = hvd.RUNTIME_CALLBACK_NAMES
 _DDP = hvd.names("DistributedDataParallel")
 
 SMDDP_MODULES: Mapping[str, hvd.Target] = {

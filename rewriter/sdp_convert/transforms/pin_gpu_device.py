@@ -37,8 +37,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import ScopeProvider
 
 from ..base import Transform
-from .add_runtime_init import _end_of_import_block
-from .scale_keras_learning_rate import FileIndex, arg_named, code, file_index, mentions
+from ..program.index import FileIndex, file_index
+from ..program.syntax import arg_named, code, end_of_import_block, mentions
 
 _CUDA_INDEX = re.compile(r"cuda:(\d+)")
 _LOCAL_RANK = (
@@ -131,7 +131,7 @@ class PinGpuDevice(Transform):
                 self._pin(_after_torch_import(module, self.anchor))
             self.insert = False
         elif self.insert:
-            self.anchor = _end_of_import_block(module)
+            self.anchor = end_of_import_block(module)
             if self.anchor is not None:
                 self.anchor = _after_torch_import(module, self.anchor)
 

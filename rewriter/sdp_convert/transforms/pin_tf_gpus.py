@@ -46,8 +46,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import ScopeProvider
 
 from ..base import Transform
-from .add_runtime_init import _end_of_import_block
-from .scale_keras_learning_rate import FileIndex, code, file_index, mentions
+from ..program.index import FileIndex, file_index
+from ..program.syntax import code, end_of_import_block, mentions
 
 _MEMORY_GROWTH = ("tensorflow.config.experimental.set_memory_growth",)
 _LIST_DEVICES = (
@@ -78,7 +78,7 @@ class PinTfGpus(Transform):
             return
         init = self.calls_to(f"{self.state.runtime_module}.init")
         init_stmt = self.enclosing_statement(init[0]) if init else None
-        import_block = _end_of_import_block(module)
+        import_block = end_of_import_block(module)
         if self._pin_after_growth_loop(init_stmt):
             return
         # After the file's own init, or where add_runtime_init will put one (same anchor: the
@@ -141,7 +141,7 @@ class PinTfGpus(Transform):
             if found is None:
                 continue
             loop, gpus = found
-            first = init_stmt or _end_of_import_block(self.module)
+            first = init_stmt or end_of_import_block(self.module)
             if first is not None and not index.is_before(first, loop):
                 continue  # sdp.local_rank() needs the init first
             func = code(call.func)

@@ -32,16 +32,9 @@ from collections.abc import Iterator
 import libcst as cst
 
 from ..base import Transform
-from .scale_keras_learning_rate import (
-    FileIndex,
-    arg_named,
-    assigned_values,
-    code,
-    file_index,
-    mentions,
-    size_factor,
-    times_size,
-)
+from ..program.index import FileIndex, assigned_values, file_index
+from ..program.optimizers import _SCHEDULER_MODULES, optimizer_class, params_argument
+from ..program.syntax import arg_named, code, insert_keyword, mentions, size_factor, times_size
 
 #: torch 2.13's defaults (torch/optim/*.py), written out when a script leaves lr out.
 DEFAULT_LR = {
@@ -69,7 +62,6 @@ _ABSOLUTE_RATES: dict[str, tuple[tuple[str, int], ...]] = {
     "ReduceLROnPlateau": (("min_lr", 7),),
     "SWALR": (("swa_lr", 1),),
 }
-_SCHEDULER_MODULES = ("torch.optim.lr_scheduler", "torch.optim.swa_utils")
 #: Calls whose result is the world size (a learning rate mentioning one is already scaled).
 WORLD_SIZE = (
     "sdp_runtime.torch.size",
@@ -78,69 +70,9 @@ WORLD_SIZE = (
 )
 
 
-def optimizer_class(transform: Transform, call: cst.Call) -> str | None:
-    """``SGD`` when ``call`` (original) constructs a ``torch.optim`` optimizer, however imported
-    (``torch.optim.SGD``, ``optim.SGD``, ``from torch.optim.sgd import SGD``)."""
-    for qname in transform.qualified_names(call.func):
-        parts = qname.split(".")
-        if parts[:2] != ["torch", "optim"] or len(parts) not in (3, 4):
-            continue
-        if len(parts) == 4 and ".".join(parts[:3]) in _SCHEDULER_MODULES:
-            continue
-        name = parts[-1]
-        if name[:1].isupper() and name != "Optimizer":
-            return name
-    return None
-
-
-def params_argument(call: cst.Call) -> cst.Arg | None:
-    """The ``params`` argument of an optimizer constructor."""
-    return arg_named(call, "params", 0)
-
-
 def is_scaled(transform: Transform, index: FileIndex, expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` (original) already involves the world size, through plain names too."""
     return any(mentions(transform, value, *WORLD_SIZE) for value in assigned_values(index, expr))
-
-
-def insert_keyword(call: cst.Call, after: int, keyword: str, value: cst.BaseExpression) -> cst.Call:
-    """``call`` with ``keyword=value`` right after argument ``after`` (-1: first), in the call's
-    layout: one argument per line stays one per line, a trailing comma stays trailing."""
-    equal = cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-    )
-    new = cst.Arg(value, keyword=cst.Name(keyword), equal=equal)
-    args = list(call.args)
-    if not args:
-        return call.with_changes(args=[new])
-    if after < len(args) - 1:
-        # the new argument takes the separator that follows ``after`` (it leads to the next one)
-        sep = args[after].comma if after >= 0 else cst.Comma(
-            whitespace_after=_line_break(call.whitespace_before_args) or cst.SimpleWhitespace(" ")
-        )
-        return call.with_changes(args=[*args[: after + 1], new.with_changes(comma=sep),
-                                       *args[after + 1 :]])
-    last = args[-1]
-    if len(args) > 1 and isinstance(args[-2].comma, cst.Comma):
-        between = args[-2].comma.whitespace_after
-    else:
-        between = _line_break(call.whitespace_before_args) or cst.SimpleWhitespace(" ")
-    args[-1] = last.with_changes(
-        comma=cst.Comma(whitespace_after=between), whitespace_after_arg=cst.SimpleWhitespace("")
-    )
-    return call.with_changes(
-        args=[
-            *args,
-            new.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg),
-        ]
-    )
-
-
-def _line_break(ws: cst.BaseParenthesizableWhitespace) -> cst.ParenthesizedWhitespace | None:
-    """``ws`` without its comment when it breaks the line (``(\\n    arg``), else None."""
-    if isinstance(ws, cst.ParenthesizedWhitespace):
-        return ws.with_changes(first_line=cst.TrailingWhitespace())
-    return None
 
 
 class ScaleLearningRate(Transform):

@@ -46,54 +46,14 @@ shards would overlap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .scale_keras_learning_rate import (
-    FileIndex,
-    arg_named,
-    code,
-    divided_by_size,
-    file_index,
-    keras_fit_calls,
-    keras_name,
-    mentions_size,
-    replace_arg,
-)
-from .wrap_gradient_tape import training_facts
+from ..program.datasets import DatasetTrace, _method, _short, trace_dataset, training_dataset_uses
+from ..program.index import file_index
+from ..program.syntax import arg_named, code, divided_by_size, mentions_size, replace_arg
 
-_SOURCES = frozenset(
-    {
-        "tensorflow.data.Dataset.from_tensor_slices",
-        "tensorflow.data.Dataset.from_tensors",
-        "tensorflow.data.Dataset.range",
-        "tensorflow.data.Dataset.list_files",
-        "tensorflow.data.Dataset.from_generator",
-        "tensorflow.data.Dataset.zip",
-        "tensorflow.data.Dataset.load",
-        "tensorflow.data.TFRecordDataset",
-        "tensorflow.data.TextLineDataset",
-        "tensorflow.data.FixedLengthRecordDataset",
-        "tensorflow.data.experimental.CsvDataset",
-        "tensorflow_datasets.load",
-    }
-)
-# Sources that come shuffled and batched: a shard of them is a set of whole, differently ordered
-# batches on each worker.
-_BATCHED_SOURCES = frozenset(
-    {
-        "tensorflow.data.experimental.make_csv_dataset",
-        "keras.utils.image_dataset_from_directory",
-        "keras.utils.text_dataset_from_directory",
-        "keras.utils.audio_dataset_from_directory",
-        "keras.utils.timeseries_dataset_from_array",
-        "keras.preprocessing.image_dataset_from_directory",
-        "keras.preprocessing.text_dataset_from_directory",
-    }
-)
 #: Operations after which a ``take``/``skip`` no longer selects the same samples on every worker.
 _ORDERING = frozenset(
     {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
@@ -103,9 +63,6 @@ _ORDERING = frozenset(
 #: and the others nothing. These make several elements of it; the shard goes after the first one.
 _SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
 _SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
-_WRAPPERS = (
-    "builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"
-)
 #: Sources whose length the converter cannot tell (a generator may never end).
 _UNKNOWN_LENGTH = frozenset(
     {"tensorflow.data.Dataset.from_generator", "tensorflow.data.Dataset.zip"}
@@ -119,207 +76,6 @@ _PLAIN_CALLS = (
     "builtins.abs", "math.ceil", "math.floor",
 )
 _CATCHES_STOP = ("builtins.StopIteration", "builtins.Exception", "builtins.BaseException")
-
-
-@dataclass
-class DatasetTrace:
-    """How a training loop's (or fit's) dataset was built, from the use back to its source."""
-
-    #: Method calls and the names they were reached through, from the use inwards.
-    steps: list[cst.CSTNode] = field(default_factory=list)
-    source: cst.Call | None = None
-    source_name: str = ""
-    #: The source is unpacked from a tuple (``(train, test), info = tfds.load(...)``).
-    unpacked: bool = False
-    problem: str | None = None
-
-    @property
-    def chain(self) -> list[cst.CSTNode]:
-        """The steps in the order they apply, starting after the source."""
-        return list(reversed(self.steps))
-
-
-def trace_dataset(
-    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode | None = None
-) -> DatasetTrace:
-    trace = DatasetTrace()
-    _walk(transform, index, expr, at if at is not None else expr, trace, 0)
-    return trace
-
-
-def _source_name(transform: Transform, call: cst.Call) -> tuple[str, bool] | None:
-    for q in transform.qualified_names(call.func):
-        if q in _SOURCES:
-            return q, False
-        if q in _BATCHED_SOURCES or keras_name(q) in _BATCHED_SOURCES:
-            return q, True
-    return None
-
-
-def _walk(
-    transform: Transform,
-    index: FileIndex,
-    expr: cst.BaseExpression,
-    at: cst.CSTNode,
-    trace: DatasetTrace,
-    depth: int,
-) -> None:
-    if depth > 20:
-        trace.problem = "too many steps to follow"
-        return
-    if isinstance(expr, cst.Call):
-        found = _source_name(transform, expr)
-        if found is not None:
-            trace.source, trace.source_name = expr, found[0]
-            if found[1]:
-                trace.problem = f"{_short(found[0])} shuffles and batches by itself"
-            return
-        if transform.refers_to(expr.func, *_WRAPPERS) and expr.args:
-            _walk(transform, index, expr.args[0].value, at, trace, depth + 1)
-            return
-        if isinstance(expr.func, cst.Attribute):
-            trace.steps.append(expr)
-            _walk(transform, index, expr.func.value, at, trace, depth + 1)
-            return
-        if isinstance(expr.func, cst.Name):
-            binding = index.reaching(expr.func.value, expr)
-            if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
-                _through_function(transform, index, binding.stmt, trace, depth)
-                return
-        trace.problem = f"built by {code(expr.func)}()"
-        return
-    if isinstance(expr, cst.Name):
-        binding = index.reaching(expr.value, at)
-        if binding is None:
-            trace.problem = f"{expr.value} is not assigned in this file"
-        elif binding.kind == "assign" and binding.value is not None:
-            trace.steps.append(expr)
-            if binding.unpacked:
-                value = binding.value
-                if isinstance(value, cst.Call) and _source_name(transform, value):
-                    trace.source, trace.unpacked = value, True
-                    trace.source_name = _source_name(transform, value)[0]  # type: ignore[index]
-                else:
-                    trace.problem = f"{expr.value} is unpacked from {code(value)}"
-                return
-            _walk(transform, index, binding.value, binding.stmt, trace, depth + 1)
-        elif binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
-            _through_parameter(transform, index, binding.stmt, expr.value, trace, depth)
-        else:
-            trace.problem = f"{expr.value} comes from a {binding.kind} statement"
-        return
-    if isinstance(expr, cst.Attribute):
-        found = index.attribute_bindings.get(code(expr), [])
-        if found and found[-1].value is not None:
-            trace.steps.append(expr)
-            _walk(transform, index, found[-1].value, found[-1].stmt, trace, depth + 1)
-            return
-    trace.problem = f"{code(expr)} is not a tf.data pipeline the converter can follow"
-
-
-def _through_function(
-    transform: Transform,
-    index: FileIndex,
-    function: cst.FunctionDef,
-    trace: DatasetTrace,
-    depth: int,
-) -> None:
-    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
-    callers = index.calls_by_name.get(function.name.value, [])
-    if len(returns) != 1:
-        trace.problem = f"{function.name.value}() has {len(returns)} return statements"
-    elif len(callers) > 1:
-        trace.problem = (
-            f"{function.name.value}() builds several datasets (it is called {len(callers)} times)"
-        )
-    else:
-        value = returns[0].value
-        assert value is not None
-        _walk(transform, index, value, returns[0], trace, depth + 1)
-
-
-def _through_parameter(
-    transform: Transform,
-    index: FileIndex,
-    function: cst.FunctionDef,
-    name: str,
-    trace: DatasetTrace,
-    depth: int,
-) -> None:
-    params = function.params
-    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
-    callers = [
-        c
-        for c in index.calls_by_name.get(function.name.value, [])
-        if function not in transform.ancestors(c)
-    ]
-    if len(callers) != 1:
-        trace.problem = (
-            f"parameter {name!r} of {function.name.value}(), called {len(callers)} times"
-        )
-        return
-    call = callers[0]
-    if isinstance(call.func, cst.Attribute) and isinstance(
-        index.parent_scope.get(id(function)), cst.ClassDef
-    ):
-        positional = positional[1:]
-    position = positional.index(name) if name in positional else None
-    arg = arg_named(call, name, position)
-    if arg is None:
-        trace.problem = f"parameter {name!r} of {function.name.value}() is not passed"
-        return
-    _walk(transform, index, arg.value, call, trace, depth + 1)
-
-
-def _short(qname: str) -> str:
-    return qname.replace("tensorflow_datasets.", "tfds.").replace("tensorflow.", "tf.")
-
-
-def _method(node: cst.CSTNode) -> str | None:
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return node.func.attr.value
-    return None
-
-
-@dataclass
-class Candidate:
-    """An expression that may hold the training dataset, where a training loop consumes it."""
-
-    expr: cst.BaseExpression
-    #: For ``next(it)`` in a loop: that call, and the innermost loop around the optimizer step
-    #: that holds it (the loop that decides how many batches are pulled).
-    next_call: cst.Call | None = None
-    loop: cst.For | cst.While | None = None
-
-
-def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[Candidate]]]:
-    """(where, candidates) for each place a training dataset is consumed: the loops around the
-    optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
-    uses: list[tuple[cst.CSTNode, list[Candidate]]] = []
-    seen: set[int] = set()
-    for site in training_facts(transform).sites:
-        if id(site.loops[-1]) in seen:
-            continue
-        seen.add(id(site.loops[-1]))
-        candidates: list[Candidate] = []
-        found: set[int] = set()
-        for loop in site.loops:
-            if isinstance(loop, cst.For) and not (
-                isinstance(loop.iter, cst.Call)
-                and transform.refers_to(loop.iter.func, "builtins.range")
-            ):
-                candidates.append(Candidate(loop.iter))
-            for call in m.findall(loop.body, m.Call(func=m.Name("next"))):
-                assert isinstance(call, cst.Call)
-                if call.args and id(call) not in found:  # innermost loop first
-                    found.add(id(call))
-                    candidates.append(Candidate(call.args[0].value, call, loop))
-        uses.append((site.loops[0], candidates))
-    for fit in keras_fit_calls(transform):
-        x = arg_named(fit, "x", 0)
-        if x is not None and arg_named(fit, "y", 1) is None:
-            uses.append((fit, [Candidate(x.value)]))
-    return uses
 
 
 def _length(trace: DatasetTrace) -> str:

@@ -49,26 +49,26 @@ from __future__ import annotations
 import libcst as cst
 
 from ..base import Transform, is_rank0_test
-from .scale_keras_learning_rate import (
+from ..program.index import FileIndex, assigned_values, file_index
+from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
-    FileIndex,
-    add_keyword,
-    arg_named,
-    assigned_values,
-    code,
     compile_optimizer_arg,
-    divided_by_size,
-    double_star,
-    file_index,
     is_keras_compile,
     keras_fit_calls,
     keras_names,
+    optimizer_from_string,
+)
+from ..program.syntax import (
+    add_keyword,
+    arg_named,
+    code,
+    divided_by_size,
+    double_star,
     mentions,
     mentions_size,
-    optimizer_from_string,
     replace_arg,
 )
-from .wrap_gradient_tape import training_facts
+from ..program.training import training_facts
 
 #: Callbacks that write files or talk to the outside: rank 0 only.
 _RANK0_CALLBACKS = frozenset(

@@ -56,8 +56,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .scale_keras_learning_rate import Binding, FileIndex, arg_named, code, file_index
-from .scale_learning_rate import optimizer_class, params_argument
+from ..program.index import Binding, FileIndex, file_index
+from ..program.optimizers import optimizer_class, params_argument
+from ..program.syntax import arg_named, code
 
 _DDP = (
     "sdp_runtime.torch.DistributedDataParallel",

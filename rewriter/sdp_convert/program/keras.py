@@ -1,0 +1,227 @@
+"""Keras names as data, and the questions about them: optimizer classes, ``compile``, ``fit``."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+
+from ..base import Transform
+from .index import file_index
+from .syntax import _EQUAL, code
+
+_KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
+
+
+# TF 2 re-exports a few Keras modules at top level: ``tf.optimizers.Adam``.
+_TF_SHORTCUTS = ("optimizers", "losses", "metrics", "callbacks", "initializers")
+
+
+def keras_name(qname: str) -> str | None:
+    """One name for every spelling of a Keras object: ``keras.optimizers.Adam`` for
+    ``tensorflow.keras.optimizers.Adam``, ``tf_keras.optimizers.Adam``,
+    ``tensorflow.optimizers.Adam`` (``.legacy`` and ``.experimental`` dropped). None for anything
+    else."""
+    rest = None
+    for root in _KERAS_ROOTS:
+        if qname == root or qname.startswith(root + "."):
+            rest = qname[len(root) + 1 :]
+            break
+    else:
+        for short in _TF_SHORTCUTS:
+            if qname == f"tensorflow.{short}" or qname.startswith(f"tensorflow.{short}."):
+                rest = qname[len("tensorflow.") :]
+                break
+    if rest is None or rest.startswith("src."):
+        return None
+    parts = [p for p in rest.split(".") if p and p not in ("legacy", "experimental")]
+    return ".".join(["keras", *parts])
+
+
+def keras_names(transform: Transform, node: cst.CSTNode) -> set[str]:
+    """``keras_name`` of every qualified name ``node`` (original) may refer to."""
+    return {k for q in transform.qualified_names(node) if (k := keras_name(q))}
+
+
+#: Keras 3 defaults (keras/src/optimizers/*.py); tf_keras 2 has the same ones.
+OPTIMIZER_DEFAULT_LR = {
+    "Adam": "0.001",
+    "AdamW": "0.001",
+    "Adamax": "0.001",
+    "Nadam": "0.001",
+    "SGD": "0.01",
+    "RMSprop": "0.001",
+    "Adagrad": "0.001",
+    "Adadelta": "0.001",
+    "Ftrl": "0.001",
+    "Lion": "0.001",
+    "Lamb": "0.001",
+    "Adafactor": "0.001",
+    "Muon": "0.001",
+    "ScheduleFreeAdamW": "0.0025",
+}
+
+
+#: ``optimizer="adam"``: ``keras.optimizers.get`` looks the lower-cased class name up.
+OPTIMIZER_STRINGS = {name.lower(): name for name in OPTIMIZER_DEFAULT_LR if name != "Lamb"}
+
+
+#: Keras' ``compile`` default.
+DEFAULT_COMPILE_OPTIMIZER = "RMSprop"
+
+
+#: Schedule -> the arguments that are rates: (name, position, default or None when optional).
+_SCHEDULE_RATES: dict[str, tuple[tuple[str, int, str | None], ...]] = {
+    "ExponentialDecay": (("initial_learning_rate", 0, None),),
+    "InverseTimeDecay": (("initial_learning_rate", 0, None),),
+    "CosineDecayRestarts": (("initial_learning_rate", 0, None),),
+    "CosineDecay": (("initial_learning_rate", 0, None), ("warmup_target", 4, None)),
+    "PolynomialDecay": (("initial_learning_rate", 0, None), ("end_learning_rate", 2, "0.0001")),
+    "PiecewiseConstantDecay": (("values", 1, None),),
+}
+
+
+def optimizer_class(transform: Transform, call: cst.Call) -> str | None:
+    """``Adam`` when ``call`` (original) constructs a Keras optimizer, else None."""
+    for name in keras_names(transform, call.func):
+        parts = name.split(".")
+        if len(parts) == 3 and parts[1] == "optimizers" and parts[2] in OPTIMIZER_DEFAULT_LR:
+            return parts[2]
+    return None
+
+
+def schedule_class(transform: Transform, call: cst.Call) -> str | None:
+    for name in keras_names(transform, call.func):
+        parts = name.split(".")
+        if parts[1:3] == ["optimizers", "schedules"] and parts[-1] in _SCHEDULE_RATES:
+            return parts[-1]
+    return None
+
+
+def keras_spelling(transform: Transform, dotted: str) -> str:
+    """How this file can spell ``keras.<dotted>`` (``optimizers.Adam``):
+    ``tf.keras.optimizers.Adam`` after ``import tensorflow as tf``, ``keras.optimizers.Adam`` after
+    ``import keras``, ``Adam`` after ``from keras.optimizers import Adam``. Schedules an import when
+    the file has none."""
+    scope = transform.get_metadata(ScopeProvider, transform.module, None)
+    wanted = "keras." + dotted
+    best: tuple[int, str] | None = None
+    for assignment in scope.assignments if scope is not None else ():
+        if not isinstance(getattr(assignment, "node", None), (cst.Import, cst.ImportFrom)):
+            continue
+        for q in scope.get_qualified_names_for(assignment.name):
+            canonical = "tensorflow" if q.name == "tensorflow" else keras_name(q.name)
+            if canonical is None:
+                continue
+            if canonical == "tensorflow":
+                found = (3, f"{assignment.name}.{wanted}")
+            elif wanted == canonical or wanted.startswith(canonical + "."):
+                rest = wanted[len(canonical) :]
+                found = (rest.count("."), assignment.name + rest)
+            else:
+                continue
+            if best is None or found < best:
+                best = found
+    if best is not None:
+        return best[1]
+    root = "tensorflow.keras" if any(
+        q.startswith("tensorflow.keras.") for q in transform.state.info.calls
+    ) else "keras"
+    module, _, name = f"{root}.{dotted}".rpartition(".")
+    package, _, first = module.rpartition(".")
+    # The import must not take a name the file already uses for something else (``from keras.src
+    # import optimizers``, a project's own ``optimizers.py``): it would change what that name means
+    # everywhere, and a second pass would take the file's own calls for Keras ones.
+    taken = {bound for _, bound in file_index(transform).bindings}
+    if first not in taken:
+        AddImportsVisitor.add_needed_import(transform.context, package, first)
+        return f"{first}.{name}"
+    top, asname = ("tensorflow", "tf") if root == "tensorflow.keras" else ("keras", None)
+    bound = asname or top
+    if bound not in taken:
+        AddImportsVisitor.add_needed_import(transform.context, top, asname=asname)
+        return f"{bound}{root[len(top):]}.{dotted}"  # keras.optimizers.Adam, tf.keras...
+    alias = f"keras_{first}"
+    while alias in taken:
+        alias = "_" + alias
+    AddImportsVisitor.add_needed_import(transform.context, package, first, asname=alias)
+    return f"{alias}.{name}"
+
+
+def is_keras_compile(transform: Transform, call: cst.Call) -> bool:
+    """``<model>.compile(...)`` (original): a method called ``compile`` on something that is not an
+    imported module (``re.compile``, ``torch.compile``) and takes Keras' arguments."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "compile"):
+        return False
+    if _is_imported(transform, func.value):
+        return False
+    keywords = {a.keyword.value for a in call.args if a.keyword}
+    return bool(keywords & {"optimizer", "loss", "metrics"}) or (
+        bool(call.args)
+        and not call.args[0].keyword
+        and _is_optimizer_like(transform, call.args[0].value)
+    )
+
+
+_FIT_KEYWORDS = frozenset(
+    {"epochs", "callbacks", "validation_data", "validation_split", "steps_per_epoch", "verbose",
+     "batch_size", "initial_epoch", "validation_steps"}
+)
+
+
+def keras_fit_calls(transform: Transform) -> list[cst.Call]:
+    """``<model>.fit(...)`` calls (original) of a Keras model: on something ``compile`` is called
+    on, or with Keras' own arguments (so that ``scaler.fit(x)`` of scikit-learn is left alone)."""
+    compiled = {
+        code(c.func.value)  # type: ignore[attr-defined]
+        for c in transform.method_calls("compile")
+        if is_keras_compile(transform, c)
+    }
+    found = []
+    for call in transform.method_calls("fit"):
+        func = call.func
+        assert isinstance(func, cst.Attribute)
+        if _is_imported(transform, func.value):
+            continue
+        keywords = {a.keyword.value for a in call.args if a.keyword}
+        if code(func.value) in compiled or keywords & _FIT_KEYWORDS:
+            found.append(call)
+    return found
+
+
+def _is_optimizer_like(transform: Transform, expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value.lower() in OPTIMIZER_STRINGS if isinstance(
+            expr.evaluated_value, str
+        ) else False
+    return isinstance(expr, cst.Call) and optimizer_class(transform, expr) is not None
+
+
+def _is_imported(transform: Transform, expr: cst.BaseExpression) -> bool:
+    found = transform.get_metadata(QualifiedNameProvider, expr, set())
+    return any(q.source in (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN) for q in found)
+
+
+def compile_optimizer_arg(call: cst.Call) -> cst.Arg | None:
+    """The ``optimizer`` argument of a ``compile`` call (keyword or first positional)."""
+    for arg in call.args:
+        if arg.keyword and arg.keyword.value == "optimizer":
+            return arg
+    if call.args and call.args[0].keyword is None and not call.args[0].star:
+        return call.args[0]
+    return None
+
+
+def optimizer_from_string(
+    transform: Transform, name: str, learning_rate: cst.BaseExpression | None
+) -> cst.Call | None:
+    """``"adam"`` -> ``tf.keras.optimizers.Adam(learning_rate=...)`` in this file's spelling."""
+    cls = OPTIMIZER_STRINGS.get(name.lower())
+    if cls is None:
+        return None
+    func = cst.parse_expression(keras_spelling(transform, f"optimizers.{cls}"))
+    args = [cst.Arg(learning_rate, keyword=cst.Name("learning_rate"), equal=_EQUAL)] if (
+        learning_rate is not None
+    ) else []
+    return cst.Call(func=func, args=args)

@@ -1,0 +1,299 @@
+"""Value flow on libcst's scope analysis: bindings, uses, callers and callees, which parameter an
+argument binds, the training calls and loops of a file, and file order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import GlobalScope, ScopeProvider
+from libcst.metadata.scope_provider import BaseAssignment
+
+from ..base import Transform
+
+
+@dataclass(eq=False)
+class Binding:
+    """A place that holds a value: a variable or parameter, or ``self.<attr>`` of one class."""
+
+    target: cst.CSTNode  # the Name stored to, the Param, or the ``self.<attr>`` Attribute
+    assignment: BaseAssignment | None = None  # for variables and parameters
+    cls: cst.ClassDef | None = None  # for ``self.<attr>``
+    attr: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.assignment.name if self.assignment is not None else self.attr
+
+    @property
+    def code(self) -> str:
+        return f"self.{self.attr}" if self.cls is not None else self.name
+
+    @property
+    def is_shared(self) -> bool:
+        """Visible from other functions: a module-level variable or ``self.<attr>``."""
+        return self.cls is not None or (
+            self.assignment is not None and isinstance(self.assignment.scope, GlobalScope)
+        )
+
+    def same_as(self, other: Binding) -> bool:
+        if self.cls is not None:
+            return other.cls is self.cls and other.attr == self.attr
+        return self.assignment is not None and self.assignment is other.assignment
+
+
+def binding_of(t: Transform, target: cst.CSTNode) -> Binding | None:
+    """The binding a store target (Name, Param, ``self.<attr>``) of the original tree creates."""
+    if isinstance(target, cst.Attribute):
+        if m.matches(target.value, m.Name("self")):
+            cls = _method_class(t, target)
+            if cls is not None:
+                return Binding(target, cls=cls, attr=target.attr.value)
+        return None
+    if isinstance(target, cst.Param):
+        name, anchor = target.name.value, target.name
+    elif isinstance(target, cst.Name):
+        name, anchor = target.value, target
+    else:
+        return None
+    scope = t.get_metadata(ScopeProvider, anchor, None)
+    if scope is None:
+        return None
+    for candidate in (scope, scope.globals):
+        for assignment in candidate.assignments[name]:
+            if getattr(assignment, "node", None) is target:
+                return Binding(target, assignment=assignment)
+    return None
+
+
+def assigned_binding(t: Transform, value: cst.CSTNode) -> Binding | None:
+    """The binding of ``target = value`` / ``target: T = value`` (one plain target)."""
+    parent = t.parent(value)
+    if isinstance(parent, cst.Assign) and parent.value is value and len(parent.targets) == 1:
+        return binding_of(t, parent.targets[0].target)
+    if isinstance(parent, cst.AnnAssign) and parent.value is value:
+        return binding_of(t, parent.target)
+    return None
+
+
+def uses(t: Transform, binding: Binding) -> list[cst.CSTNode]:
+    """Where the binding is read, in file order (Names, or ``self.<attr>`` Attributes)."""
+    if binding.cls is not None:
+        found = [
+            node
+            for node in m.findall(
+                binding.cls, m.Attribute(value=m.Name("self"), attr=m.Name(binding.attr))
+            )
+            if not _is_store(t, node)
+        ]
+        return found
+    assert binding.assignment is not None
+    order = node_order(t)
+    names = [a.node for a in binding.assignment.references if isinstance(a.node, cst.Name)]
+    return sorted(names, key=lambda n: order.get(id(n), -1))
+
+
+def _is_store(t: Transform, node: cst.CSTNode) -> bool:
+    parent = t.parent(node)
+    if isinstance(parent, (cst.AssignTarget, cst.AugAssign)):
+        return True
+    return isinstance(parent, cst.AnnAssign) and parent.target is node
+
+
+def referents(t: Transform, name: cst.Name) -> set[BaseAssignment]:
+    """The assignments an original Name (a read) may refer to."""
+    scope = t.get_metadata(ScopeProvider, name, None)
+    if scope is None:
+        return set()
+    for access in scope.accesses[name.value]:
+        if access.node is name:
+            return set(access.referents)
+    return set()
+
+
+def assigned_values(t: Transform, name: cst.Name) -> list[cst.BaseExpression]:
+    """The values assigned (``name = value``) to what a Name reads."""
+    values: list[cst.BaseExpression] = []
+    for assignment in referents(t, name):
+        target = getattr(assignment, "node", None)
+        holder = t.parent(target) if target is not None else None
+        parent = t.parent(holder) if isinstance(holder, cst.AssignTarget) else holder
+        if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is not None:
+            values.append(parent.value)
+    return values
+
+
+def _self_attribute_values(t: Transform, attribute: cst.Attribute) -> list[cst.BaseExpression]:
+    cls = _method_class(t, attribute)
+    if cls is None:
+        return []
+    values: list[cst.BaseExpression] = []
+    pattern = m.Assign(
+        targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name(attribute.attr.value)))]
+    )
+    for assign in m.findall(cls, pattern):
+        assert isinstance(assign, cst.Assign)
+        values.append(assign.value)
+    return values
+
+
+def callee(t: Transform, call: cst.Call) -> cst.FunctionDef | None:
+    """The function of this file that ``call`` calls (``f(...)`` or ``self.method(...)``)."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        for assignment in referents(t, func):
+            node = getattr(assignment, "node", None)
+            if isinstance(node, cst.FunctionDef):
+                return node
+        return None
+    if isinstance(func, cst.Attribute) and m.matches(func.value, m.Name("self")):
+        cls = _method_class(t, call)
+        if cls is not None and isinstance(cls.body, cst.IndentedBlock):
+            for stmt in cls.body.body:
+                if isinstance(stmt, cst.FunctionDef) and stmt.name.value == func.attr.value:
+                    return stmt
+    return None
+
+
+def callers(t: Transform, function: cst.FunctionDef) -> list[cst.Call]:
+    """The calls of ``function`` in this file (by name, or ``self.<name>`` in its class)."""
+    cls = class_of(t, function)
+    if cls is not None:
+        return [
+            call
+            for call in t.method_calls(function.name.value)
+            if isinstance(call.func, cst.Attribute)
+            and m.matches(call.func.value, m.Name("self"))
+            and _method_class(t, call) is cls
+        ]
+    found: list[cst.Call] = []
+    for ref in function_references(t, function):
+        parent = t.parent(ref)
+        if isinstance(parent, cst.Call) and parent.func is ref:
+            found.append(parent)
+    return found
+
+
+def function_references(t: Transform, function: cst.FunctionDef) -> list[cst.CSTNode]:
+    """Where a function's name is read (calls, callbacks), in file order; [] for methods."""
+    scope = t.get_metadata(ScopeProvider, function, None)
+    if scope is None or class_of(t, function) is not None:
+        return []
+    found: list[cst.CSTNode] = []
+    for assignment in scope.assignments[function.name.value]:
+        if getattr(assignment, "node", None) is function:
+            found += [a.node for a in assignment.references]
+    order = node_order(t)
+    return sorted(found, key=lambda n: order.get(id(n), -1))
+
+
+def param_for_arg(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> cst.Param | None:
+    """The parameter of ``function`` that ``arg`` of ``call`` binds."""
+    params = [*function.params.posonly_params, *function.params.params]
+    if arg.keyword is not None:
+        for param in (*params, *function.params.kwonly_params):
+            if param.name.value == arg.keyword.value:
+                return param
+        return None
+    if arg.star:
+        return None
+    index = 0
+    for other in call.args:
+        if other is arg:
+            break
+        if other.star:
+            return None
+        if other.keyword is None:
+            index += 1
+    if isinstance(call.func, cst.Attribute):
+        index += 1  # self
+    return params[index] if index < len(params) else None
+
+
+def class_of(t: Transform, function: cst.FunctionDef) -> cst.ClassDef | None:
+    block = t.parent(function)
+    cls = t.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    return cls if isinstance(cls, cst.ClassDef) else None
+
+
+def _method_class(t: Transform, node: cst.CSTNode) -> cst.ClassDef | None:
+    """The class of the method ``node`` is in (through nested functions)."""
+    for parent in t.ancestors(node):
+        if isinstance(parent, cst.FunctionDef):
+            cls = class_of(t, parent)
+            if cls is not None:
+                return cls
+    return None
+
+
+def training_calls(t: Transform) -> set[cst.CSTNode]:
+    """``.backward()``/``.step()`` calls, and calls of this file's functions that make them."""
+    facts = t.state.facts
+    cached = facts.get("flow.training_calls")
+    if isinstance(cached, set):
+        return cached
+    sites: set[cst.CSTNode] = {*t.method_calls("backward"), *t.method_calls("step")}
+    functions: set[cst.FunctionDef] = set()
+    frontier = [f for f in (t.enclosing_function(s) for s in sites) if f is not None]
+    while frontier:
+        function = frontier.pop()
+        if function in functions:
+            continue
+        functions.add(function)
+        for call in callers(t, function):
+            sites.add(call)
+            outer = t.enclosing_function(call)
+            if outer is not None:
+                frontier.append(outer)
+    facts["flow.training_calls"] = sites
+    return sites
+
+
+def training_loops(t: Transform) -> set[cst.CSTNode]:
+    """Loops whose body calls ``.backward()``/``.step()``, directly or via this file's functions."""
+    facts = t.state.facts
+    cached = facts.get("flow.training_loops")
+    if isinstance(cached, set):
+        return cached
+    loops: set[cst.CSTNode] = set()
+    for site in training_calls(t):
+        for parent in t.ancestors(site):
+            if isinstance(parent, (cst.For, cst.While)):
+                loops.add(parent)
+    facts["flow.training_loops"] = loops
+    return loops
+
+
+def node_order(t: Transform) -> dict[int, int]:
+    """Position of every original node in a pre-order walk (to sort nodes in file order)."""
+    cached = t.state.facts.get("flow.node_order")
+    if isinstance(cached, dict):
+        return cached
+    # The detection pass's parent map lists the nodes in the order it visited them.
+    order = {id(n): i for i, n in enumerate(t.state.info.parents)}
+    t.state.facts["flow.node_order"] = order
+    return order
+
+
+def names_in(t: Transform, scope: cst.CSTNode) -> set[str]:
+    """Every identifier (variables, attributes, parameters) used inside ``scope``, a function,
+    class or the module: a new name must avoid them. Built once per file from the parent map."""
+    cached = t.state.facts.get("flow.names")
+    if not isinstance(cached, dict):
+        cached = {id(t.module): set[str]()}
+        owner: dict[int, cst.CSTNode] = {}  # node -> nearest enclosing def/class
+        for node, parent in t.state.info.parents.items():
+            holder: cst.CSTNode | None = (
+                parent if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) else None
+            )
+            holder = holder or owner.get(id(parent))
+            if holder is not None:
+                owner[id(node)] = holder
+            if type(node) is cst.Name:
+                cached[id(t.module)].add(node.value)
+                while holder is not None:
+                    cached.setdefault(id(holder), set()).add(node.value)
+                    holder = owner.get(id(holder))
+        t.state.facts["flow.names"] = cached
+    return set(cached.get(id(scope), ()))

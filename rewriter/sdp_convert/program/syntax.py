@@ -1,0 +1,190 @@
+"""Reading and building code: source text of a node, call arguments, ``x * sdp.size()``."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+
+_EQUAL = cst.AssignEqual(
+    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+)
+
+
+_TIGHT_OPERATORS = (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power)
+
+
+_ATOMS = (
+    cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float,
+    cst.SimpleString, cst.List, cst.Tuple, cst.Dict,
+)
+
+
+def _operand(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``expr`` as the left operand of ``*`` or ``//``: parenthesised unless it binds tighter."""
+    if expr.lpar or isinstance(expr, (*_ATOMS, cst.UnaryOperation)) or (
+        isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, _TIGHT_OPERATORS)
+    ):
+        return expr
+    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def size_factor(sdp: str, mode: str) -> str:
+    return f"{sdp}.size()" if mode == "linear" else f"{sdp}.size() ** 0.5"
+
+
+def times_size(expr: cst.BaseExpression, sdp: str, mode: str = "linear") -> cst.BaseExpression:
+    """``expr * sdp.size()`` (``** 0.5`` for ``mode="sqrt"``)."""
+    return cst.BinaryOperation(
+        left=_operand(expr),
+        operator=cst.Multiply(),
+        right=cst.parse_expression(size_factor(sdp, mode)),
+    )
+
+
+def divided_by_size(expr: cst.BaseExpression, sdp: str) -> cst.BaseExpression:
+    """``expr // sdp.size()``."""
+    return cst.BinaryOperation(
+        left=_operand(expr), operator=cst.FloorDivide(), right=cst.parse_expression(f"{sdp}.size()")
+    )
+
+
+def mentions(transform: Transform, node: cst.CSTNode, *names: str) -> bool:
+    """Whether ``node`` (original) contains a call to one of ``names`` (qualified)."""
+    return any(
+        transform.refers_to(call.func, *names)
+        for call in m.findall(node, m.Call())
+        if isinstance(call, cst.Call)
+    )
+
+
+def mentions_size(transform: Transform, node: cst.CSTNode) -> bool:
+    return mentions(transform, node, f"{transform.state.runtime_module}.size")
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def arg_named(call: cst.Call, keyword: str, position: int | None = None) -> cst.Arg | None:
+    """The argument bound to parameter ``keyword`` (at ``position`` when passed positionally).
+
+    Keywords are found wherever they are, after ``*args`` or ``**kwargs`` too; positions are not
+    known past ``*args``. None may still mean that ``**kwargs`` holds it (see ``double_star``)."""
+    positional = 0
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value == keyword:
+                return arg
+        elif arg.star == "*":
+            position = None
+        elif not arg.star:
+            if position is not None and positional == position:
+                return arg
+            positional += 1
+    return None
+
+
+def double_star(call: cst.Call) -> cst.Arg | None:
+    """The call's first ``**kwargs`` argument, if any."""
+    return next((arg for arg in call.args if arg.star == "**"), None)
+
+
+def replace_arg(call: cst.Call, old: cst.Arg, value: cst.BaseExpression) -> cst.Call:
+    """``call`` (updated) with the argument at ``old``'s index given ``value``."""
+    index = _index_of(call, old)
+    args = list(call.args)
+    args[index] = args[index].with_changes(value=value)
+    return call.with_changes(args=args)
+
+
+def _index_of(call: cst.Call, arg: cst.Arg) -> int:
+    for i, a in enumerate(call.args):
+        if a is arg:
+            return i
+    raise ValueError("argument not in call")
+
+
+def add_keyword(
+    call: cst.Call, keyword: str, value: cst.BaseExpression, *, first: bool
+) -> cst.Call:
+    """``call`` with ``keyword=value`` added first (or last), keeping the call's layout."""
+    new = cst.Arg(value, keyword=cst.Name(keyword), equal=_EQUAL)
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new])
+    if first:
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        return call.with_changes(args=[new.with_changes(comma=comma), *args])
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):  # one argument a line: the new one goes on its own line
+        between = (
+            args[-2].comma
+            if len(args) > 1 and isinstance(args[-2].comma, cst.Comma)
+            else cst.Comma(whitespace_after=call.whitespace_before_args)
+        )
+        args[-1] = last.with_changes(comma=between)
+        return call.with_changes(args=[*args, new.with_changes(comma=last.comma)])
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, new])
+
+
+def insert_keyword(call: cst.Call, after: int, keyword: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``keyword=value`` right after argument ``after`` (-1: first), in the call's
+    layout: one argument per line stays one per line, a trailing comma stays trailing."""
+    equal = cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+    )
+    new = cst.Arg(value, keyword=cst.Name(keyword), equal=equal)
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new])
+    if after < len(args) - 1:
+        # the new argument takes the separator that follows ``after`` (it leads to the next one)
+        sep = args[after].comma if after >= 0 else cst.Comma(
+            whitespace_after=_line_break(call.whitespace_before_args) or cst.SimpleWhitespace(" ")
+        )
+        return call.with_changes(args=[*args[: after + 1], new.with_changes(comma=sep),
+                                       *args[after + 1 :]])
+    last = args[-1]
+    if len(args) > 1 and isinstance(args[-2].comma, cst.Comma):
+        between = args[-2].comma.whitespace_after
+    else:
+        between = _line_break(call.whitespace_before_args) or cst.SimpleWhitespace(" ")
+    args[-1] = last.with_changes(
+        comma=cst.Comma(whitespace_after=between), whitespace_after_arg=cst.SimpleWhitespace("")
+    )
+    return call.with_changes(
+        args=[
+            *args,
+            new.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg),
+        ]
+    )
+
+
+def _line_break(ws: cst.BaseParenthesizableWhitespace) -> cst.ParenthesizedWhitespace | None:
+    """``ws`` without its comment when it breaks the line (``(\\n    arg``), else None."""
+    if isinstance(ws, cst.ParenthesizedWhitespace):
+        return ws.with_changes(first_line=cst.TrailingWhitespace())
+    return None
+
+
+def end_of_import_block(module: cst.Module) -> cst.BaseStatement | None:
+    """The last statement of the file's first block of top-level imports.
+
+    Usually the block that opens the file (after its docstring); in a file that starts with other
+    statements (``CONFIG = {...}`` then ``import torch``), the first imports that come later, so
+    that what goes after the block (``init()``, ``torch.cuda.set_device``) has torch imported.
+    ``__future__`` imports alone do not make a block.
+    """
+    last = None
+    for stmt in module.body:
+        is_import = m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()]))
+        if is_import and not m.matches(
+            stmt, m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))])
+        ):
+            last = stmt
+        elif last is not None:
+            break
+    return last
