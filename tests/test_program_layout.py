@@ -31,3 +31,20 @@ def test_a_transform_imports_no_other_transform(path):
         "sdp_convert.program (or sdp_convert.migration)"
     )
 
+
+
+@pytest.mark.parametrize(
+    "decorate",
+    [lambda m: m.leave(m.Call()), lambda m: m.visit(m.Name()), lambda m: m.call_if_inside(m.For())],
+    ids=["leave", "visit", "call_if_inside"],
+)
+def test_a_transform_with_a_matcher_decorated_hook_is_refused_when_defined(decorate):
+    import libcst.matchers as m
+    from sdp_convert.base import Transform
+
+    with pytest.raises(TypeError, match="matcher decorators .* are not supported on a Transform"):
+
+        class Decorated(Transform):  # noqa: F841 - defining it is the test
+            @decorate(m)
+            def on_call(self, original_node, updated_node):
+                return updated_node

@@ -20,11 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
+from libcst.matchers._decorators import (
+    CONSTRUCTED_LEAVE_MATCHER_ATTR,
+    CONSTRUCTED_VISIT_MATCHER_ATTR,
+    VISIT_NEGATIVE_MATCHER_ATTR,
+    VISIT_POSITIVE_MATCHER_ATTR,
+)
 from libcst.metadata import (
     QualifiedName,
     QualifiedNameProvider,
@@ -32,6 +38,10 @@ from libcst.metadata import (
 )
 
 from .analysis import FileInfo
+
+if TYPE_CHECKING:
+    from .program.index import FileIndex
+    from .program.training import TrainingFacts
 
 LrScaling = Literal["linear", "sqrt", "none"]
 
@@ -68,6 +78,35 @@ class EditPlan:
 
 
 @dataclass
+class Facts:
+    """Answers about one file that the program layer computes once, on first use (None before).
+
+    Typed fields, not a string-keyed dict: a misspelt name fails at once, and a reader sees what
+    is shared between transforms.
+    """
+
+    #: Bindings and uses of every name (``program.index``).
+    index: FileIndex | None = None
+    #: Tapes, their steps and the loops that drive them (``program.training``).
+    training: TrainingFacts | None = None
+    #: ``backward()``/``step()`` calls and calls of the file's functions that make them.
+    training_calls: set[cst.CSTNode] | None = None
+    #: Loops around those calls.
+    training_loops: set[cst.CSTNode] | None = None
+    #: id(node) -> position in a pre-order walk of the original tree.
+    node_order: dict[int, int] | None = None
+    #: id(function, class or module) -> every identifier used inside it.
+    names: dict[int, set[str]] | None = None
+    #: The migration that reports the library's usual mistakes (once, if two migrations apply).
+    migration_checks: str | None = None
+    #: Models wrap_model_ddp wraps; None when it did not run on the file (its DataParallel notes
+    #: are then flag_manual_steps's).
+    wrapped_models: list[str] | None = None
+    #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
+    sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
+
+
+@dataclass
 class FileState:
     """Everything the transforms of one file share."""
 
@@ -78,12 +117,20 @@ class FileState:
     edits: EditPlan = field(default_factory=EditPlan)
     # (original node, transform, message, manual); positions are resolved once, at the end.
     records: list[tuple[cst.CSTNode, str, str, bool]] = field(default_factory=list)
-    # Facts one transform's ``prepare`` found for later transforms (e.g. "ddp_models").
-    facts: dict[str, object] = field(default_factory=dict)
+    # What the program layer computed once for this file (see ``Facts``).
+    facts: Facts = field(default_factory=lambda: Facts())
 
     @property
     def runtime_module(self) -> str:
         return "sdp_runtime.torch" if self.info.framework == "torch" else "sdp_runtime.tensorflow"
+
+
+_MATCHER_MARKERS = (
+    VISIT_POSITIVE_MATCHER_ATTR,
+    VISIT_NEGATIVE_MATCHER_ATTR,
+    CONSTRUCTED_VISIT_MATCHER_ATTR,
+    CONSTRUCTED_LEAVE_MATCHER_ATTR,
+)
 
 
 class Transform(VisitorBasedCodemodCommand):
@@ -103,6 +150,16 @@ class Transform(VisitorBasedCodemodCommand):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.NAME = cls.__module__.rsplit(".", 1)[-1]
+        # The engine calls the plain visit_*/leave_* hooks itself (one traversal for all
+        # transforms) and never gathers matcher decorators: a decorated hook would silently
+        # never run, so it is refused here, when the class is defined.
+        for attr, value in vars(cls).items():
+            if any(hasattr(value, marker) for marker in _MATCHER_MARKERS):
+                raise TypeError(
+                    f"{cls.__qualname__}.{attr}: libcst matcher decorators (@m.visit, @m.leave, "
+                    "@m.call_if_inside, @m.call_if_not_inside) are not supported on a Transform; "
+                    "use a plain leave_<Node> hook and test the node with m.matches()"
+                )
 
     def __init__(self, context: CodemodContext, state: FileState) -> None:
         # Codemod's set-up without MatcherDecoratableTransformer's: the engine calls the hooks

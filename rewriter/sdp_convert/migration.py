@@ -217,7 +217,10 @@ class Migration(Transform):
             # After the migration this name *is* the runtime module: rank-0 guards use it.
             self.state.runtime_alias = self.alias
         # The checks of the whole file run once even when both migrations apply to it.
-        if self.state.facts.setdefault("migration_checks", self.NAME) == self.NAME:
+        facts = self.state.facts
+        if facts.migration_checks is None:
+            facts.migration_checks = self.NAME
+        if facts.migration_checks == self.NAME:
             self._note_launch()
             self._note_sagemaker(module)
             if self.state.info.training:
@@ -598,7 +601,7 @@ class Migration(Transform):
                 f"is)",
                 manual=True,
             )
-        self.state.facts["sagemaker_host_checks"] = finder.host_checks
+        self.state.facts.sagemaker_host_checks = finder.host_checks
 
     def _find_rank_flags(self, module: cst.Module) -> set[str]:
         """Names (and attributes) assigned from a rank test: ``verbose = hvd.rank() == 0``."""
@@ -638,9 +641,7 @@ class Migration(Transform):
     def _under_rank_check(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` runs only on some ranks (``if`` on the rank, an early return, ...)."""
         child: cst.CSTNode = node
-        host_checks: list[cst.Comparison] = self.state.facts.get(  # type: ignore[assignment]
-            "sagemaker_host_checks", []
-        )
+        host_checks = self.state.facts.sagemaker_host_checks
         for parent in self.ancestors(node):
             if isinstance(parent, (cst.If, cst.IfExp, cst.While)) and child is not parent.test:
                 test = parent.test

@@ -221,13 +221,12 @@ class _Indexer(cst.CSTVisitor):
 
 def file_index(transform: Transform) -> FileIndex:
     """The file's ``FileIndex``, built once and shared by the transforms."""
-    index = transform.state.facts.get("tf_index")
-    if not isinstance(index, FileIndex):
+    facts = transform.state.facts
+    if facts.index is None:
         indexer = _Indexer()
         transform.module.visit(indexer)
-        index = indexer.finish()
-        transform.state.facts["tf_index"] = index
-    return index
+        facts.index = indexer.finish()
+    return facts.index
 
 
 def assigned_values(

@@ -230,9 +230,8 @@ def _method_class(t: Transform, node: cst.CSTNode) -> cst.ClassDef | None:
 def training_calls(t: Transform) -> set[cst.CSTNode]:
     """``.backward()``/``.step()`` calls, and calls of this file's functions that make them."""
     facts = t.state.facts
-    cached = facts.get("flow.training_calls")
-    if isinstance(cached, set):
-        return cached
+    if facts.training_calls is not None:
+        return facts.training_calls
     sites: set[cst.CSTNode] = {*t.method_calls("backward"), *t.method_calls("step")}
     functions: set[cst.FunctionDef] = set()
     frontier = [f for f in (t.enclosing_function(s) for s in sites) if f is not None]
@@ -246,41 +245,37 @@ def training_calls(t: Transform) -> set[cst.CSTNode]:
             outer = t.enclosing_function(call)
             if outer is not None:
                 frontier.append(outer)
-    facts["flow.training_calls"] = sites
+    facts.training_calls = sites
     return sites
 
 
 def training_loops(t: Transform) -> set[cst.CSTNode]:
     """Loops whose body calls ``.backward()``/``.step()``, directly or via this file's functions."""
     facts = t.state.facts
-    cached = facts.get("flow.training_loops")
-    if isinstance(cached, set):
-        return cached
+    if facts.training_loops is not None:
+        return facts.training_loops
     loops: set[cst.CSTNode] = set()
     for site in training_calls(t):
         for parent in t.ancestors(site):
             if isinstance(parent, (cst.For, cst.While)):
                 loops.add(parent)
-    facts["flow.training_loops"] = loops
+    facts.training_loops = loops
     return loops
 
 
 def node_order(t: Transform) -> dict[int, int]:
     """Position of every original node in a pre-order walk (to sort nodes in file order)."""
-    cached = t.state.facts.get("flow.node_order")
-    if isinstance(cached, dict):
-        return cached
-    # The detection pass's parent map lists the nodes in the order it visited them.
-    order = {id(n): i for i, n in enumerate(t.state.info.parents)}
-    t.state.facts["flow.node_order"] = order
-    return order
+    if t.state.facts.node_order is None:
+        # The detection pass's parent map lists the nodes in the order it visited them.
+        t.state.facts.node_order = {id(n): i for i, n in enumerate(t.state.info.parents)}
+    return t.state.facts.node_order
 
 
 def names_in(t: Transform, scope: cst.CSTNode) -> set[str]:
     """Every identifier (variables, attributes, parameters) used inside ``scope``, a function,
     class or the module: a new name must avoid them. Built once per file from the parent map."""
-    cached = t.state.facts.get("flow.names")
-    if not isinstance(cached, dict):
+    cached = t.state.facts.names
+    if cached is None:
         cached = {id(t.module): set[str]()}
         owner: dict[int, cst.CSTNode] = {}  # node -> nearest enclosing def/class
         for node, parent in t.state.info.parents.items():
@@ -295,5 +290,5 @@ def names_in(t: Transform, scope: cst.CSTNode) -> set[str]:
                 while holder is not None:
                     cached.setdefault(id(holder), set()).add(node.value)
                     holder = owner.get(id(holder))
-        t.state.facts["flow.names"] = cached
+        t.state.facts.names = cached
     return set(cached.get(id(scope), ()))

@@ -62,9 +62,8 @@ class TrainingFacts:
 
 def training_facts(transform: Transform) -> TrainingFacts:
     """The tapes, optimizer steps and loops of the file (original nodes), computed once."""
-    facts = transform.state.facts.get("tf_training")
-    if isinstance(facts, TrainingFacts):
-        return facts
+    if transform.state.facts.training is not None:
+        return transform.state.facts.training
     index = file_index(transform)
     facts = TrainingFacts()
     for call in transform.calls_to(*TAPES):
@@ -85,7 +84,7 @@ def training_facts(transform: Transform) -> TrainingFacts:
             facts.sites.extend(sites)
         else:
             facts.loopless.append(apply)
-    transform.state.facts["tf_training"] = facts
+    transform.state.facts.training = facts
     return facts
 
 

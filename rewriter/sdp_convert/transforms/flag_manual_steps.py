@@ -215,8 +215,8 @@ class FlagManualSteps(Transform):
 
     def _data_parallel(self) -> None:
         # wrap_model_ddp replaces (or notes) every nn.DataParallel when it runs; its prepare runs
-        # before this one and always sets "ddp_models". Only without it is the note ours.
-        if "ddp_models" in self.state.facts:
+        # before this one and always sets ``wrapped_models``. Only without it is the note ours.
+        if self.state.facts.wrapped_models is not None:
             return
         for call in self.calls_to(*_DATA_PARALLEL):
             self._note(

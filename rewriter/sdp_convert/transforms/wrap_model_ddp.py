@@ -129,7 +129,7 @@ class WrapModelDdp(Transform):
         self.unwrap: set[cst.Call] = set()
         self.models: dict[tuple[str, int], _Model] = {}
         self._attribute_uses: dict[str, list[cst.Attribute]] | None = None
-        self.state.facts["ddp_models"] = []
+        self.state.facts.wrapped_models = []
         if self.calls_to("sdp_runtime.torch.DistributedOptimizer"):
             return  # the optimizer averages the gradients already; DDP would do it twice
         unresolved: list[tuple[cst.CSTNode, str]] = []
@@ -467,7 +467,9 @@ class WrapModelDdp(Transform):
                 f"instead (torch.compile after {self.sdp}.DistributedDataParallel)",
                 manual=True,
             )
-        self.state.facts["ddp_models"].append(model.target)  # type: ignore[union-attr]
+        wrapped = self.state.facts.wrapped_models
+        if wrapped is not None:
+            wrapped.append(model.target)
         for name, scope in model.aliases:
             uses.extend(self.index.loads_of(name, scope))
         self._note_method_calls(uses)
