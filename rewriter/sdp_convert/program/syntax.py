@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -188,3 +190,57 @@ def end_of_import_block(module: cst.Module) -> cst.BaseStatement | None:
         elif last is not None:
             break
     return last
+
+
+def is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def is_false(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value in ("False", "None")
+
+
+def is_simple_reference(expr: cst.BaseExpression) -> bool:
+    """A name or a dotted name: cheap and the same each time it is read."""
+    while isinstance(expr, cst.Attribute):
+        expr = expr.value
+    return isinstance(expr, cst.Name)
+
+
+def is_movable(expr: cst.BaseExpression) -> bool:
+    return is_simple_reference(expr) or isinstance(expr, (cst.Integer, cst.SimpleString))
+
+
+def literal_keys(node: cst.Dict) -> list[str] | None:
+    keys: list[str] = []
+    for element in node.elements:
+        if not isinstance(element, cst.DictElement) or not isinstance(
+            element.key, cst.SimpleString
+        ):
+            return None
+        value = element.key.evaluated_value
+        keys.append(value if isinstance(value, str) else "")
+    return keys
+
+
+def append_arg(args: list[cst.Arg], new: cst.Arg, call: cst.Call) -> list[cst.Arg]:
+    """``args`` with ``new`` last, keeping a trailing comma and one-argument-a-line layouts."""
+    if not args:
+        return [new]
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):
+        # A trailing comma: the new argument goes after it, laid out as the others are.
+        separator = (
+            args[-2].comma.whitespace_after
+            if len(args) > 1 and isinstance(args[-2].comma, cst.Comma)
+            else call.whitespace_before_args
+        )
+        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=separator))
+        return [*args, new.with_changes(comma=last.comma)]
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return [*args, new]
+
+
+def fix_last_comma(args: list[cst.Arg], original: Sequence[cst.Arg]) -> None:
+    if args and len(original) > len(args):
+        args[-1] = args[-1].with_changes(comma=original[-1].comma)

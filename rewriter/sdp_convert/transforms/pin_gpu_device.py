@@ -33,10 +33,9 @@ from typing import Literal
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import ScopeProvider
 
 from ..base import Transform
+from ..program.builders import module_spelling
 from ..program.index import FileIndex, file_index
 from ..program.syntax import arg_named, code, end_of_import_block, mentions
 
@@ -48,19 +47,6 @@ _LOCAL_RANK = (
 _VISIBLE = "CUDA_VISIBLE_DEVICES"
 _CONSTANTS = ("True", "False", "None")
 _ENV_WRITERS = ("os.environ.setdefault", "os.environ.update", "os.putenv")
-
-
-def module_spelling(transform: Transform, module_name: str) -> str:
-    """The name this file reaches ``module_name`` by (``torch``, or ``T`` after ``import torch as
-    T``); schedules ``import <module_name>`` when the file has no such name."""
-    scope = transform.get_metadata(ScopeProvider, transform.module, None)
-    for assignment in scope.assignments if scope is not None else ():
-        if isinstance(getattr(assignment, "node", None), (cst.Import, cst.ImportFrom)) and (
-            module_name in {q.name for q in scope.get_qualified_names_for(assignment.name)}
-        ):
-            return assignment.name
-    AddImportsVisitor.add_needed_import(transform.context, module_name)
-    return module_name
 
 
 class PinGpuDevice(Transform):

@@ -60,59 +60,29 @@ the program layer's (``sdp_convert.program.scopes``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata.scope_provider import BaseAssignment
 
 from ..base import Transform
+from ..program.builders import runs_right_before, statement, torch_spelling
+from ..program.flow import Site, epoch_loop, holds_only, loader_sites
+from ..program.loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
 from ..program.scopes import (
     Binding,
-    _method_class,
-    _self_attribute_values,
     assigned_binding,
-    assigned_values,
-    binding_of,
-    callee,
-    callers,
     names_in,
-    param_for_arg,
-    referents,
     training_loops,
-    uses,
+)
+from ..program.syntax import (
+    append_arg,
+    fix_last_comma,
+    is_none,
+    is_simple_reference,
 )
 
-_LOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
-_DISTRIBUTED_SAMPLERS = (
-    "torch.utils.data.distributed.DistributedSampler",
-    "torch.utils.data.DistributedSampler",
-)
-# Datasets a sampler cannot index: they must shard themselves.
-_ITERABLE_DATASETS = (
-    "torch.utils.data.IterableDataset",
-    "torch.utils.data.dataset.IterableDataset",
-    "torch.utils.data.ChainDataset",
-    "torch.utils.data.dataset.ChainDataset",
-    "datasets.IterableDataset",
-)
-_ITERABLE_PREFIXES = ("torchdata.", "webdataset.", "torch.utils.data.datapipes.")
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
 _POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
-_MAX_LINE = 99
-
-
-@dataclass
-class _Site:
-    """A loop that iterates the loader (``for x in loader``, ``next(it)`` in a loop)."""
-
-    loop: cst.For | cst.While
-    use: cst.CSTNode  # the expression holding the loader there
-    binding: Binding | None  # the binding ``use`` reads; None for the DataLoader call itself
-    # (call, use, binding) through which the loader was passed down to the loop's function.
-    trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...] = ()
 
 
 @dataclass
@@ -136,7 +106,7 @@ class ShardDataLoader(Transform):
         self._dict_drops: dict[cst.Dict, int] = {}  # dict literal -> index of "shuffle" to drop
         self._strip_leading: set[cst.CSTNode] = set()
         self._taken: dict[cst.CSTNode, set[str]] = {}
-        loaders = self.calls_to(*_LOADERS)
+        loaders = self.calls_to(*LOADERS)
         self._training_loops = training_loops(self) if loaders else set()
         handled = False
         for call in loaders:
@@ -157,10 +127,10 @@ class ShardDataLoader(Transform):
         """Plan the change of one DataLoader call; whether it is a training loader (or handled)."""
         args = _parse_args(call)
         sampler = _arg(call, args.get("sampler"))
-        if sampler is not None and self._is_distributed_sampler(sampler.value):
+        if sampler is not None and is_distributed_sampler(self, sampler.value):
             return True  # sharded already (by us or by hand)
         own = assigned_binding(self, call)
-        all_sites, flow = self._sites(call)
+        all_sites, flow = loader_sites(self, call)
         sites = [s for s in all_sites if s.loop in self._training_loops]
         if not sites:
             return False  # evaluation, or not iterated where we can see it
@@ -177,7 +147,7 @@ class ShardDataLoader(Transform):
 
         if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
             return manual("pass its arguments by keyword, then add a DistributedSampler")
-        if sampler is not None and not _is_none(sampler.value):
+        if sampler is not None and not is_none(sampler.value):
             return manual(
                 "it has its own sampler; make it yield only this rank's indices "
                 f"(e.g. indices[{self.sdp}.rank()::{self.sdp}.size()])"
@@ -191,14 +161,14 @@ class ShardDataLoader(Transform):
         dataset = _arg(call, dataset_index)
         if dataset is None:
             return manual("its dataset is not passed as an argument we can see")
-        if self._is_iterable_dataset(dataset.value):
+        if is_iterable_dataset(self, dataset.value):
             return manual(
                 "its dataset is an IterableDataset (a stream), which a sampler cannot split; "
                 f"skip the items whose index % {self.sdp}.size() != {self.sdp}.rank() in its "
                 "__iter__"
             )
         stmt = self.enclosing_statement(call)
-        if stmt is None or not self._statement_is_plain(call, stmt):
+        if stmt is None or not runs_right_before(self, call, stmt):
             return manual("put the DataLoader(...) call on a line of its own")
 
         names = _loader_base(named)
@@ -218,14 +188,14 @@ class ShardDataLoader(Transform):
 
         new_statements: list[cst.BaseStatement] = []
         dataset_code = self.module.code_for_node(dataset.value)
-        if not _is_simple_reference(dataset.value):
+        if not is_simple_reference(dataset.value):
             plan.dataset_name = self._unique(names + "_dataset", local_scope)
             plan.dataset_arg = dataset_index
             new_statements.append(cst.parse_statement(f"{plan.dataset_name} = {dataset_code}\n"))
             dataset_code = plan.dataset_name
-        torch = self._torch_name()
+        torch = torch_spelling(self)
         new_statements.append(
-            self._statement(
+            statement(self, 
                 f"{sampler_code} = {torch}.utils.data.distributed.DistributedSampler(",
                 [
                     dataset_code,
@@ -289,7 +259,7 @@ class ShardDataLoader(Transform):
             return None
         index = splats[0]
         value = call.args[index].value
-        literal = self._kwargs_literal(value)
+        literal = kwargs_literal(self, value)
         if literal is not None:
             dict_node, shuffle_index = literal
             if shuffle_index is None:
@@ -297,197 +267,18 @@ class ShardDataLoader(Transform):
             self._dict_drops[dict_node] = shuffle_index
             element = dict_node.elements[shuffle_index]
             return self.module.code_for_node(element.value)
-        if not _is_simple_reference(value):
+        if not is_simple_reference(value):
             return None
         plan.general_kwargs_arg = index
         return f'{self.module.code_for_node(value)}.get("shuffle", False)'
 
-    def _kwargs_literal(self, value: cst.BaseExpression) -> tuple[cst.Dict, int | None] | None:
-        """``kw`` bound once to a dict literal that nothing else can add "shuffle" to."""
-        if not isinstance(value, cst.Name):
-            return None
-        refs = referents(self, value)
-        if len(refs) != 1:
-            return None
-        (assignment,) = refs
-        dict_node = self._assigned_dict(assignment)
-        if dict_node is None:
-            return None
-        keys = _literal_keys(dict_node)
-        if keys is None:
-            return None
-        for access in assignment.references:
-            use = access.node
-            if use is value:
-                continue
-            parent = self.parent(use)
-            if isinstance(parent, cst.Arg) and parent.star == "**":
-                continue  # splatted into another call: fine
-            if not (isinstance(parent, cst.Attribute) and parent.value is use):
-                return None
-            method = parent.attr.value
-            if method in ("get", "copy", "items", "keys", "values"):
-                continue
-            if method != "update":
-                return None
-            update = self.parent(parent)
-            if not isinstance(update, cst.Call) or not all(
-                a.keyword is None and not a.star and self._dict_without_shuffle(a.value)
-                for a in update.args
-            ):
-                return None
-        shuffle = [i for i, key in enumerate(keys) if key == "shuffle"]
-        if shuffle and not _is_movable(dict_node.elements[shuffle[0]].value):
-            return None
-        return dict_node, (shuffle[0] if shuffle else None)
-
-    def _dict_without_shuffle(self, expr: cst.BaseExpression) -> bool:
-        if isinstance(expr, cst.Name):
-            refs = referents(self, expr)
-            if len(refs) != 1:
-                return False
-            found = self._assigned_dict(next(iter(refs)))
-            if found is None:
-                return False
-            expr = found
-        keys = _literal_keys(expr) if isinstance(expr, cst.Dict) else None
-        return keys is not None and "shuffle" not in keys
-
-    def _assigned_dict(self, assignment: BaseAssignment) -> cst.Dict | None:
-        target = getattr(assignment, "node", None)
-        holder = self.parent(target) if target is not None else None
-        assign = self.parent(holder) if isinstance(holder, cst.AssignTarget) else None
-        if (
-            isinstance(assign, cst.Assign)
-            and len(assign.targets) == 1
-            and isinstance(assign.value, cst.Dict)
-        ):
-            return assign.value
-        return None
-
     # -- where the loader goes ------------------------------------------------------------------
-
-    def _sites(self, call: cst.Call) -> tuple[list[_Site], set[int]]:
-        """The loops iterating the loader, and every node its value was followed through."""
-        sites: list[_Site] = []
-        seen: set[int] = set()
-        self._flow(call, None, (), 0, sites, seen)
-        return sites, seen
-
-    def _flow(
-        self,
-        node: cst.CSTNode,
-        binding: Binding | None,
-        trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...],
-        depth: int,
-        sites: list[_Site],
-        seen: set[int],
-    ) -> None:
-        """Follow the value of ``node`` to the loops that iterate it."""
-        if id(node) in seen or depth > 4:
-            return
-        seen.add(id(node))
-        loop = self._iterated_by(node)
-        if loop is not None:
-            sites.append(_Site(loop, node, binding, trail))
-            return
-        target = assigned_binding(self, node)
-        if target is not None:
-            for use in uses(self, target):
-                self._flow(use, target, trail, depth, sites, seen)
-            return
-        parent = self.parent(node)
-        if isinstance(parent, cst.Arg) and parent.value is node:
-            call = self.parent(parent)
-            if not isinstance(call, cst.Call):
-                return
-            if self.refers_to(call.func, "builtins.iter"):
-                self._flow_iterator(call, binding, trail, depth, sites, seen)
-                return
-            function = callee(self, call)
-            param = param_for_arg(function, call, parent) if function is not None else None
-            if param is not None:
-                param_binding = binding_of(self, param)
-                if param_binding is not None:
-                    for use in uses(self, param_binding):
-                        self._flow(
-                            use,
-                            param_binding,
-                            (*trail, (call, node, binding)),
-                            depth + 1,
-                            sites,
-                            seen,
-                        )
-            return
-        if isinstance(parent, cst.Return) and parent.value is node:
-            function = self.enclosing_function(node)
-            for caller in callers(self, function) if function is not None else ():
-                self._flow(caller, None, (), depth + 1, sites, seen)
-            return
-        # ``return train, val`` ... ``train_loader, val_loader = get_loaders()``
-        tuple_node = self.parent(parent) if isinstance(parent, cst.Element) else None
-        returned = self.parent(tuple_node) if isinstance(tuple_node, cst.Tuple) else None
-        if isinstance(returned, cst.Return) and returned.value is tuple_node:
-            assert isinstance(tuple_node, cst.Tuple)
-            index = next(i for i, e in enumerate(tuple_node.elements) if e is parent)
-            function = self.enclosing_function(node)
-            for caller in callers(self, function) if function is not None else ():
-                element = _unpacked_target(self, caller, index, len(tuple_node.elements))
-                unpacked = binding_of(self, element) if element is not None else None
-                if unpacked is not None:
-                    for use in uses(self, unpacked):
-                        self._flow(use, unpacked, (), depth + 1, sites, seen)
-
-    def _flow_iterator(
-        self,
-        iter_call: cst.Call,
-        binding: Binding | None,
-        trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...],
-        depth: int,
-        sites: list[_Site],
-        seen: set[int],
-    ) -> None:
-        """``it = iter(loader)`` ... ``next(it)`` inside a loop: that loop iterates the loader."""
-        target = assigned_binding(self, iter_call)
-        if target is None:
-            return
-        for use in uses(self, target):
-            arg = self.parent(use)
-            call = self.parent(arg) if isinstance(arg, cst.Arg) else None
-            if isinstance(call, cst.Call) and self.refers_to(call.func, "builtins.next"):
-                loop = self._enclosing_loop(call)
-                if loop is not None:
-                    sites.append(_Site(loop, iter_call.args[0].value, binding, trail))
-
-    def _iterated_by(self, node: cst.CSTNode) -> cst.For | None:
-        """The ``for`` whose iterable is ``node``, possibly wrapped (``enumerate(node)``)."""
-        for _ in range(4):
-            parent = self.parent(node)
-            if isinstance(parent, cst.For) and parent.iter is node:
-                return parent
-            if not (isinstance(parent, cst.Arg) and parent.value is node):
-                return None
-            call = self.parent(parent)
-            if not isinstance(call, cst.Call) or self.refers_to(
-                call.func, "builtins.iter", "builtins.len"
-            ):
-                return None
-            node = call
-        return None
-
-    def _enclosing_loop(self, node: cst.CSTNode) -> cst.For | cst.While | None:
-        for parent in self.ancestors(node):
-            if isinstance(parent, (cst.For, cst.While)):
-                return parent
-            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                return None
-        return None
 
     # -- set_epoch ------------------------------------------------------------------------------
 
     def _set_epochs(
         self,
-        sites: list[_Site],
+        sites: list[Site],
         own: Binding | None,
         plan: _Plan,
         stmt: cst.CSTNode,
@@ -497,13 +288,13 @@ class ShardDataLoader(Transform):
         found: list[tuple[cst.For | None, cst.BaseStatement]] = []
         keys: set[tuple[int, str]] = set()
         for site in sites:
-            where = self._epoch_loop(site)
+            where = epoch_loop(self, site)
             if where is None:
                 continue
             loop, holder = where
             if holder is None or (own is not None and holder.same_as(own)):
                 receiver = plan.sampler
-            elif self._holds_only(holder, flow):
+            elif holds_only(self, holder, flow):
                 receiver = f"{holder.code}.sampler"
             else:
                 continue  # a parameter other callers fill with other loaders
@@ -522,49 +313,6 @@ class ShardDataLoader(Transform):
             found.append((None if inside else loop, set_epoch))
         return found
 
-    def _holds_only(self, holder: Binding, flow: set[int]) -> bool:
-        """A parameter: whether every call of its function passes this loader to it."""
-        param = getattr(holder.assignment, "node", None)
-        if not isinstance(param, cst.Param):
-            return True
-        function = self.enclosing_function(param)
-        if function is None:
-            return False
-        calls = callers(self, function)
-        for call in calls:
-            arg = next((a for a in call.args if param_for_arg(function, call, a) is param), None)
-            if arg is None or id(arg.value) not in flow:
-                return False
-        return bool(calls)
-
-    def _epoch_loop(self, site: _Site) -> tuple[cst.For, Binding | None] | None:
-        """The ``for epoch in range(...)`` around a training loop, and what holds the loader."""
-        loop = _range_loop_around(self, site.loop)
-        if loop is not None:
-            return loop, site.binding
-        for call, _use, binding in reversed(site.trail):
-            loop = _range_loop_around(self, call)
-            if loop is not None:
-                return loop, binding
-        # A loader in a global or ``self.<attr>``: look where the function using it is called.
-        root = site.trail[0][2] if site.trail else site.binding
-        if root is None or not root.is_shared:
-            return None
-        start: cst.CSTNode = site.trail[0][0] if site.trail else site.loop
-        frontier = [self.enclosing_function(start)]
-        for _ in range(3):
-            next_frontier: list[cst.FunctionDef | None] = []
-            for function in frontier:
-                for caller in callers(self, function) if function is not None else ():
-                    loop = _range_loop_around(self, caller)
-                    if loop is not None and (
-                        root.cls is None or _method_class(self, caller) is root.cls
-                    ):
-                        return loop, root
-                    next_frontier.append(self.enclosing_function(caller))
-            frontier = next_frontier
-        return None
-
     def _loop_sets_epoch(self, loop: cst.For, receiver: str) -> bool:
         for call in self.method_calls("set_epoch"):
             assert isinstance(call.func, cst.Attribute)
@@ -575,85 +323,6 @@ class ShardDataLoader(Transform):
         return False
 
     # -- small questions ------------------------------------------------------------------------
-
-    def _is_distributed_sampler(self, expr: cst.BaseExpression) -> bool:
-        if isinstance(expr, cst.IfExp):
-            return self._is_distributed_sampler(expr.body) or self._is_distributed_sampler(
-                expr.orelse
-            )
-        if isinstance(expr, cst.Call):
-            return self.refers_to(expr.func, *_DISTRIBUTED_SAMPLERS)
-        if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
-            if expr.value.value == "self":
-                return any(
-                    self._is_distributed_sampler(v) for v in _self_attribute_values(self, expr)
-                )
-            return False
-        if isinstance(expr, cst.Name):
-            return any(self._is_distributed_sampler(v) for v in assigned_values(self, expr))
-        return False
-
-    def _is_iterable_dataset(self, expr: cst.BaseExpression) -> bool:
-        values: list[cst.BaseExpression] = [expr]
-        if isinstance(expr, cst.Name):
-            values = assigned_values(self, expr)
-        for value in values:
-            if not isinstance(value, cst.Call):
-                continue
-            if self.refers_to(value.func, "datasets.load_dataset") and any(
-                a.keyword is not None and a.keyword.value == "streaming" and not _is_false(a.value)
-                for a in value.args
-            ):
-                return True
-            if self._is_iterable_class(value.func, 0):
-                return True
-        return False
-
-    def _is_iterable_class(self, func: cst.BaseExpression, depth: int) -> bool:
-        names = self.qualified_names(func)
-        if any(n in _ITERABLE_DATASETS or n.startswith(_ITERABLE_PREFIXES) for n in names):
-            return True
-        if depth > 3 or not isinstance(func, cst.Name):
-            return False
-        for assignment in referents(self, func):
-            cls = getattr(assignment, "node", None)
-            if isinstance(cls, cst.ClassDef) and any(
-                self._is_iterable_class(base.value, depth + 1) for base in cls.bases
-            ):
-                return True
-        return False
-
-    def _statement_is_plain(self, call: cst.Call, stmt: cst.CSTNode) -> bool:
-        """Statements can be inserted before ``stmt`` and run right before ``call``."""
-        for parent in self.ancestors(call):
-            if parent is stmt:
-                return True
-            if isinstance(
-                parent,
-                (cst.SimpleStatementSuite, cst.Lambda, cst.BaseComp, cst.IndentedBlock, cst.IfExp),
-            ):
-                return False
-            if isinstance(parent, cst.BooleanOperation):
-                return False
-        return False
-
-    def _torch_name(self) -> str:
-        """The module-level name bound to ``torch``; schedules an import if there is none."""
-        for stmt in self.module.body:
-            if not m.matches(stmt, m.SimpleStatementLine(body=[m.Import()])):
-                continue
-            assert isinstance(stmt, cst.SimpleStatementLine)
-            imp = stmt.body[0]
-            assert isinstance(imp, cst.Import)
-            for alias in imp.names:
-                full = cst.helpers.get_full_name_for_node(alias.name) or ""
-                if alias.asname is not None:
-                    if full == "torch" and isinstance(alias.asname.name, cst.Name):
-                        return alias.asname.name.value
-                elif full == "torch" or full.startswith("torch."):
-                    return "torch"
-        AddImportsVisitor.add_needed_import(self.context, "torch.utils.data.distributed")
-        return "torch"
 
     def _unique(self, name: str, scope: cst.CSTNode) -> str:
         """``name``, or ``name_2``, ... : not yet a name in ``scope`` (a function, class, module).
@@ -671,19 +340,6 @@ class ShardDataLoader(Transform):
         if scope is not self.module:
             self._taken.setdefault(self.module, names_in(self, self.module)).add(candidate)
         return candidate
-
-    def _statement(self, head: str, args: list[str], at: cst.CSTNode) -> cst.BaseStatement:
-        """``head`` + ``args`` + ``)``: on one line, on three, or one argument a line (as black
-        would), whichever first fits in ``_MAX_LINE`` columns where it goes."""
-        step = self.module.default_indent
-        indent = len(step) * sum(1 for a in self.ancestors(at) if isinstance(a, cst.IndentedBlock))
-        inner = ", ".join(args)
-        if indent + len(head) + len(inner) + 1 <= _MAX_LINE:
-            return cst.parse_statement(f"{head}{inner})\n")
-        if indent + len(step) + len(inner) <= _MAX_LINE:
-            return cst.parse_statement(f"{head}\n{step}{inner}\n)\n")
-        lines = "".join(f"{step}{arg},\n" for arg in args)
-        return cst.parse_statement(f"{head}\n{lines})\n")
 
     # -- the rewrite ----------------------------------------------------------------------------
 
@@ -717,7 +373,7 @@ class ShardDataLoader(Transform):
                 args[i] = sampler_arg.with_changes(comma=arg.comma)
                 if plan.shuffle_arg is not None:
                     del args[plan.shuffle_arg]
-                    _fix_last_comma(args, original_node.args)
+                    fix_last_comma(args, original_node.args)
                 break
         else:
             if plan.shuffle_arg is not None:
@@ -725,7 +381,7 @@ class ShardDataLoader(Transform):
                     comma=args[plan.shuffle_arg].comma
                 )
             else:
-                args = _append_arg(args, sampler_arg, updated_node)
+                args = append_arg(args, sampler_arg, updated_node)
         return updated_node.with_changes(args=args)
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
@@ -772,39 +428,8 @@ def _arg(call: cst.Call, index: int | None) -> cst.Arg | None:
     return call.args[index] if index is not None else None
 
 
-def _is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
-def _is_false(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value in ("False", "None")
-
-
 def _may_shuffle(code: str) -> bool:
     return code not in ("False", "None", "0")
-
-
-def _is_simple_reference(expr: cst.BaseExpression) -> bool:
-    """A name or a dotted name: cheap and the same each time it is read."""
-    while isinstance(expr, cst.Attribute):
-        expr = expr.value
-    return isinstance(expr, cst.Name)
-
-
-def _is_movable(expr: cst.BaseExpression) -> bool:
-    return _is_simple_reference(expr) or isinstance(expr, (cst.Integer, cst.SimpleString))
-
-
-def _literal_keys(node: cst.Dict) -> list[str] | None:
-    keys: list[str] = []
-    for element in node.elements:
-        if not isinstance(element, cst.DictElement) or not isinstance(
-            element.key, cst.SimpleString
-        ):
-            return None
-        value = element.key.evaluated_value
-        keys.append(value if isinstance(value, str) else "")
-    return keys
 
 
 def _loader_base(binding: Binding | None) -> str:
@@ -816,68 +441,6 @@ def _loader_base(binding: Binding | None) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
-
-
-def _append_arg(args: list[cst.Arg], new: cst.Arg, call: cst.Call) -> list[cst.Arg]:
-    """``args`` with ``new`` last, keeping a trailing comma and one-argument-a-line layouts."""
-    if not args:
-        return [new]
-    last = args[-1]
-    if isinstance(last.comma, cst.Comma):
-        # A trailing comma: the new argument goes after it, laid out as the others are.
-        separator = (
-            args[-2].comma.whitespace_after
-            if len(args) > 1 and isinstance(args[-2].comma, cst.Comma)
-            else call.whitespace_before_args
-        )
-        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=separator))
-        return [*args, new.with_changes(comma=last.comma)]
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return [*args, new]
-
-
-def _fix_last_comma(args: list[cst.Arg], original: Sequence[cst.Arg]) -> None:
-    if args and len(original) > len(args):
-        args[-1] = args[-1].with_changes(comma=original[-1].comma)
-
-
-def _unpacked_target(t: Transform, value: cst.CSTNode, index: int, size: int) -> cst.CSTNode | None:
-    """In ``a, b = value``, the ``index``-th target (when there are ``size``, none starred)."""
-    assign = t.parent(value)
-    if not (isinstance(assign, cst.Assign) and assign.value is value and len(assign.targets) == 1):
-        return None
-    target = assign.targets[0].target
-    if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != size:
-        return None
-    if any(isinstance(e, cst.StarredElement) for e in target.elements):
-        return None
-    return target.elements[index].value
-
-
-def _range_loop_around(t: Transform, node: cst.CSTNode) -> cst.For | None:
-    """The nearest ``for <name> in range(...)`` (or ``trange``/``tqdm(range(...))``) around node."""
-    child = node
-    for parent in t.ancestors(node):
-        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            return None
-        if (
-            isinstance(parent, cst.For)
-            and child is parent.body
-            and isinstance(parent.target, cst.Name)
-        ):
-            it = parent.iter
-            if isinstance(it, cst.Call) and (
-                t.refers_to(it.func, "builtins.range")
-                or any(q.endswith(".trange") for q in t.qualified_names(it.func))
-                or (
-                    it.args
-                    and isinstance(it.args[0].value, cst.Call)
-                    and t.refers_to(it.args[0].value.func, "builtins.range")
-                )
-            ):
-                return parent
-        child = parent
-    return None
 
 
 # -- value flow: generic helpers (also used by guard_rank0_writes; candidates for base.py) -----

@@ -1,0 +1,74 @@
+"""Code to write: how this file spells a module (``torch`` or ``th``), statements laid out as black
+would, names not yet taken in a scope."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import ScopeProvider
+
+from ..base import Transform
+
+_MAX_LINE = 99
+
+
+def torch_spelling(t: Transform) -> str:
+    """The module-level name bound to ``torch``; schedules an import if there is none."""
+    for stmt in t.module.body:
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Import()])):
+            continue
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        imp = stmt.body[0]
+        assert isinstance(imp, cst.Import)
+        for alias in imp.names:
+            full = cst.helpers.get_full_name_for_node(alias.name) or ""
+            if alias.asname is not None:
+                if full == "torch" and isinstance(alias.asname.name, cst.Name):
+                    return alias.asname.name.value
+            elif full == "torch" or full.startswith("torch."):
+                return "torch"
+    AddImportsVisitor.add_needed_import(t.context, "torch.utils.data.distributed")
+    return "torch"
+
+
+def statement(t: Transform, head: str, args: list[str], at: cst.CSTNode) -> cst.BaseStatement:
+    """``head`` + ``args`` + ``)``: on one line, on three, or one argument a line (as black
+    would), whichever first fits in ``_MAX_LINE`` columns where it goes."""
+    step = t.module.default_indent
+    indent = len(step) * sum(1 for a in t.ancestors(at) if isinstance(a, cst.IndentedBlock))
+    inner = ", ".join(args)
+    if indent + len(head) + len(inner) + 1 <= _MAX_LINE:
+        return cst.parse_statement(f"{head}{inner})\n")
+    if indent + len(step) + len(inner) <= _MAX_LINE:
+        return cst.parse_statement(f"{head}\n{step}{inner}\n)\n")
+    lines = "".join(f"{step}{arg},\n" for arg in args)
+    return cst.parse_statement(f"{head}\n{lines})\n")
+
+
+def module_spelling(transform: Transform, module_name: str) -> str:
+    """The name this file reaches ``module_name`` by (``torch``, or ``T`` after ``import torch as
+    T``); schedules ``import <module_name>`` when the file has no such name."""
+    scope = transform.get_metadata(ScopeProvider, transform.module, None)
+    for assignment in scope.assignments if scope is not None else ():
+        if isinstance(getattr(assignment, "node", None), (cst.Import, cst.ImportFrom)) and (
+            module_name in {q.name for q in scope.get_qualified_names_for(assignment.name)}
+        ):
+            return assignment.name
+    AddImportsVisitor.add_needed_import(transform.context, module_name)
+    return module_name
+
+
+def runs_right_before(t: Transform, call: cst.Call, stmt: cst.CSTNode) -> bool:
+    """Statements can be inserted before ``stmt`` and run right before ``call``."""
+    for parent in t.ancestors(call):
+        if parent is stmt:
+            return True
+        if isinstance(
+            parent,
+            (cst.SimpleStatementSuite, cst.Lambda, cst.BaseComp, cst.IndentedBlock, cst.IfExp),
+        ):
+            return False
+        if isinstance(parent, cst.BooleanOperation):
+            return False
+    return False
