@@ -273,45 +273,7 @@ class Transform(VisitorBasedCodemodCommand):
         self.state.edits.replaced[stmt] = new
 
     def is_rank0_guarded(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` already runs on rank 0 only (inside ``if <rank> == 0:``)."""
-        child: cst.CSTNode = node
-        for parent in self.ancestors(node):
-            if isinstance(parent, cst.If) and child is parent.body and is_rank0_test(
-                self, parent.test
-            ):
-                return True
-            child = parent
-        return False
+        """Whether ``node`` already runs on rank 0 only (``program.ranks.rank0_only``)."""
+        from .program.ranks import rank0_only  # the program layer builds on this module
 
-
-_RANK_FUNCTIONS = (
-    "sdp_runtime.torch.rank",
-    "sdp_runtime.tensorflow.rank",
-    "torch.distributed.get_rank",
-    "horovod.torch.rank",
-    "horovod.tensorflow.rank",
-    "horovod.tensorflow.keras.rank",
-    "horovod.keras.rank",
-    "smdistributed.dataparallel.torch.distributed.get_rank",
-    "smdistributed.dataparallel.tensorflow.rank",
-    "sdp_runtime.torch.distributed.get_rank",
-)
-
-
-def is_rank0_test(transform: Transform, test: cst.BaseExpression) -> bool:
-    """``<rank call> == 0`` / ``0 == <rank call>`` / ``not <rank call>`` with a known rank call."""
-
-    def is_rank_call(expr: cst.BaseExpression) -> bool:
-        return isinstance(expr, cst.Call) and transform.refers_to(expr.func, *_RANK_FUNCTIONS)
-
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        target = test.comparisons[0]
-        if isinstance(target.operator, cst.Equal):
-            left, right = test.left, target.comparator
-            zero = (isinstance(right, cst.Integer) and right.value == "0") or (
-                isinstance(left, cst.Integer) and left.value == "0"
-            )
-            return zero and (is_rank_call(left) or is_rank_call(right))
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return is_rank_call(test.expression)
-    return False
+        return rank0_only(self, node)

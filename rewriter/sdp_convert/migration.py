@@ -20,6 +20,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .analysis import FileInfo
 from .base import Transform
+from .program.ranks import is_rank_exit
 
 
 @dataclass(frozen=True)
@@ -655,7 +656,7 @@ class Migration(Transform):
                 for stmt in parent.body:
                     if stmt is child:
                         break
-                    if _is_rank_exit(self, stmt):
+                    if is_rank_exit(stmt, self._mentions_rank):
                         return True
             child = parent
         return False
@@ -842,27 +843,6 @@ def _contains(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
     finder = _Finder(node)
     tree.visit(finder)
     return finder.found
-
-
-def _is_rank_exit(transform: Migration, stmt: cst.BaseStatement) -> bool:
-    """``if rank() != 0: return`` (or continue/break/exit) before a statement."""
-    if not isinstance(stmt, cst.If) or not transform._mentions_rank(stmt.test):
-        return False
-    body = stmt.body
-    last = body.body[-1] if isinstance(body, cst.IndentedBlock) else None
-    if isinstance(body, cst.SimpleStatementSuite):
-        last_small = body.body[-1]
-    elif isinstance(last, cst.SimpleStatementLine):
-        last_small = last.body[-1]
-    else:
-        return False
-    if isinstance(last_small, (cst.Return, cst.Continue, cst.Break, cst.Raise)):
-        return True
-    return (
-        isinstance(last_small, cst.Expr)
-        and isinstance(last_small.value, cst.Call)
-        and (get_full_name_for_node(last_small.value.func) or "") in ("sys.exit", "exit", "quit")
-    )
 
 
 class _Finder(cst.CSTVisitor):

@@ -56,15 +56,14 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
-from ..base import _RANK_FUNCTIONS, Transform, is_rank0_test
+from ..base import Transform
+from ..program.ranks import only_called_on_rank0, rank0_only
 from ..program.scopes import (
     Binding,
     assigned_binding,
     assigned_values,
     binding_of,
     callee,
-    class_of,
-    function_references,
     node_order,
     param_for_arg,
     training_calls,
@@ -215,7 +214,7 @@ class GuardRank0Writes(Transform):
             default, position = _OPENERS[opener]
             mode = _mode(call, default, position)
             if mode is None:
-                if not self._rank0_only(call):
+                if not rank0_only(self, call):
                     self.record(
                         call,
                         f"{what} opens a file in a mode known only at run time: if it writes, "
@@ -231,7 +230,7 @@ class GuardRank0Writes(Transform):
         destination = next((self._writes[n] for n in names if self._writes.get(n)), None)
         if destination is not None and self._in_memory(_argument(call, *destination)):
             return
-        if self._rank0_only(call) or self._only_called_on_rank0(call):
+        if rank0_only(self, call) or only_called_on_rank0(self, call):
             return
         is_handle = opener is not None or any(n in self._handles for n in names)
         parent = self.parent(call)
@@ -373,7 +372,7 @@ class GuardRank0Writes(Transform):
             return
         self._followed.add(id(binding.target))
         for use in uses(self, binding):
-            if self._rank0_only(use) or self._tests_handle(use, binding) or self._is_test(use):
+            if rank0_only(self, use) or self._tests_handle(use, binding) or self._is_test(use):
                 continue
             parent = self.parent(use)
             if isinstance(parent, cst.Arg) and parent.value is use:
@@ -502,60 +501,6 @@ class GuardRank0Writes(Transform):
         return updated_node
 
     # -- questions ------------------------------------------------------------------------------
-
-    def _rank0_only(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` runs on rank 0 only already: in the body of ``if <rank> == 0:`` or of
-        ``x if <rank> == 0 else ...``, where <rank> may also be a variable holding a rank call
-        (``rank = dist.get_rank()``)."""
-        child = node
-        for parent in self.ancestors(node):
-            if (
-                isinstance(parent, (cst.If, cst.IfExp))
-                and child is parent.body
-                and (is_rank0_test(self, parent.test) or self._rank_variable_test(parent.test))
-            ):
-                return True
-            child = parent
-        return False
-
-    def _rank_variable_test(self, test: cst.BaseExpression) -> bool:
-        """``rank == 0`` / ``0 == rank`` / ``not rank`` with ``rank = <rank call>``."""
-        name: cst.BaseExpression | None = None
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            name = test.expression
-        elif (
-            isinstance(test, cst.Comparison)
-            and len(test.comparisons) == 1
-            and isinstance(test.comparisons[0].operator, cst.Equal)
-        ):
-            left, right = test.left, test.comparisons[0].comparator
-            if m.matches(right, m.Integer("0")):
-                name = left
-            elif m.matches(left, m.Integer("0")):
-                name = right
-        if not isinstance(name, cst.Name):
-            return False
-        values = assigned_values(self, name)
-        return bool(values) and all(
-            isinstance(v, cst.Call) and self.refers_to(v.func, *_RANK_FUNCTIONS) for v in values
-        )
-
-    def _only_called_on_rank0(self, node: cst.CSTNode) -> bool:
-        """``node`` is in a function of this file that is only ever called on rank 0."""
-        function = self.enclosing_function(node)
-        if function is None:
-            return False
-        if class_of(self, function) is not None:
-            # A method: every ``<something>.<name>(...)`` call of the file.
-            calls = self.method_calls(function.name.value)
-            return bool(calls) and all(self._rank0_only(c) for c in calls)
-        refs = function_references(self, function)
-        return bool(refs) and all(
-            isinstance(call := self.parent(ref), cst.Call)
-            and call.func is ref
-            and self._rank0_only(call)
-            for ref in refs
-        )
 
     def _tests_handle(self, use: cst.CSTNode, binding: Binding) -> bool:
         """``use`` is in ``if handle:`` / ``if handle is not None:`` (None on the other ranks)."""

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..base import Transform, is_rank0_test
+from ..base import Transform
 from ..program.index import FileIndex, assigned_values, file_index
 from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
@@ -58,6 +58,7 @@ from ..program.keras import (
     keras_names,
     optimizer_from_string,
 )
+from ..program.ranks import is_rank0_test
 from ..program.syntax import (
     add_keyword,
     arg_named,

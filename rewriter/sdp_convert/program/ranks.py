@@ -1,0 +1,152 @@
+"""What runs on rank 0 only: one definition for every transform.
+
+A node runs on rank 0 only when it is in the body of ``if <rank 0>:`` or of
+``x if <rank 0> else y``, where ``<rank 0>`` is ``<rank call> == 0``, ``0 == <rank call>``,
+``not <rank call>``, or the same with a variable that holds a rank call
+(``rank = dist.get_rank()``); or when an earlier statement of an enclosing block of the same
+function leaves every other rank (Horovod style: ``if hvd.rank() != 0: return``, also
+``continue``, ``break``, ``raise``, ``sys.exit()``); or when it is in a function of the file that
+is only ever called there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.helpers import get_full_name_for_node
+
+from ..base import Transform
+from .scopes import assigned_values, class_of, function_references
+
+#: Calls whose result is this process's global rank, in every library the converter reads.
+RANK_FUNCTIONS = (
+    "sdp_runtime.torch.rank",
+    "sdp_runtime.tensorflow.rank",
+    "torch.distributed.get_rank",
+    "horovod.torch.rank",
+    "horovod.tensorflow.rank",
+    "horovod.tensorflow.keras.rank",
+    "horovod.keras.rank",
+    "smdistributed.dataparallel.torch.distributed.get_rank",
+    "smdistributed.dataparallel.tensorflow.rank",
+    "sdp_runtime.torch.distributed.get_rank",
+)
+_EXITS = ("sys.exit", "exit", "quit")
+
+
+def is_rank_call(t: Transform, expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and t.refers_to(expr.func, *RANK_FUNCTIONS)
+
+
+def is_rank0_test(t: Transform, test: cst.BaseExpression) -> bool:
+    """``<rank call> == 0`` / ``0 == <rank call>`` / ``not <rank call>`` with a known rank call."""
+    subject = _rank_subject(test, equal=True)
+    return subject is not None and is_rank_call(t, subject)
+
+
+def is_rank0_condition(t: Transform, test: cst.BaseExpression) -> bool:
+    """``is_rank0_test``, or the same with a variable that holds a rank call."""
+    if is_rank0_test(t, test):
+        return True
+    subject = _rank_subject(test, equal=True)
+    return _holds_rank(t, subject)
+
+
+def is_not_rank0_condition(t: Transform, test: cst.BaseExpression) -> bool:
+    """``<rank> != 0`` / ``0 != <rank>`` / ``<rank> > 0`` / a bare ``<rank>`` (true off rank 0)."""
+    subject = _rank_subject(test, equal=False)
+    if subject is None and not isinstance(test, (cst.Comparison, cst.UnaryOperation)):
+        subject = test  # ``if rank:``
+    return subject is not None and (is_rank_call(t, subject) or _holds_rank(t, subject))
+
+
+def is_rank_exit(
+    stmt: cst.CSTNode, condition: Callable[[cst.BaseExpression], bool]
+) -> bool:
+    """``if <condition>: ... return`` (or ``continue``/``break``/``raise``/``sys.exit()``)."""
+    if not isinstance(stmt, cst.If) or not condition(stmt.test):
+        return False
+    body = stmt.body
+    if isinstance(body, cst.SimpleStatementSuite):
+        last_small: cst.BaseSmallStatement = body.body[-1]
+    elif isinstance(body.body[-1], cst.SimpleStatementLine):
+        last_small = body.body[-1].body[-1]  # type: ignore[union-attr]
+    else:
+        return False
+    if isinstance(last_small, (cst.Return, cst.Continue, cst.Break, cst.Raise)):
+        return True
+    return (
+        isinstance(last_small, cst.Expr)
+        and isinstance(last_small.value, cst.Call)
+        and (get_full_name_for_node(last_small.value.func) or "") in _EXITS
+    )
+
+
+def rank0_only(t: Transform, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs on rank 0 only already (see the module's docstring)."""
+    child = node
+    same_function = True  # an exit before a def does not govern when the def's body runs
+    for parent in t.ancestors(node):
+        if (
+            isinstance(parent, (cst.If, cst.IfExp))
+            and child is parent.body
+            and is_rank0_condition(t, parent.test)
+        ):
+            return True
+        if (
+            same_function
+            and isinstance(parent, (cst.IndentedBlock, cst.Module))
+            and isinstance(child, cst.BaseStatement)
+        ):
+            for stmt in parent.body:
+                if stmt is child:
+                    break
+                if is_rank_exit(stmt, lambda test: is_not_rank0_condition(t, test)):
+                    return True
+        if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            same_function = False
+        child = parent
+    return False
+
+
+def only_called_on_rank0(t: Transform, node: cst.CSTNode) -> bool:
+    """``node`` is in a function of this file that is only ever called on rank 0."""
+    function = t.enclosing_function(node)
+    if function is None:
+        return False
+    if class_of(t, function) is not None:
+        # A method: every ``<something>.<name>(...)`` call of the file.
+        calls = t.method_calls(function.name.value)
+        return bool(calls) and all(rank0_only(t, c) for c in calls)
+    refs = function_references(t, function)
+    return bool(refs) and all(
+        isinstance(call := t.parent(ref), cst.Call) and call.func is ref and rank0_only(t, call)
+        for ref in refs
+    )
+
+
+def _rank_subject(test: cst.BaseExpression, *, equal: bool) -> cst.BaseExpression | None:
+    """The expression compared with 0 (``== 0`` when ``equal``, else ``!= 0`` / ``> 0``)."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return test.expression if equal else None
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return None
+    operator = test.comparisons[0].operator
+    wanted = (cst.Equal,) if equal else (cst.NotEqual, cst.GreaterThan)
+    if not isinstance(operator, wanted):
+        return None
+    left, right = test.left, test.comparisons[0].comparator
+    if m.matches(right, m.Integer("0")):
+        return left
+    if m.matches(left, m.Integer("0")) and not isinstance(operator, cst.GreaterThan):
+        return right
+    return None
+
+
+def _holds_rank(t: Transform, subject: cst.BaseExpression | None) -> bool:
+    if not isinstance(subject, cst.Name):
+        return False
+    values = assigned_values(t, subject)
+    return bool(values) and all(is_rank_call(t, v) for v in values)

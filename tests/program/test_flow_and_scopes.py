@@ -1,0 +1,68 @@
+"""program.flow and program.scopes: where a value goes, who calls what, which parameter binds."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+from sdp_convert.program.flow import loader_sites
+from sdp_convert.program.scopes import callee, callers, param_for_arg, training_calls
+
+from .helpers import code, find, probe
+
+HEAD = "import torch\nfrom torch.utils.data import DataLoader\n"
+
+
+def _loops_of_loader(source: str) -> list[str]:
+    t = probe(HEAD + source)
+    call = find(t, m.Call(func=m.Name("DataLoader")))
+    sites, _ = loader_sites(t, call)
+    return sorted(code(t, s.loop).splitlines()[0] for s in sites)
+
+
+def test_a_loader_is_followed_to_the_loop_through_variables_and_parameters():
+    assert _loops_of_loader(
+        "loader = DataLoader(ds, shuffle=True)\n"
+        "def train(data):\n    for x in data:\n        step(x)\n"
+        "train(loader)\n"
+    ) == ["for x in data:"]
+
+
+def test_through_a_function_returning_a_tuple_and_enumerate():
+    assert _loops_of_loader(
+        "def get_loaders():\n"
+        "    train = DataLoader(a, shuffle=True)\n"
+        "    val = DataLoader(b)\n"
+        "    return train, val\n"
+        "tr, va = get_loaders()\n"
+        "for i, x in enumerate(tr):\n    step(x)\n"
+        "for x in va:\n    check(x)\n"
+    ) == ["for i, x in enumerate(tr):"]
+
+
+def test_through_iter_and_next_in_a_loop():
+    assert _loops_of_loader(
+        "it = iter(DataLoader(ds))\nwhile True:\n    x = next(it)\n    step(x)\n"
+    ) == ["while True:"]
+
+
+def test_one_argument_to_parameter_rule_for_positions_and_keywords():
+    t = probe("def fit(model, loader, epochs=1, *, lr=0.1):\n    pass\nfit(net, dl, lr=2, epochs=3)\n")
+    call = find(t, m.Call(func=m.Name("fit")))
+    assert isinstance(call, cst.Call)
+    function = callee(t, call)
+    assert function is not None and function.name.value == "fit"
+    bound = {code(t, a.value): param_for_arg(function, call, a) for a in call.args}
+    assert {k: v.name.value for k, v in bound.items() if v is not None} == {
+        "net": "model", "dl": "loader", "2": "lr", "3": "epochs"
+    }
+    assert callers(t, function) == [call]
+
+
+def test_training_calls_include_the_functions_that_lead_to_backward():
+    t = probe(
+        "def step(x):\n    loss(x).backward()\n    opt.step()\n"
+        "def epoch(data):\n    for x in data:\n        step(x)\n"
+        "epoch(d)\n"
+    )
+    found = sorted(code(t, c) for c in training_calls(t))
+    assert found == ["epoch(d)", "loss(x).backward()", "opt.step()", "step(x)"]
