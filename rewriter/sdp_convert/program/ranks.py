@@ -18,7 +18,8 @@ import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from ..base import Transform
-from .scopes import assigned_values, class_of, function_references
+from .scopes import assigned_values, class_of, function_references, training_calls
+from .writes import COLLECTIVE_PREFIXES
 
 #: Calls whose result is this process's global rank, in every library the converter reads.
 RANK_FUNCTIONS = (
@@ -150,3 +151,9 @@ def _holds_rank(t: Transform, subject: cst.BaseExpression | None) -> bool:
         return False
     values = assigned_values(t, subject)
     return bool(values) and all(is_rank_call(t, v) for v in values)
+
+
+def runs_collectives(t: Transform, body: cst.BaseSuite) -> bool:
+    """Whether a block trains or communicates: skipping it on some ranks would hang them."""
+    calls = training_calls(t) | set(t.calls_to(*COLLECTIVE_PREFIXES, prefix=True))
+    return any(any(p is body for p in t.ancestors(c)) for c in calls)

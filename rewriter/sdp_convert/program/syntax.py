@@ -244,3 +244,13 @@ def append_arg(args: list[cst.Arg], new: cst.Arg, call: cst.Call) -> list[cst.Ar
 def fix_last_comma(args: list[cst.Arg], original: Sequence[cst.Arg]) -> None:
     if args and len(original) > len(args):
         args[-1] = args[-1].with_changes(comma=original[-1].comma)
+
+
+def target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    return []

@@ -9,6 +9,7 @@ import libcst as cst
 
 from ..base import Transform
 from .index import FileIndex, Scope, file_index
+from .syntax import target_names
 
 TAPES = ("tensorflow.GradientTape", "tensorflow.autodiff.GradientTape")
 
@@ -152,7 +153,7 @@ def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
 
     def taint(target: cst.CSTNode, statement: cst.CSTNode) -> None:
         scope = index.scope(target)
-        for name in _target_names(target):
+        for name in [n.value for n in target_names(target)]:
             key = (id(scope), name, id(statement))
             if key not in seen:
                 seen.add(key)
@@ -220,16 +221,6 @@ def _uses_of_binding(
         return own.order <= order and (end is None or order < end)
 
     return [load for load in loads if sees(index.order.get(id(load), 0))]
-
-
-def _target_names(target: cst.CSTNode) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_names(e.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
 
 
 def _calls_of(transform: Transform, index: FileIndex, function: cst.FunctionDef) -> list[cst.Call]:

@@ -23,9 +23,9 @@ write N identical copies at once, racing on one file (torn checkpoints, interlea
 TensorBoard events). Rank 0 writes; the others skip. Checkpoints stay loadable by the original
 script because the runtime's DistributedDataParallel state dict has no ``module.`` prefix.
 
-What counts as a write: the calls in ``_WRITES`` (generic Python: json/pickle/yaml dumps to a
+What counts as a write: the calls in ``WRITES`` (generic Python: json/pickle/yaml dumps to a
 stream, numpy saves, shutil copies/moves/rmtree, os.remove/rename/replace, matplotlib's savefig,
-pandas ``to_csv``-style and ``Path.write_text``-style methods) and ``_FRAMEWORK_WRITES`` (e.g.
+pandas ``to_csv``-style and ``Path.write_text``-style methods) and ``FRAMEWORK_WRITES`` (e.g.
 ``torch.save``), and ``open`` in a writing mode. Reads, ``print``, logging and ``os.makedirs`` stay
 on every rank. Saves into an ``io.BytesIO`` are not file writes and stay too.
 
@@ -42,8 +42,8 @@ Writes already under ``if <rank> == 0:`` (a rank call, or a variable holding one
 ``rank = dist.get_rank()``), or in a function only called there, are left alone; a write inside a
 function called from everywhere is guarded inside it (the rank is global). What cannot be guarded
 safely (a write in a condition, a mode known only at run time, a result used later) gets a manual
-note. The framework writes go in ``_FRAMEWORK_WRITES``/``_FRAMEWORK_METHOD_WRITES``/
-``_FRAMEWORK_HANDLES`` (TensorFlow: ``tf.saved_model.save``, ``model.save``, ``save_weights``,
+note. The framework writes go in ``FRAMEWORK_WRITES``/``FRAMEWORK_METHOD_WRITES``/
+``FRAMEWORK_HANDLES`` (TensorFlow: ``tf.saved_model.save``, ``model.save``, ``save_weights``,
 ``checkpoint.save``, ``manager.save()``, ``tf.summary.create_file_writer``); the rest is
 framework-neutral.
 """
@@ -57,98 +57,31 @@ import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
-from ..program.ranks import only_called_on_rank0, rank0_only
+from ..program.ranks import only_called_on_rank0, rank0_only, runs_collectives
 from ..program.scopes import (
     Binding,
     assigned_binding,
-    assigned_values,
     binding_of,
     callee,
     node_order,
     param_for_arg,
-    training_calls,
     uses,
 )
-
-# Calls that write a file, with where their destination is (positional index, keyword) when it
-# may be an in-memory buffer. Generic Python here; frameworks add theirs in _FRAMEWORK_WRITES.
-_WRITES: dict[str, tuple[int, str] | None] = {
-    "json.dump": (1, "fp"),
-    "pickle.dump": (1, "file"),
-    "numpy.save": (0, "file"),
-    "numpy.savez": (0, "file"),
-    "numpy.savez_compressed": (0, "file"),
-    "numpy.savetxt": (0, "fname"),
-    "shutil.copy": None,
-    "shutil.copy2": None,
-    "shutil.copyfile": None,
-    "shutil.copytree": None,
-    "shutil.move": None,
-    "shutil.rmtree": None,
-    "os.remove": None,
-    "os.unlink": None,
-    "os.rename": None,
-    "os.replace": None,
-    "matplotlib.pyplot.savefig": (0, "fname"),
-}
-# Writes only when given a stream (without one they return a string).
-_STREAM_WRITES: dict[str, tuple[int, str]] = {
-    "yaml.dump": (1, "stream"),
-    "yaml.safe_dump": (1, "stream"),
-    "yaml.dump_all": (1, "stream"),
-    "yaml.safe_dump_all": (1, "stream"),
-}
-# ``<object>.<method>(destination, ...)``: the object's type is unknown, the method name is telling.
-_METHOD_WRITES = (
-    "savefig",
-    "write_text",
-    "write_bytes",
-    "to_csv",
-    "to_json",
-    "to_parquet",
-    "to_pickle",
-    "save_pretrained",
+from ..program.syntax import target_names
+from ..program.writes import (
+    FRAMEWORK_HANDLES,
+    FRAMEWORK_METHOD_WRITES,
+    FRAMEWORK_WRITES,
+    HANDLES,
+    METHOD_WRITES,
+    NOOP_TWINS,
+    OPENERS,
+    STREAM_WRITES,
+    WRITES,
+    argument,
+    in_memory,
+    open_mode,
 )
-_FRAMEWORK_WRITES: dict[str, dict[str, tuple[int, str] | None]] = {
-    "torch": {"torch.save": (1, "f"), "torch.jit.save": (1, "f"), "torch.onnx.export": (2, "f")},
-    "tensorflow": {
-        "tensorflow.saved_model.save": None,
-        "tensorflow.keras.models.save_model": None,
-        "tensorflow.keras.saving.save_model": None,
-        "keras.models.save_model": None,
-        "keras.saving.save_model": None,
-        "tensorflow.io.write_file": None,
-    },
-}
-# Methods that write in a script of that framework, whatever the object: ``model.save(path)``,
-# ``model.save_weights(path)``, ``checkpoint.save(prefix)``, ``manager.save()`` (no argument).
-_FRAMEWORK_METHOD_WRITES: dict[str, tuple[str, ...]] = {
-    "torch": (),
-    "tensorflow": ("save", "save_weights"),
-}
-# Calls opening a file: (default mode, position of the mode argument).
-_OPENERS: dict[str, tuple[str, int]] = {
-    "builtins.open": ("r", 1),
-    "io.open": ("r", 1),
-    "codecs.open": ("r", 1),
-    "gzip.open": ("rb", 1),
-    "bz2.open": ("rb", 1),
-    "lzma.open": ("rb", 1),
-}
-# Objects that write files as they are used (a handle, like an open file).
-_HANDLES = ("tensorboardX.SummaryWriter",)
-_FRAMEWORK_HANDLES: dict[str, tuple[str, ...]] = {
-    "torch": (
-        "torch.utils.tensorboard.SummaryWriter",
-        "torch.utils.tensorboard.writer.SummaryWriter",
-    ),
-    "tensorflow": ("tensorflow.summary.create_file_writer",),
-}
-# Handles whose library has a do-nothing twin with the same methods (given to the other ranks).
-_NOOP_TWINS = {"tensorflow.summary.create_file_writer": "create_noop_writer"}
-_MEMORY_BUFFERS = ("io.BytesIO", "io.StringIO")
-# Calls a rank must not skip: the others would wait for it.
-_COLLECTIVE_PREFIXES = ("sdp_runtime", "torch.distributed")
 
 
 @dataclass
@@ -174,14 +107,14 @@ class GuardRank0Writes(Transform):
         self._followed: set[int] = set()
         self._problems: list[str] = []
         framework = self.state.info.framework or ""
-        self._writes = {**_WRITES, **_FRAMEWORK_WRITES.get(framework, {})}
-        self._handles = (*_HANDLES, *_FRAMEWORK_HANDLES.get(framework, ()))
+        self._writes = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
+        self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()))
 
         candidates: list[cst.Call] = []
-        candidates += self.calls_to(*self._writes, *_STREAM_WRITES, *_OPENERS, *self._handles)
-        for method in _METHOD_WRITES:
+        candidates += self.calls_to(*self._writes, *STREAM_WRITES, *OPENERS, *self._handles)
+        for method in METHOD_WRITES:
             candidates += [c for c in self.method_calls(method) if c.args]
-        for method in _FRAMEWORK_METHOD_WRITES.get(framework, ()):
+        for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
         order = node_order(self)
         seen: set[int] = set()
@@ -193,7 +126,7 @@ class GuardRank0Writes(Transform):
 
     def _noop_twin(self, call: cst.Call, names: set[str]) -> cst.Call | None:
         """``tf.summary.create_noop_writer()`` for ``tf.summary.create_file_writer(...)``."""
-        twin = next((_NOOP_TWINS[n] for n in names if n in _NOOP_TWINS), None)
+        twin = next((NOOP_TWINS[n] for n in names if n in NOOP_TWINS), None)
         if twin is None or not isinstance(call.func, cst.Attribute):
             return None
         return cst.Call(func=call.func.with_changes(attr=cst.Name(twin)))
@@ -209,10 +142,10 @@ class GuardRank0Writes(Transform):
     def _write(self, call: cst.Call) -> None:
         names = self.qualified_names(call.func)
         what = self._describe(call)
-        opener = next((n for n in names if n in _OPENERS), None)
+        opener = next((n for n in names if n in OPENERS), None)
         if opener is not None:
-            default, position = _OPENERS[opener]
-            mode = _mode(call, default, position)
+            default, position = OPENERS[opener]
+            mode = open_mode(call, default, position)
             if mode is None:
                 if not rank0_only(self, call):
                     self.record(
@@ -224,11 +157,11 @@ class GuardRank0Writes(Transform):
                 return
             if not any(c in mode for c in "wax+"):
                 return  # a read
-        stream = next((n for n in names if n in _STREAM_WRITES), None)
-        if stream is not None and _argument(call, *_STREAM_WRITES[stream]) is None:
+        stream = next((n for n in names if n in STREAM_WRITES), None)
+        if stream is not None and argument(call, *STREAM_WRITES[stream]) is None:
             return  # returns a string
         destination = next((self._writes[n] for n in names if self._writes.get(n)), None)
-        if destination is not None and self._in_memory(_argument(call, *destination)):
+        if destination is not None and in_memory(self, argument(call, *destination)):
             return
         if rank0_only(self, call) or only_called_on_rank0(self, call):
             return
@@ -308,7 +241,7 @@ class GuardRank0Writes(Transform):
         )
         for target in targets:
             names = (
-                [n for n in _target_names(target)]
+                [n for n in target_names(target)]
                 if not isinstance(target, cst.Attribute)
                 else None
             )
@@ -323,7 +256,7 @@ class GuardRank0Writes(Transform):
     def _with(self, item: cst.WithItem, what: str) -> None:
         stmt = self.parent(item)
         assert isinstance(stmt, cst.With)
-        if self._runs_collectives(stmt.body):
+        if runs_collectives(self, stmt.body):
             # The body trains: only the opening is conditional, the uses are guarded.
             mark = len(self._actions)
             self._add(
@@ -390,7 +323,7 @@ class GuardRank0Writes(Transform):
             if isinstance(parent, cst.WithItem) and parent.item is use:
                 stmt = self.parent(parent)
                 assert isinstance(stmt, cst.With)
-                if not self._runs_collectives(stmt.body):
+                if not runs_collectives(self, stmt.body):
                     self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
                     continue
             stmt = self.enclosing_statement(use)
@@ -534,58 +467,14 @@ class GuardRank0Writes(Transform):
             return True
         return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is use
 
-    def _in_memory(self, arg: cst.Arg | None) -> bool:
-        if arg is None:
-            return False
-        values = [arg.value]
-        if isinstance(arg.value, cst.Name):
-            values = assigned_values(self, arg.value)
-        return any(
-            isinstance(v, cst.Call) and self.refers_to(v.func, *_MEMORY_BUFFERS) for v in values
-        )
-
-    def _runs_collectives(self, body: cst.BaseSuite) -> bool:
-        """Whether a block trains or communicates: skipping it on some ranks would hang them."""
-        calls = training_calls(self) | set(self.calls_to(*_COLLECTIVE_PREFIXES, prefix=True))
-        return any(any(p is body for p in self.ancestors(c)) for c in calls)
-
     def _describe(self, node: cst.CSTNode) -> str:
         if isinstance(node, cst.Call):
             func = self.module.code_for_node(node.func)
-            if self.refers_to(node.func, *_OPENERS):
-                mode = _argument(node, 1, "mode")
+            if self.refers_to(node.func, *OPENERS):
+                mode = argument(node, 1, "mode")
                 if mode is not None:
                     return f"{func}(..., {self.module.code_for_node(mode.value)})"
             return f"{func}(...)"
         return self.module.code_for_node(node).strip().splitlines()[0]
 
 
-def _argument(call: cst.Call, position: int, keyword: str) -> cst.Arg | None:
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    if position < len(positional):
-        return positional[position]
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg
-    return None
-
-
-def _mode(call: cst.Call, default: str, position: int) -> str | None:
-    """The mode string of an ``open``-like call; None when it is not a literal."""
-    arg = _argument(call, position, "mode")
-    if arg is None:
-        return None if any(a.star for a in call.args) else default
-    if isinstance(arg.value, cst.SimpleString):
-        value = arg.value.evaluated_value
-        return value if isinstance(value, str) else None
-    return None
-
-
-def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_names(e.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
