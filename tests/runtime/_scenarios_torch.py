@@ -402,6 +402,31 @@ def check_ddp_fp16_compression_trains() -> None:
     _same_everywhere(_listed(model))
 
 
+def check_ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups() -> None:
+    # The converted form of ``AdamW([{"params": model[0].parameters(), "lr": lr}, ...])`` after
+    # ``model = get_model()``: the whole model is wrapped, the groups are read through it.
+    torch.manual_seed(sdp.rank())  # different starts: DDP must broadcast rank 0's
+    model = sdp.DistributedDataParallel(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1)))
+    assert len(model) == 3 and isinstance(model[0], nn.Linear) and model[-1] is model.module[2]
+    assert [type(layer).__name__ for layer in model] == ["Linear", "ReLU", "Linear"]
+    assert bool(model)
+    opt = torch.optim.AdamW([
+        {"params": model[0].parameters(), "lr": 0.01},
+        {"params": model[2].parameters(), "lr": 0.005},
+    ])
+    x, y = _data(sdp.rank(), rows=8)
+    for _ in range(5):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    _same_everywhere(_listed(model))  # averaged gradients: the ranks stay identical
+    plain = sdp.DistributedDataParallel(_model())
+    expect_raises(TypeError, lambda: len(plain), "not sized")
+    expect_raises(TypeError, lambda: plain[0], "not subscriptable")
+    assert bool(plain)
+
+
 def _before_init() -> None:
     expect_raises(sdp.NotInitializedError, sdp.rank, "sdp.init()")
     expect_raises(sdp.NotInitializedError, lambda: sdp.allreduce(torch.ones(1)))

@@ -26,6 +26,7 @@ SUITE_CHECKS = [
     "ddp_averages_gradients",
     "ddp_state_dict_is_unprefixed_and_loads_both_ways",
     "ddp_fp16_compression_trains",
+    "ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups",
 ]
 
 pytestmark = pytest.mark.slow

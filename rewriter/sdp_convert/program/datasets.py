@@ -15,6 +15,7 @@ import libcst.matchers as m
 from ..base import Transform
 from .index import FileIndex
 from .keras import keras_fit_calls, keras_name
+from .scopes import arguments_for, callers
 from .syntax import arg_named, code
 from .training import training_facts
 
@@ -135,7 +136,11 @@ def _walk(
                     trace.source, trace.unpacked = value, True
                     trace.source_name = _source_name(transform, value)[0]  # type: ignore[index]
                 else:
-                    trace.problem = f"{expr.value} is unpacked from {code(value)}"
+                    returned = _returned_element(transform, index, binding.stmt, expr.value, value)
+                    if returned is None:
+                        trace.problem = f"{expr.value} is unpacked from {code(value)}"
+                    else:
+                        _walk(transform, index, returned[0], returned[1], trace, depth + 1)
                 return
             _walk(transform, index, binding.value, binding.stmt, trace, depth + 1)
         elif binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
@@ -152,6 +157,37 @@ def _walk(
     trace.problem = f"{code(expr)} is not a tf.data pipeline the converter can follow"
 
 
+def _returned_element(
+    transform: Transform,
+    index: FileIndex,
+    stmt: cst.CSTNode,
+    name: str,
+    value: cst.BaseExpression,
+) -> tuple[cst.BaseExpression, cst.CSTNode] | None:
+    """``train, test = make()`` with ``make`` returning ``a, b`` once: (``a``, its return)."""
+    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return None
+    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
+    if names.count(name) != 1 or not isinstance(value, cst.Call):
+        return None
+    if not isinstance(value.func, cst.Name):
+        return None
+    binding = index.reaching(value.func.value, value)
+    function = binding.stmt if binding is not None else None
+    if not isinstance(function, cst.FunctionDef) or len(callers(transform, function)) > 1:
+        return None
+    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
+    if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
+        return None
+    elements = returns[0].value.elements
+    if len(elements) != len(names) or any(isinstance(e, cst.StarredElement) for e in elements):
+        return None
+    return elements[names.index(name)].value, returns[0]
+
+
 def _through_function(
     transform: Transform,
     index: FileIndex,
@@ -160,12 +196,12 @@ def _through_function(
     depth: int,
 ) -> None:
     returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
-    callers = index.calls_by_name.get(function.name.value, [])
+    calls = callers(transform, function)
     if len(returns) != 1:
         trace.problem = f"{function.name.value}() has {len(returns)} return statements"
-    elif len(callers) > 1:
+    elif len(calls) > 1:
         trace.problem = (
-            f"{function.name.value}() builds several datasets (it is called {len(callers)} times)"
+            f"{function.name.value}() builds several datasets (it is called {len(calls)} times)"
         )
     else:
         value = returns[0].value
@@ -181,29 +217,22 @@ def _through_parameter(
     trace: DatasetTrace,
     depth: int,
 ) -> None:
-    params = function.params
-    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
-    callers = [
-        c
-        for c in index.calls_by_name.get(function.name.value, [])
-        if function not in transform.ancestors(c)
+    passed = [
+        (value, call)
+        for value, call in arguments_for(transform, function, name)
+        if function not in transform.ancestors(call)
     ]
-    if len(callers) != 1:
+    calls = [c for c in callers(transform, function) if function not in transform.ancestors(c)]
+    if len(calls) != 1:
         trace.problem = (
-            f"parameter {name!r} of {function.name.value}(), called {len(callers)} times"
+            f"parameter {name!r} of {function.name.value}(), called {len(calls)} times"
         )
         return
-    call = callers[0]
-    if isinstance(call.func, cst.Attribute) and isinstance(
-        index.parent_scope.get(id(function)), cst.ClassDef
-    ):
-        positional = positional[1:]
-    position = positional.index(name) if name in positional else None
-    arg = arg_named(call, name, position)
-    if arg is None:
+    if not passed:
         trace.problem = f"parameter {name!r} of {function.name.value}() is not passed"
         return
-    _walk(transform, index, arg.value, call, trace, depth + 1)
+    value, call = passed[0]
+    _walk(transform, index, value, call, trace, depth + 1)
 
 
 def _short(qname: str) -> str:

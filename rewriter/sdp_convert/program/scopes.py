@@ -139,40 +139,108 @@ def _self_attribute_values(t: Transform, attribute: cst.Attribute) -> list[cst.B
 
 
 def callee(t: Transform, call: cst.Call) -> cst.FunctionDef | None:
-    """The function of this file that ``call`` calls (``f(...)`` or ``self.method(...)``)."""
+    """The function of this file that ``call`` calls, or None when that is not known.
+
+    ``f(...)``; ``self.method(...)`` inside the class; ``Cls(...)`` (its ``__init__``);
+    ``Cls(...).method(...)`` and ``obj.method(...)`` where ``obj`` is bound once to ``Cls(...)``,
+    ``Cls`` a class of this file.
+    """
     func = call.func
     if isinstance(func, cst.Name):
         for assignment in referents(t, func):
             node = getattr(assignment, "node", None)
             if isinstance(node, cst.FunctionDef):
                 return node
+            if isinstance(node, cst.ClassDef):
+                return _method(node, "__init__")
         return None
-    if isinstance(func, cst.Attribute) and m.matches(func.value, m.Name("self")):
+    if not isinstance(func, cst.Attribute):
+        return None
+    if m.matches(func.value, m.Name("self")):
         cls = _method_class(t, call)
-        if cls is not None and isinstance(cls.body, cst.IndentedBlock):
-            for stmt in cls.body.body:
-                if isinstance(stmt, cst.FunctionDef) and stmt.name.value == func.attr.value:
-                    return stmt
-    return None
+        return _method(cls, func.attr.value) if cls is not None else None
+    cls = _instance_class(t, func.value)
+    return _method(cls, func.attr.value) if cls is not None else None
 
 
 def callers(t: Transform, function: cst.FunctionDef) -> list[cst.Call]:
-    """The calls of ``function`` in this file (by name, or ``self.<name>`` in its class)."""
+    """The calls of ``function`` in this file: by name; for a method, ``self.<name>`` in its
+    class and ``obj.<name>`` on an instance of it (see ``callee``); ``Cls(...)`` for
+    ``__init__``."""
     cls = class_of(t, function)
     if cls is not None:
-        return [
-            call
-            for call in t.method_calls(function.name.value)
-            if isinstance(call.func, cst.Attribute)
-            and m.matches(call.func.value, m.Name("self"))
-            and _method_class(t, call) is cls
+        found = [
+            call for call in t.method_calls(function.name.value) if callee(t, call) is function
         ]
-    found: list[cst.Call] = []
+        if function.name.value == "__init__":
+            found += [
+                parent
+                for ref in _class_references(t, cls)
+                if isinstance(parent := t.parent(ref), cst.Call) and parent.func is ref
+            ]
+        order = node_order(t)
+        return sorted(found, key=lambda n: order.get(id(n), -1))
+    found = []
     for ref in function_references(t, function):
         parent = t.parent(ref)
         if isinstance(parent, cst.Call) and parent.func is ref:
             found.append(parent)
     return found
+
+
+def arguments_for(
+    t: Transform, function: cst.FunctionDef, name: str
+) -> list[tuple[cst.BaseExpression, cst.Call]]:
+    """What the callers of ``function`` pass for its parameter ``name``: ``(value, call)``."""
+    found = []
+    for call in callers(t, function):
+        for arg in call.args:
+            param = param_for_arg(function, call, arg)
+            if param is not None and param.name.value == name:
+                found.append((arg.value, call))
+    return found
+
+
+def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    if isinstance(cls.body, cst.IndentedBlock):
+        for stmt in cls.body.body:
+            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+                return stmt
+    return None
+
+
+def _instance_class(t: Transform, expr: cst.BaseExpression) -> cst.ClassDef | None:
+    """The class of this file that ``expr`` is an instance of: ``Cls(...)``, or a name bound
+    only to ``Cls(...)``."""
+    values: list[cst.BaseExpression] = [expr]
+    if isinstance(expr, cst.Name):
+        values = assigned_values(t, expr)
+        if not values:
+            return None
+    classes = set()
+    for value in values:
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+            return None
+        found = [
+            node for a in referents(t, value.func)
+            if isinstance(node := getattr(a, "node", None), cst.ClassDef)
+        ]
+        if len(found) != 1:
+            return None
+        classes.add(found[0])
+    return classes.pop() if len(classes) == 1 else None
+
+
+def _class_references(t: Transform, cls: cst.ClassDef) -> list[cst.CSTNode]:
+    scope = t.get_metadata(ScopeProvider, cls, None)
+    if scope is None:
+        return []
+    return [
+        access.node
+        for assignment in scope.assignments[cls.name.value]
+        if getattr(assignment, "node", None) is cls
+        for access in assignment.references
+    ]
 
 
 def function_references(t: Transform, function: cst.FunctionDef) -> list[cst.CSTNode]:
@@ -206,8 +274,8 @@ def param_for_arg(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> cs
             return None
         if other.keyword is None:
             index += 1
-    if isinstance(call.func, cst.Attribute):
-        index += 1  # self
+    if params and params[0].name.value in ("self", "cls"):
+        index += 1  # bound by the call: ``obj.method(x)``, ``Cls(x)``
     return params[index] if index < len(params) else None
 
 

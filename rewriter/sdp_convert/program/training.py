@@ -9,6 +9,7 @@ import libcst as cst
 
 from ..base import Transform
 from .index import FileIndex, Scope, file_index
+from .scopes import callers
 from .syntax import target_names
 
 TAPES = ("tensorflow.GradientTape", "tensorflow.autodiff.GradientTape")
@@ -224,19 +225,8 @@ def _uses_of_binding(
 
 
 def _calls_of(transform: Transform, index: FileIndex, function: cst.FunctionDef) -> list[cst.Call]:
-    """Calls of ``function`` (by name: ``f(...)``, or ``obj.f(...)`` for a method) outside it."""
-    is_method = isinstance(index.parent_scope.get(id(function)), cst.ClassDef)
-    found = []
-    for call in index.calls_by_name.get(function.name.value, []):
-        if function in transform.ancestors(call):
-            continue
-        if isinstance(call.func, cst.Name):
-            binding = index.reaching(call.func.value, call)
-            if binding is not None and binding.stmt is function:
-                found.append(call)
-        elif is_method and isinstance(call.func, cst.Attribute):
-            found.append(call)
-    return found
+    """Calls of ``function`` outside it (``program.scopes.callers``)."""
+    return [c for c in callers(transform, function) if function not in transform.ancestors(c)]
 
 
 def loops_around(transform: Transform, node: cst.CSTNode) -> list[cst.For | cst.While]:

@@ -58,6 +58,7 @@ import libcst.matchers as m
 from ..base import Transform
 from ..program.index import Binding, FileIndex, file_index
 from ..program.optimizers import optimizer_class, params_argument
+from ..program.scopes import arguments_for
 from ..program.syntax import arg_named, code
 
 _DDP = (
@@ -199,18 +200,8 @@ class WrapModelDdp(Transform):
     def _arguments(self, binding: Binding) -> Iterator[tuple[cst.BaseExpression, cst.Call]]:
         """What the callers pass for a function parameter: ``(argument, call)``."""
         function = binding.stmt
-        if not isinstance(function, cst.FunctionDef):
-            return
-        params = [*function.params.posonly_params, *function.params.params]
-        names = [p.name.value for p in params]
-        position = names.index(binding.name) if binding.name in names else None
-        is_method = isinstance(self._owner_class(function), cst.ClassDef)
-        for call in self.index.calls_by_name.get(function.name.value, ()):
-            shift = 1 if is_method and isinstance(call.func, cst.Attribute) else 0
-            where = None if position is None else position - shift
-            arg = arg_named(call, binding.name, where if where is None or where >= 0 else None)
-            if arg is not None:
-                yield arg.value, call
+        if isinstance(function, cst.FunctionDef):
+            yield from arguments_for(self, function, binding.name)
 
     def _add(
         self,
@@ -256,6 +247,10 @@ class WrapModelDdp(Transform):
         creation = creation or next(iter(wrapped), None)
         if creation is None:
             return False
+        if m.findall(receiver, m.Subscript()) and isinstance(
+            creation.value, (cst.List, cst.Tuple, cst.Dict, cst.ListComp, cst.DictComp)
+        ):
+            return False  # ``models[0]``: one of several models, which one is not known
         model = _Model(code(target), creation.scope, owner, creation, wrapped=bool(wrapped))
         model = self.models.setdefault(model.key, model)
         model.seen_at.append(at)
@@ -655,12 +650,16 @@ class WrapModelDdp(Transform):
 
 
 def _model_expression(receiver: cst.BaseExpression) -> cst.Name | cst.Attribute | None:
-    """The model of ``receiver``: ``model`` for ``model.backbone``, ``self.model`` for
-    ``self.model.head``; None for what is not a plain name (``models[0]``, ``get()``)."""
+    """The model of ``receiver``: ``model`` for ``model.backbone`` and for ``model[0]`` (a layer of
+    an ``nn.Sequential``; ``_add`` refuses it when ``model`` is a list of models), ``self.model``
+    for ``self.model.head``; None for what is not a plain name (``get()``)."""
     chain: list[cst.Attribute] = []
     node = receiver
-    while isinstance(node, cst.Attribute):
-        chain.append(node)
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Subscript):
+            chain.clear()  # ``self.layers[0]``: the model is ``self.layers``
+        else:
+            chain.append(node)
         node = node.value
     if not isinstance(node, cst.Name):
         return None

@@ -126,6 +126,28 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         fixed = _strip_prefix(state_dict, own)
         return self.module.load_state_dict(fixed, strict=strict, assign=assign)
 
+    # A wrapped container (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) keeps
+    # answering ``model[0]``, ``len(model)`` and ``for layer in model`` as before the wrap: scripts
+    # give sub-modules their own learning rates (``model[0].parameters()``) after wrapping.
+    def __getitem__(self, index: Any) -> Any:
+        return self._container("subscriptable")[index]
+
+    def __len__(self) -> int:
+        return len(self._container("sized"))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._container("iterable"))
+
+    def __bool__(self) -> bool:
+        return bool(self.module)  # a module is true unless it is an empty container
+
+    def _container(self, what: str) -> Any:
+        inner = self.module
+        method = {"subscriptable": "__getitem__", "sized": "__len__", "iterable": "__iter__"}[what]
+        if not hasattr(type(inner), method):
+            raise TypeError(f"the wrapped {type(inner).__name__} is not {what}")
+        return inner
+
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
