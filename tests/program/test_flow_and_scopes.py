@@ -66,3 +66,24 @@ def test_training_calls_include_the_functions_that_lead_to_backward():
     )
     found = sorted(code(t, c) for c in training_calls(t))
     assert found == ["epoch(d)", "loss(x).backward()", "opt.step()", "step(x)"]
+
+
+def test_the_epoch_loop_is_found_through_a_loader_a_trainer_keeps():
+    from sdp_convert.program.flow import epoch_loop
+
+    t = probe(
+        HEAD
+        + "class Trainer:\n"
+        "    def __init__(self, data):\n        self.train_data = data\n"
+        "    def _run_epoch(self):\n        for x in self.train_data:\n            step(x)\n"
+        "    def train(self, n):\n        for epoch in range(n):\n            self._run_epoch()\n"
+        "def main():\n    Trainer(DataLoader(ds, shuffle=True)).train(3)\n"
+    )
+    call = find(t, m.Call(func=m.Name("DataLoader")))
+    sites, _ = loader_sites(t, call)
+    assert len(sites) == 1
+    found = epoch_loop(t, sites[0])
+    assert found is not None
+    loop, holder = found
+    assert code(t, loop).splitlines()[0] == "for epoch in range(n):"
+    assert holder is not None and holder.code == "self.train_data"

@@ -208,20 +208,7 @@ def holds_only(t: Transform, holder: Binding, flow: set[int]) -> bool:
     return bool(calls)
 
 
-def epoch_loop(t: Transform, site: Site) -> tuple[cst.For, Binding | None] | None:
-    """The ``for epoch in range(...)`` around a training loop, and what holds the loader."""
-    loop = range_loop_around(t, site.loop)
-    if loop is not None:
-        return loop, site.binding
-    for call, _use, binding in reversed(site.trail):
-        loop = range_loop_around(t, call)
-        if loop is not None:
-            return loop, binding
-    # A loader in a global or ``t.<attr>``: look where the function using it is called.
-    root = site.trail[0][2] if site.trail else site.binding
-    if root is None or not root.is_shared:
-        return None
-    start: cst.CSTNode = site.trail[0][0] if site.trail else site.loop
+def _epoch_loop_of_callers(t: Transform, root: Binding, start: cst.CSTNode) -> cst.For | None:
     frontier = [t.enclosing_function(start)]
     for _ in range(3):
         next_frontier: list[cst.FunctionDef | None] = []
@@ -231,7 +218,31 @@ def epoch_loop(t: Transform, site: Site) -> tuple[cst.For, Binding | None] | Non
                 if loop is not None and (
                     root.cls is None or _method_class(t, caller) is root.cls
                 ):
-                    return loop, root
+                    return loop
                 next_frontier.append(t.enclosing_function(caller))
         frontier = next_frontier
+    return None
+
+
+def epoch_loop(t: Transform, site: Site) -> tuple[cst.For, Binding | None] | None:
+    """The ``for epoch in range(...)`` around a training loop, and what holds the loader."""
+    loop = range_loop_around(t, site.loop)
+    if loop is not None:
+        return loop, site.binding
+    for call, _use, binding in reversed(site.trail):
+        loop = range_loop_around(t, call)
+        if loop is not None:
+            return loop, binding
+    # A loader in a global or ``self.<attr>``: look where the function using it is called. The
+    # holder at the loop (``self.train_data``, filled in ``__init__`` from a parameter) comes
+    # first, then the first variable on the way (a global handed to a function).
+    starts: list[tuple[Binding, cst.CSTNode]] = []
+    if site.binding is not None and site.binding.is_shared:
+        starts.append((site.binding, site.loop))
+    if site.trail and site.trail[0][2] is not None and site.trail[0][2].is_shared:
+        starts.append((site.trail[0][2], site.trail[0][0]))
+    for root, start in starts:
+        found = _epoch_loop_of_callers(t, root, start)
+        if found is not None:
+            return found, root
     return None
