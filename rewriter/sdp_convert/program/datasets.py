@@ -284,3 +284,26 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
         if x is not None and arg_named(fit, "y", 1) is None:
             uses.append((fit, [Candidate(x.value)]))
     return uses
+
+
+#: Sources whose length the converter cannot tell (a generator may never end).
+_UNKNOWN_LENGTH = frozenset(
+    {"tensorflow.data.Dataset.from_generator", "tensorflow.data.Dataset.zip"}
+)
+
+
+def dataset_length(trace: DatasetTrace) -> str:
+    """Whether the dataset ends: "finite", "infinite" (``.repeat()`` without a count, and no
+    ``take`` after it) or "unknown" (a generator's)."""
+    length = "unknown" if trace.source_name in _UNKNOWN_LENGTH else "finite"
+    for step in trace.chain:
+        method = _method(step)
+        if method not in ("repeat", "take"):
+            continue
+        assert isinstance(step, cst.Call)
+        count = arg_named(step, "count", 0)
+        if method == "repeat" and (count is None or code(count.value) in ("None", "-1")):
+            length = "infinite"
+        elif method == "take" and count is not None and code(count.value) != "-1":
+            length = "finite"
+    return length

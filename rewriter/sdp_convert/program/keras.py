@@ -8,7 +8,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 
 from ..base import Transform
 from .index import file_index
-from .syntax import _EQUAL, code
+from .syntax import _EQUAL, arg_named, code
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
 
@@ -225,3 +225,11 @@ def optimizer_from_string(
         learning_rate is not None
     ) else []
     return cst.Call(func=func, args=args)
+
+
+#: Positions of ``Model.fit``'s parameters (Keras 3 and 2 alike).
+_FIT_POSITIONS = {"x": 0, "y": 1, "verbose": 4, "callbacks": 5, "sample_weight": 10}
+
+
+def fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    return arg_named(call, name, _FIT_POSITIONS.get(name))

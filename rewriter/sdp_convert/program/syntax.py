@@ -254,3 +254,66 @@ def target_names(target: cst.BaseExpression) -> list[cst.Name]:
     if isinstance(target, cst.StarredElement):
         return target_names(target.value)
     return []
+
+
+def prepend_elements(value: cst.List, new: cst.List) -> cst.List:
+    if not value.elements:
+        return new
+    # A list written one callback a line gets the new ones a line each, at the same indent.
+    after = value.lbracket.whitespace_after
+    between: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace(" ")
+    if isinstance(after, cst.ParenthesizedWhitespace):  # (a comment after ``[`` stays there)
+        between = cst.ParenthesizedWhitespace(indent=after.indent, last_line=after.last_line)
+    elements = [e.with_changes(comma=cst.Comma(whitespace_after=between)) for e in new.elements]
+    return value.with_changes(elements=[*elements, *value.elements])
+
+
+def elements_list(elements: list[cst.BaseElement]) -> cst.List:
+    return cst.List(elements=fix_commas(elements))
+
+
+def fix_commas(elements: list[cst.BaseElement]) -> list[cst.BaseElement]:
+    """Elements taken out of a list: single-line commas between them, none after the last."""
+    fixed = [
+        e.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        for e in elements[:-1]
+    ]
+    return [*fixed, elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)] if elements else []
+
+
+def sum_operand(expr: cst.BaseExpression, *, ifexp: bool = False) -> cst.BaseExpression:
+    """``expr`` parenthesised where ``+`` (or a conditional's branch) would bind it wrongly."""
+    simple = (
+        cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.List, cst.Integer, cst.SimpleString
+    )
+    if (
+        expr.lpar
+        or isinstance(expr, simple)
+        or (ifexp and not isinstance(expr, (cst.IfExp, cst.Lambda)))
+    ):
+        return expr
+    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def names_read(expr: cst.CSTNode) -> list[cst.Name]:
+    """The names ``expr`` reads (not attribute names or keywords)."""
+    skip = {id(a.attr) for a in m.findall(expr, m.Attribute()) if isinstance(a, cst.Attribute)}
+    skip |= {
+        id(a.keyword) for a in m.findall(expr, m.Arg()) if isinstance(a, cst.Arg) and a.keyword
+    }
+    return [n for n in m.findall(expr, m.Name()) if isinstance(n, cst.Name) and id(n) not in skip]
+
+
+def counts_up(body: cst.CSTNode, counter: str) -> bool:
+    """Whether ``body`` increases ``counter`` (``step += 1``, ``step = step + 1``)."""
+    if m.findall(body, m.AugAssign(target=m.Name(counter), operator=m.AddAssign())):
+        return True
+    return bool(
+        m.findall(
+            body,
+            m.Assign(
+                targets=[m.AssignTarget(target=m.Name(counter))],
+                value=m.BinaryOperation(left=m.Name(counter), operator=m.Add()),
+            ),
+        )
+    )

@@ -50,9 +50,24 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from ..program.datasets import DatasetTrace, _method, _short, trace_dataset, training_dataset_uses
+from ..program.datasets import (
+    DatasetTrace,
+    _method,
+    _short,
+    dataset_length,
+    trace_dataset,
+    training_dataset_uses,
+)
 from ..program.index import file_index
-from ..program.syntax import arg_named, code, divided_by_size, mentions_size, replace_arg
+from ..program.syntax import (
+    arg_named,
+    code,
+    counts_up,
+    divided_by_size,
+    mentions_size,
+    names_read,
+    replace_arg,
+)
 
 #: Operations after which a ``take``/``skip`` no longer selects the same samples on every worker.
 _ORDERING = frozenset(
@@ -63,10 +78,6 @@ _ORDERING = frozenset(
 #: and the others nothing. These make several elements of it; the shard goes after the first one.
 _SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
 _SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
-#: Sources whose length the converter cannot tell (a generator may never end).
-_UNKNOWN_LENGTH = frozenset(
-    {"tensorflow.data.Dataset.from_generator", "tensorflow.data.Dataset.zip"}
-)
 #: What a counting loop's ``range(...)`` may be wrapped in.
 _RANGE_WRAPPERS = ("builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
 _RANGES = ("builtins.range", "tqdm.trange", "tqdm.auto.trange", "tqdm.notebook.trange")
@@ -78,52 +89,11 @@ _PLAIN_CALLS = (
 _CATCHES_STOP = ("builtins.StopIteration", "builtins.Exception", "builtins.BaseException")
 
 
-def _length(trace: DatasetTrace) -> str:
-    """Whether the dataset ends: "finite", "infinite" (``.repeat()`` without a count, and no
-    ``take`` after it) or "unknown" (a generator's)."""
-    length = "unknown" if trace.source_name in _UNKNOWN_LENGTH else "finite"
-    for step in trace.chain:
-        method = _method(step)
-        if method not in ("repeat", "take"):
-            continue
-        assert isinstance(step, cst.Call)
-        count = arg_named(step, "count", 0)
-        if method == "repeat" and (count is None or code(count.value) in ("None", "-1")):
-            length = "infinite"
-        elif method == "take" and count is not None and code(count.value) != "-1":
-            length = "finite"
-    return length
-
-
 def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> set[str]:
     """The variables that hold the dataset once it is sharded."""
     chain = trace.chain
     position = max((i for i, s in enumerate(chain) if s in anchors), default=-1)
     return {s.value for s in chain[position + 1 :] if isinstance(s, cst.Name)}
-
-
-def _loads(expr: cst.CSTNode) -> list[cst.Name]:
-    """The names ``expr`` reads (not attribute names or keywords)."""
-    skip = {id(a.attr) for a in m.findall(expr, m.Attribute()) if isinstance(a, cst.Attribute)}
-    skip |= {
-        id(a.keyword) for a in m.findall(expr, m.Arg()) if isinstance(a, cst.Arg) and a.keyword
-    }
-    return [n for n in m.findall(expr, m.Name()) if isinstance(n, cst.Name) and id(n) not in skip]
-
-
-def _counts_up(body: cst.CSTNode, counter: str) -> bool:
-    """Whether ``body`` increases ``counter`` (``step += 1``, ``step = step + 1``)."""
-    if m.findall(body, m.AugAssign(target=m.Name(counter), operator=m.AddAssign())):
-        return True
-    return bool(
-        m.findall(
-            body,
-            m.Assign(
-                targets=[m.AssignTarget(target=m.Name(counter))],
-                value=m.BinaryOperation(left=m.Name(counter), operator=m.Add()),
-            ),
-        )
-    )
 
 
 class ShardTfDataset(Transform):
@@ -232,7 +202,7 @@ class ShardTfDataset(Transform):
             return  # next() with a default, or StopIteration handled
         if self._fresh_iterator(call, loop):
             return  # a new iterator on every step
-        length = _length(trace)
+        length = dataset_length(trace)
         if length == "infinite":
             return
         iterator = code(call.args[0].value)
@@ -332,7 +302,7 @@ class ShardTfDataset(Transform):
             counter, bound = comparator, test.left
         else:
             return None, None
-        if not (isinstance(counter, cst.Name) and _counts_up(loop.body, counter.value)):
+        if not (isinstance(counter, cst.Name) and counts_up(loop.body, counter.value)):
             return None, None
         return test, bound
 
@@ -363,7 +333,7 @@ class ShardTfDataset(Transform):
         directly or through the variables it reads."""
         if m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("cardinality")))):
             return True
-        for name in _loads(expr):
+        for name in names_read(expr):
             if name.value in datasets:
                 return True
             binding = self.index.reaching(name.value, name)

@@ -53,6 +53,7 @@ from ..program.index import FileIndex, assigned_values, file_index
 from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
     compile_optimizer_arg,
+    fit_arg,
     is_keras_compile,
     keras_fit_calls,
     keras_names,
@@ -65,9 +66,12 @@ from ..program.syntax import (
     code,
     divided_by_size,
     double_star,
+    elements_list,
     mentions,
     mentions_size,
+    prepend_elements,
     replace_arg,
+    sum_operand,
 )
 from ..program.training import training_facts
 
@@ -76,14 +80,6 @@ _RANK0_CALLBACKS = frozenset(
     {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
      "RemoteMonitor"}
 )
-
-
-#: Positions of ``Model.fit``'s parameters (Keras 3 and 2 alike).
-_FIT_POSITIONS = {"x": 0, "y": 1, "verbose": 4, "callbacks": 5, "sample_weight": 10}
-
-
-def _fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
-    return arg_named(call, name, _FIT_POSITIONS.get(name))
 
 
 class WrapKerasFit(Transform):
@@ -217,14 +213,14 @@ class WrapKerasFit(Transform):
             )
             updated = replace_arg(updated, steps, divided_by_size(steps.value, self.sdp))
         for keyword in self.arrays.get(original, []):
-            arg = _fit_arg(updated, keyword)
+            arg = fit_arg(updated, keyword)
             assert arg is not None
             shard = cst.Call(
                 func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(arg.value)]
             )
             updated = replace_arg(updated, arg, shard)
         if self.arrays.get(original):
-            names = ", ".join(code(_fit_arg(original, k).value)  # type: ignore[union-attr]
+            names = ", ".join(code(fit_arg(original, k).value)  # type: ignore[union-attr]
                               for k in self.arrays[original])
             self.record(
                 original,
@@ -239,13 +235,13 @@ class WrapKerasFit(Transform):
         ``steps_per_epoch``; given again as keywords they would fail (``got multiple values for
         keyword argument``), so what the call does not name is left to a person."""
         todo = []
-        if _fit_arg(original, "callbacks") is None:
+        if fit_arg(original, "callbacks") is None:
             todo.append(
                 f"put {self.sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) and "
                 f"{self.sdp}.keras.callbacks.MetricAverageCallback() first in its callbacks "
                 f"(callbacks that write files on rank 0 only)"
             )
-        if _fit_arg(original, "verbose") is None:
+        if fit_arg(original, "verbose") is None:
             todo.append("set verbose=0 on the workers other than rank 0")
         if arg_named(original, "steps_per_epoch") is None:
             todo.append(f"divide a steps_per_epoch it holds by {self.sdp}.size()")
@@ -258,7 +254,7 @@ class WrapKerasFit(Transform):
             )
 
     def _callbacks(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        arg = _fit_arg(original, "callbacks")
+        arg = fit_arg(original, "callbacks")
         if arg is None and double_star(original) is not None:
             return updated
         if arg is not None and any(
@@ -276,23 +272,24 @@ class WrapKerasFit(Transform):
             "callbacks BroadcastGlobalVariablesCallback(0) (rank 0's initial weights on every "
             "worker) and MetricAverageCallback() (metrics averaged across workers) added first",
         )
-        current = _fit_arg(updated, "callbacks")
+        current = fit_arg(updated, "callbacks")
         if current is None:
             return add_keyword(updated, "callbacks", new, first=False)
         value = current.value
         if isinstance(value, cst.List) and not value.lpar:
-            return replace_arg(updated, current, _prepend(value, new))
+            return replace_arg(updated, current, prepend_elements(value, new))
         if (
             isinstance(value, cst.BinaryOperation)
             and isinstance(value.operator, cst.Add)
             and isinstance(value.left, cst.List)
         ):  # a list split for rank 0 (below): [shared...] + ([...] if rank 0 else [])
-            return replace_arg(updated, current, value.with_changes(left=_prepend(value.left, new)))
-        combined = cst.BinaryOperation(left=new, operator=cst.Add(), right=_operand(value))
+            merged = value.with_changes(left=prepend_elements(value.left, new))
+            return replace_arg(updated, current, merged)
+        combined = cst.BinaryOperation(left=new, operator=cst.Add(), right=sum_operand(value))
         return replace_arg(updated, current, combined)
 
     def _verbose(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        arg = _fit_arg(original, "verbose")
+        arg = fit_arg(original, "verbose")
         if arg is None and double_star(original) is not None:
             return updated
         if arg is not None and (
@@ -300,11 +297,11 @@ class WrapKerasFit(Transform):
             or code(arg.value) in ("0", "False")
         ):
             return updated
-        current = _fit_arg(updated, "verbose")
+        current = fit_arg(updated, "verbose")
         value = current.value if current is not None else cst.Integer("1")
         quiet = cst.parse_expression(f"_ if {self.sdp}.rank() == 0 else 0")
         assert isinstance(quiet, cst.IfExp)
-        quiet = quiet.with_changes(body=_operand(value, ifexp=True))
+        quiet = quiet.with_changes(body=sum_operand(value, ifexp=True))
         self.record(
             arg.value if arg is not None else original,
             "progress output on rank 0 only (verbose=0 on the other workers)",
@@ -314,14 +311,14 @@ class WrapKerasFit(Transform):
         return replace_arg(updated, current, quiet)
 
     def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
-        x, y = _fit_arg(fit, "x"), _fit_arg(fit, "y")
+        x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
         if x is None or y is None:
             return  # a dataset (shard_tf_dataset) or nothing to shard
         keywords = ["x", "y"]
-        if _fit_arg(fit, "sample_weight") is not None:
+        if fit_arg(fit, "sample_weight") is not None:
             keywords.append("sample_weight")
         for keyword in keywords:
-            arg = _fit_arg(fit, keyword)
+            arg = fit_arg(fit, keyword)
             assert arg is not None
             if isinstance(arg.value, cst.Subscript) and mentions_size(self, arg.value):
                 return  # strided already
@@ -424,7 +421,7 @@ class WrapKerasFit(Transform):
         only = cst.parse_expression(f"_ if {self.sdp}.rank() == 0 else []")
         assert isinstance(only, cst.IfExp)
         only = only.with_changes(
-            body=_elements_list(rank0), lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+            body=elements_list(rank0), lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
         )
         if not shared:
             return only.with_changes(lpar=(), rpar=())
@@ -451,40 +448,3 @@ class WrapKerasFit(Transform):
         return updated_node
 
 
-def _prepend(value: cst.List, new: cst.List) -> cst.List:
-    if not value.elements:
-        return new
-    # A list written one callback a line gets the new ones a line each, at the same indent.
-    after = value.lbracket.whitespace_after
-    between: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace(" ")
-    if isinstance(after, cst.ParenthesizedWhitespace):  # (a comment after ``[`` stays there)
-        between = cst.ParenthesizedWhitespace(indent=after.indent, last_line=after.last_line)
-    elements = [e.with_changes(comma=cst.Comma(whitespace_after=between)) for e in new.elements]
-    return value.with_changes(elements=[*elements, *value.elements])
-
-
-def _elements_list(elements: list[cst.BaseElement]) -> cst.List:
-    return cst.List(elements=_fix_commas(elements))
-
-
-def _fix_commas(elements: list[cst.BaseElement]) -> list[cst.BaseElement]:
-    """Elements taken out of a list: single-line commas between them, none after the last."""
-    fixed = [
-        e.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        for e in elements[:-1]
-    ]
-    return [*fixed, elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)] if elements else []
-
-
-def _operand(expr: cst.BaseExpression, *, ifexp: bool = False) -> cst.BaseExpression:
-    """``expr`` parenthesised where ``+`` (or a conditional's branch) would bind it wrongly."""
-    simple = (
-        cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.List, cst.Integer, cst.SimpleString
-    )
-    if (
-        expr.lpar
-        or isinstance(expr, simple)
-        or (ifexp and not isinstance(expr, (cst.IfExp, cst.Lambda)))
-    ):
-        return expr
-    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])

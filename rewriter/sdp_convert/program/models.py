@@ -1,0 +1,274 @@
+"""torch models: which object an optimizer trains, what a module is, and the wrappers
+(DistributedDataParallel, DataParallel, torch.compile) as data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+from .index import Binding, Scope, file_index
+from .optimizers import optimizer_class
+from .scopes import arguments_for
+from .syntax import code
+
+DDP = (
+    "sdp_runtime.torch.DistributedDataParallel",
+    "sdp_runtime.torch.ddp.DistributedDataParallel",
+    "sdp_runtime.torch.parallel.DistributedDataParallel",
+    "sdp_runtime.torch.parallel.distributed.DistributedDataParallel",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+)
+
+
+DATA_PARALLEL = (
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+)
+
+
+COMPILE = ("torch.compile",)
+
+
+WRAPPERS = DDP + DATA_PARALLEL + COMPILE
+
+
+#: Methods that place or prepare a model; the wrap comes after the last of them.
+SETUP_METHODS = frozenset({
+    "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "to_empty", "apply",
+    "load_state_dict", "requires_grad_",
+})
+
+
+#: What DDP (torch.nn.Module) answers itself: calling these on the wrapped model is fine.
+MODULE_API = SETUP_METHODS | frozenset({
+    "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+    "modules", "named_modules", "state_dict", "train", "eval", "zero_grad", "forward",
+    "register_buffer", "register_parameter", "register_module", "add_module", "get_submodule",
+    "get_parameter", "get_buffer", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_full_backward_pre_hook", "register_backward_hook",
+    "register_state_dict_pre_hook", "register_load_state_dict_pre_hook",
+    "register_load_state_dict_post_hook", "extra_repr", "share_memory", "compile", "xpu", "ipu",
+    "mtia", "set_extra_state", "get_extra_state", "no_sync", "join", "register_comm_hook",
+})
+
+
+#: torch.nn classes that hold weights (a model built from them may be trained).
+NN_WEIGHTED = ("Sequential", "Linear", "Bilinear", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN",
+                "Embedding", "Transformer", "MultiheadAttention", "Lazy")
+
+
+MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "transformers.")
+
+
+PARAMETER_METHODS = m.Name("parameters") | m.Name("named_parameters")
+
+
+def model_expression(receiver: cst.BaseExpression) -> cst.Name | cst.Attribute | None:
+    """The model of ``receiver``: ``model`` for ``model.backbone`` and for ``model[0]`` (a layer of
+    an ``nn.Sequential``; ``_add`` refuses it when ``model`` is a list of models), ``self.model``
+    for ``self.model.head``; None for what is not a plain name (``get()``)."""
+    chain: list[cst.Attribute] = []
+    node = receiver
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Subscript):
+            chain.clear()  # ``self.layers[0]``: the model is ``self.layers``
+        else:
+            chain.append(node)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    if node.value == "self":
+        return chain[-1] if chain else None
+    return node
+
+
+def freezes(stmt: cst.CSTNode) -> bool:
+    """Whether ``stmt`` sets ``requires_grad`` (DDP must see the final set of trained weights)."""
+    names = m.Name("requires_grad") | m.Name("requires_grad_")
+    return bool(m.findall(stmt, m.Attribute(attr=names)))
+
+
+def trained_models(
+    t: Transform, expr: cst.BaseExpression, depth: int
+) -> Iterator[cst.BaseExpression]:
+    """``X`` of every ``X.parameters()`` / ``X.named_parameters()`` that ``expr`` (original)
+    passes on, through variables and function parameters."""
+    if depth > 5:
+        return
+    for call in m.findall(expr, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
+        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+        yield call.func.value
+    for name in m.findall(expr, m.Name()):
+        assert isinstance(name, cst.Name)
+        parent = t.parent(name)
+        if isinstance(parent, cst.Attribute) or (
+            isinstance(parent, (cst.Call, cst.Arg))
+            and name is not getattr(parent, "value", None)
+        ):
+            continue  # ``model.x``, ``list(...)``, ``lr=``: not a value passed on
+        binding = file_index(t).reaching(name.value, name)
+        if binding is None:
+            continue
+        if binding.kind == "assign" and binding.value is not None and not binding.unpacked:
+            yield from trained_models(t, binding.value, depth + 1)
+        elif binding.kind == "param":
+            for value, _ in arguments(t, binding):
+                yield from trained_models(t, value, depth + 1)
+
+
+def arguments(t: Transform, binding: Binding) -> Iterator[tuple[cst.BaseExpression, cst.Call]]:
+    """What the callers pass for a function parameter: ``(argument, call)``."""
+    function = binding.stmt
+    if isinstance(function, cst.FunctionDef):
+        yield from arguments_for(t, function, binding.name)
+
+
+def stepped_optimizers(t: Transform) -> Iterator[cst.Call]:
+    """Constructors of objects whose ``.step()`` is called (optimizers from other libraries,
+    factories) that are not torch.optim's (those are handled with notes)."""
+    for step in t.method_calls("step"):
+        func = step.func
+        assert isinstance(func, cst.Attribute)
+        if not isinstance(func.value, (cst.Name, cst.Attribute)):
+            continue
+        binding = (
+            file_index(t).reaching(func.value.value, func.value)
+            if isinstance(func.value, cst.Name)
+            else next(iter(file_index(t).attribute_bindings.get(code(func.value), [])[-1:]), None)
+        )
+        value = binding.value if binding is not None else None
+        if isinstance(value, cst.Call) and optimizer_class(t, value) is None and not (
+            t.refers_to(value.func, "torch.optim", prefix=True)
+        ):
+            yield value
+
+
+def models_from_backward(t: Transform) -> Iterator[tuple[cst.BaseExpression, cst.CSTNode]]:
+    """Modules called in the computation of what ``.backward()`` is called on."""
+    for backward in t.method_calls("backward"):
+        func = backward.func
+        assert isinstance(func, cst.Attribute)
+        todo: list[tuple[cst.BaseExpression, int]] = [(func.value, 0)]
+        seen: set[int] = set()
+        while todo:
+            expr, depth = todo.pop()
+            if id(expr) in seen or depth > 4:
+                continue
+            seen.add(id(expr))
+            for call in m.findall(expr, m.Call()):
+                assert isinstance(call, cst.Call)
+                callee = call.func
+                if model_expression(callee) is callee and is_module_value(t, callee):
+                    yield callee, backward
+            for name in m.findall(expr, m.Name()):
+                assert isinstance(name, cst.Name)
+                binding = file_index(t).reaching(name.value, name)
+                if binding is not None and binding.kind == "assign" and binding.value:
+                    todo.append((binding.value, depth + 1))
+
+
+def owner_class(t: Transform, node: cst.CSTNode) -> cst.ClassDef | None:
+    for parent in t.ancestors(node):
+        if isinstance(parent, cst.ClassDef):
+            return parent
+    return None
+
+
+def is_wrapper(t: Transform, value: cst.BaseExpression | None, names: tuple[str, ...] = WRAPPERS
+) -> bool:
+    return isinstance(value, cst.Call) and t.refers_to(value.func, *names)
+
+
+def is_plain_object(t: Transform, value: cst.BaseExpression | None) -> bool:
+    """``Trainer(cfg)`` where ``Trainer`` is a class of this file that is no torch module."""
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return False
+    cls = file_index(t).classes.get(value.func.value)
+    return cls is not None and not is_module_class(t, cls, 0)
+
+
+def is_module_class(t: Transform, cls: cst.ClassDef, depth: int) -> bool:
+    for base in cls.bases:
+        if t.refers_to(base.value, "torch.nn", prefix=True):
+            return True
+        if isinstance(base.value, cst.Name) and depth < 4:
+            parent = file_index(t).classes.get(base.value.value)
+            if parent is not None and is_module_class(t, parent, depth + 1):
+                return True
+    return False
+
+
+def is_module_value(t: Transform, callee: cst.BaseExpression) -> bool:
+    """Whether the name ``callee`` (original) was assigned a torch module with weights."""
+    if isinstance(callee, cst.Name):
+        binding = file_index(t).reaching(callee.value, callee)
+        return binding is not None and is_module_value_expr(t, binding.value)
+    found = file_index(t).attribute_bindings.get(code(callee), [])
+    return bool(found) and is_module_value_expr(t, found[0].value)
+
+
+def is_module_value_expr(t: Transform, value: cst.BaseExpression | None) -> bool:
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in SETUP_METHODS | {"train", "eval"}
+    ):
+        value = value.func.value
+    if not isinstance(value, cst.Call):
+        return False
+    for q in t.qualified_names(value.func):
+        if q.startswith("torch.nn.") and q.count(".") == 2:
+            if q.rsplit(".", 1)[-1].startswith(NN_WEIGHTED):
+                return True
+        elif q.startswith(MODEL_FACTORIES) or q.endswith(".from_pretrained"):
+            return True
+    if isinstance(value.func, cst.Name):
+        cls = file_index(t).classes.get(value.func.value)
+        return cls is not None and is_module_class(t, cls, 0)
+    return False
+
+
+def model_creation(t: Transform, bindings: list[Binding], reaching: Binding | None, at: cst.CSTNode
+) -> Binding | None:
+    """The assignment that creates the model used at ``at``, skipping wrappers
+    (``torch.compile(model)``, ``nn.DataParallel(model)``)."""
+    creations = [
+        b for b in bindings
+        if b.kind == "assign" and b.value is not None and not is_wrapper(t, b.value)
+    ]
+    if not creations:
+        return None
+    same_function = [
+        b for b in creations
+        if t.enclosing_function(b.stmt) is t.enclosing_function(at)
+        and file_index(t).is_before(b.stmt, at)
+    ]
+    if same_function:
+        return same_function[-1]
+    if reaching is None:  # ``t.model``: the one ``__init__`` makes
+        in_init = [b for b in creations if isinstance(b.scope, cst.FunctionDef)
+                   and b.scope.name.value == "__init__"]
+        return (in_init or creations)[0]
+    return creations[0]
+
+
+def part_of_a_model(t: Transform, name: str, scope: Scope) -> bool:
+    """``name`` is handed to a model's constructor (``Decoder(encoder)``) or returned."""
+    for model in t.models.values():
+        value = model.creation.value
+        if model.scope is scope and value is not None and any(
+            n.value == name for n in m.findall(value, m.Name())
+        ):
+            return True
+    if isinstance(scope, cst.FunctionDef):
+        for ret in file_index(t).returns.get(id(scope), ()):
+            if ret.value is not None and any(
+                n.value == name for n in m.findall(ret.value, m.Name())
+            ):
+                return True
+    return False
