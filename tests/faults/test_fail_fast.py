@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ..runtime._spawn import clean_env
+from ..runtime._spawn import clean_env, free_port
 from . import scripts
 
 SDP_RUN = str(Path(sys.executable).with_name("sdp-run"))
@@ -180,17 +179,11 @@ def test_a_signal_to_sdp_run_stops_every_rank(job, sig, name):
     assert "Traceback" not in err.split("[rank")[0]  # no traceback of the launcher itself
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_two_nodes_when_one_nodes_rank_dies_both_launchers_fail(tmp_path):
     (tmp_path / "train.py").write_text(scripts.RAISE_ON_NODE)
-    common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-n", "1"]
+    common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-n", "1"]
     nodes = [Job(tmp_path, [*common, "--node-rank", str(i), "train.py"]) for i in (0, 1)]
     try:
         results = [node.wait(120) for node in nodes]
@@ -213,26 +206,19 @@ def test_two_nodes_when_one_nodes_rank_dies_both_launchers_fail(tmp_path):
 @pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.timeout(150)
-def test_tf_function_loop_with_one_step_less_on_a_rank_fails_saying_so(job):
-    launched = job(scripts.TF_ONE_STEP_EARLY)
+@pytest.mark.parametrize(
+    "script",
+    [scripts.TF_ONE_STEP_EARLY, scripts.FIT_ONE_BATCH_MORE],
+    ids=["tf_function_loop_one_step_less", "keras_fit_one_batch_more"],
+)
+def test_a_rank_with_fewer_steps_makes_the_other_fail_saying_so(job, script):
+    launched = job(script)
     code, _, err = launched.wait(140)
     assert code == 1, err
     assert launched.seconds_since("finished1") < FAIL_FAST_S
     assert "rank 1 ended its script (no uncaught error) after" in err
     assert "the ranks ran different numbers of steps" in err
     assert "sdp-run: rank 0 failed first" in err
-
-
-@needs_tf
-@pytest.mark.slow
-@pytest.mark.tensorflow
-@pytest.mark.timeout(150)
-def test_keras_fit_with_one_batch_more_on_a_rank_fails_saying_so(job):
-    launched = job(scripts.FIT_ONE_BATCH_MORE)
-    code, _, err = launched.wait(140)
-    assert code == 1, err
-    assert launched.seconds_since("finished1") < FAIL_FAST_S
-    assert "the ranks ran different numbers of steps" in err
 
 
 @needs_tf

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,13 @@ class Rank:
     def describe(self) -> str:
         return (f"--- rank {self.rank} exit {self.returncode}\nstdout:\n{self.stdout[-3000:]}\n"
                 f"stderr:\n{self.stderr[-3000:]}")
+
+
+def free_port() -> int:
+    """A TCP port of this machine that was free a moment ago (for a rendezvous endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

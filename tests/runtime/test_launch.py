@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 from sdp_runtime.launch import Plan, build_parser, plan, torchrun_args
 
-from ._spawn import clean_env
+from ._spawn import clean_env, free_port
 
 SDP_RUN = str(Path(sys.executable).with_name("sdp-run"))
 
@@ -171,16 +170,10 @@ def test_a_failing_rank_fails_the_run_and_stops_the_others(script, tmp_path):
     assert "[rank0]: rank 0 of 2" in out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_machines_meet_at_the_rendezvous_endpoint(script, tmp_path):
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     common = ["--nnodes", "2", "--rdzv-endpoint", endpoint, "-n", "1"]
     node0 = _start([SDP_RUN, *common, "--node-rank", "0", str(script)], tmp_path)
     node1 = _start([SDP_RUN, *common, "--node-rank", "1", "-m", "train_job"], tmp_path)

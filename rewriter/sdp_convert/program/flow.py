@@ -83,7 +83,9 @@ def loader_sites(t: Transform, call: cst.Call) -> tuple[list[Site], set[int]]:
     return sites, seen
 
 
-def follow(t: Transform, node: cst.CSTNode,
+def follow(
+    t: Transform,
+    node: cst.CSTNode,
     binding: Binding | None,
     trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...],
     depth: int,
@@ -146,7 +148,9 @@ def follow(t: Transform, node: cst.CSTNode,
                     follow(t, use, unpacked, (), depth + 1, sites, seen)
 
 
-def _follow_iterator(t: Transform, iter_call: cst.Call,
+def _follow_iterator(
+    t: Transform,
+    iter_call: cst.Call,
     binding: Binding | None,
     trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...],
     depth: int,
