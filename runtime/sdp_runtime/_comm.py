@@ -201,13 +201,13 @@ def shutdown() -> None:
         _buffers.clear()
         if state.owns_group and dist.is_initialized():
             if state.placement.size > 1:
-                how = _exit.finish()
-                if how == "failed":
-                    return  # leave at once: the launcher sees this rank exit and stops the others
-                if how == "together":
-                    _leave_together(state)
-                # "alone": a peer failed, waits for us in a collective or is still busy; closing
-                # our side makes whatever collective it still tries fail at once.
+                if _exit.finish() != "together":
+                    # This rank failed, or a peer failed, waits for it in a collective or is still
+                    # busy: leave without tearing the group down, so that the peers see this
+                    # process end (the launcher sees its exit status first) rather than a group
+                    # closed under them while it is still finishing.
+                    return
+                _leave_together(state)
             dist.destroy_process_group()
 
 
