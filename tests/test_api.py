@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 import sdp_convert
 from sdp_convert import Change, ConversionError, ConvertResult, convert
 
