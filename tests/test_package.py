@@ -8,16 +8,15 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-
 import sdp_convert
 import sdp_runtime
+import tomllib
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
 
