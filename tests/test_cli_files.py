@@ -39,6 +39,12 @@ def test_gitignore_is_honoured_when_recursing(tmp_path):
     assert sdp(str(repo / "src")).returncode == 0 and not converted(repo / "src" / "local.py")
     assert sdp("--no-respect-gitignore", str(repo / "src")).returncode == 0
     assert converted(repo / "src" / "local.py")
+    # An ignored directory named on the command line is converted, as a named file is (the
+    # standard library inside a pyenv checkout, whose .gitignore ignores versions/, is one);
+    # with --force-exclude it is not.
+    assert sdp("--check", "--force-exclude", str(repo / "generated")).returncode == 0
+    assert sdp(str(repo / "generated")).returncode == 0
+    assert converted(repo / "generated" / "train.py")
 
 
 def test_exclude_extend_exclude_and_directory_globs(tmp_path):

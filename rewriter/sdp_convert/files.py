@@ -193,7 +193,7 @@ def _is_virtualenv(directory: Path) -> bool:
 def is_ignored_by_git(path: Path) -> bool:
     """Whether ``.gitignore`` rules of the work tree around ``path`` ignore it (or a parent)."""
     path = path.absolute()
-    rules = _gitignore_above(path.parent)
+    rules = _gitignore_above(path.parent).below(path.parent)
     return rules.ignored(path, os.path.isdir(path))
 
 
@@ -213,7 +213,13 @@ def walk(
     that cannot be listed is appended to ``errors`` as ``(path, reason)`` and the walk goes on.
     """
     pruned = {p.resolve() for p in prune}
-    rules = {root: _gitignore_above(root).below(root) if gitignore else _GitIgnore()}
+    above = _gitignore_above(root) if gitignore else _GitIgnore()
+    if above.ignored(root, True):
+        # The user named an ignored directory (a virtualenv's lib, a checkout's build tree):
+        # like a file named on the command line, it is converted; its own .gitignore files
+        # still apply inside it.
+        above = _GitIgnore()
+    rules = {root: above.below(root) if gitignore else above}
 
     def on_error(err: OSError) -> None:
         if errors is not None:

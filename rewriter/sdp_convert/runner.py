@@ -106,7 +106,7 @@ def plan(
                 elif dest is not None and selection.copy_other_files:
                     copies.append((file, dest))
             for where, reason in errors:
-                early.append(FileOutcome(str(where), "failed",  # type: ignore[arg-type]
+                early.append(FileOutcome(str(where), "failed",
                                          message=f"{where}: cannot read directory: {reason}"))
             if not found and not errors:
                 early.append(
