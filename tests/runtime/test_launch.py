@@ -380,8 +380,17 @@ def test_hosts_list_on_two_launchers_with_their_own_slots(tmp_path):
 @pytest.mark.timeout(240)
 def test_elastic_nnodes_range_on_two_launchers(tmp_path):
     (tmp_path / "job.py").write_text(ENV_SCRIPT)
-    common = ["-n", "1", "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    port = _free_port()
+    common = ["-n", "1", "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
     node0 = _start([SDP_RUN, *common, "job.py"], tmp_path)
+    # Both "machines" are this one, so both would host the rendezvous store; on real machines
+    # only the endpoint's host does. The second starts once the first listens, and joins it.
+    deadline = time.monotonic() + 60
+    while node0.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
     node1 = _start([SDP_RUN, *common, "job.py"], tmp_path)
     (code0, out0, err0), (code1, out1, err1) = _finish([node0, node1], 200)
     assert code0 == 0 and code1 == 0, err0 + err1
