@@ -343,3 +343,130 @@ def test_notebook_code_cells_converted_outputs_kept(tmp_path):
     assert cells[3]["source"] == ["%%bash\n", "echo done"]
     assert new["metadata"] == nb["metadata"]
     assert sdp("--check", str(path)).returncode == 0  # stable
+
+
+# ---- usage errors, stdin, diffs, --explain, the opt-out comment ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--bogus", "x.py"], "--bogus"),
+        (["-o"], "-o"),
+        (["--check", "--typo"], "--typo"),
+        (["--lr-scaling", "cubic", "x.py"], "--lr-scaling"),
+        (["-j", "0", "x.py"], "--jobs"),
+        (["-j", "many", "x.py"], "--jobs"),
+        (["--report-format", "xml", "x.py"], "--report-format"),
+        (["--explain", "no_such_transform"], "--explain"),
+        (["--only", "no_such_transform", "x.py"], "--only"),
+        ([], "PATH"),
+        (["-", "x.py"], "PATH"),
+    ],
+)
+def test_usage_errors_are_one_line_naming_the_option_and_exit_2(argv, names):
+    out = sdp(*argv)
+    err = out.stderr.decode()
+    assert out.returncode == 2, err
+    assert err.count("\n") == 1 and err.startswith("sdp-convert: error: "), err
+    assert names in err
+    assert out.stdout == b""
+
+
+def test_python_dash_m_is_the_same_command(tmp_path):
+    script = write(tmp_path / "train.py", TRAIN)
+    out = subprocess.run([sys.executable, "-m", "sdp_convert", "--check", str(script)],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 1 and b"1 would be converted" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "sdp_convert", "--typo"], capture_output=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count(b"\n") == 1
+
+
+def test_stdin_diff_goes_to_stdout_and_stdin_filename_names_the_file(tmp_path):
+    out = sdp("--diff", "-", stdin=TRAIN.encode())
+    assert out.returncode == 0
+    assert out.stdout.decode().startswith("--- a/-\n+++ b/-\n") and b"+sdp.init()" in out.stdout
+    assert b"+sdp.init()" not in out.stderr  # messages only
+    named = sdp("--diff", "--stdin-filename", "src/train.py", "-", stdin=TRAIN.encode())
+    assert named.stdout.decode().startswith("--- a/src/train.py\n+++ b/src/train.py\n")
+    assert b"src/train.py:1:1: [add_runtime_init]" in named.stderr
+    report = sdp("--check", "--stdin-filename", "src/train.py", "--report", "-",
+                 "--report-format", "json", stdin=TRAIN.encode())
+    assert json.loads(report.stdout)["files"][0]["path"] == "src/train.py"
+    # Without "-": --stdin-filename alone reads stdin (as ruff does).
+    alone = sdp("--stdin-filename", "train.py", stdin=TRAIN.encode())
+    assert alone.returncode == 0 and b"sdp.init()" in alone.stdout
+    # --force-exclude applies the exclusions to the name: the input comes back unchanged.
+    excluded = sdp("--stdin-filename", "legacy/train.py", "--exclude", "legacy/",
+                   "--force-exclude", "-", stdin=TRAIN.encode(), cwd=tmp_path)
+    assert excluded.returncode == 0 and excluded.stdout == TRAIN.encode()
+
+
+def test_diff_of_a_file_without_final_newline_applies_with_git_apply(tmp_path):
+    source = TRAIN.rstrip("\n") + "\ntorch.save(model.state_dict(), 'model.pt')"  # no newline
+    script = write(tmp_path / "train.py", source)
+    diff = sdp("--diff", "train.py", cwd=tmp_path)
+    assert diff.returncode == 0
+    assert "\n\\ No newline at end of file\n" in diff.stdout.decode()
+    expected = tmp_path / "expected.py"
+    assert sdp("train.py", "-o", str(expected), cwd=tmp_path).returncode == 0
+    (tmp_path / "change.diff").write_bytes(diff.stdout)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True, timeout=60)
+    check = subprocess.run(["git", "apply", "--check", "change.diff"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    subprocess.run(["git", "apply", "change.diff"], cwd=tmp_path, check=True, timeout=60)
+    assert script.read_bytes() == expected.read_bytes()
+    assert not script.read_bytes().endswith(b"\n")  # the converter kept the file's ending
+
+
+def test_explain_prints_the_transforms_documentation():
+    out = sdp("--explain", "scale_learning_rate")
+    text = out.stdout.decode()
+    assert out.returncode == 0
+    assert text.startswith("scale_learning_rate (torch)\n")
+    assert "Before::" in text and "sdp.size()" in text
+
+
+def test_opt_out_comment_leaves_that_statement_alone(tmp_path):
+    source = TRAIN.replace(
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)",
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)  # sdp-convert: skip",
+    ) + (
+        "torch.save(model.state_dict(), 'a.pt')\n"
+        "with open('log.txt', 'w') as f:  # sdp-convert: skip\n"
+        "    f.write('done')\n"
+    )
+    script = write(tmp_path / "train.py", source)
+    out = sdp(str(script))
+    assert out.returncode == 0, out.stderr
+    converted = script.read_text()
+    assert "sdp.init()" in converted and "sdp.DistributedDataParallel(model)" in converted
+    # The opted-out lines are as they were, and nothing is reported about them...
+    assert "lr=0.1)  # sdp-convert: skip\n" in converted and "sdp.size()" not in converted
+    assert "\nwith open('log.txt', 'w') as f:  # sdp-convert: skip\n    f.write" in converted
+    assert b"scale_learning_rate" not in out.stderr
+    # ... while the line without the comment is still guarded.
+    assert "if sdp.rank() == 0:\n    torch.save(" in converted
+    assert sdp("--check", str(script)).returncode == 0  # and the result is a fixed point
+    # Every statement opted out: nothing changes, not even an import (the file is unchanged).
+    lines = [line + "  # sdp-convert: skip" if line and not line.startswith(" ") else line
+             for line in TRAIN.splitlines()]
+    everything = write(tmp_path / "all.py", "\n".join(lines) + "\n")
+    before = everything.read_bytes()
+    out = sdp(str(everything))
+    assert out.returncode == 0, out.stderr
+    assert everything.read_bytes() == before
+    assert b"0 converted, 1 unchanged" in out.stderr
+
+
+def test_report_that_cannot_be_written_is_one_line_after_the_files_were_written(tmp_path):
+    script = write(tmp_path / "train.py", TRAIN)
+    out = sdp(str(script), "--report", str(tmp_path / "missing" / "r.json"))
+    err = out.stderr.decode()
+    assert out.returncode == 2
+    assert f"sdp-convert: error: cannot write report {tmp_path / 'missing' / 'r.json'}: " \
+        "No such file or directory" in err
+    assert "Traceback" not in err
+    assert "sdp.init()" in script.read_text()  # the conversion itself was done and kept

@@ -109,3 +109,28 @@ def test_check_hook_fails_with_diff_and_writes_nothing(tmp_path, hook_repo, env)
     passed = run([PRE_COMMIT, "run", "--all-files"], repo, env)
     assert passed.returncode == 0, passed.stdout
     assert "Passed" in passed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_process_for_all_files_and_configured_exclusions_apply(tmp_path, hook_repo, env):
+    """require_serial: pre-commit runs one sdp-convert for the whole batch (it converts in
+    parallel itself) instead of one per core; --force-exclude: [tool.sdp-convert] exclude
+    applies to the files pre-commit names."""
+    repo = user_repo(tmp_path, hook_repo, "sdp-convert-check")
+    config = repo / ".pre-commit-config.yaml"
+    config.write_text(config.read_text() + "    verbose: true\n")
+    for i in range(12):
+        (repo / f"train_{i:02d}.py").write_text(TRAIN)
+    (repo / "legacy").mkdir()
+    (repo / "legacy" / "train.py").write_text(TRAIN)
+    (repo / "pyproject.toml").write_text('[tool.sdp-convert]\nexclude = ["legacy/"]\n')
+    git(repo, "add", "-A")
+    out = run([PRE_COMMIT, "run", "--all-files"], repo, env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    summaries = [line for line in out.stdout.splitlines() if line.startswith("sdp-convert: ")]
+    # 13 training scripts given (pre-commit would split them in one batch per core otherwise);
+    # legacy/train.py is excluded by the configuration.
+    assert summaries == ["sdp-convert: 13 would be converted, 0 unchanged, 0 skipped, 0 failed; "
+                         "13 manual items"], out.stdout
+    assert "legacy/train.py" not in out.stdout

@@ -1,21 +1,31 @@
-"""``sdp-convert``: the command line. Thin: parse options, call the runner, exit with its code.
+"""``sdp-convert``: the command line. Thin: parse options, read the configuration, call the
+runner, exit with its code.
 
 Exit codes: 0 success; 1 ``--check`` found files that would change; 2 a file failed (the others
-were still processed) or the arguments were wrong. When both happen, 2 wins.
+were still processed), the arguments or the configuration were wrong, or the report could not be
+written. When both 1 and 2 apply, 2 wins. 130 / 143: stopped by SIGINT / SIGTERM (the files
+already written are listed).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from . import __version__
 
 EXIT_OK, EXIT_CHANGES, EXIT_FAILED = 0, 1, 2
+
+# Usage errors are click exceptions. typer vendors click from 0.26 on (``typer._click``) and
+# depends on it before, so the class is found through typer's own re-export, whatever the version.
+_CLICK_ERROR: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
 
 
 class LrScaling(str, Enum):
@@ -40,6 +50,7 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode=None,
+    pretty_exceptions_enable=False,
 )
 
 
@@ -53,6 +64,11 @@ def _names(values: list[str]) -> frozenset[str]:
     return frozenset(n.strip() for v in values for n in v.split(",") if n.strip())
 
 
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"sdp-convert: error: {message}", err=True)
+    return typer.Exit(EXIT_FAILED)
+
+
 @app.command()
 def convert_cmd(
     paths: Annotated[
@@ -63,21 +79,31 @@ def convert_cmd(
     output: Annotated[
         str | None,
         typer.Option("-o", "--output",
-                     help="Write here instead of in place: a file, or a directory that mirrors "
-                     "the input tree."),
+                     help="Write here instead of in place: a file, or a directory (existing, or "
+                     "ending in /) that mirrors the input tree."),
     ] = None,
     diff: Annotated[
-        bool, typer.Option("--diff", help="Print a unified diff; write nothing.")
+        bool, typer.Option("--diff", help="Print a unified diff on stdout; write nothing.")
     ] = False,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; exit 1 if any file would change.")
     ] = False,
+    stdin_filename: Annotated[
+        str | None,
+        typer.Option("--stdin-filename",
+                     help="The name of the file read from stdin, for messages, reports, the "
+                     "diff and --force-exclude."),
+    ] = None,
     lr_scaling: Annotated[
-        LrScaling, typer.Option("--lr-scaling", help="How learning rates follow the world size.")
-    ] = LrScaling.linear,
+        LrScaling | None,
+        typer.Option("--lr-scaling", show_default=False,
+                     help="How learning rates follow the world size [default: linear]."),
+    ] = None,
     framework: Annotated[
-        Framework, typer.Option("--framework", help="Treat files as this framework.")
-    ] = Framework.auto,
+        Framework | None,
+        typer.Option("--framework", show_default=False,
+                     help="Treat files as this framework [default: auto]."),
+    ] = None,
     only: Annotated[
         list[str],
         typer.Option("--only", help="Run only these transforms (repeat or comma-separate)."),
@@ -89,9 +115,33 @@ def convert_cmd(
         bool,
         typer.Option("--list-transforms", help="List the transforms in pipeline order and exit."),
     ] = False,
+    explain: Annotated[
+        str | None,
+        typer.Option("--explain", metavar="NAME",
+                     help="Print what a transform does (its documentation) and exit."),
+    ] = None,
     exclude: Annotated[
-        list[str], typer.Option("--exclude", help="Glob of paths to leave out when recursing.")
+        list[str],
+        typer.Option("--exclude", metavar="GLOB",
+                     help="Leave out matching paths when recursing (replaces the configured "
+                     "exclude; a GLOB ending in / matches directories)."),
     ] = [],  # noqa: B006
+    extend_exclude: Annotated[
+        list[str],
+        typer.Option("--extend-exclude", metavar="GLOB",
+                     help="Leave out matching paths, in addition to exclude."),
+    ] = [],  # noqa: B006
+    force_exclude: Annotated[
+        bool | None,
+        typer.Option("--force-exclude/--no-force-exclude", show_default=False,
+                     help="Apply the exclusions (and .gitignore) to files named on the command "
+                     "line too, as pre-commit passes them [default: no]."),
+    ] = None,
+    respect_gitignore: Annotated[
+        bool | None,
+        typer.Option("--respect-gitignore/--no-respect-gitignore", show_default=False,
+                     help="Leave out what .gitignore ignores when recursing [default: yes]."),
+    ] = None,
     copy_other_files: Annotated[
         bool,
         typer.Option("--copy-other-files/--no-copy-other-files",
@@ -106,7 +156,14 @@ def convert_cmd(
     ] = ReportFormat.text,
     jobs: Annotated[
         int | None,
-        typer.Option("-j", "--jobs", min=1, help="Parallel processes (default: all cores)."),
+        typer.Option("-j", "--jobs", min=1, show_default=False,
+                     help="Parallel processes [default: all cores]."),
+    ] = None,
+    config_file: Annotated[
+        str | None,
+        typer.Option("--config", metavar="FILE",
+                     help="Read [tool.sdp-convert] from this TOML file instead of the "
+                     "pyproject.toml found above the paths."),
     ] = None,
     quiet: Annotated[
         bool, typer.Option("-q", "--quiet", help="Print only errors and the summary line.")
@@ -127,22 +184,45 @@ def convert_cmd(
             frameworks = ",".join(sorted(t.FRAMEWORKS)) or "-"
             typer.echo(f"{t.NAME:<{width}}  {frameworks:<16}  {t.DESCRIPTION}")
         raise typer.Exit(EXIT_OK)
+    known = {t.NAME: t for t in PIPELINE}
+    if explain is not None:
+        if explain not in known:
+            raise typer.BadParameter(f"unknown transform {explain} (see --list-transforms)",
+                                     param_hint="--explain")
+        typer.echo(_explanation(known[explain]))
+        raise typer.Exit(EXIT_OK)
+    if not paths and stdin_filename:
+        paths = ["-"]
     if not paths:
         raise typer.BadParameter("give at least one PATH (or - for stdin)", param_hint="PATH")
-    known = {t.NAME for t in PIPELINE}
-    for flag, names in (("--only", _names(only)), ("--skip", _names(skip))):
-        unknown = sorted(names - known)
+    if "-" in paths and (len(paths) > 1 or output):
+        raise typer.BadParameter("- (stdin) cannot be combined with other paths or -o",
+                                 param_hint="PATH")
+
+    from . import config as configuration
+
+    try:
+        where = [str(Path(stdin_filename).parent)] if paths == ["-"] and stdin_filename else paths
+        found = Path(config_file) if config_file else configuration.find(where)
+        cfg = configuration.load(found)
+    except configuration.ConfigError as bad:
+        raise _fail(str(bad)) from None
+    only_names = _names(only) if only else frozenset(cfg.get("only", ()))
+    skip_names = _names(skip) | frozenset(cfg.get("skip", ()))
+    for flag, names in (("--only", only_names), ("--skip", skip_names)):
+        unknown = sorted(names - known.keys())
         if unknown:
             raise typer.BadParameter(
                 f"unknown transform {', '.join(unknown)} (see --list-transforms)", param_hint=flag
             )
-    if "-" in paths and (len(paths) > 1 or output):
-        raise typer.BadParameter("- (stdin) cannot be combined with other paths or -o")
 
     from .base import Options
+    from .files import Excluder
     from .report import render, summary_line
     from .runner import (
         Config,
+        Interrupted,
+        Selection,
         UsageError,
         convert_stdin,
         copy_files,
@@ -151,29 +231,45 @@ def convert_cmd(
     )
 
     options = Options(
-        lr_scaling=lr_scaling.value,
-        framework=framework.value,
-        only=_names(only),
-        skip=_names(skip),
+        lr_scaling=lr_scaling.value if lr_scaling else cfg.get("lr-scaling", "linear"),
+        framework=framework.value if framework else cfg.get("framework", "auto"),
+        only=only_names,
+        skip=skip_names,
+    )
+    globs = (*(exclude or cfg.get("exclude", ())), *cfg.get("extend-exclude", ()), *extend_exclude)
+    selection = Selection(
+        excluder=Excluder(tuple(globs), cfg.base or Path.cwd().absolute()),
+        gitignore=respect_gitignore if respect_gitignore is not None
+        else cfg.get("respect-gitignore", True),
+        force_exclude=force_exclude if force_exclude is not None
+        else cfg.get("force-exclude", False),
+        copy_other_files=copy_other_files,
     )
     mode = "check" if check else "diff" if diff else "write"
-    config = Config(options=options, mode=mode, diff=diff)  # type: ignore[arg-type]
+    run_config = Config(options=options, mode=mode, diff=diff)  # type: ignore[arg-type]
 
     if paths == ["-"]:
-        outcomes = [convert_stdin(config)]
+        name = stdin_filename or "-"
+        excluded = bool(stdin_filename) and selection.excludes_named(Path(name))
+        outcomes = [convert_stdin(run_config, name, excluded)]
     else:
         try:
-            planned, copies, early = plan(paths, output, exclude, copy_other_files)
-        except UsageError as err:
-            raise typer.BadParameter(str(err), param_hint="-o") from None
-        outcomes = early + _run_with_progress(planned, config, jobs or default_jobs())
+            planned, copies, early = plan(paths, output, selection)
+        except UsageError as wrong:
+            raise typer.BadParameter(str(wrong), param_hint="-o") from None
+        try:
+            workers = jobs or cfg.get("jobs") or default_jobs()
+            done = _run_with_progress(planned, run_config, workers)
+        except Interrupted as stop:
+            raise typer.Exit(_interrupted(stop, mode)) from None
+        outcomes = early + done
         if mode == "write":
-            copy_files(copies)
+            outcomes += copy_files(copies)
 
-    diff_stream = sys.stderr if paths == ["-"] else sys.stdout
     for o in outcomes:
         if o.diff:
-            diff_stream.write(o.diff)
+            sys.stdout.write(o.diff)
+    sys.stdout.flush()
     err = sys.stderr
     for o in outcomes:
         if o.status == "failed":
@@ -185,18 +281,46 @@ def convert_cmd(
                 err.write(change.format(o.path) + "\n")
     err.write(f"sdp-convert: {summary_line(outcomes, mode != 'write')}\n")
 
+    failed = any(o.status == "failed" for o in outcomes)
     if report is not None:
         text = render(outcomes, report_format.value, mode != "write")  # type: ignore[arg-type]
         if report == "-":
             sys.stdout.write(text)
         else:
-            Path(report).write_text(text, encoding="utf-8")
+            try:
+                Path(report).write_text(text, encoding="utf-8")
+            except OSError as error:
+                typer.echo(f"sdp-convert: error: cannot write report {report}: {error.strerror}",
+                           err=True)
+                failed = True
 
-    if any(o.status == "failed" for o in outcomes):
+    if failed:
         raise typer.Exit(EXIT_FAILED)
     if check and any(o.status == "converted" for o in outcomes):
         raise typer.Exit(EXIT_CHANGES)
     raise typer.Exit(EXIT_OK)
+
+
+def _explanation(transform: Any) -> str:
+    import inspect
+
+    doc = inspect.getdoc(sys.modules[transform.__module__]) or transform.DESCRIPTION
+    frameworks = ", ".join(sorted(transform.FRAMEWORKS)) or "any framework"
+    return f"{transform.NAME} ({frameworks})\n\n{doc}"
+
+
+def _interrupted(stop: Any, mode: str) -> int:
+    """Say which files were written before SIGINT/SIGTERM; the exit status is 128 + signal."""
+    name = signal.Signals(stop.signum).name
+    written = [o.path for o in stop.outcomes if o.written]
+    if mode != "write" or not written:
+        typer.echo(f"sdp-convert: stopped by {name}; no file was written.", err=True)
+    else:
+        typer.echo(f"sdp-convert: stopped by {name}; {len(written)} file(s) had been written "
+                   "(the others are as they were):", err=True)
+        for path in written:
+            typer.echo(f"  {path}", err=True)
+    return 128 + int(stop.signum)
 
 
 def _run_with_progress(planned, config, workers):  # type: ignore[no-untyped-def]
@@ -211,24 +335,32 @@ def _run_with_progress(planned, config, workers):  # type: ignore[no-untyped-def
         return run_jobs(planned, config, workers, on_done=lambda _: progress.advance(task))
 
 
+def _one_line(error: Exception) -> str:
+    format_message = getattr(error, "format_message", None)
+    text = format_message() if callable(format_message) else str(error)
+    # typer 0.26+ validates through its own layer, whose messages start "Value error, ".
+    return " ".join(text.replace("Value error, ", "").split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0, 1 or 2, see the module docstring)."""
+    """Entry point; returns the exit status (0, 1 or 2, see the module docstring).
+
+    A usage error (unknown option, missing or bad value) is one line on stderr naming the
+    option, and exit status 2, with every supported typer version.
+    """
     try:
-        # Not standalone: click hands the command's exit code back instead of exiting.
+        # Not standalone: the command's exit code comes back instead of a SystemExit, and usage
+        # errors come here as exceptions, to be printed as one line.
         code = app(args=argv, prog_name="sdp-convert", standalone_mode=False)
         return code if isinstance(code, int) else EXIT_OK
     except typer.Exit as done:
         return int(done.exit_code)
-    except (typer.BadParameter, typer.Abort) as err:  # pragma: no cover - click formats both
-        typer.echo(f"sdp-convert: error: {err}", err=True)
+    except typer.Abort:  # Ctrl-C outside a run of many files (those handle it themselves)
+        typer.echo("sdp-convert: stopped by SIGINT", err=True)
+        return 128 + int(signal.SIGINT)
+    except _CLICK_ERROR as error:
+        typer.echo(f"sdp-convert: error: {_one_line(error)}", err=True)
         return EXIT_FAILED
-    except Exception as err:  # click's UsageError and friends
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            return EXIT_FAILED
-        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ import ast
 import contextlib
 import functools
 import io
+import re
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,7 +22,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper, ScopeProvider
+from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
 from .analysis import FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
@@ -141,7 +142,8 @@ def _convert_once(data: bytes, options: Options) -> Result:
     for transform in transforms:
         transform.prepare(module)
 
-    new_module = module.visit(_Traversal(transforms, state))
+    skipped = _opted_out(wrapper, data)
+    new_module = module.visit(_Traversal(transforms, state, skipped))
     assert isinstance(new_module, cst.Module)
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         # libcst's own import scheduling, without transform_module's deep copy of the tree.
@@ -150,8 +152,17 @@ def _convert_once(data: bytes, options: Options) -> Result:
         adder.visit_Module(new_module.with_changes(body=_leading_imports(new_module)))
         new_module = adder.leave_Module(new_module, new_module)
 
+    if skipped:
+        # What was said about code the user opted out of is dropped with the edits; when no
+        # edit is left, imports scheduled for them must not be written either.
+        inside = {id(n) for stmt in skipped for n in _subtree(stmt)}
+        state.records = [r for r in state.records if id(r[0]) not in inside]
+        if not any(not manual for *_, manual in state.records):
+            new_module = module
     changes = _positions(module, state.records)
     output = new_module.bytes if state.records or state.edits else data
+    if new_module is module:
+        output = data
     if output != data and not any(not c.manual for c in changes):
         # Edits without a report would be a silent change; refuse rather than hide it.
         raise ConversionError("internal error: a transform changed code without reporting it")
@@ -190,6 +201,45 @@ def _runtime_alias(module: cst.Module, metadata: object, runtime_module: str) ->
         if candidate not in taken:
             return candidate
     return "sdp_runtime_"  # pragma: no cover
+
+
+#: ``# sdp-convert: skip`` on a statement's line (a compound statement's header line) leaves that
+#: statement, with its body, as it is.
+_OPT_OUT = re.compile(r"#\s*sdp-convert:\s*skip\b")
+
+
+def _opted_out(wrapper: MetadataWrapper, data: bytes) -> set[cst.CSTNode]:
+    """The statements a ``# sdp-convert: skip`` comment opts out of conversion."""
+    if b"sdp-convert" not in data:  # positions cost about two parses: only when needed
+        return set()
+    positions = wrapper.resolve(PositionProvider)
+    lines = {
+        positions[node].start.line
+        for node in positions
+        if isinstance(node, cst.Comment) and _OPT_OUT.match(node.value)
+    }
+    skipped: set[cst.CSTNode] = set()
+    for node, where in positions.items() if lines else ():
+        if isinstance(node, cst.SimpleStatementLine):
+            first, last = where.start.line, where.end.line
+        elif isinstance(node, cst.BaseCompoundStatement):
+            decorators = getattr(node, "decorators", ())
+            first = positions[decorators[0]].start.line if decorators else where.start.line
+            body = positions[node.body]
+            last = body.start.line - 1 if isinstance(node.body, cst.IndentedBlock) else (
+                body.end.line
+            )
+        else:
+            continue
+        if any(first <= line <= max(first, last) for line in lines):
+            skipped.add(node)
+    return skipped
+
+
+def _subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _subtree(child)
 
 
 @functools.cache
@@ -284,9 +334,13 @@ class _Traversal(cst.CSTTransformer):
     decorators are therefore not available to transforms; use ``libcst.matchers.matches``.)
     """
 
-    def __init__(self, transforms: Sequence[Transform], state: FileState) -> None:
+    def __init__(
+        self, transforms: Sequence[Transform], state: FileState,
+        skipped: set[cst.CSTNode] | None = None,
+    ) -> None:
         super().__init__()
         self.state = state
+        self.skipped = skipped or set()
         self.visits: dict[str, list[Callable[[cst.CSTNode], object]]] = {}
         self.leaves: dict[str, list[Callable[[cst.CSTNode, cst.CSTNode], object]]] = {}
         for transform in transforms:
@@ -316,6 +370,8 @@ class _Traversal(cst.CSTTransformer):
             if not isinstance(result, cst.CSTNode):
                 break
             result = hook(original_node, result)  # type: ignore[assignment]
+        if original_node in self.skipped:
+            return original_node  # opted out (the hooks ran, so their own state stays whole)
         if self.state.edits and isinstance(result, (cst.Module, cst.IndentedBlock)):
             assert isinstance(original_node, (cst.Module, cst.IndentedBlock))
             result = result.with_changes(body=self._apply_edits(original_node.body, result.body))
@@ -336,6 +392,10 @@ class _Traversal(cst.CSTTransformer):
                 guard_run.clear()
 
         for original, new in zip(originals, updated, strict=True):
+            if original in self.skipped:
+                flush()
+                body.append(new)
+                continue
             if original in edits.before:
                 flush()
                 body.extend(edits.before[original])

@@ -29,6 +29,8 @@ class FileOutcome:
     changes: list[Change] = field(default_factory=list)
     message: str = ""
     diff: str = ""
+    #: The result was written (in place or under ``-o``).
+    written: bool = False
 
     @property
     def manual_count(self) -> int:

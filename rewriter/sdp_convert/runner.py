@@ -5,16 +5,18 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from .base import Options
 from .changes import ConversionError
-from .files import Skip, read_source, walk, write_atomic
+from .files import Excluder, Skip, is_ignored_by_git, read_source, walk, write_atomic
 from .report import FileOutcome
 
 Mode = Literal["write", "check", "diff"]
@@ -36,43 +38,86 @@ class Config:
     diff: bool = False
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which files of the PATH arguments to convert (``--exclude``, ``.gitignore``, ...)."""
+
+    excluder: Excluder = Excluder()
+    gitignore: bool = True
+    #: Apply the exclusions to files named on the command line too (pre-commit passes files).
+    force_exclude: bool = False
+    copy_other_files: bool = True
+
+    def excludes_named(self, path: Path) -> bool:
+        """Whether a path given on the command line is left out (only with ``force_exclude``)."""
+        if not self.force_exclude:
+            return False
+        is_dir = os.path.isdir(path)
+        if any(
+            self.excluder.matches(p, p.as_posix(), is_dir if p == path else True)
+            for p in (path, *path.parents) if p.name
+        ):
+            return True
+        return self.gitignore and is_ignored_by_git(path)
+
+
 class UsageError(Exception):
     """Arguments that cannot work together (reported like a bad option, exit 2)."""
 
 
+@dataclass
+class Interrupted(Exception):
+    """A signal stopped a run of many files; ``outcomes`` are those of the files finished."""
+
+    signum: int
+    outcomes: list[FileOutcome] = field(default_factory=list)
+
+
 def plan(
-    paths: Sequence[str], output: str | None, excludes: Sequence[str], copy_other_files: bool
+    paths: Sequence[str], output: str | None, selection: Selection = Selection()
 ) -> tuple[list[Job], list[tuple[Path, Path]], list[FileOutcome]]:
-    """Turn PATH arguments into jobs, plain files to copy (for ``-o DIR``), and early failures."""
+    """Turn PATH arguments into jobs, plain files to copy (for ``-o DIR``), and early outcomes."""
     jobs: list[Job] = []
     copies: list[tuple[Path, Path]] = []
     early: list[FileOutcome] = []
     out = Path(output) if output else None
-    several = len(paths) > 1 or any(Path(p).is_dir() for p in paths)
-    if out is not None and several and out.exists() and not out.is_dir():
+    # os.path, not Path methods: a path under an unreadable directory is "no", not an exception.
+    several = len(paths) > 1 or any(os.path.isdir(p) for p in paths)
+    # ``-o newdir/`` (a trailing slash) names a directory, as cp and rsync read it.
+    out_is_dir = out is not None and (os.path.isdir(out) or str(output).endswith(("/", os.sep)))
+    if out is not None and several and os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"-o {output}: must be a directory when converting several files")
     for arg in paths:
         path = Path(arg)
-        if path.is_dir() and not path.is_symlink():
+        if selection.excludes_named(path):
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
             found = False
-            for file, is_source in walk(path, excludes):
+            errors: list[tuple[Path, str]] = []
+            # An output directory inside the input tree is never an input (converted/converted/).
+            prune = [out] if out is not None else []
+            for file, is_source in walk(path, selection.excluder, gitignore=selection.gitignore,
+                                        prune=prune, errors=errors):
                 rel = file.relative_to(path)
                 dest = (out / rel) if out is not None else None
                 if is_source:
                     found = True
                     jobs.append(Job(file, str(file), dest if out is not None else file))
-                elif dest is not None and copy_other_files:
+                elif dest is not None and selection.copy_other_files:
                     copies.append((file, dest))
-            if not found:
+            for where, reason in errors:
+                early.append(FileOutcome(str(where), "failed",
+                                         message=f"{where}: cannot read directory: {reason}"))
+            if not found and not errors:
                 early.append(
                     FileOutcome(str(path), "skipped", message=f"{path}: no Python files found")
                 )
-        elif not path.exists() and not path.is_symlink():
+        elif not os.path.lexists(path):
             early.append(FileOutcome(arg, "failed", message=f"{arg}: no such file or directory"))
         else:
             if out is None:
                 dest = path
-            elif out.is_dir() or several:
+            elif out_is_dir or several:
                 dest = out / path.name
             else:
                 dest = out
@@ -95,9 +140,15 @@ def process(job: Job, config: Config) -> FileOutcome:
         data = read_source(job.src)
         result = convert_bytes(data, job.src.name, config.options)
     except Skip as why:
+        outcome = FileOutcome(job.display, "skipped", message=f"{job.display}: {why}")
         if config.mode == "write" and job.dest is not None and job.dest != job.src:
-            _copy(job.src, job.dest)
-        return FileOutcome(job.display, "skipped", message=f"{job.display}: {why}")
+            try:
+                _copy(job.src, job.dest)
+            except OSError as err:
+                return FileOutcome(job.display, "failed",
+                                   message=f"{job.dest}: cannot write: {err.strerror}")
+            outcome.written = True
+        return outcome
     except ConversionError as err:
         return FileOutcome(job.display, "failed", message=err.format(job.display))
     except RecursionError:
@@ -119,6 +170,7 @@ def process(job: Job, config: Config) -> FileOutcome:
         except (OSError, ConversionError) as err:
             reason = err.message if isinstance(err, ConversionError) else err.strerror
             return FileOutcome(job.display, "failed", message=f"{job.dest}: cannot write: {reason}")
+        outcome.written = True
     return outcome
 
 
@@ -128,10 +180,60 @@ def _copy(src: Path, dest: Path) -> None:
 
 
 def unified_diff(before: bytes, after: bytes, name: str) -> str:
-    a = before.decode("utf-8", "replace").splitlines(keepends=True)
-    b = after.decode("utf-8", "replace").splitlines(keepends=True)
+    """``diff -u`` of two versions, that ``patch`` and ``git apply`` accept.
+
+    A last line without a newline is followed by ``\\ No newline at end of file``, as GNU diff
+    writes it; without the marker the next line of the diff would be glued to it.
+    """
+    a = _lines(before.decode("utf-8", "replace"))
+    b = _lines(after.decode("utf-8", "replace"))
     old, new = (name, name) if Path(name).is_absolute() else (f"a/{name}", f"b/{name}")
-    return "".join(difflib.unified_diff(a, b, old, new))
+    lines = []
+    for line in difflib.unified_diff(a, b, old, new):
+        if not line.endswith("\n"):
+            line += "\n\\ No newline at end of file\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+def _lines(text: str) -> list[str]:
+    # Split at "\n" only, as diff and patch do (str.splitlines also splits at form feeds).
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+class _Stop:
+    """SIGINT/SIGTERM during a run: note it, let the file being written finish, stop after.
+
+    A second signal acts as usual (the default handlers are back), for a user who insists.
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _Stop:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._note)
+            except ValueError:  # not the main thread (an embedding program): no handler
+                break
+        return self
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        self.__exit__()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        self._old.clear()
+
+
+def _ignore_sigint() -> None:
+    # Ctrl-C reaches the whole process group: the workers finish their file and the main process
+    # decides what stops (and prints no traceback from each worker).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_jobs(
@@ -140,27 +242,54 @@ def run_jobs(
     workers: int,
     on_done: Callable[[FileOutcome], None] | None = None,
 ) -> list[FileOutcome]:
-    """Process ``jobs`` with up to ``workers`` processes; outcomes come back in job order."""
-    if workers <= 1 or len(jobs) <= 1:
-        outcomes = []
-        for job in jobs:
-            outcomes.append(process(job, config))
-            if on_done:
-                on_done(outcomes[-1])
-        return outcomes
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        chunk = max(1, len(jobs) // (workers * 8))
-        outcomes = []
-        for outcome in pool.map(process, jobs, [config] * len(jobs), chunksize=chunk):
-            outcomes.append(outcome)
-            if on_done:
-                on_done(outcome)
-        return outcomes
+    """Process ``jobs`` with up to ``workers`` processes; outcomes come back in job order.
+
+    Raises ``Interrupted`` (with the outcomes of the files finished) after SIGINT or SIGTERM:
+    no file is left half-written, and those written are in the outcomes.
+    """
+    outcomes: list[FileOutcome] = []
+    with _Stop() as stop:
+        if workers <= 1 or len(jobs) <= 1:
+            for job in jobs:
+                if stop.signum:
+                    break
+                outcomes.append(process(job, config))
+                if on_done:
+                    on_done(outcomes[-1])
+        else:
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                     initializer=_ignore_sigint) as pool:
+                futures: list[Future[FileOutcome]] = [pool.submit(process, job, config)
+                                                      for job in jobs]
+                for future in futures:
+                    while not future.done() and not stop.signum:
+                        wait_futures([future], timeout=0.1)
+                    if stop.signum:
+                        break
+                    outcomes.append(future.result())
+                    if on_done:
+                        on_done(outcomes[-1])
+                if stop.signum:
+                    for future in futures:
+                        future.cancel()
+                    wait_futures(futures)
+                    # Files being converted when the signal came were finished: count them too.
+                    outcomes = [f.result() for f in futures if f.done() and not f.cancelled()]
+    if stop.signum:
+        raise Interrupted(stop.signum, outcomes)
+    return outcomes
 
 
-def copy_files(copies: Iterable[tuple[Path, Path]]) -> None:
+def copy_files(copies: Iterable[tuple[Path, Path]]) -> list[FileOutcome]:
+    """Copy plain files for ``-o DIR``; a file that cannot be copied is a failed outcome."""
+    failed = []
     for src, dest in copies:
-        _copy(src, dest)
+        try:
+            _copy(src, dest)
+        except OSError as err:
+            failed.append(FileOutcome(str(src), "failed",
+                                      message=f"{dest}: cannot copy: {err.strerror}"))
+    return failed
 
 
 def default_jobs() -> int:
@@ -170,19 +299,32 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def convert_stdin(config: Config) -> FileOutcome:
-    """``-``: source on stdin, result on stdout (unless checking), messages for stderr."""
+def convert_stdin(config: Config, name: str = "-", excluded: bool = False) -> FileOutcome:
+    """``-``: source on stdin, result on stdout (unless checking), messages for stderr.
+
+    ``name`` (``--stdin-filename``) is the file's name in messages, reports and the diff.
+    ``excluded`` (the name is excluded and ``--force-exclude`` is on): the input is written back
+    unchanged, as black does, so that an editor integration never loses the buffer.
+    """
     data = sys.stdin.buffer.read()
+    shown = "<stdin>" if name == "-" else name
+    if excluded:
+        if config.mode == "write":
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        return FileOutcome(name, "skipped", message=f"{shown}: excluded")
     try:
-        result = convert_bytes(data, "-", config.options)
+        result = convert_bytes(data, name, config.options)
     except ConversionError as err:
         sys.stdout.buffer.write(data if config.mode == "write" else b"")
-        return FileOutcome("-", "failed", message=err.format("<stdin>"))
+        return FileOutcome(name, "failed", message=err.format(shown))
     status = "converted" if result.changed else "unchanged"
-    outcome = FileOutcome("-", status, result.info.label, result.info.reason, result.changes)
+    outcome = FileOutcome(name, status, result.info.label, result.info.reason, result.changes)
     if config.diff and result.changed:
-        outcome.diff = unified_diff(data, result.output, "-")
+        outcome.diff = unified_diff(data, result.output, name)
     if config.mode == "write":
         sys.stdout.buffer.write(result.output)
         sys.stdout.flush()
     return outcome
+
+

@@ -14,7 +14,19 @@ from ._types import (
     ReduceOp,
 )
 
-__version__ = "0.1.0"
+
+def __getattr__(name: str) -> str:
+    # The version is written once, in sdp_convert/__init__.py (the distribution's); read from the
+    # installed metadata on first use, so that importing sdp_runtime stays cheap.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("sdp-convert")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            return "unknown"
+    raise AttributeError(f"module 'sdp_runtime' has no attribute {name!r}")
+
 
 __all__ = [
     "AlreadyInitializedError",

@@ -1,32 +1,43 @@
 """``sdp-run``: start a converted script on N processes per machine, through torchrun.
 
     sdp-run -n 4 train.py --epochs 3                    # 4 processes on this machine
+    sdp-run -np 4 train.py                              # the same, as horovodrun/mpirun write it
     sdp-run -n 8 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500 train.py   # on host0
     sdp-run -n 8 --nnodes 2 --node-rank 1 --rdzv-endpoint host0:29500 train.py   # on host1
+    sdp-run -np 16 -H host0:8,host1:8 train.py          # the same, on each of the two hosts
     srun --ntasks-per-node=1 sdp-run train.py           # SLURM: nodes, node rank, host from SLURM
 
 This is a thin front end to ``torch.distributed.run`` (torchrun): it works out the flags, hands
 them to torchrun's own parser and ``run``, prefixes each output line with the rank
 (``[rank3]: ``), and turns a failed rank into one short message and a non-zero exit status
 (the failing rank's output, traceback included, is shown as it happens; torchrun stops the other
-ranks). torch is imported only when launching, so ``sdp-run --help`` is quick.
+ranks). torch is imported only when launching, so ``sdp-run --help`` is quick, and a machine
+without torch gets one line naming the extra to install.
 
 Defaults: on one machine a free port is chosen automatically (torchrun's ``localhost:0``
 rendezvous). Inside a SLURM job step the number of nodes, this node's rank and the rendezvous
 host come from SLURM, and on SageMaker from ``SM_HOSTS``/``SM_CURRENT_HOST``. ``-n`` defaults to
 the number of GPUs on this machine, else SLURM's tasks per node (``SM_NUM_GPUS`` on SageMaker),
-else 1.
+else 1. ``OMP_NUM_THREADS``, when not set, is the machine's cores divided by the processes on it
+(at least 1), instead of torchrun's warning and 1.
+
+Unlike ``horovodrun``, ``sdp-run`` starts processes on this machine only: with ``-H``/``--hostfile``
+it is run once on every host (by hand, ``pdsh``, ``srun`` or ``mpirun`` with one task per host),
+finds which host it is on, and takes that host's share of the processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +46,8 @@ from . import _env
 _PREFIX_TEMPLATE = "[rank${rank}]: "
 
 EXIT_USAGE = 2
+#: The torchrun.logs_specs entry point (pyproject.toml) that writes --output-dir's files.
+_RANK_FILES_SPEC = "sdp-rank-files"
 
 
 @dataclass(frozen=True)
@@ -42,10 +55,13 @@ class Plan:
     """What to start on this machine (the result of flags plus environment defaults)."""
 
     nproc: int | None  # None: one per GPU here, else ``nproc_without_gpus``
-    nnodes: int
+    nnodes: int  # with ``max_nodes``: the fewest machines the job starts with
     node_rank: int
     endpoint: str | None  # HOST:PORT of node 0; None on one machine (automatic free port)
     nproc_without_gpus: int = 1
+    #: ``--nnodes MIN:MAX``: an elastic job of MIN to MAX machines, whose node ranks the
+    #: rendezvous assigns (torchrun's c10d rendezvous); None for a fixed number.
+    max_nodes: int | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,56 +72,258 @@ def build_parser() -> argparse.ArgumentParser:
         "many, through torchrun. Each output line is prefixed with its rank; if a rank fails, "
         "the others are stopped and sdp-run exits with a non-zero status.",
         epilog="Environment: SDP_BACKEND (nccl|gloo), SDP_TIMEOUT (seconds, default 300), "
-        "SDP_BUCKET_MB (default 25) are read by the processes. Under SLURM (inside srun, one "
-        "sdp-run per node) and SageMaker the node flags default from the environment.",
+        "SDP_BUCKET_MB (default 25) are read by the processes; OMP_NUM_THREADS defaults to the "
+        "cores here divided by the processes here. Under SLURM (inside srun, one sdp-run per "
+        "node) and SageMaker the node flags default from the environment. Exit status: 0, the "
+        "status of the rank that failed first, 130/143 when stopped by SIGINT/SIGTERM, 2 for a "
+        "usage error.",
     )
     parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
-                        help="processes on this machine (default: GPUs here, else SLURM tasks "
-                        "per node, else 1)")
-    parser.add_argument("--nnodes", type=int, help="number of machines (default 1, or SLURM's)")
+                        metavar="N", help="processes on this machine (default: GPUs here, else "
+                        "SLURM tasks per node, else 1)")
+    parser.add_argument("-np", dest="total", type=int, metavar="N",
+                        help="processes in all, as horovodrun and mpirun count them: with -H or "
+                        "--hostfile filled host by host up to each host's slots, with --nnodes K "
+                        "N/K per machine")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
+                       help="the machines of the job and their processes (slots), horovodrun's "
+                       "syntax; run sdp-run on each of them")
+    hosts.add_argument("--hostfile", metavar="FILE",
+                       help="the machines, one a line: 'host slots=N' or 'host:N' (# comments)")
+    parser.add_argument("--nnodes", metavar="N|MIN:MAX",
+                        help="number of machines (default 1, or SLURM's); MIN:MAX for an elastic "
+                        "job whose node ranks the rendezvous assigns")
     parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int,
-                        help="this machine's index, 0 to nnodes-1 (default 0, or SLURM's)")
+                        help="this machine's index, 0 to nnodes-1 (default 0, SLURM's, or this "
+                        "host's place in -H)")
     parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", "--master", dest="endpoint",
                         metavar="HOST:PORT", help="address of machine 0, where the processes meet "
-                        "(needed with --nnodes > 1 outside SLURM/SageMaker)")
+                        "(needed with --nnodes > 1 outside SLURM/SageMaker/-H)")
+    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", metavar="HOST",
+                        help="torchrun's spelling of the endpoint's host (port: --master-port)")
+    parser.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                        metavar="PORT", help=f"the endpoint's port (default {_env.DEFAULT_PORT})")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run SCRIPT as a module, like python -m")
+    parser.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                        help="run SCRIPT as a program (not with python), like torchrun "
+                        "--no-python")
     parser.add_argument("--no-prefix", action="store_true",
                         help="do not prefix output lines with [rankN]:")
-    parser.add_argument("--log-dir", help="also keep each rank's stdout/stderr in this folder")
+    parser.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="ranks_filter",
+                        metavar="RANKS", help="show only these local ranks' output on the "
+                        "console, e.g. 0 for rank 0's only on one machine (torchrun's flag)")
+    parser.add_argument("--output-dir", metavar="DIR",
+                        help="also write each rank's output to DIR/rank<N>.stdout and "
+                        "DIR/rank<N>.stderr (N: the global rank), as it happens")
+    parser.add_argument("--log-dir", help="also keep each rank's stdout/stderr in this folder, "
+                        "in torchrun's layout (<run id>/attempt_<k>/<local rank>/)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="restart all processes this many times after a failure (default 0)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script")
     return parser
 
 
-def plan(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Plan:
-    """Combine the flags with SLURM / SageMaker defaults; raise ValueError on nonsense.
+def _version() -> str:
+    from . import __version__
+
+    return str(__version__)
+
+
+def plan(
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+    local_names: Collection[str] | None = None,
+) -> Plan:
+    """Combine the flags with -H / SLURM / SageMaker defaults; raise ValueError on nonsense.
+
+    ``local_names`` are this machine's names and addresses (found when None), to find it in -H.
 
     Example:
         >>> plan(build_parser().parse_args(["-n", "2", "train.py"]), {})
-        Plan(nproc=2, nnodes=1, node_rank=0, endpoint=None, nproc_without_gpus=1)
+        Plan(nproc=2, nnodes=1, node_rank=0, endpoint=None, nproc_without_gpus=1, max_nodes=None)
     """
     env = os.environ if environ is None else environ
+    _check_flags(args)
+    if args.nproc is not None and args.total is not None:
+        raise ValueError("give -n (per machine) or -np (in all), not both")
+    if args.endpoint and (args.master_addr or args.master_port):
+        raise ValueError("give --rdzv-endpoint or --master-addr/--master-port, not both")
+    min_nodes, max_nodes = _nnodes(args.nnodes)
+    if args.hosts or args.hostfile:
+        return _plan_hosts(args, min_nodes, local_names)
     defaults = _cluster_defaults(env)
-    nnodes = args.nnodes if args.nnodes is not None else defaults.nnodes
+    nnodes = min_nodes if min_nodes is not None else defaults.nnodes
     node_rank = args.node_rank if args.node_rank is not None else defaults.node_rank
-    endpoint = args.endpoint or defaults.endpoint
+    endpoint = _endpoint(args) or defaults.endpoint
     nproc = args.nproc if args.nproc is not None else defaults.nproc
-    if nnodes < 1 or not 0 <= node_rank < nnodes:
+    elastic = max_nodes is not None and max_nodes != nnodes
+    if args.total is not None:
+        if elastic:
+            raise ValueError("-np needs a fixed number of machines; use -n with --nnodes MIN:MAX")
+        if args.total < 1 or args.total % nnodes:
+            raise ValueError(f"-np {args.total} is not a multiple of --nnodes {nnodes}")
+        nproc = args.total // nnodes
+    if elastic:
+        if args.node_rank is not None:
+            raise ValueError("with --nnodes MIN:MAX the rendezvous assigns node ranks: "
+                             "leave out --node-rank")
+        if not endpoint:
+            raise ValueError("--nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT (or "
+                             "--master-addr), where the machines meet")
+    elif nnodes < 1 or not 0 <= node_rank < nnodes:
         raise ValueError(f"--node-rank {node_rank} is not within --nnodes {nnodes}")
     if nproc is not None and nproc < 1:
         raise ValueError("-n must be at least 1")
-    if nnodes > 1 and not endpoint:
+    if (nnodes > 1 or elastic) and not endpoint:
         raise ValueError("several machines need --rdzv-endpoint HOST:PORT (the address of node 0)")
     if endpoint:
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT")
-    chosen = endpoint if nnodes > 1 or args.endpoint else None
-    return Plan(nproc, nnodes, node_rank, chosen, defaults.nproc_without_gpus)
+        _check_endpoint(endpoint)
+    explicit = _endpoint(args)
+    chosen = endpoint if nnodes > 1 or elastic or explicit else None
+    return Plan(nproc, nnodes, 0 if elastic else node_rank, chosen, defaults.nproc_without_gpus,
+                max_nodes if elastic else None)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if args.module and args.no_python:
+        raise ValueError("--module and --no-python cannot be combined")
+    if args.ranks_filter and not re.fullmatch(r"\d+(,\d+)*", args.ranks_filter):
+        raise ValueError(f"--local-ranks-filter {args.ranks_filter!r} is not a list like 0 or 0,1")
+    if args.no_prefix and args.output_dir:
+        # torchrun shows a tee'd stream with a prefix of its own when none is set.
+        raise ValueError("--output-dir shows the output with its [rankN]: prefix; "
+                         "leave out --no-prefix")
+
+
+def _nnodes(text: str | None) -> tuple[int | None, int | None]:
+    if text is None:
+        return None, None
+    low, sep, high = text.partition(":")
+    try:
+        first, last = int(low), int(high) if sep else int(low)
+    except ValueError:
+        raise ValueError(f"--nnodes {text!r} is not N or MIN:MAX") from None
+    if not 1 <= first <= last:
+        raise ValueError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return first, (last if sep else None)
+
+
+def _endpoint(args: argparse.Namespace) -> str | None:
+    if args.endpoint:
+        return str(args.endpoint)
+    if args.master_addr:
+        return f"{args.master_addr}:{args.master_port or _env.DEFAULT_PORT}"
+    if args.master_port:
+        return f"127.0.0.1:{args.master_port}"
+    return None
+
+
+def _check_endpoint(endpoint: str) -> None:
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT")
+
+
+def parse_hosts(spec: str) -> list[tuple[str, int]]:
+    """horovodrun's ``-H host1:4,host2:4`` (``host`` alone: 1 slot).
+
+    Example:
+        >>> parse_hosts("node1:4,node2")
+        [('node1', 4), ('node2', 1)]
+    """
+    hosts = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        host, sep, slots = item.rpartition(":") if ":" in item else (item, "", "1")
+        if sep and not slots.isdigit():
+            raise ValueError(f"-H {item!r}: slots must be a number (HOST:SLOTS)")
+        if not host or int(slots) < 1:
+            raise ValueError(f"-H {item!r}: need HOST:SLOTS with at least one slot")
+        hosts.append((host, int(slots)))
+    if not hosts:
+        raise ValueError("-H names no host")
+    return hosts
+
+
+def read_hostfile(path: str) -> list[tuple[str, int]]:
+    """A hostfile as horovodrun and Open MPI read it: ``host slots=N`` (or ``host:N``) a line.
+
+    Example:
+        >>> read_hostfile("hosts.txt")   # "node1 slots=4\\nnode2 slots=4  # spare\\n"
+        [('node1', 4), ('node2', 4)]
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as err:
+        raise ValueError(f"--hostfile {path}: {err.strerror}") from None
+    items = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)(?:\s+slots\s*=\s*(\d+))?", line)
+        if match is None:
+            raise ValueError(f"--hostfile {path}:{number}: expected 'host slots=N', got {raw!r}")
+        host, slots = match.groups()
+        items.append(f"{host}:{slots}" if slots else host)
+    if not items:
+        raise ValueError(f"--hostfile {path} names no host")
+    return parse_hosts(",".join(items))
+
+
+def _local_names() -> set[str]:
+    names = {"localhost", "127.0.0.1", "::1"}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        names |= {name, name.split(".")[0]}
+        with contextlib.suppress(OSError):  # a name that does not resolve
+            names |= set(socket.gethostbyname_ex(name)[2])
+    return names
+
+
+def _plan_hosts(
+    args: argparse.Namespace, min_nodes: int | None, local_names: Collection[str] | None
+) -> Plan:
+    hosts = parse_hosts(args.hosts) if args.hosts else read_hostfile(args.hostfile)
+    if args.nproc is not None:
+        raise ValueError("with -H/--hostfile each host's slots say how many processes it runs; "
+                         "use -np for the total")
+    slots = [n for _, n in hosts]
+    total = args.total if args.total is not None else sum(slots)
+    if not 1 <= total <= sum(slots):
+        raise ValueError(f"-np {total} is more than the {sum(slots)} slots of the hosts")
+    shares, left = [], total  # hosts are filled in order, as horovodrun does
+    for n in slots:
+        shares.append(min(n, left))
+        left -= shares[-1]
+    used = [(host, share) for (host, _), share in zip(hosts, shares, strict=True) if share]
+    if min_nodes is not None and min_nodes != len(used):
+        raise ValueError(f"--nnodes {min_nodes} disagrees with the {len(used)} hosts used")
+    if args.node_rank is not None:
+        node_rank = args.node_rank
+        if not 0 <= node_rank < len(used):
+            raise ValueError(f"--node-rank {node_rank} is not within the {len(used)} hosts used")
+    else:
+        names = _local_names() if local_names is None else set(local_names)
+        mine = [i for i, (host, _) in enumerate(used) if host in names]
+        if len(mine) != 1:
+            listed = ", ".join(host for host, _ in used)
+            what = "none" if not mine else "more than one"
+            raise ValueError(f"this machine ({socket.gethostname()}) is {what} of the hosts "
+                             f"used ({listed}): give --node-rank")
+        node_rank = mine[0]
+    # The first host is machine 0, where the others meet, unless the flags name another.
+    first = f"{used[0][0]}:{args.master_port or _env.DEFAULT_PORT}"
+    endpoint = _endpoint(args) if args.endpoint or args.master_addr else first
+    _check_endpoint(endpoint)
+    return Plan(used[node_rank][1], len(used), node_rank,
+                endpoint if len(used) > 1 or _endpoint(args) else None)
 
 
 def _cluster_defaults(env: Mapping[str, str]) -> Plan:
@@ -138,20 +356,32 @@ def torchrun_args(p: Plan, args: argparse.Namespace, nproc: int, log_dir: str) -
         >>> torchrun_args(Plan(2, 1, 0, None), build_parser().parse_args(["t.py"]), 2, "/tmp/l")[:4]
         ['--nproc-per-node', '2', '--nnodes', '1']
     """
-    out = ["--nproc-per-node", str(nproc), "--nnodes", str(p.nnodes)]
-    if p.nnodes == 1 and not p.endpoint:
+    nnodes = f"{p.nnodes}:{p.max_nodes}" if p.max_nodes is not None else str(p.nnodes)
+    out = ["--nproc-per-node", str(nproc), "--nnodes", nnodes]
+    if p.max_nodes is not None:
+        # Elastic: the c10d rendezvous admits MIN to MAX machines and numbers them itself; the
+        # id is the same on every machine because they all name the same endpoint.
+        out += ["--rdzv-backend", "c10d", "--rdzv-endpoint", p.endpoint or "",
+                "--rdzv-id", f"sdp-run-{p.endpoint}"]
+    elif p.nnodes == 1 and not p.endpoint:
         out += ["--standalone"]  # c10d rendezvous on a free port of this machine
     else:
         out += ["--rdzv-backend", "static", "--rdzv-endpoint", p.endpoint or "",
                 "--node-rank", str(p.node_rank)]
-        timeout = os.environ.get("SDP_TIMEOUT", "").strip()
-        if timeout:
-            out += ["--rdzv-conf", f"timeout={max(int(float(timeout)), 1)}"]
+    timeout = os.environ.get("SDP_TIMEOUT", "").strip()
+    if timeout and "--standalone" not in out:
+        out += ["--rdzv-conf", f"timeout={max(int(float(timeout)), 1)}"]
     out += ["--max-restarts", str(args.max_restarts), "--log-dir", log_dir]
+    if args.output_dir:
+        out += ["--logs-specs", _RANK_FILES_SPEC, "--redirects", "3"]
     if not args.no_prefix:
         out += ["--tee", "3"]  # torchrun writes each rank's streams with the line prefix
     else:
         out += ["--redirects", "0"]
+    if args.ranks_filter:
+        out += ["--local-ranks-filter", args.ranks_filter]
+    if args.no_python:
+        out += ["--no-python"]
     if args.module:
         out += ["--module"]
     return [*out, args.script, *args.script_args]
@@ -166,11 +396,19 @@ def _count_nproc(p: Plan) -> int:
     return gpus or p.nproc_without_gpus
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sdp-run``; returns the exit status.
 
     0 when every rank succeeded; the exit status of the rank that failed first (128 + N when it
-    was killed by signal N) when one failed; 2 for a usage error.
+    was killed by signal N) when one failed; 130 / 143 when stopped by SIGINT / SIGTERM; 2 for a
+    usage error or a machine without torch.
 
     Example:
         >>> main(["-n", "2", "train.py"])
@@ -184,12 +422,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"sdp-run: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    if not args.module and not os.path.exists(args.script):
+    if not args.module and not args.no_python and not os.path.exists(args.script):
         print(f"sdp-run: error: no such script: {args.script}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        import torch  # noqa: F401 - only to say clearly when it is missing
+    except ImportError as error:
+        missing = getattr(error, "name", None) == "torch"
+        why = "torch is not installed" if missing else f"torch cannot be imported ({error})"
+        print(f"sdp-run: error: {why}; sdp-run and the runtime need it: "
+              "pip install 'sdp-convert[torch]'", file=sys.stderr)
         return EXIT_USAGE
     if not args.no_prefix:
         os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", _PREFIX_TEMPLATE)
         os.environ["SDP_RUN_PREFIXED"] = "1"  # tells the ranks' sdp.init() not to add another
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+        os.environ["SDP_RUN_OUTPUT_DIR"] = os.path.abspath(args.output_dir)
     if args.log_dir:
         return _launch(p, args, args.log_dir)
     with tempfile.TemporaryDirectory(prefix="sdp-run-") as log_dir:
@@ -201,7 +450,11 @@ def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    torchrun_argv = torchrun_args(p, args, _count_nproc(p), log_dir)
+    nproc = _count_nproc(p)
+    # torchrun would warn and use 1; the cores shared among this machine's processes is the
+    # sensible default (PyTorch and TensorFlow size their thread pools from it).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // nproc)))
+    torchrun_argv = torchrun_args(p, args, nproc, log_dir)
     with tempfile.TemporaryDirectory(prefix="sdp-run-exits-") as reports:
         os.environ["SDP_RUN_REPORT_DIR"] = reports  # where a failing rank says why (sdp_runtime)
         try:
