@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -359,7 +360,7 @@ def test_hosts_list_on_two_launchers_with_their_own_slots(tmp_path):
     """-H as horovodrun users write it, 2 slots on the first host and 1 on the second; both
     "hosts" are this machine, so each launcher is told which one it is."""
     (tmp_path / "job.py").write_text(ENV_SCRIPT)
-    hosts = ["-H", "127.0.0.1:2,localhost:1", "--master-port", str(_free_port())]
+    hosts = ["-H", "127.0.0.1:2,localhost:1", "--master-port", str(free_port())]
     node0 = _start([SDP_RUN, *hosts, "--node-rank", "0", "job.py"], tmp_path)
     node1 = _start([SDP_RUN, *hosts, "--node-rank", "1", "job.py"], tmp_path)
     (code0, out0, err0), (code1, out1, err1) = _finish([node0, node1], 200)
@@ -373,7 +374,7 @@ def test_hosts_list_on_two_launchers_with_their_own_slots(tmp_path):
 @pytest.mark.timeout(240)
 def test_elastic_nnodes_range_on_two_launchers(tmp_path):
     (tmp_path / "job.py").write_text(ENV_SCRIPT)
-    port = _free_port()
+    port = free_port()
     common = ["-n", "1", "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
     node0 = _start([SDP_RUN, *common, "job.py"], tmp_path)
     # Both "machines" are this one, so both would host the rendezvous store; on real machines
