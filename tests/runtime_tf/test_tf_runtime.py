@@ -69,6 +69,27 @@ def test_fit_on_two_ranks_equals_one_rank_with_the_union_batch(tmp_path: Path) -
     assert one["loss"] == one["local_loss"]
 
 
+@pytest.mark.timeout(300)
+def test_xla_steps_on_two_ranks_equal_one_rank_with_the_union_batch(tmp_path: Path) -> None:
+    """jit_compile=True: fit (split step, custom train_step without XLA) and a custom loop."""
+    (one,) = run_ranks("xla_worker.py", 1, tmp_path / "one", timeout=150)
+    two = run_ranks("xla_worker.py", 2, tmp_path / "two", timeout=200)
+
+    cases = ["fit", "fit_custom_step", "tape_step"]
+    assert one["passed"] == cases and all(rank["passed"] == cases for rank in two)
+    for case in cases:
+        for a, b in zip(two[0][case], two[1][case], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{case}: ranks differ")
+        for a, b in zip(two[0][case], one[case], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=case)
+    # What the runtime did is said once, on rank 0, and nothing is said on one process.
+    assert len(two[0]["fit_warnings"]) == 1 and "forward and backward" in two[0]["fit_warnings"][0]
+    assert len(two[0]["custom_warnings"]) == 1
+    assert "TapeModel defines its own train_step" in two[0]["custom_warnings"][0]
+    assert two[1]["fit_warnings"] == two[1]["custom_warnings"] == []
+    assert one["fit_warnings"] == one["custom_warnings"] == []
+
+
 @pytest.mark.timeout(200)
 def test_one_process_without_launcher_is_the_unwrapped_script(tmp_path: Path) -> None:
     result = run_alone("single_worker.py", tmp_path, timeout=150)

@@ -51,8 +51,11 @@ def _refuse_xla() -> None:
     if GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         raise RuntimeError(
             "sdp_runtime collectives cannot run inside an XLA-compiled function "
-            "(jit_compile=True); compile without XLA (for Keras: model.compile(..., "
-            "jit_compile=False)) or call them outside the compiled function"
+            "(jit_compile=True): call them outside the compiled function, or compile it with "
+            "jit_compile=False (sdp-convert writes jit_compile=sdp.size() == 1 for custom "
+            "steps). Keras fit: give it sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0) "
+            "or call sdp.keras.prepare_train_function(model) after compile(), which keep XLA "
+            "around the allreduce"
         )
 
 
