@@ -28,6 +28,8 @@ COLLECTIVE_CHECKS = [
     "inputs_are_never_written",
     "earlier_results_stay_valid",
     "xla_is_refused_clearly",
+    "tf_function_hands_over_eagerly_on_the_tensors_device",
+    "dlpack_layout_and_gpu_numbering",
     "grouped_allreduce_mixed_dtypes_none_and_slices",
     "allgather_uneven_first_dims",
     "broadcast_from_each_root",
