@@ -14,7 +14,10 @@ Models: an MLP (512 -> 3 x Dense(1024, relu) -> 10, 3.7 M parameters, batch 128 
 a small CNN (32x32x3 -> 2 x Conv(32/64, 3x3) + pooling -> Dense(128) -> 10, batch 64 per
 process). Per case: the median time of one step over ``--steps`` steps, after ``--warmup`` steps
 (compilation) that are not timed; ``model.fit`` with ``steps_per_epoch=1`` so that a callback
-can time every step. Every process has a time limit and is killed past it.
+can time every step; the modes of a model take turns (``--rounds``), so that a shared machine's
+load falls on each alike. "XLA split" on one process is the split step built directly (the
+runtime only splits on several processes): its ratio to "XLA" is what splitting itself costs.
+Every process has a time limit and is killed past it.
 """
 
 from __future__ import annotations
@@ -65,34 +68,29 @@ def _models():
     return {"MLP 3.7M, batch 128": (mlp, (512,), 128), "CNN, batch 64": (cnn, (32, 32, 3), 64)}
 
 
-def _time_fit(model, shape, batch: int, warmup: int, steps: int) -> float:
-    """Median seconds per training step of ``model.fit``, one step per epoch."""
+class _Clock:
+    """Times every training step of a model's ``fit`` (one step per epoch)."""
+
+    def __init__(self) -> None:
+        import keras
+
+        times: list[float] = []
+        self.times = times
+
+        class Clock(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                self.start = time.perf_counter()
+
+            def on_train_batch_end(self, batch, logs=None):
+                float(logs["loss"])  # wait for the step
+                times.append(time.perf_counter() - self.start)
+
+        self.callback = Clock()
+
+
+def worker(out: Path, warmup: int, steps: int, rounds: int) -> None:
     import keras
     import numpy as np
-    import sdp_runtime.tensorflow.keras as sdp
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch, *shape)).astype("float32")
-    y = rng.integers(0, 10, size=(batch,))
-    times: list[float] = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None):
-            float(logs["loss"])  # wait for the step
-            times.append(time.perf_counter() - self.start)
-
-    model.fit(
-        x, y, batch_size=batch, epochs=warmup + steps, steps_per_epoch=1, verbose=0,
-        callbacks=[sdp.callbacks.BroadcastGlobalVariablesCallback(0), Clock()],
-    )  # fmt: skip
-    return statistics.median(times[warmup:])
-
-
-def worker(out: Path, warmup: int, steps: int) -> None:
-    import keras
     import sdp_runtime.tensorflow.keras as sdp
     import sdp_runtime.tensorflow.keras.xla as xla_module
     import tensorflow as tf
@@ -101,24 +99,41 @@ def worker(out: Path, warmup: int, steps: int) -> None:
     # One core per process (2 processes share the 2 cores here); XLA's CPU code uses this pool.
     tf.config.threading.set_intra_op_parallelism_threads(1)
     sdp.init()
+    modes = MODES if sdp.size() > 1 else ("no XLA", "XLA", "XLA split")
     results: dict[str, dict[str, float]] = {}
     for name, (build, shape, batch) in _models().items():
-        results[name] = {}
-        for mode in MODES if sdp.size() > 1 else ("no XLA", "XLA", "XLA split"):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(batch, *shape)).astype("float32")
+        y = rng.integers(0, 10, size=(batch,))
+        models, clocks = {}, {}
+        for mode in modes:
             keras.utils.set_random_seed(0)
             model = build()
-            xla = mode in ("split", "XLA", "XLA split")
-            opt = sdp.DistributedOptimizer(keras.optimizers.Adam(1e-3))
             model.compile(
-                optimizer=opt,
+                optimizer=sdp.DistributedOptimizer(keras.optimizers.Adam(1e-3)),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=xla,
+                jit_compile=mode in ("split", "XLA", "XLA split"),
             )
             if mode == "XLA split":  # what the runtime does on several processes, on one
                 xla_module._rebuild(model, xla_module.SplitTrainStep(model))
-            results[name][mode] = _time_fit(model, shape, batch, warmup, steps)
-            if sdp.size() > 1 and xla:
-                assert getattr(model, "_sdp_xla_train_function", None) is model.train_function
+            models[mode], clocks[mode] = model, _Clock()
+        # The modes take turns, ``steps / rounds`` steps at a time, so that the load of a shared
+        # machine falls on all of them alike; the first ``warmup`` steps of each (compiling) are
+        # not counted.
+        chunks = [warmup] + [max(1, steps // rounds)] * rounds
+        for i, chunk in enumerate(chunks):
+            for mode in modes:
+                models[mode].fit(
+                    x, y, batch_size=batch, epochs=chunk, steps_per_epoch=1, verbose=0,
+                    callbacks=[sdp.callbacks.BroadcastGlobalVariablesCallback(0),
+                               clocks[mode].callback],
+                )  # fmt: skip
+                if i == 0:
+                    clocks[mode].times.clear()
+        results[name] = {mode: statistics.median(clocks[mode].times) for mode in modes}
+        if sdp.size() > 1:
+            split = models["split"]
+            assert getattr(split, "_sdp_xla_train_function", None) is split.train_function
     if sdp.rank() == 0:
         (out / f"size{sdp.size()}.json").write_text(json.dumps(results))
     sdp.shutdown()
@@ -131,6 +146,7 @@ def _launch(out: Path, nproc: int, args: argparse.Namespace) -> dict:
     cmd = [
         sys.executable, "-m", "sdp_runtime.launch", "-n", str(nproc), __file__, "--worker",
         "--out", str(out), "--warmup", str(args.warmup), "--steps", str(args.steps),
+        "--rounds", str(args.rounds),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
@@ -162,7 +178,8 @@ def _machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per case")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per case")
+    parser.add_argument("--rounds", type=int, default=5, help="turns the modes take")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--timeout", type=float, default=500, help="seconds per launch")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
@@ -170,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.out, args.warmup, args.steps)
+        worker(args.out, args.warmup, args.steps, args.rounds)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         two = _launch(Path(tmp), 2, args)
@@ -197,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                     "",
                     f"Run {datetime.date.today().isoformat()} with `.venv/bin/python "
                     f"benchmarks/bench_tf_xla.py` (warm-up {args.warmup} steps, median of "
-                    f"{args.steps} steps).",
+                    f"{args.steps} steps, the modes taking turns {args.rounds} times). Load "
+                    "average (1/5/15 min) at the end: "
+                    + " / ".join(f"{x:.1f}" for x in os.getloadavg())
+                    + " (2 shared cores: above about 2, the timings include waiting).",
                     "",
                     f"Machine: {_machine()}. Median time of one training step (Adam, "
                     "`model.fit`), rank 0; 2 processes: Gloo over loopback, batch per process "

@@ -73,11 +73,12 @@ def test_fit_on_two_ranks_equals_one_rank_with_the_union_batch(tmp_path: Path) -
 
 @pytest.mark.timeout(300)
 def test_xla_steps_on_two_ranks_equal_one_rank_with_the_union_batch(tmp_path: Path) -> None:
-    """jit_compile=True: fit (split step, custom train_step without XLA) and a custom loop."""
+    """jit_compile=True: fit (split step; XLA off: by default without a GPU, for a custom
+    train_step) and a custom loop's step as sdp-convert leaves it."""
     (one,) = run_ranks("xla_worker.py", 1, tmp_path / "one", timeout=150)
     two = run_ranks("xla_worker.py", 2, tmp_path / "two", timeout=200)
 
-    cases = ["fit", "fit_custom_step", "tape_step"]
+    cases = ["fit", "fit_auto", "fit_custom_step", "tape_step"]
     assert one["passed"] == cases and all(rank["passed"] == cases for rank in two)
     for case in cases:
         for a, b in zip(two[0][case], two[1][case], strict=True):
@@ -85,11 +86,13 @@ def test_xla_steps_on_two_ranks_equal_one_rank_with_the_union_batch(tmp_path: Pa
         for a, b in zip(two[0][case], one[case], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=case)
     # What the runtime did is said once, on rank 0, and nothing is said on one process.
-    assert len(two[0]["fit_warnings"]) == 1 and "forward and backward" in two[0]["fit_warnings"][0]
-    assert len(two[0]["custom_warnings"]) == 1
-    assert "TapeModel defines its own train_step" in two[0]["custom_warnings"][0]
-    assert two[1]["fit_warnings"] == two[1]["custom_warnings"] == []
-    assert one["fit_warnings"] == one["custom_warnings"] == []
+    said = {case: two[0][f"{case}_warnings"] for case in ("fit", "fit_auto", "custom")}
+    assert [len(w) for w in said.values()] == [1, 1, 1], said
+    assert "forward and backward pass in one XLA function" in said["fit"][0]
+    assert "without XLA" in said["fit_auto"][0] and "has no GPU" in said["fit_auto"][0]
+    assert "TapeModel defines its own train_step" in said["custom"][0]
+    for key in ("fit_warnings", "fit_auto_warnings", "custom_warnings"):
+        assert two[1][key] == [] and one[key] == []
 
 
 @pytest.mark.timeout(200)

@@ -124,10 +124,10 @@ def tf_to_torch(tensor: tf.Tensor) -> torch.Tensor:
     Example:
         >>> view = tf_to_torch(tf.ones([2]))  # do not modify ``view`` in place
     """
-    spec = tf.DeviceSpec.from_string(tensor.backing_device)
-    if spec.device_type != "GPU":
+    device = tensor.backing_device
+    if ":GPU:" not in device:  # a string test: this runs for every tensor of every call
         return torch.from_dlpack(tensor)
-    index = torch_gpu_index(spec.device_index or 0)
+    index = torch_gpu_index(tf.DeviceSpec.from_string(device).device_index or 0)
     if index is None:
         with tf.device("/CPU:0"):
             return torch.from_dlpack(tf.identity(tensor))

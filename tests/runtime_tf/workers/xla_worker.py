@@ -3,9 +3,11 @@
 Three ways to train, each from weights every rank draws differently (the broadcast makes them
 equal) on rank ``r``'s part of every global batch of ``GLOBAL_BATCH`` rows:
 
-* ``fit``: Keras' own ``train_step`` with ``compile(jit_compile=True)``; on N > 1 ranks the
-  runtime splits the step (forward/backward and update in two XLA functions, the allreduce between
-  them); evaluation keeps XLA;
+* ``fit``: Keras' own ``train_step`` with ``compile(jit_compile=True)`` and ``SDP_TF_XLA=split``
+  (the default on a GPU): on N > 1 ranks the runtime splits the step (forward/backward and update
+  in two XLA functions, the allreduce between them); evaluation keeps XLA;
+* ``fit_auto``: the same with the default ``SDP_TF_XLA=auto``, which on these CPU-only processes
+  runs the training step without XLA;
 * ``fit_custom_step``: a model whose ``train_step`` uses a ``DistributedGradientTape``; on N > 1
   ranks the runtime runs the step without XLA;
 * ``tape_step``: a custom loop whose step is ``tf.function(jit_compile=sdp.size() == 1)``, what
@@ -18,6 +20,7 @@ Writes the final weights of each, what the runtime reported, and the checks that
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -79,38 +82,52 @@ def main(out_dir: Path) -> None:
     batch = GLOBAL_BATCH // n
     result: dict = {"rank": r, "size": n}
 
-    # -- Keras' own train_step -----------------------------------------------------------------
-    model = make_model(seed=r)
-    model.compile(
-        optimizer=sdp_keras.DistributedOptimizer(keras.optimizers.Adam(0.01)),
-        loss="mse",
-        metrics=["mae"],
-        jit_compile=True,
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(
-            x[mine], y[mine], batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0,
-            callbacks=[sdp_keras.callbacks.BroadcastGlobalVariablesCallback(0),
-                       sdp_keras.callbacks.MetricAverageCallback()],
-        )  # fmt: skip
-    result["fit_warnings"] = [str(w.message) for w in caught if w.category is xla.XlaWarning]
-    prepared = getattr(model, xla._PREPARED, None)
-    assert model.jit_compile is True  # evaluate/predict still compile with XLA
-    if n > 1:
-        assert prepared is model.train_function, "the train function was not rebuilt"
-        step = model.train_function
-        # The split step's two XLA functions were traced and ran; a second prepare is a no-op.
-        split = getattr(model, xla._STEP)
-        assert isinstance(split, xla.SplitTrainStep) and split.model is model, split
-        assert split.gradients.experimental_get_tracing_count() >= 1
-        assert split.apply.experimental_get_tracing_count() >= 1
-        assert xla.prepare_train_function(model) is None and model.train_function is step
+    # -- Keras' own train_step: split (forced, as on a GPU), then auto (off without a GPU) -------
+    for case, mode in (("fit", "split"), ("fit_auto", "auto")):
+        os.environ["SDP_TF_XLA"] = mode
+        model = make_model(seed=r)
+        model.compile(
+            optimizer=sdp_keras.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+            loss="mse",
+            metrics=["mae"],
+            jit_compile=True,
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(
+                x[mine], y[mine], batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0,
+                callbacks=[sdp_keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                           sdp_keras.callbacks.MetricAverageCallback()],
+            )  # fmt: skip
+        result[f"{case}_warnings"] = [
+            str(w.message) for w in caught if w.category is xla.XlaWarning
+        ]
+        prepared = getattr(model, xla._PREPARED, None)
+        assert model.jit_compile is True  # evaluate/predict still compile with XLA
+        if n > 1:
+            assert prepared is model.train_function, "the train function was not rebuilt"
+            step = model.train_function
+            split = getattr(model, xla._STEP)
+            if mode == "split":  # both XLA functions were traced and ran
+                assert isinstance(split, xla.SplitTrainStep) and split.model is model, split
+                assert split.gradients.experimental_get_tracing_count() >= 1
+                assert split.apply.experimental_get_tracing_count() >= 1
+            else:
+                assert not isinstance(split, xla.SplitTrainStep), split
+            # A second prepare (a second fit) keeps the function.
+            assert xla.prepare_train_function(model) is None and model.train_function is step
+        else:
+            assert prepared is None, "one process must keep Keras' own train function"
+        model.evaluate(x, y, verbose=0)
+        passed.append(case)
+        result[case] = weights(model)
+    del os.environ["SDP_TF_XLA"]
+    try:
+        xla.prepare_train_function(model, mode="sometimes")
+    except ValueError as error:
+        assert "auto, split, off" in str(error), error
     else:
-        assert prepared is None, "one process must keep Keras' own train function"
-    model.evaluate(x, y, verbose=0)
-    passed.append("fit")
-    result["fit"] = weights(model)
+        raise AssertionError("an unknown SDP_TF_XLA mode must be refused")
 
     # -- a train_step of the user's, with a DistributedGradientTape ----------------------------
     custom = make_model(seed=r, cls=TapeModel)
