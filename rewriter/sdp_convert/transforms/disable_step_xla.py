@@ -95,7 +95,8 @@ class DisableStepXla(Transform):
         if m.matches(value, m.Name("False") | m.Name("None")):
             return True
         size = f"{self.state.runtime_module}.size"
-        return any(self.refers_to(c.func, size) for c in m.findall(value, m.Call()))
+        calls = [c for c in m.findall(value, m.Call()) if isinstance(c, cst.Call)]
+        return any(self.refers_to(c.func, size) for c in calls)
 
     def _compiled_function(self, call: cst.Call) -> cst.FunctionDef | None:
         """The function ``tf.function(...)`` compiles: decorated, passed, or passed afterwards."""
