@@ -1,4 +1,4 @@
-"""Allreduce throughput of sdp_runtime.tensorflow on 2 processes, against raw Gloo and MWMS.
+"""Allreduce throughput of sdp_runtime.tensorflow on 2 processes, against raw Gloo and TF's own.
 
     .venv/bin/python benchmarks/bench_tf_allreduce.py            # about 2-4 minutes here
     .venv/bin/python benchmarks/bench_tf_allreduce.py --repeats 5 --no-write
@@ -11,11 +11,15 @@ the median time of one averaging allreduce after warm-up, measured on rank 0 of 
 * sdp eager / sdp tf.function: ``sdp_runtime.tensorflow.grouped_allreduce`` of the TF tensors,
   the path ``DistributedGradientTape.gradient`` takes (one fused call per dtype);
 * MWMS: ``tf.distribute.MultiWorkerMirroredStrategy`` (RING, the CPU implementation), replica
-  context ``all_reduce(MEAN)`` of the same tensors inside ``tf.function``.
+  context ``all_reduce(MEAN)`` of the same tensors inside ``tf.function``;
+* TF op: TensorFlow's own collective op, ``CollectiveReduceV2`` (ring, over TF's gRPC server:
+  ``enable_collective_ops``), inside ``tf.function``, the tensors of a call concatenated into one
+  (fused, as the sdp path fuses): what a TF-native transport for this runtime would run, without
+  MWMS around it. Also tried once per run: the same op in an XLA-compiled function.
 
-The sdp and raw cases run in one pair of processes started by ``sdp-run``; MWMS runs in another
-pair started with ``TF_CONFIG`` on localhost ports, because MWMS must be created before any other
-TF op. Every process has a time limit and is killed past it. The table is printed and written
+The sdp and raw cases run in one pair of processes started by ``sdp-run``; MWMS and the TF op run
+in two more pairs on localhost ports, because TF's collectives must be set up before any other TF
+op. Every process has a time limit and is killed past it. The table is printed and written
 to benchmarks/results/tf_allreduce.md with the machine and the date.
 """
 
@@ -140,6 +144,64 @@ def worker_mwms(out: Path, warmup: int, repeats: int) -> None:
         (out / "mwms.json").write_text(json.dumps(results))
 
 
+def worker_tfop(out: Path, warmup: int, repeats: int) -> None:
+    import tensorflow as tf
+    from tensorflow.core.protobuf import tensorflow_server_pb2
+    from tensorflow.python.eager import context
+    from tensorflow.python.ops import collective_ops
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    index = config["task"]["index"]
+    server = tensorflow_server_pb2.ServerDef(
+        cluster=tf.train.ClusterSpec(config["cluster"]).as_cluster_def(),
+        job_name="worker", task_index=index, protocol="grpc",
+    )  # fmt: skip
+    leader = "/job:worker/replica:0/task:0"
+    server.default_session_config.experimental.collective_group_leader = leader
+    context.context().enable_collective_ops(server)
+    device = f"/job:worker/replica:0/task:{index}/device:CPU:0"
+
+    def allreduce(flat, key: int, final: str = "Div", hint: str = "ring"):
+        return collective_ops.all_reduce_v2(
+            flat, group_size=2, group_key=1, instance_key=key, merge_op="Add", final_op=final,
+            communication_hint=hint,
+        )  # fmt: skip
+
+    def reducer(key: int):
+        # One instance key per shape: an instance of a collective has one shape on all ranks.
+        @tf.function
+        def reduce(grads):
+            with tf.device(device):
+                flat = grads[0] if len(grads) == 1 else tf.concat(grads, 0)
+                flat = allreduce(flat, key)
+                if len(grads) == 1:
+                    return [flat]
+                return tf.split(flat, [int(g.shape[0]) for g in grads])
+
+        return reduce
+
+    results: dict = {}
+    for key, (name, sizes) in enumerate(CASES.items(), start=10):
+        reduce = reducer(key)
+        reps = _repeats_for(sizes, repeats)
+        with tf.device(device):
+            grads = [tf.fill([n], float(index + 1)) for n in sizes]
+        reduced = reduce(grads)
+        assert float(reduced[0][0]) == 1.5 and float(reduced[-1][-1]) == 1.5
+        call = lambda grads=grads, reduce=reduce: reduce(grads)  # noqa: E731
+        results[name] = {"tfop": _time_calls(call, warmup, reps)}
+    # XLA lowers only the identity final op with the "auto" (NCCL) implementation.
+    xla = tf.function(lambda t: allreduce(t, 2, final="Id", hint="auto"), jit_compile=True)
+    try:
+        with tf.device(device):
+            xla(tf.ones([4]))
+        results["xla"] = "compiled and ran"
+    except (tf.errors.OpError, RuntimeError) as error:
+        results["xla"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    if index == 0:
+        (out / "tfop.json").write_text(json.dumps(results))
+
+
 # ------------------------------------------------------------------------------------------
 # Launcher
 
@@ -188,19 +250,20 @@ def run_sdp(out: Path, args: argparse.Namespace) -> dict:
     return json.loads((out / "sdp.json").read_text())
 
 
-def run_mwms(out: Path, args: argparse.Namespace) -> dict:
+def run_tf_pair(out: Path, args: argparse.Namespace, worker: str, what: str) -> dict:
+    """Run ``worker`` (mwms or tfop) on 2 processes that find each other through TF_CONFIG."""
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
     procs = []
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = dict(_env(), TF_CONFIG=json.dumps(config))
         cmd = [
-            sys.executable, __file__, "--worker", "mwms", "--out", str(out),
+            sys.executable, __file__, "--worker", worker, "--out", str(out),
             "--warmup", str(args.warmup), "--repeats", str(args.repeats),
         ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-    _wait(procs, "the MultiWorkerMirroredStrategy run", args.timeout)
-    return json.loads((out / "mwms.json").read_text())
+    _wait(procs, what, args.timeout)
+    return json.loads((out / f"{worker}.json").read_text())
 
 
 def _machine() -> dict[str, str]:
@@ -222,15 +285,16 @@ def _machine() -> dict[str, str]:
         "torch": torch.__version__,
         "tensorflow": tf.__version__,
         "date": datetime.date.today().isoformat(),
+        "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
 
 
 def _table(results: dict) -> list[str]:
     head = (
-        "| case | raw Gloo | sdp eager | sdp tf.function | MWMS | eager / raw | "
-        "tf.function / raw | MWMS / sdp tf.function |"
+        "| case | raw Gloo | sdp eager | sdp tf.function | MWMS | TF op | eager / raw | "
+        "tf.function / raw | MWMS / sdp tf.function | TF op / sdp tf.function |"
     )
-    lines = [head, "|" + "---|" * 8]
+    lines = [head, "|" + "---|" * 10]
     for name, sizes in CASES.items():
         r = results[name]
         mib = sum(sizes) * 4 / MIB
@@ -240,8 +304,9 @@ def _table(results: dict) -> list[str]:
 
         lines.append(
             f"| {name} | {cell(r['raw'])} | {cell(r['eager'])} | {cell(r['function'])} | "
-            f"{cell(r['mwms'])} | {r['eager'] / r['raw']:.2f}x | {r['function'] / r['raw']:.2f}x"
-            f" | {r['mwms'] / r['function']:.2f}x |"
+            f"{cell(r['mwms'])} | {cell(r['tfop'])} | {r['eager'] / r['raw']:.2f}x | "
+            f"{r['function'] / r['raw']:.2f}x | {r['mwms'] / r['function']:.2f}x | "
+            f"{r['tfop'] / r['function']:.2f}x |"
         )
     return lines
 
@@ -252,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per case first")
     parser.add_argument("--timeout", type=float, default=400, help="seconds per process pair")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
-    parser.add_argument("--worker", choices=["sdp", "mwms"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["sdp", "mwms", "tfop"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker == "sdp":
@@ -261,25 +326,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "mwms":
         worker_mwms(args.out, args.warmup, args.repeats)
         return 0
+    if args.worker == "tfop":
+        worker_tfop(args.out, args.warmup, args.repeats)
+        return 0
 
     with tempfile.TemporaryDirectory() as tmp:
         results = run_sdp(Path(tmp), args)
-        for name, timing in run_mwms(Path(tmp), args).items():
-            results[name].update(timing)
+        mwms = run_tf_pair(Path(tmp), args, "mwms", "the MultiWorkerMirroredStrategy run")
+        tfop = run_tf_pair(Path(tmp), args, "tfop", "the CollectiveReduceV2 run")
+    xla = tfop.pop("xla")
+    for name in CASES:
+        results[name].update(mwms[name], **tfop[name])
     machine = _machine()
     table = _table(results)
     print("\n".join(table))
+    print(f"CollectiveReduceV2 under XLA (jit_compile=True) on the CPU: {xla}")
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(_report(machine, table, args))
+        RESULTS.write_text(_report(machine, table, args, xla))
         print(f"written to {RESULTS.relative_to(ROOT)}")
     return 0
 
 
-def _report(machine: dict[str, str], table: list[str], args: argparse.Namespace) -> str:
+def _report(machine: dict[str, str], table: list[str], args: argparse.Namespace, xla: str) -> str:
     return "\n".join(
         [
-            "# TF allreduce: sdp_runtime.tensorflow vs raw Gloo vs MultiWorkerMirroredStrategy",
+            "# TF allreduce: sdp_runtime.tensorflow vs raw Gloo vs TensorFlow's own collectives",
             "",
             f"Run {machine['date']} with `.venv/bin/python benchmarks/bench_tf_allreduce.py` "
             f"(warm-up {args.warmup}, median of {args.repeats} calls; 100 MiB: "
@@ -288,9 +360,14 @@ def _report(machine: dict[str, str], table: list[str], args: argparse.Namespace)
             f"Machine: {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, "
             f"torch {machine['torch']}, TensorFlow {machine['tensorflow']}. Two processes on this "
             "one machine, Gloo over loopback TCP; float32 averaging allreduce; time per call "
-            "on rank 0 (algorithm bandwidth in brackets).",
+            "on rank 0 (algorithm bandwidth in brackets). Load average (1/5/15 min) at the end of "
+            f"the run: {machine['load']} (the 2 cores are shared with other work; a load above "
+            "about 2 means the timings include waiting for a core).",
             "",
             *table,
+            "",
+            "TF op in an XLA-compiled function (`jit_compile=True`, final op `Id`, "
+            f"implementation `auto`): {xla}",
             "",
         ]
     )

@@ -7,7 +7,8 @@ test checks that a launch past its time limit is killed together with the ranks 
 
 bench_convert.py and bench_tf_allreduce.py are not smoked here: neither has a quick mode (both
 always run their full corpus or sizes) and bench_convert.py always overwrites
-benchmarks/results/convert.md.
+benchmarks/results/convert.md. Nor are bench_tf_xla.py and bench_tf_torch_cost.py, whose code
+paths the TF runtime tests run (the split step, XLA off, imports).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .transforms import (
     add_runtime_init,
     broadcast_initial_state,
+    disable_step_xla,
     flag_manual_steps,
     guard_rank0_writes,
     migrate_horovod,
@@ -48,6 +49,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     scale_keras_learning_rate.ScaleKerasLearningRate,
     shard_tf_dataset.ShardTfDataset,
     wrap_gradient_tape.WrapGradientTape,
+    # Edits only the jit_compile= argument of the tf.function around the step wrapped above.
+    disable_step_xla.DisableStepXla,
     broadcast_initial_state.BroadcastInitialState,
     wrap_keras_fit.WrapKerasFit,
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual

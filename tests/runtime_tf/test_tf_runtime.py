@@ -28,6 +28,8 @@ COLLECTIVE_CHECKS = [
     "inputs_are_never_written",
     "earlier_results_stay_valid",
     "xla_is_refused_clearly",
+    "tf_function_hands_over_eagerly_on_the_tensors_device",
+    "dlpack_layout_and_gpu_numbering",
     "grouped_allreduce_mixed_dtypes_none_and_slices",
     "allgather_uneven_first_dims",
     "broadcast_from_each_root",
@@ -67,6 +69,30 @@ def test_fit_on_two_ranks_equals_one_rank_with_the_union_batch(tmp_path: Path) -
     for rank in two:
         np.testing.assert_allclose(rank["loss"], mean, rtol=1e-6)
     assert one["loss"] == one["local_loss"]
+
+
+@pytest.mark.timeout(300)
+def test_xla_steps_on_two_ranks_equal_one_rank_with_the_union_batch(tmp_path: Path) -> None:
+    """jit_compile=True: fit (split step; XLA off: by default without a GPU, for a custom
+    train_step) and a custom loop's step as sdp-convert leaves it."""
+    (one,) = run_ranks("xla_worker.py", 1, tmp_path / "one", timeout=150)
+    two = run_ranks("xla_worker.py", 2, tmp_path / "two", timeout=200)
+
+    cases = ["fit", "fit_auto", "fit_custom_step", "tape_step"]
+    assert one["passed"] == cases and all(rank["passed"] == cases for rank in two)
+    for case in cases:
+        for a, b in zip(two[0][case], two[1][case], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{case}: ranks differ")
+        for a, b in zip(two[0][case], one[case], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=case)
+    # What the runtime did is said once, on rank 0, and nothing is said on one process.
+    said = {case: two[0][f"{case}_warnings"] for case in ("fit", "fit_auto", "custom")}
+    assert [len(w) for w in said.values()] == [1, 1, 1], said
+    assert "forward and backward pass in one XLA function" in said["fit"][0]
+    assert "without XLA" in said["fit_auto"][0] and "has no GPU" in said["fit_auto"][0]
+    assert "TapeModel defines its own train_step" in said["custom"][0]
+    for key in ("fit_warnings", "fit_auto_warnings", "custom_warnings"):
+        assert two[1][key] == [] and one[key] == []
 
 
 @pytest.mark.timeout(200)

@@ -1,6 +1,7 @@
 """The Horovod/SMDDP TensorFlow API on torch.distributed: ``import sdp_runtime.tensorflow as hvd``.
 
-Works in eager mode and inside ``tf.function`` (not under XLA ``jit_compile``), with Keras 3
+Works in eager mode and inside ``tf.function`` (not inside an XLA-compiled function: Keras ``fit``
+keeps XLA around the collectives, see :mod:`sdp_runtime.tensorflow.keras.xla`), with Keras 3
 variables. Keras ``model.fit`` helpers live in :mod:`sdp_runtime.tensorflow.keras`, also reachable
 as ``hvd.keras`` (imported on first use).
 """

@@ -2,18 +2,21 @@
 
 Every function works in eager mode and inside ``tf.function``. The tensors of one call are
 copied once, dtype by dtype, into a flat torch buffer (reused from call to call, see
-:mod:`buffers`), reduced there by ``sdp_runtime._comm`` in one fused collective, and handed back
-to TF as zero-copy views of that buffer:
+:mod:`buffers`) on the tensors' device, reduced there by ``sdp_runtime._comm`` in one fused
+collective, and handed back to TF as zero-copy views of that buffer. TF and torch share memory
+through DLPack (:mod:`bridge`), both ways:
 
-* eager: TF and torch share memory through DLPack, both ways;
-* ``tf.function``: ONE stateful ``tf.numpy_function`` per call takes all the tensors (NumPy views,
-  no copy) and returns views of the reduced buffers (a call costs about 1.3 ms, so fusing matters).
+* eager: directly;
+* ``tf.function``: ONE ``tf.py_function`` per call takes all the tensors; its body is the eager
+  code above, given the tensors on the device the op runs on (a GPU's, for GPU gradients), so
+  the data stays on the device (a call costs about 1.3 ms, so fusing matters).
 
 The copy is deliberate: TF tensors are immutable and share memory with variables and cached
-constants, so reducing in place would corrupt them. Stateful ``numpy_function`` calls run in
+constants, so reducing in place would corrupt them. ``py_function`` calls are stateful and run in
 program order inside a ``tf.function`` (automatic control dependencies), which keeps the
 collectives in the same order on every rank. XLA (``jit_compile=True``) cannot compile a
-``numpy_function``: there, use these functions outside the compiled function.
+``py_function``: there, use these functions outside the compiled function (Keras ``fit``:
+:func:`sdp_runtime.tensorflow.keras.prepare_train_function` does it).
 """
 
 from __future__ import annotations
@@ -26,13 +29,7 @@ import torch
 
 from sdp_runtime import _comm
 from sdp_runtime.tensorflow import buffers
-from sdp_runtime.tensorflow.bridge import (
-    TF_ALIGNMENT,
-    numpy_to_torch,
-    tf_to_torch,
-    torch_to_numpy,
-    torch_to_tf,
-)
+from sdp_runtime.tensorflow.bridge import TF_ALIGNMENT, tf_to_torch, torch_to_tf
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp, resolve_op
 
 Work = Callable[[list[torch.Tensor]], None]
@@ -43,7 +40,7 @@ _not_converted = tf.autograph.experimental.do_not_convert
 
 
 def _refuse_xla() -> None:
-    """Fail clearly, at trace time, where XLA would fail on the numpy_function obscurely."""
+    """Fail clearly, at trace time, where XLA would fail on the py_function obscurely."""
     try:
         from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
     except ImportError:  # a TF without it: let XLA report the problem itself
@@ -51,8 +48,11 @@ def _refuse_xla() -> None:
     if GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         raise RuntimeError(
             "sdp_runtime collectives cannot run inside an XLA-compiled function "
-            "(jit_compile=True); compile without XLA (for Keras: model.compile(..., "
-            "jit_compile=False)) or call them outside the compiled function"
+            "(jit_compile=True): call them outside the compiled function, or compile it with "
+            "jit_compile=False (sdp-convert writes jit_compile=sdp.size() == 1 for custom "
+            "steps). Keras fit: give it sdp.keras.callbacks.BroadcastGlobalVariablesCallback(0) "
+            "or call sdp.keras.prepare_train_function(model) after compile(), which keep XLA "
+            "around the allreduce"
         )
 
 
@@ -103,29 +103,47 @@ def _fused(
 ) -> list[tf.Tensor]:
     """Run ``work`` on the tensors packed into flat torch buffers; return the results in TF.
 
-    Eager: zero-copy DLPack both ways. In a ``tf.function``: ONE stateful ``numpy_function``
-    takes every tensor (as zero-copy NumPy views) and returns views of the reduced buffers.
+    Eager: zero-copy DLPack both ways. In a ``tf.function``: ONE ``py_function`` takes every
+    tensor and runs the eager path on them, on the device it is placed on.
     """
     for t in tensors:
         _check_dtype(t.dtype)
     if not tensors:
         return []
     if tf.executing_eagerly():
-        results = _run_packed([tf_to_torch(t) for t in tensors], work, reuse)
-        return [torch_to_tf(r) for r in results]
+        return _handover(tensors, work, reuse)
 
     _refuse_xla()
 
-    def body(*arrays: Any) -> list[Any]:
-        results = _run_packed([numpy_to_torch(a) for a in arrays], work, reuse)
-        return [torch_to_numpy(r) for r in results]
+    def body(*eager: tf.Tensor) -> list[tf.Tensor]:
+        return _handover(eager, work, reuse)
 
-    outs = tf.numpy_function(
-        body, list(tensors), [t.dtype for t in tensors], stateful=True, name=name
-    )
-    for out, t in zip(outs, tensors, strict=True):
-        out.set_shape(t.shape)
-    return list(outs)
+    # py_function has no GPU kernel for int32 (TF keeps int32 in host memory): int32 tensors
+    # get their own call, so that they do not pull the others off the GPU.
+    out: list[Any] = [None] * len(tensors)
+    for int32 in (False, True):
+        idx = [i for i, t in enumerate(tensors) if (t.dtype == tf.int32) == int32]
+        if not idx:
+            continue
+        ins = [tensors[i] for i in idx]
+        outs = tf.py_function(body, ins, [t.dtype for t in ins], name=name)
+        for i, result in zip(idx, outs, strict=True):
+            result.set_shape(tensors[i].shape)
+            out[i] = result
+    return out
+
+
+def _handover(tensors: Sequence[tf.Tensor], work: Work, reuse: bool) -> list[tf.Tensor]:
+    """The eager path: DLPack views into torch, ``work`` on packed buffers, DLPack views back."""
+    if trace is not None:
+        trace.append([(t.backing_device, t.dtype.name) for t in tensors])
+    results = _run_packed([tf_to_torch(t) for t in tensors], work, reuse)
+    return [torch_to_tf(r) for r in results]
+
+
+#: When a list, each hand-over appends the (device, dtype) of the TF tensors it got: tests use it
+#: to see where a ``tf.function``'s collective ran.
+trace: list[list[tuple[str, str]]] | None = None
 
 
 def _reduce_work(
@@ -358,10 +376,10 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
 
     _refuse_xla()
 
-    def body(array: Any) -> Any:
-        return torch_to_numpy(_comm.allgather(numpy_to_torch(array)))
+    def body(eager: tf.Tensor) -> tf.Tensor:
+        return torch_to_tf(_comm.allgather(tf_to_torch(eager)))
 
-    result = tf.numpy_function(body, [tensor], tensor.dtype, stateful=True, name="sdp_allgather")
+    result = tf.py_function(body, [tensor], tensor.dtype, name="sdp_allgather")
     result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return result
 

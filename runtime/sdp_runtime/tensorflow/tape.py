@@ -15,7 +15,7 @@ class DistributedGradientTape(tf.GradientTape):
     """Wrap a ``tf.GradientTape`` so that ``gradient()`` returns gradients reduced over all ranks.
 
     All gradients of one ``gradient()`` call are fused into one communication per dtype bucket
-    (one ``tf.numpy_function`` inside ``tf.function``). ``None`` gradients pass through, nested
+    (one ``tf.py_function`` inside ``tf.function``). ``None`` gradients pass through, nested
     structures of sources are kept, ``IndexedSlices`` (e.g. from an embedding lookup) are gathered
     or, with ``sparse_as_dense=True``, densified first. The wrapper shares the wrapped tape's
     state, so it can be made inside or after the ``with`` block, or around a fresh tape.

@@ -14,9 +14,12 @@ import keras
 import numpy as np
 import sdp_runtime.tensorflow as sdp
 import tensorflow as tf
+import torch
+from sdp_runtime.tensorflow import bridge, collectives
 
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64]
 OPS = [sdp.ReduceOp.AVERAGE, sdp.ReduceOp.SUM, sdp.ReduceOp.MIN, sdp.ReduceOp.MAX]
+CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 BASE = np.arange(1, 7, dtype=np.float64).reshape(2, 3)
 
 passed: list[str] = []
@@ -162,6 +165,49 @@ def main(out_dir: Path) -> None:
             assert "jit_compile=False" in str(error), error
         else:
             raise AssertionError("allreduce under XLA should raise")
+
+    @check
+    def tf_function_hands_over_eagerly_on_the_tensors_device():
+        """In a tf.function the collective is one py_function running the eager DLPack path
+        on the device the op is placed on (CPU here; a GPU's for GPU gradients)."""
+        fn = tf.function(lambda ts: sdp.grouped_allreduce(ts, op=sdp.Sum))
+        inputs = [tf.fill([5], float(r + 1)), tf.fill([3, 2], float(r)), tf.constant([r, 1])]
+        graph = fn.get_concrete_function(inputs).graph
+        kinds = {op.type for op in graph.get_operations()}
+        assert "EagerPyFunc" in kinds and not kinds & {"PyFunc", "PyFuncStateless"}, kinds
+        collectives.trace = []
+        try:
+            out = fn(inputs)
+        finally:
+            seen, collectives.trace = collectives.trace, None
+        # int32 apart (py_function has no GPU kernel for it: it would pull the rest to the host)
+        assert seen == [[(CPU0, "float32"), (CPU0, "float32")], [(CPU0, "int32")]], seen
+        equal(out[0], np.full([5], n * (n + 1) / 2), "float32 on the device")
+        equal(out[2], [n * (n - 1) / 2, n], "int32 on the device")
+        assert all(t.backing_device == CPU0 for t in out)
+
+    @check
+    def dlpack_layout_and_gpu_numbering():
+        """What the GPU path relies on, checked where it can be: DLPack's struct layout (the
+        device index is rewritten in place) and TF's GPU numbering after set_visible_devices."""
+        for tensor in (torch.arange(6.0).reshape(2, 3), tf.reshape(tf.range(6.0), [2, 3])):
+            capsule = (
+                torch.utils.dlpack.to_dlpack(tensor)
+                if isinstance(tensor, torch.Tensor)
+                else tf.experimental.dlpack.to_dlpack(tensor)
+            )
+            data, device_type, device_id, ndim = bridge.dlpack_fields(capsule)
+            assert (device_type, device_id, ndim) == (1, 0, 2)  # kDLCPU
+            bridge._set_dlpack_device_id(capsule, 0)
+            view = torch.from_dlpack(capsule)
+            assert view.data_ptr() == data and view.tolist() == [[0, 1, 2], [3, 4, 5]]
+        # One visible GPU (the local rank's): TF's GPU:0 is torch's cuda:<ordinal>.
+        assert bridge.gpu_ordinals(["/physical_device:GPU:3"], 1) == [3]
+        two = ["/physical_device:GPU:0", "/physical_device:GPU:1"]
+        assert bridge.gpu_ordinals(two, 2) == [0, 1]
+        assert bridge.gpu_ordinals(["/physical_device:GPU:0"], 2) is None  # virtual GPUs
+        # This torch has no CUDA: a TF GPU tensor would reach it through host memory.
+        assert bridge.torch_gpu_index(0) is (0 if torch.cuda.is_available() else None)
 
     def grouped_sum(tensors):
         return sdp.grouped_allreduce(tensors, op=sdp.Sum)

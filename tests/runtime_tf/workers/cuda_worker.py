@@ -11,6 +11,7 @@ import sdp_runtime.tensorflow as sdp
 import tensorflow as tf
 import torch
 from sdp_runtime import _comm
+from sdp_runtime.tensorflow import collectives
 
 
 def main(out_dir: Path) -> None:
@@ -27,7 +28,12 @@ def main(out_dir: Path) -> None:
         grads = [x, tf.fill([7], float(2 * (r + 1))), tf.fill([5], r + 1)]
         compiled = tf.function(lambda ts: sdp.grouped_allreduce(ts, op=sdp.Sum))
         total = n * (n + 1) / 2
-        for out in (sdp.grouped_allreduce(grads, op=sdp.Sum), compiled(grads)):
+        collectives.trace = []
+        in_function = compiled(grads)
+        seen, collectives.trace = collectives.trace, None
+        if gpus:  # the py_function got the float tensors on the GPU: no host round trip
+            assert all("GPU" in dev for dev, _ in seen[0]) and seen[1][0][1] == "int32", seen
+        for out in (sdp.grouped_allreduce(grads, op=sdp.Sum), in_function):
             np.testing.assert_array_equal(out[0].numpy(), np.full([1000, 3], total))
             np.testing.assert_array_equal(out[1].numpy(), np.full([7], 2 * total))
             np.testing.assert_array_equal(out[2].numpy(), np.full([5], total))

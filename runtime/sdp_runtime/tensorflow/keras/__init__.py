@@ -1,7 +1,8 @@
 """Keras 3 helpers: ``import sdp_runtime.tensorflow.keras as hvd`` (horovod.tensorflow.keras).
 
 Besides the basics and collectives of :mod:`sdp_runtime.tensorflow`, it has the Keras
-``DistributedOptimizer``, :func:`load_model` and the ``callbacks`` module
+``DistributedOptimizer``, :func:`load_model`, :func:`prepare_train_function` (``fit`` under XLA)
+and the ``callbacks`` module
 (``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``).
 """
 
@@ -30,6 +31,7 @@ from sdp_runtime.tensorflow import (
 )
 from sdp_runtime.tensorflow.keras import callbacks
 from sdp_runtime.tensorflow.keras.optimizer import DistributedOptimizer, load_model
+from sdp_runtime.tensorflow.keras.xla import XlaWarning, prepare_train_function
 
 __all__ = [
     "Average",
@@ -39,6 +41,7 @@ __all__ = [
     "Min",
     "ReduceOp",
     "Sum",
+    "XlaWarning",
     "allgather",
     "allreduce",
     "broadcast",
@@ -50,6 +53,7 @@ __all__ = [
     "load_model",
     "local_rank",
     "local_size",
+    "prepare_train_function",
     "rank",
     "shard",
     "shutdown",

@@ -9,6 +9,7 @@ import torch
 
 from sdp_runtime import _comm
 from sdp_runtime.tensorflow.collectives import broadcast_variables
+from sdp_runtime.tensorflow.keras.xla import prepare_train_function
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -17,7 +18,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     At train begin the optimizer is built if it is not yet (``optimizer.build(
     model.trainable_variables)``), so its slot variables exist and are broadcast too. If the
     model itself has no variables yet (a subclassed model built by its first batch), the
-    broadcast happens after the first batch instead, as in Horovod.
+    broadcast happens after the first batch instead, as in Horovod. Like the other callbacks
+    here, it also moves the gradient allreduce out of XLA if the model is compiled with XLA
+    (:func:`~sdp_runtime.tensorflow.keras.xla.prepare_train_function`).
 
     Arguments:
         root_rank: the rank whose variables every rank starts from.
@@ -44,6 +47,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        prepare_train_function(self.model)
         if not self.broadcast_done and self.model.variables:
             self._broadcast()
 
@@ -61,6 +65,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
     Example:
         >>> callbacks = [sdp.callbacks.MetricAverageCallback(), keras.callbacks.CSVLogger("x")]
     """
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        prepare_train_function(self.model)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None or _comm.size() == 1:
@@ -123,6 +130,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         return 1.0 / n * (epoch * (n - 1) / self.warmup_epochs + 1)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        prepare_train_function(self.model)
         if self.steps_per_epoch is None:
             self.steps_per_epoch = (self.params or {}).get("steps")
         if not self.steps_per_epoch:

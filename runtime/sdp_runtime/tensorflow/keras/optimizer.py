@@ -9,6 +9,8 @@ without this package, as a plain (not distributed) optimizer; :func:`load_model`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import keras
@@ -27,8 +29,53 @@ class _DistributedOptimizerMixin:
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        captured = _captured.get(id(self))
+        if captured is not None:  # tracing the compiled half of a split step (see keras.xla)
+            captured.append((list(grads), trainable_variables))
+            return None
         grads = grouped_allreduce(list(grads), **self._sdp_options)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+
+#: id(optimizer) -> the (grads, variables) its ``apply`` was called with while capturing.
+_captured: dict[int, list[tuple[list[Any], Any]]] = {}
+
+
+@contextmanager
+def capture_apply(optimizer: Any) -> Iterator[list[tuple[list[Any], Any]]]:
+    """Within this block, ``optimizer.apply`` records its arguments instead of updating anything.
+
+    Used while tracing the compiled half of a split training step: the gradients the step would
+    apply become outputs of the XLA function, reduced and applied outside it.
+
+    Arguments:
+        optimizer: an optimizer wrapped by :func:`DistributedOptimizer`.
+
+    Example:
+        >>> with capture_apply(model.optimizer) as calls:
+        ...     logs = model.train_step(data)
+        >>> (grads, variables), = calls
+    """
+    calls: list[tuple[list[Any], Any]] = []
+    _captured[id(optimizer)] = calls
+    try:
+        yield calls
+    finally:
+        del _captured[id(optimizer)]
+
+
+def apply_reduced(optimizer: Any, grads: Any, trainable_variables: Any = None) -> Any:
+    """Apply gradients that are already reduced: the wrapped optimizer's own ``apply``.
+
+    Arguments:
+        optimizer: an optimizer wrapped by :func:`DistributedOptimizer`.
+        grads: the reduced gradients, one per variable (``None`` for none).
+        trainable_variables: the variables, as for ``apply``.
+
+    Example:
+        >>> apply_reduced(opt, sdp.grouped_allreduce(grads), model.trainable_variables)
+    """
+    return super(_DistributedOptimizerMixin, optimizer).apply(grads, trainable_variables)
 
 
 def is_distributed(optimizer: Any) -> bool:
