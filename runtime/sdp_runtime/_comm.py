@@ -201,7 +201,7 @@ def shutdown() -> None:
         _buffers.clear()
         if state.owns_group and dist.is_initialized():
             if state.placement.size > 1:
-                if _exit.finish() != "together":
+                if not _exit.finish():
                     # This rank failed, or a peer failed, waits for it in a collective or is still
                     # busy: leave without tearing the group down, so that the peers see this
                     # process end (the launcher sees its exit status first) rather than a group

@@ -115,36 +115,35 @@ def leave() -> None:
         tracker.current = None
 
 
-def finish() -> str:
+def finish() -> bool:
     """Post how this rank leaves and wait (bounded) for the others.
 
-    Returns ``"failed"`` when this rank failed (leave at once, touch nothing), ``"together"`` when
-    every rank ended its script cleanly (all of them may take part in one last collective before
-    the group is destroyed), and ``"alone"`` otherwise (a peer failed, waits for this rank in a
-    collective, or did not end within ``SDP_EXIT_WAIT`` s).
+    True when every rank ended its script cleanly: all of them may then take part in one last
+    collective before the group is destroyed. False when this rank failed, or a peer failed, waits
+    for this rank in a collective, or did not end within ``SDP_EXIT_WAIT`` s: leave at once.
     """
     global _job
     job, _job = _job, None
     if job is None:
-        return "alone"
+        return False
     job.stop.set()
     if job.watchdog is not None:
         job.watchdog.join(timeout=2 * POLL_S)
     _post(job)
     if job.failure is not None:
-        return "failed"
+        return False  # this rank failed: wait for nobody
     deadline = time.monotonic() + job.wait_s
     with contextlib.suppress(Exception):
         while True:
             records = _records(job)
             if any(r.get("status") != "done" for r in records.values()):
-                return "alone"  # a peer failed: nothing to wait for
+                return False  # a peer failed: nothing to wait for
             if len(records) == job.size:
-                return "together"
+                return True
             if _count(job, "stuck") > 0 or time.monotonic() > deadline:
-                return "alone"  # a peer waits in a collective for this rank, which has left it
+                return False  # a peer waits in a collective for this rank, which has left it
             time.sleep(0.005)
-    return "alone"
+    return False
 
 
 def explain(what: str | None) -> str | None:

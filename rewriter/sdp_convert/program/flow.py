@@ -119,7 +119,8 @@ def follow(
             param_binding = binding_of(t, param)
             if param_binding is not None:
                 for use in uses(t, param_binding):
-                    follow(t, 
+                    follow(
+                        t,
                         use,
                         param_binding,
                         (*trail, (call, node, binding)),

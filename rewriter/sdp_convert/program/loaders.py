@@ -34,9 +34,7 @@ _ITERABLE_PREFIXES = ("torchdata.", "webdataset.", "torch.utils.data.datapipes."
 
 def is_distributed_sampler(t: Transform, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.IfExp):
-        return is_distributed_sampler(t, expr.body) or is_distributed_sampler(t, 
-            expr.orelse
-        )
+        return is_distributed_sampler(t, expr.body) or is_distributed_sampler(t, expr.orelse)
     if isinstance(expr, cst.Call):
         return t.refers_to(expr.func, *DISTRIBUTED_SAMPLERS)
     if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):

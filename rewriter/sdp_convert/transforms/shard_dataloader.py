@@ -195,7 +195,8 @@ class ShardDataLoader(Transform):
             dataset_code = plan.dataset_name
         torch = torch_spelling(self)
         new_statements.append(
-            statement(self, 
+            statement(
+                self,
                 f"{sampler_code} = {torch}.utils.data.distributed.DistributedSampler(",
                 [
                     dataset_code,

@@ -180,8 +180,10 @@ class WrapModelDdp(Transform):
             bindings = self.index.bindings_of(target.value, binding.scope)
             creation = model_creation(self, bindings, binding, target)
             owner = None
-            if receiver is not target and creation is not None and is_plain_object(self, 
-                creation.value
+            if (
+                receiver is not target
+                and creation is not None
+                and is_plain_object(self, creation.value)
             ):
                 return False  # ``trainer.model.parameters()``: the model is not ``trainer``
         else:
