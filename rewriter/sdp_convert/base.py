@@ -93,8 +93,6 @@ class Facts:
     training_calls: set[cst.CSTNode] | None = None
     #: Loops around those calls.
     training_loops: set[cst.CSTNode] | None = None
-    #: id(node) -> position in a pre-order walk of the original tree.
-    node_order: dict[int, int] | None = None
     #: id(function, class or module) -> every identifier used inside it.
     names: dict[int, set[str]] | None = None
     #: The migration that reports the library's usual mistakes (once, if two migrations apply).

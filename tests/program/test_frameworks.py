@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 from sdp_convert.program.datasets import trace_dataset, training_dataset_uses
-from sdp_convert.program.index import assigned_values, file_index
+from sdp_convert.program.index import file_index, reaching_values
 from sdp_convert.program.keras import keras_fit_calls, keras_name, optimizer_class
 from sdp_convert.program.loaders import is_distributed_sampler, kwargs_literal
 from sdp_convert.program.optimizers import optimizer_class as torch_optimizer_class
@@ -56,7 +56,7 @@ def test_index_follows_plain_bindings():
     index = file_index(t)
     use = [n for n in m.findall(t.module, m.Name("rate"))][-1]
     assert isinstance(use, cst.Name)
-    values = [code(t, v) for v in assigned_values(index, use)]
+    values = [code(t, v) for v in reaching_values(index, use)]
     assert values == ["rate", "lr", "0.1"]
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import ScopeProvider
 
 from ..base import Transform
+from .index import imported_names
 
 _MAX_LINE = 99
 
@@ -49,12 +49,9 @@ def statement(t: Transform, head: str, args: list[str], at: cst.CSTNode) -> cst.
 def module_spelling(transform: Transform, module_name: str) -> str:
     """The name this file reaches ``module_name`` by (``torch``, or ``T`` after ``import torch as
     T``); schedules ``import <module_name>`` when the file has no such name."""
-    scope = transform.get_metadata(ScopeProvider, transform.module, None)
-    for assignment in scope.assignments if scope is not None else ():
-        if isinstance(getattr(assignment, "node", None), (cst.Import, cst.ImportFrom)) and (
-            module_name in {q.name for q in scope.get_qualified_names_for(assignment.name)}
-        ):
-            return assignment.name
+    for name, qualified, _ in imported_names(transform):
+        if module_name in qualified:
+            return name
     AddImportsVisitor.add_needed_import(transform.context, module_name)
     return module_name
 

@@ -199,7 +199,7 @@ def enclosing_loop(t: Transform, node: cst.CSTNode) -> cst.For | cst.While | Non
 
 def holds_only(t: Transform, holder: Binding, flow: set[int]) -> bool:
     """A parameter: whether every call of its function passes this loader to it."""
-    param = getattr(holder.assignment, "node", None)
+    param = holder.node
     if not isinstance(param, cst.Param):
         return True
     function = t.enclosing_function(param)

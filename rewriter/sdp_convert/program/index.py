@@ -1,4 +1,21 @@
-"""One walk of the file: where every name is bound and used (``FileIndex``), for all transforms."""
+"""The one binding index of a file: where every name is bound and read, built in one walk.
+
+Every question the transforms ask about names goes through ``FileIndex``; two policies sit on the
+same data, and the caller picks the one its question needs:
+
+- ``reaching(name, at)``: the binding a use sees in straight-line code, the last one before it in
+  its scope (then in the enclosing scopes). Training scripts are mostly straight-line, so this is
+  what "which optimizer is this" wants.
+- ``referents(load)`` / ``uses(binding)``: every binding a read may see and every read a binding
+  may reach, ignoring order (Python's own scoping: a name assigned anywhere in a function is local
+  to all of it; ``global``/``nonlocal`` move it). This is what "is X bound only once", "who calls
+  this function" want.
+
+Scopes are functions, classes and the module (``None``). Comprehension and lambda variables shadow
+the names they bind inside their expression; they are bindings of their own, never in the scope's
+lists. What libcst's own scope analysis still does for us is import resolution (qualified names,
+``imported_names``).
+"""
 
 from __future__ import annotations
 
@@ -6,80 +23,205 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ..base import Transform
 from .syntax import code
 
 Scope = cst.FunctionDef | cst.ClassDef | None
 
+#: Kinds of ``Binding``: where a name gets a value.
+KINDS = (
+    "assign", "augassign", "for", "with", "param", "def", "import", "except", "walrus",
+    "comp", "lambda", "attribute",
+)
+# ("attribute": ``self.<attr>`` of a class as a whole, made by ``program.scopes.binding_of``; the
+# entries of ``FileIndex.attribute_bindings`` keep the kind of the statement that assigns them.)
+
 
 @dataclass(eq=False)
 class Binding:
-    """One place a name gets a value. ``value`` is the whole assigned expression (None for loop
-    targets, parameters, imports, definitions); ``unpacked`` when the target was a tuple."""
+    """One place a name gets a value.
+
+    ``value`` is the whole assigned expression (None for loop targets, parameters, imports,
+    definitions); ``unpacked`` when the target was part of a tuple; ``target`` the node stored to
+    (the Name, the ``Param``, the ``self.x`` Attribute). ``cls``/``attr`` describe ``self.<attr>``
+    of one class, seen from all its methods (``binding_of`` in ``program.scopes``).
+    """
 
     name: str
     scope: Scope
-    kind: str  # assign | for | with | param | def | import
+    kind: str
     stmt: cst.CSTNode
     value: cst.BaseExpression | None = None
     unpacked: bool = False
     order: int = 0
-    target: cst.BaseExpression | None = None
+    target: cst.CSTNode | None = None
+    cls: cst.ClassDef | None = None
+    attr: str = ""
+
+    @property
+    def node(self) -> cst.CSTNode | None:
+        """The defining node: the ``def``/``class``/import statement, the ``Param``, or the
+        target stored to."""
+        return self.stmt if self.kind in ("def", "import") else self.target
+
+    @property
+    def code(self) -> str:
+        return f"self.{self.attr}" if self.cls is not None else self.name
+
+    @property
+    def is_shared(self) -> bool:
+        """Visible from other functions: a module-level variable or ``self.<attr>``."""
+        return self.cls is not None or (self.scope is None and self.kind not in ("comp", "lambda"))
+
+    def same_as(self, other: Binding) -> bool:
+        if self.cls is not None:
+            return other.cls is self.cls and other.attr == self.attr
+        return self is other
 
 
 @dataclass
 class FileIndex:
-    """Where every name of the file is bound and used, in one walk of the original tree.
-
-    Flow-insensitive but ordered: the binding that reaches a use is the last one before it in its
-    scope (then in the enclosing scopes), which is what straight-line training scripts need.
-    """
+    """Where every name of the file is bound and read, in one walk of the original tree."""
 
     order: dict[int, int] = field(default_factory=dict)
     scope_of: dict[int, Scope] = field(default_factory=dict)
     parent_scope: dict[int, Scope] = field(default_factory=dict)
+    #: Bindings by (id(scope), name), in file order (augmented assignments apart, in ``augmented``).
     bindings: dict[tuple[int, str], list[Binding]] = field(default_factory=dict)
+    augmented: dict[tuple[int, str], list[Binding]] = field(default_factory=dict)
     #: ``self.model = ...`` and other attribute targets, by their code, file-wide.
     attribute_bindings: dict[str, list[Binding]] = field(default_factory=dict)
-    #: Loads of each name, by (scope, name).
+    #: Reads of each name, by (id(scope the read is in), name); comprehension and lambda
+    #: variables are not here (``shadowed``).
     loads: dict[tuple[int, str], list[cst.Name]] = field(default_factory=dict)
+    #: Reads of comprehension/lambda variables (by id) -> their binding, and the read itself.
+    shadowed: dict[int, Binding] = field(default_factory=dict)
+    shadowed_reads: dict[int, cst.Name] = field(default_factory=dict)
+    #: The binding a store target (Name, Param, its name) creates, by id of that node.
+    by_target: dict[int, Binding] = field(default_factory=dict)
+    #: ``global``/``nonlocal`` declarations: id(function) -> {name: "global" | "nonlocal"}.
+    declared: dict[int, dict[str, str]] = field(default_factory=dict)
     #: Calls by the callee's last name: ``train_step`` for ``train_step(x)`` and
     #: ``self.train_step(x)``.
     calls_by_name: dict[str, list[cst.Call]] = field(default_factory=dict)
     functions: dict[str, list[cst.FunctionDef]] = field(default_factory=dict)
     classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     loops: list[cst.For | cst.While] = field(default_factory=list)
+    #: (first, last) walk positions of each loop and the names its ``for`` target binds.
+    loop_spans: list[tuple[int, int, frozenset[str]]] = field(default_factory=list)
     withs: list[cst.With] = field(default_factory=list)
     returns: dict[int, list[cst.Return]] = field(default_factory=dict)
+    _references: dict[tuple[int, str], list[cst.Name]] | None = None
+    _load_ids: set[int] = field(default_factory=set)
 
     def scope(self, node: cst.CSTNode) -> Scope:
         return self.scope_of.get(id(node))
 
-    def reaching(self, name: str, at: cst.CSTNode) -> Binding | None:
-        """The binding of ``name`` that a use at ``at`` (original) sees."""
-        scope = self.scope_of.get(id(at))
-        position = self.order.get(id(at), 0)
-        while True:
-            found = self.bindings.get((id(scope), name), [])
-            if found:
-                before = [b for b in found if b.order <= position]
-                # None before: bound later in a loop, or after the function that uses it.
-                return before[-1] if before else found[-1]
-            if scope is None:
-                return None
-            scope = self.parent_scope.get(id(scope))
-            while isinstance(scope, cst.ClassDef):  # methods don't see class-level names
-                scope = self.parent_scope.get(id(scope))
+    def is_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        return self.order.get(id(a), 0) < self.order.get(id(b), 0)
 
     def bindings_of(self, name: str, scope: Scope) -> list[Binding]:
         return self.bindings.get((id(scope), name), [])
 
     def loads_of(self, name: str, scope: Scope) -> list[cst.Name]:
+        """Reads of ``name`` written directly in ``scope`` (not in nested functions)."""
         return self.loads.get((id(scope), name), [])
 
-    def is_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-        return self.order.get(id(a), 0) < self.order.get(id(b), 0)
+    def resolve(self, name: str, scope: Scope) -> tuple[bool, Scope]:
+        """The scope whose binding of ``name`` a read in ``scope`` sees: ``(found, scope)``.
+        Methods do not see class-level names; ``global``/``nonlocal`` are followed."""
+        current = scope
+        while True:
+            declared = self.declared.get(id(current), {}).get(name)
+            if declared == "global":
+                current = None
+            if (id(current), name) in self.bindings or (id(current), name) in self.augmented:
+                return True, current
+            if current is None:
+                return False, None
+            current = self.parent_scope.get(id(current))
+            while isinstance(current, cst.ClassDef):
+                current = self.parent_scope.get(id(current))
+
+    def reaching(self, name: str, at: cst.CSTNode) -> Binding | None:
+        """The binding of ``name`` that a use at ``at`` sees: the last one before it in the
+        scope that binds the name (an augmented assignment changes the value in place and is not
+        one); the last one of all when none comes before (bound later in a loop, or after the
+        function that reads it)."""
+        shadow = self.shadowed.get(id(at))
+        if shadow is not None:
+            return shadow
+        found, scope = self.resolve(name, self.scope_of.get(id(at)))
+        bound = self.bindings.get((id(scope), name), []) if found else []
+        if not bound:
+            return None
+        position = self.order.get(id(at), 0)
+        before = [b for b in bound if b.order <= position]
+        return before[-1] if before else bound[-1]
+
+    def referents(self, name: cst.Name) -> list[Binding]:
+        """Every binding a read may see ([] for a node that is not a read).
+
+        A read in the scope that binds the name sees the bindings before it, and those later in
+        a loop around both (the next iteration sees them); a read from a nested function sees
+        all of them (it may run at any time)."""
+        shadow = self.shadowed.get(id(name))
+        if shadow is not None:
+            return [shadow]
+        if id(name) not in self._load_ids:
+            return []
+        here = self.scope_of.get(id(name))
+        found, scope = self.resolve(name.value, here)
+        if not found:
+            return []
+        key = (id(scope), name.value)
+        bound = [*self.bindings.get(key, []), *self.augmented.get(key, [])]
+        if scope is not here:
+            return bound
+        position = self.order.get(id(name), 0)
+        return [
+            b for b in bound
+            if b.order <= position or self._in_one_loop(name.value, b.order, position)
+        ]
+
+    def _in_one_loop(self, name: str, binding: int, read: int) -> bool:
+        """A later binding reaches a read through a loop around both (the next iteration), unless
+        a ``for`` on the way rebinds the name first: the innermost common loop, or a loop around
+        the read that the path enters through its header."""
+        common = [
+            start for start, end, _ in self.loop_spans
+            if start <= binding <= end and start <= read <= end
+        ]
+        if not common:
+            return False
+        innermost = max(common)
+        return not any(
+            start >= innermost and start <= read <= end and name in rebinds
+            for start, end, rebinds in self.loop_spans
+        )
+
+    def uses(self, binding: Binding) -> list[cst.Name]:
+        """Every read that may see ``binding`` (see ``referents``), in file order."""
+        if binding.kind in ("comp", "lambda"):
+            return [self.shadowed_reads[i] for i, b in self.shadowed.items() if b is binding]
+        if self._references is None:
+            self._references = {}
+            for (_, name), reads in self.loads.items():
+                if not reads:
+                    continue
+                found, scope = self.resolve(name, self.scope_of.get(id(reads[0])))
+                if found:
+                    self._references.setdefault((id(scope), name), []).extend(reads)
+            for reads in self._references.values():
+                reads.sort(key=lambda n: self.order.get(id(n), 0))
+        reads = self._references.get((id(binding.scope), binding.name), [])
+        return [r for r in reads if any(b is binding for b in self.referents(r))]
+
+    def names_bound(self, scope: Scope) -> set[str]:
+        """Every name bound in ``scope`` (not counting enclosing ones)."""
+        return {name for (scope_id, name) in self.bindings if scope_id == id(scope)}
 
 
 class _Indexer(cst.CSTVisitor):
@@ -90,6 +232,8 @@ class _Indexer(cst.CSTVisitor):
         self.not_loads: set[int] = set()
         self.pending: list[tuple[Binding, cst.CSTNode, str]] = []  # (binding, anchor, start|end)
         self.end: dict[int, int] = {}
+        #: Names bound by the comprehensions/lambdas being visited, innermost last.
+        self.shadows: list[dict[str, Binding]] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.index.order[id(node)] = len(self.index.order)
@@ -100,18 +244,36 @@ class _Indexer(cst.CSTVisitor):
         super().on_leave(original_node)
         self.end[id(original_node)] = len(self.index.order)
 
+    def _binding_scope(self, name: str) -> Scope:
+        scope = self.stack[-1]
+        declared = self.index.declared.get(id(scope), {}).get(name)
+        if declared == "global":
+            return None
+        if declared == "nonlocal":
+            outer = self.index.parent_scope.get(id(scope))
+            while isinstance(outer, cst.ClassDef):
+                outer = self.index.parent_scope.get(id(outer))
+            return outer
+        return scope
+
     def bind(self, name: str, kind: str, stmt: cst.CSTNode, anchor: cst.CSTNode, when: str,
-             value: cst.BaseExpression | None = None, unpacked: bool = False) -> None:
-        binding = Binding(name, self.stack[-1], kind, stmt, value, unpacked)
+             value: cst.BaseExpression | None = None, unpacked: bool = False,
+             target: cst.CSTNode | None = None) -> Binding:
+        scope = self._binding_scope(name)
+        binding = Binding(name, scope, kind, stmt, value, unpacked, target=target)
         self.pending.append((binding, anchor, when))
-        self.index.bindings.setdefault((id(self.stack[-1]), name), []).append(binding)
+        table = self.index.augmented if kind == "augassign" else self.index.bindings
+        table.setdefault((id(scope), name), []).append(binding)
+        if target is not None:
+            self.index.by_target[id(target)] = binding
+        return binding
 
     def bind_target(self, target: cst.BaseExpression, kind: str, stmt: cst.CSTNode,
                     anchor: cst.CSTNode, when: str, value: cst.BaseExpression | None,
                     unpacked: bool = False) -> None:
         if isinstance(target, cst.Name):
             self.not_loads.add(id(target))
-            self.bind(target.value, kind, stmt, anchor, when, value, unpacked)
+            self.bind(target.value, kind, stmt, anchor, when, value, unpacked, target)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
                 self.bind_target(element.value, kind, stmt, anchor, when, value, True)
@@ -126,7 +288,7 @@ class _Indexer(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.not_loads.add(id(node.name))
         self.index.functions.setdefault(node.name.value, []).append(node)
-        self.bind(node.name.value, "def", node, node, "end")
+        self.bind(node.name.value, "def", node, node, "end", target=node)
         self.index.parent_scope[id(node)] = self.stack[-1]
         self.stack.append(node)
         params = node.params
@@ -134,7 +296,9 @@ class _Indexer(cst.CSTVisitor):
                       params.star_arg, params.star_kwarg):
             if isinstance(param, cst.Param):
                 self.not_loads.add(id(param.name))
-                self.bind(param.name.value, "param", node, node.body, "start")
+                binding = self.bind(param.name.value, "param", node, node.body, "start",
+                                    target=param)
+                self.index.by_target[id(param.name)] = binding
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.stack.pop()
@@ -142,12 +306,77 @@ class _Indexer(cst.CSTVisitor):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.not_loads.add(id(node.name))
         self.index.classes.setdefault(node.name.value, node)
-        self.bind(node.name.value, "def", node, node, "end")
+        self.bind(node.name.value, "def", node, node, "end", target=node)
         self.index.parent_scope[id(node)] = self.stack[-1]
         self.stack.append(node)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self.stack.pop()
+
+    def visit_Global(self, node: cst.Global) -> None:
+        for item in node.names:
+            self.not_loads.add(id(item.name))
+            self.index.declared.setdefault(id(self.stack[-1]), {})[item.name.value] = "global"
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        for item in node.names:
+            self.not_loads.add(id(item.name))
+            self.index.declared.setdefault(id(self.stack[-1]), {})[item.name.value] = "nonlocal"
+
+    # comprehensions and lambdas: their variables shadow, inside them only
+    def _shadow(self, names: list[tuple[cst.Name, cst.CSTNode, str]]) -> None:
+        bound: dict[str, Binding] = {}
+        for name, owner, kind in names:
+            self.not_loads.add(id(name))
+            binding = Binding(name.value, self.stack[-1], kind, owner, target=name)
+            binding.order = len(self.index.order)
+            bound[name.value] = binding
+            self.index.by_target[id(name)] = binding
+        self.shadows.append(bound)
+
+    def _comprehension(self, node: cst.BaseComp) -> None:
+        names: list[tuple[cst.Name, cst.CSTNode, str]] = []
+        clause: cst.CompFor | None = node.for_in
+        while clause is not None:
+            names += [(n, node, "comp") for n in _target_names(clause.target)]
+            clause = clause.inner_for_in
+        self._shadow(names)
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._comprehension(node)
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._comprehension(node)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._comprehension(node)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._comprehension(node)
+
+    def leave_ListComp(self, original_node: cst.ListComp) -> None:
+        self.shadows.pop()
+
+    def leave_SetComp(self, original_node: cst.SetComp) -> None:
+        self.shadows.pop()
+
+    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
+        self.shadows.pop()
+
+    def leave_DictComp(self, original_node: cst.DictComp) -> None:
+        self.shadows.pop()
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        params = node.params
+        self._shadow([
+            (p.name, node, "lambda")
+            for p in (*params.posonly_params, *params.params, *params.kwonly_params,
+                      params.star_arg, params.star_kwarg)
+            if isinstance(p, cst.Param)
+        ])
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self.shadows.pop()
 
     # bindings
     def visit_Import(self, node: cst.Import) -> bool:
@@ -171,6 +400,24 @@ class _Indexer(cst.CSTVisitor):
         if node.value is not None:
             self.bind_target(node.target, "assign", node, node, "end", node.value)
 
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.target, cst.Name):
+            # Read and written: the read is a load like any other, the write an "augassign".
+            self.bind(node.target.value, "augassign", node, node, "end", node.value,
+                      target=node.target)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        if isinstance(node.target, cst.Name):
+            self.not_loads.add(id(node.target))
+            self.bind(node.target.value, "walrus", node, node, "end", node.value,
+                      target=node.target)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None and isinstance(node.name.name, cst.Name):
+            self.not_loads.add(id(node.name.name))
+            self.bind(node.name.name.value, "except", node, node.body, "start",
+                      target=node.name.name)
+
     def visit_For(self, node: cst.For) -> None:
         self.index.loops.append(node)
         self.bind_target(node.target, "for", node, node.body, "start", None)
@@ -189,7 +436,7 @@ class _Indexer(cst.CSTVisitor):
         if isinstance(scope, cst.FunctionDef):
             self.index.returns.setdefault(id(scope), []).append(node)
 
-    # uses
+    # reads
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.not_loads.add(id(node.attr))
 
@@ -206,17 +453,46 @@ class _Indexer(cst.CSTVisitor):
             self.index.calls_by_name.setdefault(name, []).append(node)
 
     def visit_Name(self, node: cst.Name) -> None:
-        if id(node) not in self.not_loads:
-            self.index.loads.setdefault((id(self.stack[-1]), node.value), []).append(node)
+        if id(node) in self.not_loads:
+            return
+        for bound in reversed(self.shadows):
+            binding = bound.get(node.value)
+            if binding is not None:
+                self.index.shadowed[id(node)] = binding
+                self.index.shadowed_reads[id(node)] = node
+                return
+        self.index._load_ids.add(id(node))
+        self.index.loads.setdefault((id(self.stack[-1]), node.value), []).append(node)
 
     def finish(self) -> FileIndex:
         for binding, anchor, when in self.pending:
             binding.order = (
                 self.index.order[id(anchor)] if when == "start" else self.end[id(anchor)]
             )
-        for found in (*self.index.bindings.values(), *self.index.attribute_bindings.values()):
-            found.sort(key=lambda b: b.order)
+        self.index.loop_spans = [
+            (
+                self.index.order[id(loop)],
+                self.end[id(loop)],
+                frozenset(
+                    n.value for n in _target_names(loop.target)
+                ) if isinstance(loop, cst.For) else frozenset(),
+            )
+            for loop in self.index.loops
+        ]
+        for table in (self.index.bindings, self.index.augmented, self.index.attribute_bindings):
+            for found in table.values():
+                found.sort(key=lambda b: b.order)
         return self.index
+
+
+def _target_names(target: cst.BaseExpression) -> Iterator[cst.Name]:
+    if isinstance(target, cst.Name):
+        yield target
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from _target_names(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from _target_names(target.value)
 
 
 def file_index(transform: Transform) -> FileIndex:
@@ -229,19 +505,37 @@ def file_index(transform: Transform) -> FileIndex:
     return facts.index
 
 
-def assigned_values(
+def reaching_values(
     index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode | None = None, depth: int = 0
 ) -> Iterator[cst.BaseExpression]:
-    """``expr`` followed through plain name bindings: ``opt`` -> ``Adam(0.1)``."""
+    """``expr``, then what it was assigned from, following reaching bindings of plain names and
+    the last assignment of an attribute: ``opt`` -> ``Adam(0.1)``. Depth-limited (8)."""
     yield expr
     if depth > 8:
         return
     if isinstance(expr, cst.Name):
         binding = index.reaching(expr.value, at if at is not None else expr)
         if binding is not None and binding.value is not None and not binding.unpacked:
-            yield from assigned_values(index, binding.value, binding.stmt, depth + 1)
+            yield from reaching_values(index, binding.value, binding.stmt, depth + 1)
     elif isinstance(expr, cst.Attribute):
         found = index.attribute_bindings.get(code(expr), [])
         for binding in found[-1:]:
             if binding.value is not None:
-                yield from assigned_values(index, binding.value, binding.stmt, depth + 1)
+                yield from reaching_values(index, binding.value, binding.stmt, depth + 1)
+
+
+def imported_names(transform: Transform) -> list[tuple[str, set[str], cst.CSTNode]]:
+    """Module-level names bound by imports: ``(name, qualified names, import statement)``.
+
+    Import resolution is libcst's (the same analysis ``Transform.qualified_names`` reads), so
+    ``import torch.nn as nn`` and ``from tensorflow import keras`` resolve as Python would."""
+    scope = transform.get_metadata(ScopeProvider, transform.module, None)
+    if scope is None:
+        return []
+    found = []
+    for assignment in scope.assignments:
+        node = getattr(assignment, "node", None)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            names = {q.name for q in scope.get_qualified_names_for(assignment.name)}
+            found.append((assignment.name, names, node))
+    return found

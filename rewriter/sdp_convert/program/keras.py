@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..base import Transform
-from .index import file_index
+from .index import file_index, imported_names
 from .syntax import _EQUAL, arg_named, code
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
@@ -103,21 +103,18 @@ def keras_spelling(transform: Transform, dotted: str) -> str:
     ``tf.keras.optimizers.Adam`` after ``import tensorflow as tf``, ``keras.optimizers.Adam`` after
     ``import keras``, ``Adam`` after ``from keras.optimizers import Adam``. Schedules an import when
     the file has none."""
-    scope = transform.get_metadata(ScopeProvider, transform.module, None)
     wanted = "keras." + dotted
     best: tuple[int, str] | None = None
-    for assignment in scope.assignments if scope is not None else ():
-        if not isinstance(getattr(assignment, "node", None), (cst.Import, cst.ImportFrom)):
-            continue
-        for q in scope.get_qualified_names_for(assignment.name):
-            canonical = "tensorflow" if q.name == "tensorflow" else keras_name(q.name)
+    for bound, qualified, _ in imported_names(transform):
+        for q in sorted(qualified):
+            canonical = "tensorflow" if q == "tensorflow" else keras_name(q)
             if canonical is None:
                 continue
             if canonical == "tensorflow":
-                found = (3, f"{assignment.name}.{wanted}")
+                found = (3, f"{bound}.{wanted}")
             elif wanted == canonical or wanted.startswith(canonical + "."):
                 rest = wanted[len(canonical) :]
-                found = (rest.count("."), assignment.name + rest)
+                found = (rest.count("."), bound + rest)
             else:
                 continue
             if best is None or found < best:

@@ -4,10 +4,10 @@ questions about them (is this sampler distributed, is this dataset a stream)."""
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata.scope_provider import BaseAssignment
 
 from ..base import Transform
-from .scopes import _self_attribute_values, assigned_values, referents
+from .index import Binding
+from .scopes import _self_attribute_values, assigned_values, referents, uses
 from .syntax import is_false, is_movable, literal_keys
 
 LOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
@@ -94,8 +94,7 @@ def kwargs_literal(t: Transform, value: cst.BaseExpression) -> tuple[cst.Dict, i
     keys = literal_keys(dict_node)
     if keys is None:
         return None
-    for access in assignment.references:
-        use = access.node
+    for use in uses(t, assignment):
         if use is value:
             continue
         parent = t.parent(use)
@@ -133,7 +132,7 @@ def _dict_without_shuffle(t: Transform, expr: cst.BaseExpression) -> bool:
     return keys is not None and "shuffle" not in keys
 
 
-def _assigned_dict(t: Transform, assignment: BaseAssignment) -> cst.Dict | None:
+def _assigned_dict(t: Transform, assignment: Binding) -> cst.Dict | None:
     target = getattr(assignment, "node", None)
     holder = t.parent(target) if target is not None else None
     assign = t.parent(holder) if isinstance(holder, cst.AssignTarget) else None

@@ -1,46 +1,14 @@
-"""Value flow on libcst's scope analysis: bindings, uses, callers and callees, which parameter an
-argument binds, the training calls and loops of a file, and file order."""
+"""Questions on the file's one binding index (``program.index``): the binding a target creates,
+its uses, callers and callees, which parameter an argument binds, the training calls and loops of
+a file, and file order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import GlobalScope, ScopeProvider
-from libcst.metadata.scope_provider import BaseAssignment
 
 from ..base import Transform
-
-
-@dataclass(eq=False)
-class Binding:
-    """A place that holds a value: a variable or parameter, or ``self.<attr>`` of one class."""
-
-    target: cst.CSTNode  # the Name stored to, the Param, or the ``self.<attr>`` Attribute
-    assignment: BaseAssignment | None = None  # for variables and parameters
-    cls: cst.ClassDef | None = None  # for ``self.<attr>``
-    attr: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.assignment.name if self.assignment is not None else self.attr
-
-    @property
-    def code(self) -> str:
-        return f"self.{self.attr}" if self.cls is not None else self.name
-
-    @property
-    def is_shared(self) -> bool:
-        """Visible from other functions: a module-level variable or ``self.<attr>``."""
-        return self.cls is not None or (
-            self.assignment is not None and isinstance(self.assignment.scope, GlobalScope)
-        )
-
-    def same_as(self, other: Binding) -> bool:
-        if self.cls is not None:
-            return other.cls is self.cls and other.attr == self.attr
-        return self.assignment is not None and self.assignment is other.assignment
+from .index import Binding, file_index
 
 
 def binding_of(t: Transform, target: cst.CSTNode) -> Binding | None:
@@ -49,21 +17,11 @@ def binding_of(t: Transform, target: cst.CSTNode) -> Binding | None:
         if m.matches(target.value, m.Name("self")):
             cls = _method_class(t, target)
             if cls is not None:
-                return Binding(target, cls=cls, attr=target.attr.value)
+                attr = target.attr.value
+                return Binding(attr, None, "attribute", target, target=target, cls=cls, attr=attr)
         return None
-    if isinstance(target, cst.Param):
-        name, anchor = target.name.value, target.name
-    elif isinstance(target, cst.Name):
-        name, anchor = target.value, target
-    else:
-        return None
-    scope = t.get_metadata(ScopeProvider, anchor, None)
-    if scope is None:
-        return None
-    for candidate in (scope, scope.globals):
-        for assignment in candidate.assignments[name]:
-            if getattr(assignment, "node", None) is target:
-                return Binding(target, assignment=assignment)
+    if isinstance(target, (cst.Param, cst.Name)):
+        return file_index(t).by_target.get(id(target))
     return None
 
 
@@ -88,10 +46,7 @@ def uses(t: Transform, binding: Binding) -> list[cst.CSTNode]:
             if not _is_store(t, node)
         ]
         return found
-    assert binding.assignment is not None
-    order = node_order(t)
-    names = [a.node for a in binding.assignment.references if isinstance(a.node, cst.Name)]
-    return sorted(names, key=lambda n: order.get(id(n), -1))
+    return list(file_index(t).uses(binding))
 
 
 def _is_store(t: Transform, node: cst.CSTNode) -> bool:
@@ -101,27 +56,18 @@ def _is_store(t: Transform, node: cst.CSTNode) -> bool:
     return isinstance(parent, cst.AnnAssign) and parent.target is node
 
 
-def referents(t: Transform, name: cst.Name) -> set[BaseAssignment]:
-    """The assignments an original Name (a read) may refer to."""
-    scope = t.get_metadata(ScopeProvider, name, None)
-    if scope is None:
-        return set()
-    for access in scope.accesses[name.value]:
-        if access.node is name:
-            return set(access.referents)
-    return set()
+def referents(t: Transform, name: cst.Name) -> list[Binding]:
+    """The bindings an original Name (a read) may refer to, whatever the order."""
+    return file_index(t).referents(name)
 
 
 def assigned_values(t: Transform, name: cst.Name) -> list[cst.BaseExpression]:
-    """The values assigned (``name = value``) to what a Name reads."""
-    values: list[cst.BaseExpression] = []
-    for assignment in referents(t, name):
-        target = getattr(assignment, "node", None)
-        holder = t.parent(target) if target is not None else None
-        parent = t.parent(holder) if isinstance(holder, cst.AssignTarget) else holder
-        if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is not None:
-            values.append(parent.value)
-    return values
+    """The values assigned (``name = value``, not unpacked) to what a Name reads."""
+    return [
+        b.value
+        for b in referents(t, name)
+        if b.kind == "assign" and not b.unpacked and b.value is not None
+    ]
 
 
 def _self_attribute_values(t: Transform, attribute: cst.Attribute) -> list[cst.BaseExpression]:
@@ -232,28 +178,16 @@ def _instance_class(t: Transform, expr: cst.BaseExpression) -> cst.ClassDef | No
 
 
 def _class_references(t: Transform, cls: cst.ClassDef) -> list[cst.CSTNode]:
-    scope = t.get_metadata(ScopeProvider, cls, None)
-    if scope is None:
-        return []
-    return [
-        access.node
-        for assignment in scope.assignments[cls.name.value]
-        if getattr(assignment, "node", None) is cls
-        for access in assignment.references
-    ]
+    binding = file_index(t).by_target.get(id(cls))
+    return list(uses(t, binding)) if binding is not None else []
 
 
 def function_references(t: Transform, function: cst.FunctionDef) -> list[cst.CSTNode]:
     """Where a function's name is read (calls, callbacks), in file order; [] for methods."""
-    scope = t.get_metadata(ScopeProvider, function, None)
-    if scope is None or class_of(t, function) is not None:
+    binding = file_index(t).by_target.get(id(function))
+    if binding is None or class_of(t, function) is not None:
         return []
-    found: list[cst.CSTNode] = []
-    for assignment in scope.assignments[function.name.value]:
-        if getattr(assignment, "node", None) is function:
-            found += [a.node for a in assignment.references]
-    order = node_order(t)
-    return sorted(found, key=lambda n: order.get(id(n), -1))
+    return list(uses(t, binding))
 
 
 def param_for_arg(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> cst.Param | None:
@@ -333,10 +267,7 @@ def training_loops(t: Transform) -> set[cst.CSTNode]:
 
 def node_order(t: Transform) -> dict[int, int]:
     """Position of every original node in a pre-order walk (to sort nodes in file order)."""
-    if t.state.facts.node_order is None:
-        # The detection pass's parent map lists the nodes in the order it visited them.
-        t.state.facts.node_order = {id(n): i for i, n in enumerate(t.state.info.parents)}
-    return t.state.facts.node_order
+    return file_index(t).order
 
 
 def names_in(t: Transform, scope: cst.CSTNode) -> set[str]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ..base import Transform
-from ..program.index import FileIndex, assigned_values, file_index
+from ..program.index import FileIndex, file_index, reaching_values
 from ..program.syntax import arg_named, code
 from ..program.training import StepSite, is_tf_function, training_facts
 
@@ -180,7 +180,7 @@ class BroadcastInitialState(Transform):
         """``model.trainable_variables`` -> ``model.variables``; a list of variables as it is."""
         if isinstance(sources, cst.BinaryOperation) and isinstance(sources.operator, cst.Add):
             return self._owners(index, sources.left) + self._owners(index, sources.right)
-        for value in assigned_values(index, sources):
+        for value in reaching_values(index, sources):
             if isinstance(value, cst.Attribute) and value.attr.value in _VARIABLE_ATTRS:
                 return [cst.Attribute(value=value.value, attr=cst.Name("variables"))]
         return [sources]

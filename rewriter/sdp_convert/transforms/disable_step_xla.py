@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
 
 from ..base import Transform
+from ..program.scopes import referents
 
 _TF_FUNCTION = "tensorflow.function"
 _TAPES = ("tensorflow.GradientTape", "tensorflow.autodiff.GradientTape")
@@ -118,10 +118,7 @@ class DisableStepXla(Transform):
     def _function_named(self, expr: cst.BaseExpression) -> cst.FunctionDef | None:
         """The ``def`` a name (``step``) or a method (``self.step``) refers to, in this file."""
         if isinstance(expr, cst.Name):
-            scope = self.get_metadata(ScopeProvider, expr, None)
-            if scope is None:
-                return None
-            nodes = [getattr(a, "node", None) for a in scope[expr.value]]
+            nodes = [b.node for b in referents(self, expr)]
             defs = [n for n in nodes if isinstance(n, cst.FunctionDef)]
             return defs[-1] if defs else None
         if m.matches(expr, m.Attribute(value=m.Name("self"))):

@@ -43,10 +43,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import ScopeProvider
 
 from ..base import Transform
-from ..program.index import FileIndex, file_index
+from ..program.index import FileIndex, file_index, imported_names
 from ..program.syntax import code, end_of_import_block, mentions
 
 _MEMORY_GROWTH = ("tensorflow.config.experimental.set_memory_growth",)
@@ -341,21 +340,16 @@ class PinTfGpus(Transform):
         return cst.parse_expression(f"{self.sdp}.local_rank()")
 
     def _tensorflow_name(self) -> str:
-        scope = self.get_metadata(ScopeProvider, self.module, None)
-        for assignment in scope.assignments if scope is not None else ():
-            if isinstance(getattr(assignment, "node", None), cst.Import) and any(
-                q.name == "tensorflow" for q in scope.get_qualified_names_for(assignment.name)
-            ):
-                return assignment.name
+        for name, qualified, node in imported_names(self):
+            if isinstance(node, cst.Import) and "tensorflow" in qualified:
+                return name
         AddImportsVisitor.add_needed_import(self.context, "tensorflow", asname="tf")
         return "tf"
 
     def _free_name(self, name: str, at: cst.CSTNode) -> str:
         """``name``, unless the module or the scope of ``at`` uses it already."""
-        taken: set[str] = set()
-        for node in (self.module, at):
-            scope = self.get_metadata(ScopeProvider, node, None)
-            taken |= {a.name for a in scope.assignments} if scope is not None else set()
+        index = file_index(self)
+        taken = index.names_bound(None) | index.names_bound(index.scope(at))
         return name if name not in taken else f"{self.sdp}_{name}"
 
 

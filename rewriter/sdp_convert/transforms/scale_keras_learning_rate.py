@@ -35,7 +35,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..base import Transform
-from ..program.index import FileIndex, assigned_values, file_index
+from ..program.index import FileIndex, file_index, reaching_values
 from ..program.keras import (
     _SCHEDULE_RATES,
     DEFAULT_COMPILE_OPTIMIZER,
@@ -125,7 +125,7 @@ class ScaleKerasLearningRate(Transform):
         if _is_scaled(self, index, arg.value):
             self.optimizers.pop(call)
             return
-        for value in assigned_values(index, arg.value):
+        for value in reaching_values(index, arg.value):
             if not isinstance(value, cst.Call):
                 continue
             schedule = schedule_class(self, value)
@@ -274,7 +274,7 @@ def _is_scaled(
 ) -> bool:
     """Whether ``expr`` (original) involves ``sdp.size()`` already, through plain names too
     (``lr = args.lr * sdp.size()`` then ``Adam(lr)``: scaling it again would square the factor)."""
-    return any(mentions_size(transform, value) for value in assigned_values(index, expr, at))
+    return any(mentions_size(transform, value) for value in reaching_values(index, expr, at))
 
 
 def _is_lr_attribute(expr: cst.BaseExpression) -> bool:

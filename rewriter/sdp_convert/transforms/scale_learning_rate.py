@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from ..base import Transform
-from ..program.index import FileIndex, assigned_values, file_index
+from ..program.index import FileIndex, file_index, reaching_values
 from ..program.optimizers import _SCHEDULER_MODULES, optimizer_class, params_argument
 from ..program.syntax import arg_named, code, insert_keyword, mentions, size_factor, times_size
 
@@ -72,7 +72,7 @@ WORLD_SIZE = (
 
 def is_scaled(transform: Transform, index: FileIndex, expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` (original) already involves the world size, through plain names too."""
-    return any(mentions(transform, value, *WORLD_SIZE) for value in assigned_values(index, expr))
+    return any(mentions(transform, value, *WORLD_SIZE) for value in reaching_values(index, expr))
 
 
 class ScaleLearningRate(Transform):
@@ -138,7 +138,7 @@ class ScaleLearningRate(Transform):
 
     def _groups(self, expr: cst.BaseExpression, cls: str) -> None:
         """Scale the ``"lr"`` of each parameter group literal ``expr`` (original) holds."""
-        for value in assigned_values(self.index, expr):
+        for value in reaching_values(self.index, expr):
             if isinstance(value, (cst.List, cst.Tuple)):
                 for element in value.elements:
                     if isinstance(element, cst.Element):
@@ -147,7 +147,7 @@ class ScaleLearningRate(Transform):
                 self._group(value, cls)
 
     def _group(self, expr: cst.BaseExpression, cls: str) -> None:
-        for value in assigned_values(self.index, expr):
+        for value in reaching_values(self.index, expr):
             for entry, rate in _group_rates(self, value):
                 if not is_scaled(self, self.index, rate):
                     self.scaled[entry] = (

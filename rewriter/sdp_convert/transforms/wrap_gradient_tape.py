@@ -35,7 +35,7 @@ import libcst as cst
 
 from ..analysis import FileInfo
 from ..base import Transform
-from ..program.index import assigned_values, file_index
+from ..program.index import file_index, reaching_values
 from ..program.keras import keras_name, optimizer_class
 from ..program.syntax import code
 from ..program.training import BY_HAND_METHODS, Tape, training_facts
@@ -149,7 +149,7 @@ class WrapGradientTape(Transform):
     def _is_keras_optimizer(self, expr: cst.BaseExpression) -> bool:
         return any(
             isinstance(value, cst.Call) and optimizer_class(self, value) is not None
-            for value in assigned_values(file_index(self), expr)
+            for value in reaching_values(file_index(self), expr)
         ) or (isinstance(expr, cst.Attribute) and expr.attr.value == "optimizer")
 
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..base import Transform
-from ..program.index import FileIndex, assigned_values, file_index
+from ..program.index import FileIndex, file_index, reaching_values
 from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
     compile_optimizer_arg,
@@ -137,7 +137,7 @@ class WrapKerasFit(Transform):
         if not classes:
             return None
         receiver = call.func.value  # type: ignore[attr-defined]
-        for value in assigned_values(index, receiver, call):
+        for value in reaching_values(index, receiver, call):
             if (
                 isinstance(value, cst.Call)
                 and isinstance(value.func, cst.Name)
@@ -259,7 +259,7 @@ class WrapKerasFit(Transform):
             return updated
         if arg is not None and any(
             mentions(self, v, self.broadcast_callback)
-            for v in assigned_values(file_index(self), arg.value, original)
+            for v in reaching_values(file_index(self), arg.value, original)
         ):
             return updated
         new = cst.parse_expression(
@@ -326,7 +326,7 @@ class WrapKerasFit(Transform):
                 arg.value.func, f"{self.state.runtime_module}.shard"
             ):
                 return  # sdp.shard(x) already
-            for value in assigned_values(index, arg.value, fit):
+            for value in reaching_values(index, arg.value, fit):
                 if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
                     self.record(
                         arg.value,
@@ -343,7 +343,7 @@ class WrapKerasFit(Transform):
     def _rank0_callback(
         self, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
     ) -> str | None:
-        for value in assigned_values(index, expr, at):
+        for value in reaching_values(index, expr, at):
             if isinstance(value, cst.Call):
                 for name in keras_names(self, value.func):
                     if (
