@@ -59,6 +59,8 @@ class Binding:
     target: cst.CSTNode | None = None
     cls: cst.ClassDef | None = None
     attr: str = ""
+    #: The blocks around the binding inside its scope (ids, outermost first).
+    blocks: tuple[int, ...] = ()
 
     @property
     def node(self) -> cst.CSTNode | None:
@@ -115,6 +117,8 @@ class FileIndex:
     returns: dict[int, list[cst.Return]] = field(default_factory=dict)
     _references: dict[tuple[int, str], list[cst.Name]] | None = None
     _load_ids: set[int] = field(default_factory=set)
+    #: id(read) -> the blocks around it inside its scope.
+    read_blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def scope(self, node: cst.CSTNode) -> Scope:
         return self.scope_of.get(id(node))
@@ -164,7 +168,9 @@ class FileIndex:
     def referents(self, name: cst.Name) -> list[Binding]:
         """Every binding a read may see ([] for a node that is not a read).
 
-        A read in the scope that binds the name sees the bindings before it, and those later in
+        A read in the scope that binds the name sees the bindings before it, from the last one
+        that runs whenever the read does (in a block that holds the read; an augmented assignment
+        changes the value, it does not replace it) on, and those later in
         a loop around both (the next iteration sees them); a read from a nested function sees
         all of them (it may run at any time)."""
         shadow = self.shadowed.get(id(name))
@@ -181,9 +187,19 @@ class FileIndex:
         if scope is not here:
             return bound
         position = self.order.get(id(name), 0)
+        blocks = self.read_blocks.get(id(name), ())
+        before = [b for b in bound if b.order <= position]
+        # A binding in a block that also holds the read replaces the ones before it there.
+        replacing = [
+            b for b in before if b.kind != "augassign" and blocks[: len(b.blocks)] == b.blocks
+        ]
+        if replacing:
+            last = replacing[-1].order
+            before = [b for b in before if b.order >= last]
         return [
-            b for b in bound
-            if b.order <= position or self._in_one_loop(name.value, b.order, position)
+            *before,
+            *(b for b in bound
+              if b.order > position and self._in_one_loop(name.value, b.order, position)),
         ]
 
     def _in_one_loop(self, name: str, binding: int, read: int) -> bool:
@@ -234,14 +250,19 @@ class _Indexer(cst.CSTVisitor):
         self.end: dict[int, int] = {}
         #: Names bound by the comprehensions/lambdas being visited, innermost last.
         self.shadows: list[dict[str, Binding]] = []
+        #: Blocks open inside each scope being visited (a new list per function/class).
+        self.blocks: list[list[int]] = [[]]
+        self.path: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.index.order[id(node)] = len(self.index.order)
         self.index.scope_of[id(node)] = self.stack[-1]
+        self.path.append(node)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
+        self.path.pop()
         self.end[id(original_node)] = len(self.index.order)
 
     def _binding_scope(self, name: str) -> Scope:
@@ -261,6 +282,7 @@ class _Indexer(cst.CSTVisitor):
              target: cst.CSTNode | None = None) -> Binding:
         scope = self._binding_scope(name)
         binding = Binding(name, scope, kind, stmt, value, unpacked, target=target)
+        binding.blocks = tuple(self.blocks[-1]) if scope is self.stack[-1] else ()
         self.pending.append((binding, anchor, when))
         table = self.index.augmented if kind == "augassign" else self.index.bindings
         table.setdefault((id(scope), name), []).append(binding)
@@ -291,6 +313,7 @@ class _Indexer(cst.CSTVisitor):
         self.bind(node.name.value, "def", node, node, "end", target=node)
         self.index.parent_scope[id(node)] = self.stack[-1]
         self.stack.append(node)
+        self.blocks.append([])
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params,
                       params.star_arg, params.star_kwarg):
@@ -302,6 +325,29 @@ class _Indexer(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.stack.pop()
+        self.blocks.pop()
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._open_block(node)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._close_block(original_node)
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self._open_block(node)
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite) -> None:
+        self._close_block(original_node)
+
+    def _open_block(self, node: cst.CSTNode) -> None:
+        # The body of a def/class is the scope itself; a with body always runs.
+        parent = self.path[-2] if len(self.path) > 1 else None
+        if not isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.With)):
+            self.blocks[-1].append(id(node))
+
+    def _close_block(self, node: cst.CSTNode) -> None:
+        if self.blocks[-1] and self.blocks[-1][-1] == id(node):
+            self.blocks[-1].pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.not_loads.add(id(node.name))
@@ -309,9 +355,11 @@ class _Indexer(cst.CSTVisitor):
         self.bind(node.name.value, "def", node, node, "end", target=node)
         self.index.parent_scope[id(node)] = self.stack[-1]
         self.stack.append(node)
+        self.blocks.append([])
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self.stack.pop()
+        self.blocks.pop()
 
     def visit_Global(self, node: cst.Global) -> None:
         for item in node.names:
@@ -462,6 +510,7 @@ class _Indexer(cst.CSTVisitor):
                 self.index.shadowed_reads[id(node)] = node
                 return
         self.index._load_ids.add(id(node))
+        self.index.read_blocks[id(node)] = tuple(self.blocks[-1])
         self.index.loads.setdefault((id(self.stack[-1]), node.value), []).append(node)
 
     def finish(self) -> FileIndex:

@@ -109,6 +109,19 @@ def callee(t: Transform, call: cst.Call) -> cst.FunctionDef | None:
     return _method(cls, func.attr.value) if cls is not None else None
 
 
+def is_dead_definition(t: Transform, function: cst.FunctionDef) -> bool:
+    """A function nothing can reach: never read, and replaced by a later binding of its name
+    that always runs (so importing the module does not reach it either)."""
+    index = file_index(t)
+    binding = index.by_target.get(id(function))
+    if binding is None or class_of(t, function) is not None or index.uses(binding):
+        return False
+    return any(
+        other.order > binding.order and other.kind != "augassign" and other.blocks == binding.blocks
+        for other in index.bindings_of(binding.name, binding.scope)
+    )
+
+
 def callers(t: Transform, function: cst.FunctionDef) -> list[cst.Call]:
     """The calls of ``function`` in this file: by name; for a method, ``self.<name>`` in its
     class and ``obj.<name>`` on an instance of it (see ``callee``); ``Cls(...)`` for

@@ -60,6 +60,8 @@ class TrainingFacts:
     loopless: list[cst.Call] = field(default_factory=list)
     #: classes whose ``train_step`` applies gradients of a tape (Keras fit drives them)
     train_step_classes: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    #: every such ``train_step`` (a class redefined under the same name keeps each of its own)
+    train_step_methods: list[cst.FunctionDef] = field(default_factory=list)
 
 
 def training_facts(transform: Transform) -> TrainingFacts:
@@ -80,6 +82,7 @@ def training_facts(transform: Transform) -> TrainingFacts:
             owner = index.parent_scope.get(id(scope))
             if isinstance(owner, cst.ClassDef):
                 facts.train_step_classes[owner.name.value] = scope
+                facts.train_step_methods.append(scope)
     for apply in sorted(facts.applies, key=lambda n: index.order.get(id(n), 0)):
         sites = _step_sites(transform, index, apply, apply, [])
         if sites:

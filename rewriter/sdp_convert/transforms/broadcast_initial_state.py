@@ -41,6 +41,7 @@ import libcst as cst
 
 from ..base import Transform
 from ..program.index import FileIndex, file_index, reaching_values
+from ..program.scopes import is_dead_definition
 from ..program.syntax import arg_named, code
 from ..program.training import StepSite, is_tf_function, training_facts
 
@@ -100,8 +101,10 @@ class BroadcastInitialState(Transform):
             plan.variables.extend(v for v in variables if v not in plan.variables)
         for apply in facts.loopless:
             scope = index.scope(apply)
-            if isinstance(scope, cst.FunctionDef) and scope in facts.train_step_classes.values():
+            if isinstance(scope, cst.FunctionDef) and scope in facts.train_step_methods:
                 continue  # Keras fit runs it: wrap_keras_fit's callback broadcasts
+            if isinstance(scope, cst.FunctionDef) and is_dead_definition(self, scope):
+                continue  # redefined before anything could call it: it never trains
             self.record(
                 apply,
                 "no training loop found around this step: after the first step, broadcast the "
