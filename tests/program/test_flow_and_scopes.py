@@ -87,3 +87,77 @@ def test_the_epoch_loop_is_found_through_a_loader_a_trainer_keeps():
     loop, holder = found
     assert code(t, loop).splitlines()[0] == "for epoch in range(n):"
     assert holder is not None and holder.code == "self.train_data"
+
+
+def test_a_loader_is_followed_into_a_dict_or_tuple_literal_and_out_by_its_key():
+    assert _loops_of_loader(
+        "loaders = {'train': DataLoader(a, shuffle=True), 'val': DataLoader(b)}\n"
+        "for x in loaders['val']:\n    check(x)\n"
+        "for x in loaders['train']:\n    step(x)\n"
+    ) == ["for x in loaders['train']:"]
+    assert _loops_of_loader(
+        "pair = [DataLoader(a, shuffle=True), DataLoader(b)]\n"
+        "for x in pair[1]:\n    check(x)\n"
+        "for x in pair[0]:\n    step(x)\n"
+    ) == ["for x in pair[0]:"]
+    # Packed and unpacked in one statement: the matching target.
+    assert _loops_of_loader(
+        "tr, va = DataLoader(a, shuffle=True), DataLoader(b)\n"
+        "for x in va:\n    check(x)\n"
+        "for x in tr:\n    step(x)\n"
+    ) == ["for x in tr:"]
+
+
+def _origin_chain(source: str, use: str) -> list[str]:
+    from sdp_convert.program.flow import origin
+    from sdp_convert.program.index import file_index
+
+    t = probe(HEAD + source)
+    index = file_index(t)
+    expr = find(t, m.OneOf(m.Name(), m.Subscript(), m.Attribute(), m.Call()), use)
+    chain, at = [], expr
+    for _ in range(6):
+        back = origin(t, index, expr, at)
+        if back is None:
+            break
+        if back.problem is not None:
+            chain.append(f"problem: {back.problem}")
+            break
+        expr, at = back.value, back.at
+        chain.append(code(t, expr))
+    return chain
+
+
+def test_origin_goes_back_through_names_literals_tuples_parameters_and_returns():
+    # Step by step: the unpacked name, then the subscript, then the dict's value.
+    t_chain = _origin_chain(
+        "splits = {'train': make_train(), 'test': make_test()}\n"
+        "train, test = splits['train'], splits['test']\n"
+        "run(train)\n",
+        "run(train)",
+    )
+    assert t_chain == []  # a call of no function of this file: the caller decides
+    assert _origin_chain(
+        "splits = {'train': make_train(), 'test': make_test()}\n"
+        "train, test = splits['train'], splits['test']\n"
+        "consume(train)\n",
+        "train",
+    ) == ["splits['train']", "make_train()"]
+    assert _origin_chain(
+        "def data():\n    return build()\n"
+        "def fit(ds):\n    consume(ds)\n"
+        "fit(data())\n",
+        "ds",
+    ) == ["data()", "build()"]
+
+
+def test_origin_stops_with_the_reason_when_it_is_ambiguous():
+    assert _origin_chain(
+        "def fit(ds):\n    consume(ds)\n"
+        "fit(a)\nfit(b)\n",
+        "ds",
+    ) == ["problem: parameter 'ds' of fit(), called 2 times"]
+    assert _origin_chain(
+        "a, b = load()\nconsume(a)\n",
+        "a",
+    ) == ["problem: a is unpacked from load()"]

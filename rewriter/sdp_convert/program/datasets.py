@@ -13,9 +13,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
+from .flow import origin
 from .index import FileIndex
 from .keras import keras_fit_calls, keras_name
-from .scopes import arguments_for, callers
 from .syntax import arg_named, code
 from .training import training_facts
 
@@ -100,6 +100,9 @@ def _walk(
     trace: DatasetTrace,
     depth: int,
 ) -> None:
+    """Back from ``expr`` to the source: dataset methods and wrappers here, everything else
+    (names, attributes, subscripts, parameters, functions) one ``program.flow.origin`` step at a
+    time."""
     if depth > 20:
         trace.problem = "too many steps to follow"
         return
@@ -117,122 +120,28 @@ def _walk(
             trace.steps.append(expr)
             _walk(transform, index, expr.func.value, at, trace, depth + 1)
             return
-        if isinstance(expr.func, cst.Name):
-            binding = index.reaching(expr.func.value, expr)
-            if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
-                _through_function(transform, index, binding.stmt, trace, depth)
-                return
-        trace.problem = f"built by {code(expr.func)}()"
+    back = origin(transform, index, expr, at)
+    if back is None:
+        trace.problem = (
+            f"built by {code(expr.func)}()" if isinstance(expr, cst.Call)
+            else f"{code(expr)} is not a tf.data pipeline the converter can follow"
+        )
         return
-    if isinstance(expr, cst.Name):
-        binding = index.reaching(expr.value, at)
-        if binding is None:
-            trace.problem = f"{expr.value} is not assigned in this file"
-        elif binding.kind == "assign" and binding.value is not None:
+    if back.problem is not None:
+        unpacked = back.unpacked
+        found = _source_name(transform, unpacked) if isinstance(unpacked, cst.Call) else None
+        if found is not None:  # ``(train, test), info = tfds.load(...)``: the source itself
             trace.steps.append(expr)
-            if binding.unpacked:
-                value = binding.value
-                if isinstance(value, cst.Call) and _source_name(transform, value):
-                    trace.source, trace.unpacked = value, True
-                    trace.source_name = _source_name(transform, value)[0]  # type: ignore[index]
-                else:
-                    returned = _returned_element(transform, index, binding.stmt, expr.value, value)
-                    if returned is None:
-                        trace.problem = f"{expr.value} is unpacked from {code(value)}"
-                    else:
-                        _walk(transform, index, returned[0], returned[1], trace, depth + 1)
-                return
-            _walk(transform, index, binding.value, binding.stmt, trace, depth + 1)
-        elif binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
-            _through_parameter(transform, index, binding.stmt, expr.value, trace, depth)
+            trace.source, trace.unpacked, trace.source_name = unpacked, True, found[0]
         else:
-            trace.problem = f"{expr.value} comes from a {binding.kind} statement"
+            trace.problem = back.problem
         return
-    if isinstance(expr, cst.Attribute):
-        found = index.attribute_bindings.get(code(expr), [])
-        if found and found[-1].value is not None:
-            trace.steps.append(expr)
-            _walk(transform, index, found[-1].value, found[-1].stmt, trace, depth + 1)
-            return
-    trace.problem = f"{code(expr)} is not a tf.data pipeline the converter can follow"
-
-
-def _returned_element(
-    transform: Transform,
-    index: FileIndex,
-    stmt: cst.CSTNode,
-    name: str,
-    value: cst.BaseExpression,
-) -> tuple[cst.BaseExpression, cst.CSTNode] | None:
-    """``train, test = make()`` with ``make`` returning ``a, b`` once: (``a``, its return)."""
-    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1):
-        return None
-    target = stmt.targets[0].target
-    if not isinstance(target, (cst.Tuple, cst.List)):
-        return None
-    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
-    if names.count(name) != 1 or not isinstance(value, cst.Call):
-        return None
-    if not isinstance(value.func, cst.Name):
-        return None
-    binding = index.reaching(value.func.value, value)
-    function = binding.stmt if binding is not None else None
-    if not isinstance(function, cst.FunctionDef) or len(callers(transform, function)) > 1:
-        return None
-    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
-    if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
-        return None
-    elements = returns[0].value.elements
-    if len(elements) != len(names) or any(isinstance(e, cst.StarredElement) for e in elements):
-        return None
-    return elements[names.index(name)].value, returns[0]
-
-
-def _through_function(
-    transform: Transform,
-    index: FileIndex,
-    function: cst.FunctionDef,
-    trace: DatasetTrace,
-    depth: int,
-) -> None:
-    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
-    calls = callers(transform, function)
-    if len(returns) != 1:
-        trace.problem = f"{function.name.value}() has {len(returns)} return statements"
-    elif len(calls) > 1:
-        trace.problem = (
-            f"{function.name.value}() builds several datasets (it is called {len(calls)} times)"
-        )
-    else:
-        value = returns[0].value
-        assert value is not None
-        _walk(transform, index, value, returns[0], trace, depth + 1)
-
-
-def _through_parameter(
-    transform: Transform,
-    index: FileIndex,
-    function: cst.FunctionDef,
-    name: str,
-    trace: DatasetTrace,
-    depth: int,
-) -> None:
-    passed = [
-        (value, call)
-        for value, call in arguments_for(transform, function, name)
-        if function not in transform.ancestors(call)
-    ]
-    calls = [c for c in callers(transform, function) if function not in transform.ancestors(c)]
-    if len(calls) != 1:
-        trace.problem = (
-            f"parameter {name!r} of {function.name.value}(), called {len(calls)} times"
-        )
-        return
-    if not passed:
-        trace.problem = f"parameter {name!r} of {function.name.value}() is not passed"
-        return
-    value, call = passed[0]
-    _walk(transform, index, value, call, trace, depth + 1)
+    assert back.value is not None
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and not (
+        isinstance(expr, cst.Name) and isinstance(back.at, cst.Call)
+    ):
+        trace.steps.append(expr)  # a name the pipeline was held in (not a parameter)
+    _walk(transform, index, back.value, back.at or at, trace, depth + 1)
 
 
 def _short(qname: str) -> str:

@@ -1,9 +1,16 @@
-"""Where a value goes: from the call that makes it (a DataLoader, say) forward through
-assignments, ``self.<attr>``, arguments into parameters, returns (tuples too) and ``iter()``, to the
-loops that iterate it, and the epoch loop around those.
+"""Value flow, both ways, on the file's binding index.
 
-Policy: at most 4 calls deep; a parameter is followed into the function's body (every use); a
-returned value is followed to every caller; nothing is guessed when a call's target is unknown.
+Forward (``forward``, ``follow``): from the call that makes a value (a DataLoader, say) through
+assignments, ``self.<attr>``, tuples packed and unpacked, dict/list/tuple literals and the
+subscripts that pick from them, arguments into parameters and returns (tuples too), to the loops
+that iterate it (``iter()``/``next()`` included), and the epoch loop around those.
+Policy: every read is followed; at most ``MAX_CALLS`` calls crossed; a returned value goes to every
+caller; nothing is guessed when a call's target is unknown.
+
+Backward (``origin``): from a use to the expression that made it, one step at a time, through the
+same constructs; ``program.datasets`` walks it to a ``tf.data`` source. Policy: the binding that
+reaches the use; one caller for a parameter, one return for a function; anything ambiguous stops
+the trace with its reason.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..base import Transform
+from .index import FileIndex
 from .scopes import (
     Binding,
     _method_class,
+    arguments_for,
     assigned_binding,
     binding_of,
     callee,
@@ -23,6 +32,7 @@ from .scopes import (
     param_for_arg,
     uses,
 )
+from .syntax import code
 
 
 @dataclass
@@ -75,12 +85,250 @@ def range_loop_around(t: Transform, node: cst.CSTNode) -> cst.For | None:
     return None
 
 
+@dataclass
+class Step:
+    """One step forward: ``node`` holds the value now; ``binding`` is what it was read from;
+    ``trail`` the calls crossed into parameters; ``calls`` how many calls this step crossed."""
+
+    node: cst.CSTNode
+    binding: Binding | None
+    trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...]
+    calls: int = 0
+
+
+def forward(
+    t: Transform,
+    node: cst.CSTNode,
+    binding: Binding | None,
+    trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...] = (),
+) -> list[Step]:
+    """Where the value of ``node`` goes next: every read of what it is assigned to (a tuple of
+    values unpacked in place: the matching target), the subscripts that pick it out of a dict,
+    list or tuple literal (``loaders["train"]``), the parameter a call passes it to (every read in
+    the function), the callers of a function returning it (a tuple: the matching unpacked
+    target). An unknown callee ends the flow: nothing is guessed."""
+    parent = t.parent(node)
+    target = assigned_binding(t, node)
+    if target is not None:
+        return [Step(use, target, trail) for use in uses(t, target)]
+    if isinstance(parent, cst.Element | cst.DictElement) and parent.value is node:
+        container = t.parent(parent)
+        key = _literal_key(container, parent)
+        # ``a, b = x, y``: the value goes to the matching target.
+        if isinstance(container, cst.Tuple) and key is not None:
+            element = unpacked_target(t, container, key, len(container.elements))  # type: ignore[arg-type]
+            unpacked = binding_of(t, element) if element is not None else None
+            if unpacked is not None:
+                return [Step(use, unpacked, trail) for use in uses(t, unpacked)]
+        holder = assigned_binding(t, container) if container is not None else None
+        if holder is not None and key is not None:
+            return [
+                Step(pick, holder, trail)
+                for use in uses(t, holder)
+                if (pick := t.parent(use)) is not None and _subscript_key(pick, use) == key
+            ]
+        returned = t.parent(container) if isinstance(container, cst.Tuple) else None
+        if isinstance(returned, cst.Return) and returned.value is container and key is not None:
+            assert isinstance(container, cst.Tuple)
+            function = t.enclosing_function(node)
+            steps = []
+            for caller in callers(t, function) if function is not None else ():
+                element = unpacked_target(t, caller, key, len(container.elements))  # type: ignore[arg-type]
+                unpacked = binding_of(t, element) if element is not None else None
+                if unpacked is not None:
+                    steps += [Step(use, unpacked, (), 1) for use in uses(t, unpacked)]
+            return steps
+        return []
+    if isinstance(parent, cst.Arg) and parent.value is node:
+        call = t.parent(parent)
+        function = callee(t, call) if isinstance(call, cst.Call) else None
+        param = param_for_arg(function, call, parent) if function is not None else None  # type: ignore[arg-type]
+        param_binding = binding_of(t, param) if param is not None else None
+        if param_binding is None:
+            return []
+        crossed = (*trail, (call, node, binding))
+        return [Step(use, param_binding, crossed, 1) for use in uses(t, param_binding)]  # type: ignore[arg-type]
+    if isinstance(parent, cst.Return) and parent.value is node:
+        function = t.enclosing_function(node)
+        return [
+            Step(caller, None, (), 1) for caller in (callers(t, function) if function else ())
+        ]
+    return []
+
+
+def _literal_key(container: cst.CSTNode | None, element: cst.CSTNode) -> object:
+    """The key of an element of a dict/list/tuple literal: the string key, or the position."""
+    if isinstance(container, cst.Dict) and isinstance(element, cst.DictElement):
+        key = element.key
+        return key.evaluated_value if isinstance(key, cst.SimpleString) else None
+    if isinstance(container, (cst.List, cst.Tuple)):
+        if any(isinstance(e, cst.StarredElement) for e in container.elements):
+            return None
+        return next(i for i, e in enumerate(container.elements) if e is element)
+    return None
+
+
+def _subscript_key(node: cst.CSTNode, value: cst.CSTNode) -> object:
+    """``value["train"]`` -> "train", ``value[0]`` -> 0; None for anything else."""
+    if not (isinstance(node, cst.Subscript) and node.value is value and len(node.slice) == 1):
+        return None
+    index = node.slice[0].slice
+    if not isinstance(index, cst.Index):
+        return None
+    if isinstance(index.value, cst.SimpleString):
+        return index.value.evaluated_value
+    if isinstance(index.value, cst.Integer):
+        return int(index.value.value)
+    return None
+
+
+@dataclass
+class Origin:
+    """One step back: ``value`` (at ``at``) is what the expression was computed from; or a
+    ``problem`` saying why that cannot be told (``unpacked``: the call a tuple came from)."""
+
+    value: cst.BaseExpression | None = None
+    at: cst.CSTNode | None = None
+    problem: str | None = None
+    unpacked: cst.BaseExpression | None = None
+
+
+def origin(
+    t: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
+) -> Origin | None:
+    """Where the value of a name, attribute, literal subscript or call of this file's function
+    comes from, one step back (None for other expressions: the caller knows them).
+
+    Policy: the binding that reaches the use (``FileIndex.reaching``); a parameter is traced to
+    the argument of its one caller, a function to its one return; several callers or returns are
+    ambiguous and stop the trace with the reason."""
+    if isinstance(expr, cst.Name):
+        binding = index.reaching(expr.value, at)
+        if binding is None:
+            return Origin(problem=f"{expr.value} is not assigned in this file")
+        if binding.kind == "assign" and binding.value is not None:
+            if not binding.unpacked:
+                return Origin(binding.value, binding.stmt)
+            element = _unpacked_element(t, index, binding.stmt, expr.value, binding.value)
+            if element is not None:
+                return Origin(*element)
+            return Origin(
+                problem=f"{expr.value} is unpacked from {code(binding.value)}",
+                unpacked=binding.value,
+            )
+        if binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
+            return _through_parameter(t, binding.stmt, expr.value)
+        return Origin(problem=f"{expr.value} comes from a {binding.kind} statement")
+    if isinstance(expr, cst.Attribute):
+        found = index.attribute_bindings.get(code(expr), [])
+        if found and found[-1].value is not None:
+            return Origin(found[-1].value, found[-1].stmt)
+        return None
+    if isinstance(expr, cst.Subscript):
+        key = _subscript_key(expr, expr.value)
+        container: cst.BaseExpression | None = expr.value
+        where = at
+        for _ in range(4):  # through plain names to the literal
+            if container is None or isinstance(container, (cst.Dict, cst.List, cst.Tuple)):
+                break
+            back = origin(t, index, container, where)
+            if back is None or back.value is None:
+                return None
+            container, where = back.value, back.at or where
+        element = _element_for(container, key)
+        return Origin(element, where) if element is not None else None
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
+        binding = index.reaching(expr.func.value, expr)
+        if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
+            return _through_function(t, index, binding.stmt)
+    return None
+
+
+def _element_for(container: cst.CSTNode | None, key: object) -> cst.BaseExpression | None:
+    if key is None:
+        return None
+    if isinstance(container, cst.Dict):
+        for element in container.elements:
+            if isinstance(element, cst.DictElement) and _literal_key(container, element) == key:
+                return element.value
+        return None
+    if isinstance(container, (cst.List, cst.Tuple)) and isinstance(key, int):
+        if any(isinstance(e, cst.StarredElement) for e in container.elements):
+            return None
+        return container.elements[key].value if 0 <= key < len(container.elements) else None
+    return None
+
+
+def _unpacked_element(
+    t: Transform, index: FileIndex, stmt: cst.CSTNode, name: str, value: cst.BaseExpression
+) -> tuple[cst.BaseExpression, cst.CSTNode] | None:
+    """``a, b = x, y`` -> ``x``; ``train, test = make()`` with ``make`` returning one ``a, b``
+    and called once -> ``a`` (and its return statement)."""
+    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return None
+    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
+    if names.count(name) != 1:
+        return None
+    position = names.index(name)
+    if isinstance(value, (cst.Tuple, cst.List)):
+        element = _element_for(value, position) if len(value.elements) == len(names) else None
+        return (element, stmt) if element is not None else None
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return None
+    binding = index.reaching(value.func.value, value)
+    function = binding.stmt if binding is not None else None
+    if not isinstance(function, cst.FunctionDef) or len(callers(t, function)) > 1:
+        return None
+    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
+    if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
+        return None
+    elements = returns[0].value.elements
+    if len(elements) != len(names) or any(isinstance(e, cst.StarredElement) for e in elements):
+        return None
+    return elements[position].value, returns[0]
+
+
+def _through_function(t: Transform, index: FileIndex, function: cst.FunctionDef) -> Origin:
+    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
+    calls = callers(t, function)
+    if len(returns) != 1:
+        return Origin(problem=f"{function.name.value}() has {len(returns)} return statements")
+    if len(calls) > 1:
+        return Origin(
+            problem=f"{function.name.value}() builds several datasets (it is called "
+            f"{len(calls)} times)"
+        )
+    return Origin(returns[0].value, returns[0])
+
+
+def _through_parameter(t: Transform, function: cst.FunctionDef, name: str) -> Origin:
+    passed = [
+        (value, call)
+        for value, call in arguments_for(t, function, name)
+        if function not in t.ancestors(call)
+    ]
+    calls = [c for c in callers(t, function) if function not in t.ancestors(c)]
+    if len(calls) != 1:
+        return Origin(problem=f"parameter {name!r} of {function.name.value}(), called "
+                      f"{len(calls)} times")
+    if not passed:
+        return Origin(problem=f"parameter {name!r} of {function.name.value}() is not passed")
+    return Origin(passed[0][0], passed[0][1])
+
+
 def loader_sites(t: Transform, call: cst.Call) -> tuple[list[Site], set[int]]:
     """The loops iterating the loader, and every node its value was followed through."""
     sites: list[Site] = []
     seen: set[int] = set()
     follow(t, call, None, (), 0, sites, seen)
     return sites, seen
+
+
+#: How many calls a forward flow crosses (into parameters, out of returns).
+MAX_CALLS = 4
 
 
 def follow(
@@ -93,60 +341,21 @@ def follow(
     seen: set[int],
 ) -> None:
     """Follow the value of ``node`` to the loops that iterate it."""
-    if id(node) in seen or depth > 4:
+    if id(node) in seen or depth > MAX_CALLS:
         return
     seen.add(id(node))
     loop = iterated_by(t, node)
     if loop is not None:
         sites.append(Site(loop, node, binding, trail))
         return
-    target = assigned_binding(t, node)
-    if target is not None:
-        for use in uses(t, target):
-            follow(t, use, target, trail, depth, sites, seen)
-        return
     parent = t.parent(node)
     if isinstance(parent, cst.Arg) and parent.value is node:
         call = t.parent(parent)
-        if not isinstance(call, cst.Call):
-            return
-        if t.refers_to(call.func, "builtins.iter"):
+        if isinstance(call, cst.Call) and t.refers_to(call.func, "builtins.iter"):
             _follow_iterator(t, call, binding, trail, depth, sites, seen)
             return
-        function = callee(t, call)
-        param = param_for_arg(function, call, parent) if function is not None else None
-        if param is not None:
-            param_binding = binding_of(t, param)
-            if param_binding is not None:
-                for use in uses(t, param_binding):
-                    follow(
-                        t,
-                        use,
-                        param_binding,
-                        (*trail, (call, node, binding)),
-                        depth + 1,
-                        sites,
-                        seen,
-                    )
-        return
-    if isinstance(parent, cst.Return) and parent.value is node:
-        function = t.enclosing_function(node)
-        for caller in callers(t, function) if function is not None else ():
-            follow(t, caller, None, (), depth + 1, sites, seen)
-        return
-    # ``return train, val`` ... ``train_loader, val_loader = get_loaders()``
-    tuple_node = t.parent(parent) if isinstance(parent, cst.Element) else None
-    returned = t.parent(tuple_node) if isinstance(tuple_node, cst.Tuple) else None
-    if isinstance(returned, cst.Return) and returned.value is tuple_node:
-        assert isinstance(tuple_node, cst.Tuple)
-        index = next(i for i, e in enumerate(tuple_node.elements) if e is parent)
-        function = t.enclosing_function(node)
-        for caller in callers(t, function) if function is not None else ():
-            element = unpacked_target(t, caller, index, len(tuple_node.elements))
-            unpacked = binding_of(t, element) if element is not None else None
-            if unpacked is not None:
-                for use in uses(t, unpacked):
-                    follow(t, use, unpacked, (), depth + 1, sites, seen)
+    for step in forward(t, node, binding, trail):
+        follow(t, step.node, step.binding, step.trail, depth + step.calls, sites, seen)
 
 
 def _follow_iterator(

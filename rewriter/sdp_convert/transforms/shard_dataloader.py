@@ -295,6 +295,13 @@ class ShardDataLoader(Transform):
             loop, holder = where
             if holder is None or (own is not None and holder.same_as(own)):
                 receiver = plan.sampler
+            elif not holder.unpacked and isinstance(holder.value, (cst.Dict, cst.List, cst.Tuple)):
+                # Picked out of a literal: ``loaders["train"].sampler``.
+                picked = [use for _, use, b in (*site.trail, (None, site.use, site.binding))
+                          if b is holder and isinstance(use, cst.Subscript)]
+                if not picked:
+                    continue
+                receiver = f"{self.module.code_for_node(picked[0])}.sampler"
             elif holds_only(self, holder, flow):
                 receiver = f"{holder.code}.sampler"
             else:
