@@ -36,6 +36,7 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.builders import module_spelling
+from ..program.flow import origin
 from ..program.index import FileIndex, file_index
 from ..program.syntax import arg_named, code, end_of_import_block, mentions
 
@@ -149,22 +150,32 @@ class PinGpuDevice(Transform):
                 )
         return pins
 
-    def _leaves(self, expr: cst.BaseExpression, depth: int) -> Iterator[cst.BaseExpression]:
-        """The values ``expr`` may take: both sides of ``a if c else b`` / ``a or b``, and what a
-        plain name was assigned."""
+    def _leaves(
+        self, expr: cst.BaseExpression, depth: int, at: cst.CSTNode | None = None
+    ) -> Iterator[cst.BaseExpression]:
+        """The values ``expr`` may take: both sides of ``a if c else b`` / ``a or b``, and where a
+        name or ``self.<attr>`` comes from (``program.flow.origin``: assignments, the argument
+        of a parameter's one caller, a function's one return)."""
+        at = at if at is not None else expr
         if isinstance(expr, cst.IfExp):
-            yield from self._leaves(expr.body, depth)
-            yield from self._leaves(expr.orelse, depth)
+            yield from self._leaves(expr.body, depth, at)
+            yield from self._leaves(expr.orelse, depth, at)
         elif isinstance(expr, cst.BooleanOperation):
-            yield from self._leaves(expr.left, depth)
-            yield from self._leaves(expr.right, depth)
-        elif isinstance(expr, cst.Name) and depth < 3 and expr.value not in _CONSTANTS:
-            binding = self.index.reaching(expr.value, expr)
-            if binding is not None and binding.kind == "assign" and binding.value is not None and (
-                not binding.unpacked
-            ):
-                yield from self._leaves(binding.value, depth + 1)
-            elif binding is None or binding.kind != "import":
+            yield from self._leaves(expr.left, depth, at)
+            yield from self._leaves(expr.right, depth, at)
+        elif (
+            isinstance(expr, (cst.Name, cst.Attribute))
+            and depth < 4
+            and code(expr) not in _CONSTANTS
+        ):
+            if isinstance(expr, cst.Name):
+                binding = self.index.reaching(expr.value, at)
+                if binding is not None and binding.kind == "import":
+                    return
+            back = origin(self, self.index, expr, at)
+            if back is not None and back.value is not None:
+                yield from self._leaves(back.value, depth + 1, back.at)
+            else:
                 yield expr
         else:
             yield expr
