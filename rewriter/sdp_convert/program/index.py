@@ -235,6 +235,13 @@ class FileIndex:
         reads = self._references.get((id(binding.scope), binding.name), [])
         return [r for r in reads if any(b is binding for b in self.referents(r))]
 
+    def class_named(self, name: cst.Name) -> cst.ClassDef | None:
+        """The class of this file a name (a read) refers to where it is read: the reaching
+        ``class`` statement (a class redefined under the same name is the later one there)."""
+        binding = self.reaching(name.value, name)
+        stmt = binding.stmt if binding is not None else None
+        return stmt if isinstance(stmt, cst.ClassDef) else None
+
     def names_bound(self, scope: Scope) -> set[str]:
         """Every name bound in ``scope`` (not counting enclosing ones)."""
         return {name for (scope_id, name) in self.bindings if scope_id == id(scope)}

@@ -188,7 +188,7 @@ def is_plain_object(t: Transform, value: cst.BaseExpression | None) -> bool:
     """``Trainer(cfg)`` where ``Trainer`` is a class of this file that is no torch module."""
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return False
-    cls = file_index(t).classes.get(value.func.value)
+    cls = file_index(t).class_named(value.func)
     return cls is not None and not is_module_class(t, cls, 0)
 
 
@@ -197,7 +197,7 @@ def is_module_class(t: Transform, cls: cst.ClassDef, depth: int) -> bool:
         if t.refers_to(base.value, "torch.nn", prefix=True):
             return True
         if isinstance(base.value, cst.Name) and depth < 4:
-            parent = file_index(t).classes.get(base.value.value)
+            parent = file_index(t).class_named(base.value)
             if parent is not None and is_module_class(t, parent, depth + 1):
                 return True
     return False
@@ -228,7 +228,7 @@ def is_module_value_expr(t: Transform, value: cst.BaseExpression | None) -> bool
         elif q.startswith(MODEL_FACTORIES) or q.endswith(".from_pretrained"):
             return True
     if isinstance(value.func, cst.Name):
-        cls = file_index(t).classes.get(value.func.value)
+        cls = file_index(t).class_named(value.func)
         return cls is not None and is_module_class(t, cls, 0)
     return False
 

@@ -285,7 +285,7 @@ def _is_custom_schedule(transform: Transform, index: FileIndex, call: cst.Call) 
     """``MySchedule(...)`` where ``MySchedule`` is a class of this file deriving from a schedule."""
     if not isinstance(call.func, cst.Name):
         return False
-    cls = index.classes.get(call.func.value)
+    cls = index.class_named(call.func)
     if cls is None:
         return False
     return any(

@@ -1,0 +1,118 @@
+"""program.models (which object trains, what a module is) and program.writes (file-writing
+questions), each on its own."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+from sdp_convert.program.index import file_index
+from sdp_convert.program.models import (
+    freezes,
+    is_module_value,
+    is_module_value_expr,
+    is_plain_object,
+    model_expression,
+    models_from_backward,
+    trained_models,
+)
+from sdp_convert.program.writes import argument, in_memory, open_mode
+
+from .helpers import code, find, probe
+
+HEAD = "import io\nimport torch\nfrom torch import nn\n"
+
+
+def _optimizer_models(source: str) -> list[str]:
+    t = probe(HEAD + source)
+    call = find(t, m.Call(func=m.Attribute(attr=m.Name("SGD"))))
+    return [code(t, model_expression(e) or e) for e in trained_models(t, call, 0)]
+
+
+def test_the_models_an_optimizer_trains_through_variables_parameters_and_sub_modules():
+    assert _optimizer_models(
+        "model = Net()\nparams = model.parameters()\nopt = torch.optim.SGD(params, lr=0.1)\n"
+    ) == ["model"]
+    # A parameter is followed to what its callers pass.
+    assert _optimizer_models(
+        "def make_opt(params):\n    return torch.optim.SGD(params, lr=0.1)\n"
+        "make_opt(encoder.parameters())\n"
+    ) == ["encoder"]
+    groups = _optimizer_models(
+        "opt = torch.optim.SGD([{'params': model[0].parameters()}, "
+        "{'params': model[2].parameters(), 'lr': 0.01}], lr=0.1)\n"
+    )
+    assert groups == ["model", "model"]  # model[0] and model[2] are layers of one model
+
+
+def test_model_expression_names_the_model_of_a_receiver():
+    t = probe("self.model.head\nself.layers[0]\nmodel[1].fc\nget().x\n")
+    exprs = [s.body[0].value for s in t.module.body]
+    found = [model_expression(e) for e in exprs]
+    assert [code(t, f) if f is not None else None for f in found] == [
+        "self.model", "self.layers", "model", None
+    ]
+
+
+def test_what_is_a_torch_module_with_weights():
+    t = probe(
+        HEAD
+        + "class Net(nn.Module):\n    pass\n"
+        + "class Deeper(Net):\n    pass\n"
+        + "class Config:\n    pass\n"
+        + "a = nn.Linear(2, 2).cuda()\nb = Deeper()\nc = Config()\nd = nn.ReLU()\n"
+        + "e = torchvision.models.resnet18()\n"
+    )
+    values = {
+        code(t, s.body[0].targets[0].target): s.body[0].value
+        for s in t.module.body
+        if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
+    }
+    assert {k: is_module_value_expr(t, v) for k, v in values.items()} == {
+        "a": True, "b": True, "c": False, "d": False, "e": False
+    }
+    assert is_plain_object(t, values["c"]) and not is_plain_object(t, values["b"])
+    use = find(t, m.Name("a"), "a")
+    assert is_module_value(t, use)
+
+
+def test_a_class_redefined_under_one_name_is_the_one_defined_above_the_use():
+    t = probe(
+        HEAD
+        + "class Model(nn.Module):\n    pass\n"
+        + "first = Model()\n"
+        + "class Model:\n    pass\n"
+        + "second = Model()\n"
+    )
+    first, second = [
+        s.body[0].value for s in t.module.body
+        if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
+    ]
+    assert is_module_value_expr(t, first) and not is_module_value_expr(t, second)
+    assert file_index(t).class_named(second.func) is not file_index(t).class_named(first.func)
+
+
+def test_the_modules_a_loss_is_computed_with():
+    t = probe(
+        HEAD
+        + "net = nn.Linear(4, 1)\nhead = nn.Linear(1, 1)\nlookup = dict()\n"
+        + "out = head(net(x))\nloss = (out - lookup(y)).pow(2).mean()\nloss.backward()\n"
+    )
+    assert sorted(code(t, callee) for callee, _ in models_from_backward(t)) == ["head", "net"]
+
+
+def test_freezing_statements():
+    t = probe("for p in enc.parameters():\n    p.requires_grad = False\nenc.requires_grad_(False)\nx = 1\n")
+    assert [freezes(s) for s in t.module.body] == [True, True, False]
+
+
+def test_write_arguments_modes_and_memory_buffers():
+    t = probe(
+        HEAD
+        + "buf = io.BytesIO()\n"
+        + "torch.save(state, buf)\ntorch.save(state, 'w.pt')\n"
+        + "open(p)\nopen(p, 'wb')\nopen(p, mode=m)\nopen(*args)\n"
+    )
+    saves = [c for c in m.findall(t.module, m.Call(func=m.Attribute(attr=m.Name("save"))))]
+    assert [in_memory(t, argument(c, 1, "f")) for c in saves] == [True, False]
+    opens = [c for c in m.findall(t.module, m.Call(func=m.Name("open")))]
+    assert [open_mode(c, "r", 1) for c in opens] == ["r", "wb", None, None]
