@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import io
 import os
+import pickle
 import warnings
 from typing import Any
 
@@ -382,6 +384,25 @@ def check_ddp_state_dict_is_unprefixed_and_loads_both_ways() -> None:
     assert ddp.scale == 3 and ddp.describe() == "net x3" and ddp.fc is net.fc and ddp.module is net
 
 
+def check_ddp_pickles_as_the_plain_module() -> None:
+    """``torch.save(model)`` of a wrapped model loads in the unconverted script (issue 18)."""
+    torch.manual_seed(0)
+    net = _Net()
+    ddp = sdp.DistributedDataParallel(net)
+    buffer = io.BytesIO()
+    torch.save(ddp, buffer)
+    assert b"sdp_runtime" not in buffer.getvalue()
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded) is _Net and loaded is not net
+    assert _listed(loaded) == _listed(net) and loaded.scale == 3
+    loaded(torch.ones(2, 3)).sum().backward()  # a working plain module, no process group
+    inside = pickle.loads(pickle.dumps({"model": ddp, "again": ddp}))
+    assert type(inside["model"]) is _Net and inside["again"] is inside["model"]
+    twin = copy.deepcopy(ddp)
+    assert type(twin) is _Net and _listed(twin) == _listed(net)
+
+
 def check_ddp_fp16_compression_trains() -> None:
     r = sdp.rank()
     torch.manual_seed(0)
@@ -479,6 +500,11 @@ def single_process() -> dict[str, Any]:
     with wrapped.no_sync(), wrapped.join():
         _loss(wrapped, 0).backward()
     wrapped.register_comm_hook(None, lambda state, bucket: None)
+    buffer = io.BytesIO()
+    torch.save(wrapped, buffer)  # alone the wrapper has no process group: pickling must not care
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    out["pickled"] = [type(loaded).__name__, torch.equal(loaded.weight, wrapped.module.weight)]
     out["alone_ddp"] = [wrapped.communicates, hasattr(wrapped, "reducer"),
                         isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
                         wrapped.module is not None]
