@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .transforms import (
     add_runtime_init,
+    barrier_before_reads,
     broadcast_initial_state,
     disable_step_xla,
     flag_manual_steps,
@@ -62,6 +63,9 @@ PIPELINE: tuple[type[Transform], ...] = (
     migrate_horovod.MigrateHorovod,
     migrate_smddp.MigrateSmddp,
     note_already_distributed.NoteAlreadyDistributed,
+    # After every rank-0 guard (guard_rank0_writes' and the migrations'): a file written there
+    # and read back later needs a barrier before the read.
+    barrier_before_reads.BarrierBeforeReads,
 )
 
 

@@ -58,6 +58,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
 from ..program.ranks import only_called_on_rank0, rank0_only, runs_collectives
+from ..program.readback import writes_private_temp
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -165,6 +166,8 @@ class GuardRank0Writes(Transform):
             return
         if rank0_only(self, call) or only_called_on_rank0(self, call):
             return
+        if writes_private_temp(self, call, self.state.info.framework or ""):
+            return  # a tempfile.mkdtemp()/TemporaryDirectory() of this process: every rank's own
         is_handle = opener is not None or any(n in self._handles for n in names)
         parent = self.parent(call)
         if is_handle and isinstance(parent, cst.WithItem) and parent.item is call:
