@@ -87,3 +87,23 @@ def test_the_epoch_loop_is_found_through_a_loader_a_trainer_keeps():
     loop, holder = found
     assert code(t, loop).splitlines()[0] == "for epoch in range(n):"
     assert holder is not None and holder.code == "self.train_data"
+
+
+def test_branch_join_of_a_model_chosen_in_if_else():
+    from sdp_convert.program.models import branch_join
+
+    t = probe(
+        "if a:\n    model = A()\nelif b:\n    model = B()\nelse:\n    model = C()\n"
+        "if train:\n    net = D()\n    net = E(net)\n"
+        "try:\n    m2 = F()\nexcept ImportError:\n    m2 = G()\n"
+    )
+    assigns = [s for s in m.findall(t.module, m.SimpleStatementLine())]
+    by_code = {t.module.code_for_node(s).strip(): s for s in assigns}
+    models = [by_code["model = A()"], by_code["model = B()"], by_code["model = C()"]]
+    join = branch_join(t, models[2], models)
+    assert join is t.module.body[0]
+    assert branch_join(t, models[0], models) is t.module.body[0]
+    nets = [by_code["net = D()"], by_code["net = E(net)"]]
+    assert branch_join(t, nets[1], nets) is None  # same branch: no join
+    tries = [by_code["m2 = F()"], by_code["m2 = G()"]]
+    assert branch_join(t, tries[1], tries) is t.module.body[2]
