@@ -25,6 +25,7 @@ from .transforms import (
     scale_learning_rate,
     shard_dataloader,
     shard_tf_dataset,
+    update_keras2_calls,
     wrap_gradient_tape,
     wrap_keras_fit,
     wrap_model_ddp,
@@ -63,6 +64,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     migrate_horovod.MigrateHorovod,
     migrate_smddp.MigrateSmddp,
     note_already_distributed.NoteAlreadyDistributed,
+    # Keras 2 spellings, also in the Horovod / SMDDP scripts above (edits calls no one else edits).
+    update_keras2_calls.UpdateKeras2Calls,
     # After every rank-0 guard (guard_rank0_writes' and the migrations'): a file written there
     # and read back later needs a barrier before the read.
     barrier_before_reads.BarrierBeforeReads,

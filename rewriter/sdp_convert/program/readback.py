@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..base import Transform
 from .scopes import assigned_values, referents
@@ -46,7 +47,7 @@ READS: dict[str, tuple[int, str]] = {
 #: ``<object>.<method>(path)`` reading a file in a script of that framework.
 METHOD_READS: dict[str, tuple[str, ...]] = {
     "torch": (),
-    "tensorflow": ("load_weights", "restore", "read"),
+    "tensorflow": ("load_weights", "restore"),
 }
 
 #: Making a directory or file that belongs to this process only.
@@ -118,9 +119,9 @@ def read_path(t: Transform, call: cst.Call, framework: str) -> str | None:
             return _code(t, arg.value)
     if (
         isinstance(call.func, cst.Attribute)
-        and not names
         and call.func.attr.value in METHOD_READS.get(framework, ())
         and call.args
+        and not _is_module(t, call.func.value)
     ):
         return _code(t, call.args[0].value)
     return None
@@ -203,3 +204,9 @@ def _is_handle(t: Transform, expr: cst.BaseExpression) -> bool:
         return False
     values: list[cst.BaseExpression] = [*assigned_values(t, expr), *_with_targets(t, expr)]
     return any(isinstance(v, cst.Call) and t.refers_to(v.func, *OPENERS) for v in values)
+
+
+def _is_module(t: Transform, expr: cst.BaseExpression) -> bool:
+    """``expr`` is an imported module or name (``np`` in ``np.load``), not an object."""
+    found = t.get_metadata(QualifiedNameProvider, expr, set())
+    return any(q.source is QualifiedNameSource.IMPORT for q in found)
