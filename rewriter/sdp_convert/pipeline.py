@@ -21,6 +21,7 @@ from .transforms import (
     note_already_distributed,
     pin_gpu_device,
     pin_tf_gpus,
+    print_on_rank0,
     scale_keras_learning_rate,
     scale_learning_rate,
     shard_dataloader,
@@ -58,6 +59,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.
     guard_rank0_writes.GuardRank0Writes,
+    # After the guards: output already on rank 0 only is left alone.
+    print_on_rank0.PrintOnRank0,
     flag_manual_steps.FlagManualSteps,
     # Horovod / SMDDP / already distributed files only (the transforms above run on single-process
     # scripts), so their place here does not matter.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from sdp_runtime._output import rank0_print
 from sdp_runtime.tensorflow.basics import (
     cross_rank,
     cross_size,
@@ -80,6 +81,7 @@ __all__ = [
     "oob_allreduce",
     "overlap",
     "rank",
+    "rank0_print",
     "shard",
     "shutdown",
     "size",
