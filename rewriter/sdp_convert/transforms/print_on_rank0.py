@@ -60,7 +60,9 @@ class PrintOnRank0(Transform):
                 continue
             self._bars.add(call)
             self.add_runtime_import()
-            self.record(call, f"{code(call.func)}(...) shown on rank 0 only (disable= on the others)")
+            self.record(
+                call, f"{code(call.func)}(...) shown on rank 0 only (disable= on the others)"
+            )
         if mode != "all":
             return
         for call in self.calls_to("builtins.print"):
