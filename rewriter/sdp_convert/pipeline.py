@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .transforms import (
     add_runtime_init,
+    allow_existing_dirs,
     barrier_before_reads,
     broadcast_initial_state,
     disable_step_xla,
@@ -19,6 +20,7 @@ from .transforms import (
     migrate_horovod,
     migrate_smddp,
     note_already_distributed,
+    note_shared_seeds,
     pin_gpu_device,
     pin_tf_gpus,
     print_on_rank0,
@@ -59,9 +61,11 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.
     guard_rank0_writes.GuardRank0Writes,
-    # After the guards: output already on rank 0 only is left alone.
+    # After the guards: directories and output already on rank 0 only are left alone.
+    allow_existing_dirs.AllowExistingDirs,
     print_on_rank0.PrintOnRank0,
     flag_manual_steps.FlagManualSteps,
+    note_shared_seeds.NoteSharedSeeds,
     # Horovod / SMDDP / already distributed files only (the transforms above run on single-process
     # scripts), so their place here does not matter.
     migrate_horovod.MigrateHorovod,
