@@ -15,6 +15,7 @@ import sdp_runtime.torch.parallel
 import torch
 from sdp_runtime.torch.parallel.distributed import DistributedDataParallel as SMDDP_DDP
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._checks import checks_in, expect_raises, run_checks
 
@@ -312,6 +313,27 @@ def check_distributed_optimizer_with_scheduler_made_before() -> None:
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "lr_scheduler" in m or "step" in m], messages
     assert opt.param_groups[0]["lr"] == 0.05
+
+
+def check_distributed_optimizer_step_hooks_run_once_after_state_broadcast() -> None:
+    """load_state_dict (the other ranks' broadcast_optimizer_state) re-patches ``step``: the
+    hooks of a DistributedOptimizer must still run once per step on every rank (issue 18)."""
+    model = _model()
+    opt = sdp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    sdp.broadcast_optimizer_state(opt, root_rank=0)
+    calls = []
+    handle = register_optimizer_step_post_hook(
+        lambda *args: calls.append("global"))
+    own = opt.register_step_post_hook(lambda *args: calls.append("own"))
+    try:
+        for micro in range(3):
+            opt.zero_grad()
+            _loss(model, sdp.rank(), micro).backward()
+            opt.step()
+    finally:
+        handle.remove()
+        own.remove()
+    assert sorted(calls) == ["global"] * 3 + ["own"] * 3, calls
 
 
 def check_distributed_optimizer_closure() -> None:

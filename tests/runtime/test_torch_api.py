@@ -22,6 +22,7 @@ SUITE_CHECKS = [
     "distributed_optimizer_synchronize_then_clip",
     "distributed_optimizer_missing_gradients",
     "distributed_optimizer_with_scheduler_made_before",
+    "distributed_optimizer_step_hooks_run_once_after_state_broadcast",
     "distributed_optimizer_closure",
     "ddp_averages_gradients",
     "ddp_state_dict_is_unprefixed_and_loads_both_ways",
