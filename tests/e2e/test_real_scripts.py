@@ -1,12 +1,12 @@
 """Real-style training scripts, converted and run for real (issue 18).
 
-Scripts in ``real/scripts/`` are written in the styles of the public examples people convert
-(pytorch/examples mnist, word_language_model, dcgan; kuangliu/pytorch-cifar's main.py; Horovod's
-PyTorch and TensorFlow 2 examples; the Keras guides; tensorflow.org's quickstart; SageMaker script
-mode). Their dataset downloads are replaced by small synthetic data
-(``real/stubs/sitecustomize.py``, which also logs who writes which file and counts optimizer steps
-per process). Each script is
-converted with the real ``sdp-convert`` and run three times:
+Scripts in ``real/scripts/`` (and three golden fixtures' inputs) are written in the styles of the
+public examples people convert (pytorch/examples mnist, word_language_model, dcgan;
+kuangliu/pytorch-cifar's main.py; Horovod's PyTorch and TensorFlow 2 examples; the Keras guides;
+tensorflow.org's quickstart; SageMaker script mode). Their dataset downloads are replaced by
+small synthetic data (``real/stubs/sitecustomize.py``, which also logs who writes which file and
+counts optimizer steps per process). Each script is converted with the real ``sdp-convert`` and
+run three times:
 
 * ``original``: ``python script.py`` (one process, batch B);
 * ``converted_1p``: the converted script, ``python converted.py`` (batch B);
@@ -110,9 +110,11 @@ CASES = [
          weights=("best_state.pt",), equivalent=True,
          source=FIXTURES / "torch" / "word_language_model" / "input.py"),
     Case("pt_dcgan.py", 16, 0.0002, ("--batchSize", "{batch}", "--lr", "{lr}", "--niter", "1"),
-         weights=("out/netG_epoch_0.pth",), deterministic=False),
+         weights=("out/netG_epoch_0.pth",), deterministic=False,
+         source=FIXTURES / "torch" / "dcgan_samples" / "input.py"),
     Case("pt_cifar_main.py", 32, 0.1, ("--lr", "{lr}", "--batch", "{batch}"),
-         weights=(), deterministic=False),
+         weights=(), deterministic=False,
+         source=FIXTURES / "torch" / "cifar_best_checkpoint" / "input.py"),
     Case("pt_large_mlp.py", 8, 0.05, weights=("large_mlp.pt",), equivalent=True, atol=1e-5,
          timeout=200),
     Case("hvd_pt_mnist.py", 16, 0.01, weights=("mnist_hvd.pt",), equivalent=True, horovod=True),
