@@ -401,10 +401,11 @@ class _Traversal(cst.CSTTransformer):
                 flush()
                 body.extend(edits.before[original])
             replacement = list(edits.replaced.get(original, [new]))
-            if not replacement and getattr(new, "leading_lines", ()):
+            removed_lines: Sequence[cst.EmptyLine] = getattr(new, "leading_lines", [])
+            if not replacement and removed_lines:
                 # A removed statement's blank lines before it stay, on the next statement (its
                 # comments go with it: they describe it).
-                for line in new.leading_lines:  # type: ignore[attr-defined]
+                for line in removed_lines:
                     if line.comment is not None:
                         break
                     carried.append(line)

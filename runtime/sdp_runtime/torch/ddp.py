@@ -138,11 +138,12 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             >>> torch.save(ddp_model, "model.pt")  # torch.load gives the plain module
         """
         reduced = self.module.__reduce_ex__(protocol)
-        if reduced[0] is copyreg.__newobj__ and len(reduced[1]) == 1:
+        if reduced[0] is copyreg.__newobj__ and len(reduced[1]) == 1:  # type: ignore[attr-defined]
             # pickle refuses __newobj__ for a class other than the pickled object's; the
             # protocol-1 spelling of the same ``object.__new__(cls)`` is accepted (stdlib only,
             # so the file loads where sdp_runtime is not installed).
-            return (copyreg._reconstructor, (reduced[1][0], object, None), *reduced[2:])
+            rebuild = copyreg._reconstructor  # type: ignore[attr-defined]
+            return (rebuild, (reduced[1][0], object, None), *reduced[2:])
         return reduced
 
     # A wrapped container (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) keeps
