@@ -1,12 +1,15 @@
 """Say where one fixed seed makes every rank draw the same "random" numbers in training.
 
-Before and after (unchanged; a manual note at the seed)::
+Before::
 
     torch.manual_seed(999)
     netG = Generator()
     for data in loader:
         noise = torch.randn(b_size, nz, 1, 1)   # the same noise on every rank
         ...
+
+After: unchanged, with a manual note at the seed (seed again with ``seed + sdp.rank()`` after
+the model is built, if the draws should differ).
 
 Why: a seed set once is the same on every rank. That is right for the model's initial weights
 (they must match; DDP and the broadcast make sure anyway), but the numbers drawn in the training
