@@ -121,8 +121,21 @@ jobs = 1
     assert out.returncode == 1 and b"[wrap_model_ddp]" not in out.stderr
 
 
+def test_rank0_output_from_the_file_and_the_flag(tmp_path):
+    script = TRAIN + 'print("done")\n'
+    write(tmp_path / "pyproject.toml", '[tool.sdp-convert]\nrank0-output = "all"\n')
+    write(tmp_path / "a.py", script)
+    assert sdp(str(tmp_path / "a.py")).returncode == 0
+    assert 'sdp.rank0_print("done")' in (tmp_path / "a.py").read_text()
+    write(tmp_path / "b.py", script)
+    assert sdp("--rank0-output", "progress", str(tmp_path / "b.py")).returncode == 0
+    assert 'print("done")' in (tmp_path / "b.py").read_text()
+    assert "rank0_print" not in (tmp_path / "b.py").read_text()
+
+
 @pytest.mark.parametrize(("table", "message"), [
     ('lr-scalling = "sqrt"', "unknown key 'lr-scalling'"),
+    ('rank0-output = "some"', "rank0-output: 'some' is not one of progress, all, none"),
     ('lr-scaling = "cubic"', "lr-scaling: 'cubic' is not one of linear, sqrt, none"),
     ("jobs = 0", "jobs: must be a whole number"),
     ('skip = ["no_such_transform"]', "unknown transform no_such_transform"),

@@ -59,6 +59,7 @@ def convert(
     *,
     lr_scaling: str = "linear",
     framework: str = "auto",
+    rank0_output: str = "progress",
     only: Iterable[str] = (),
     skip: Iterable[str] = (),
     notebook: bool = False,
@@ -69,6 +70,8 @@ def convert(
         source: the code; ``str`` is encoded as UTF-8, ``bytes`` are read as Python reads a file.
         lr_scaling: ``"linear"`` (times ``size()``), ``"sqrt"`` or ``"none"``.
         framework: ``"auto"`` (detect), ``"torch"`` or ``"tensorflow"``.
+        rank0_output: what shows on rank 0 only: ``"progress"`` (tqdm bars), ``"all"`` (also
+            ``print``, through ``sdp.rank0_print``) or ``"none"``.
         only, skip: transform names (``sdp-convert --list-transforms``) to run only / leave out.
         notebook: ``source`` is a Jupyter notebook (JSON); its code cells are converted.
 
@@ -86,6 +89,8 @@ def convert(
 
     if lr_scaling not in ("linear", "sqrt", "none"):
         raise ValueError(f"lr_scaling must be linear, sqrt or none, not {lr_scaling!r}")
+    if rank0_output not in ("progress", "all", "none"):
+        raise ValueError(f"rank0_output must be progress, all or none, not {rank0_output!r}")
     if framework not in ("auto", "torch", "tensorflow"):
         raise ValueError(f"framework must be auto, torch or tensorflow, not {framework!r}")
     only_names, skip_names = frozenset(only), frozenset(skip)
@@ -93,6 +98,7 @@ def convert(
     if unknown:
         raise ValueError(f"unknown transform {', '.join(sorted(unknown))}")
     options = Options(lr_scaling=lr_scaling, framework=framework,  # type: ignore[arg-type]
+                      rank0_output=rank0_output,  # type: ignore[arg-type]
                       only=only_names, skip=skip_names)
     data = source.encode("utf-8") if isinstance(source, str) else source
     result = convert_bytes(data, "source.ipynb" if notebook else "source.py", options)

@@ -52,6 +52,8 @@ class Options:
 
     lr_scaling: LrScaling = "linear"
     framework: Literal["auto", "torch", "tensorflow"] = "auto"
+    #: What prints on rank 0 only: progress bars (tqdm), also ``print`` calls ("all"), or nothing.
+    rank0_output: Literal["progress", "all", "none"] = "progress"
     only: frozenset[str] = frozenset()
     skip: frozenset[str] = frozenset()
     #: Run the transforms on a script that uses sdp_runtime already (normally left alone): the

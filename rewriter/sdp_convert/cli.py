@@ -40,6 +40,12 @@ class Framework(str, Enum):
     tensorflow = "tensorflow"
 
 
+class Rank0Output(str, Enum):
+    progress = "progress"
+    all = "all"
+    none = "none"
+
+
 class ReportFormat(str, Enum):
     text = "text"
     json = "json"
@@ -103,6 +109,12 @@ def convert_cmd(
         Framework | None,
         typer.Option("--framework", show_default=False,
                      help="Treat files as this framework [default: auto]."),
+    ] = None,
+    rank0_output: Annotated[
+        Rank0Output | None,
+        typer.Option("--rank0-output", show_default=False,
+                     help="What shows on rank 0 only: progress bars (tqdm), all (also print, "
+                     "through sdp.rank0_print) or none [default: progress]."),
     ] = None,
     only: Annotated[
         list[str],
@@ -233,6 +245,7 @@ def convert_cmd(
     options = Options(
         lr_scaling=lr_scaling.value if lr_scaling else cfg.get("lr-scaling", "linear"),
         framework=framework.value if framework else cfg.get("framework", "auto"),
+        rank0_output=rank0_output.value if rank0_output else cfg.get("rank0-output", "progress"),
         only=only_names,
         skip=skip_names,
     )

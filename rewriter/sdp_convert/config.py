@@ -25,6 +25,7 @@ else:  # pragma: no cover - Python 3.10
 KEYS: dict[str, type] = {
     "lr-scaling": str,
     "framework": str,
+    "rank0-output": str,
     "only": list,
     "skip": list,
     "exclude": list,
@@ -33,7 +34,11 @@ KEYS: dict[str, type] = {
     "respect-gitignore": bool,
     "jobs": int,
 }
-CHOICES = {"lr-scaling": ("linear", "sqrt", "none"), "framework": ("auto", "torch", "tensorflow")}
+CHOICES = {
+    "lr-scaling": ("linear", "sqrt", "none"),
+    "framework": ("auto", "torch", "tensorflow"),
+    "rank0-output": ("progress", "all", "none"),
+}
 
 
 class ConfigError(Exception):

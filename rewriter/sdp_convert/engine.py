@@ -385,6 +385,7 @@ class _Traversal(cst.CSTTransformer):
             return list(updated)
         body: list[cst.BaseStatement] = []
         guard_run: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] = []
 
         def flush() -> None:
             if guard_run:
@@ -400,6 +401,21 @@ class _Traversal(cst.CSTTransformer):
                 flush()
                 body.extend(edits.before[original])
             replacement = list(edits.replaced.get(original, [new]))
+            removed_lines: Sequence[cst.EmptyLine] = getattr(new, "leading_lines", [])
+            if not replacement and removed_lines:
+                # A removed statement's blank lines before it stay, on the next statement (its
+                # comments go with it: they describe it).
+                for line in removed_lines:
+                    if line.comment is not None:
+                        break
+                    carried.append(line)
+            elif carried and hasattr(replacement[0], "leading_lines"):
+                first = replacement[0]
+                own = list(first.leading_lines)  # type: ignore[attr-defined]
+                if own and all(line.comment is None for line in carried):
+                    carried.clear()  # blank lines only, and the next statement has its own
+                replacement[0] = first.with_changes(leading_lines=[*carried, *own])
+                carried.clear()
             if original in edits.guarded:
                 guard_run.extend(replacement)
             else:

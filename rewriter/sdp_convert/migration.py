@@ -20,6 +20,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .analysis import FileInfo
 from .base import Transform
+from .program.index import file_index
 from .program.ranks import is_rank_exit
 
 
@@ -211,6 +212,8 @@ class Migration(Transform):
                 for full, bound in _bindings(small):
                     if full in self.modules and bound != full:
                         self.aliases.setdefault(self.modules[full].module, bound)
+        #: Uses of a bare ``import horovod`` that nothing rewrites (``horovod.spark.run``).
+        self._root_left = self._unmapped_root_uses(module)
         self._assignments: list[tuple[list[cst.BaseExpression], cst.BaseExpression]] = []
         self._rank_flags: set[str] = set()
         self.alias = self._module_alias(module)
@@ -229,6 +232,30 @@ class Migration(Transform):
                 self._check_broadcast()
                 self._check_saves()
                 self._check_lr_scaling()
+
+    def _unmapped_root_uses(self, module: cst.Module) -> list[cst.CSTNode]:
+        """Uses of the name a bare ``import horovod`` binds that the migration leaves as they
+        are: not ``horovod.torch...`` (a mapped module, rewritten) nor ``horovod.__version__``."""
+        index = file_index(self)
+        kept = {*self.modules, f"{self.ROOT}.__version__"}
+        left: list[cst.CSTNode] = []
+        seen: set[int] = set()
+        for binding in index.bindings_of(self.ROOT.split(".")[0], None):
+            for node in index.uses(binding):
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                chain: cst.CSTNode = node
+                while True:
+                    parent = self.parent(chain)
+                    if not (isinstance(parent, cst.Attribute) and parent.value is chain):
+                        break
+                    chain = parent
+                parts = (get_full_name_for_node(chain) or "").split(".")
+                prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+                if not prefixes & kept:
+                    left.append(node)
+        return left
 
     def configure(self) -> None:
         """Adjust ``self.modules``/``self.moved_names`` to this file (subclasses)."""
@@ -277,6 +304,22 @@ class Migration(Transform):
                 new_names.append(alias.with_changes(name=_dotted(target)))
                 changed = True
                 self.record(original_node, f"{full} -> {target} (same names)")
+                continue
+            if full == self.ROOT and alias.asname is None:
+                # ``import horovod``: its uses point at sdp_runtime now (or are noted one by
+                # one); the import itself would only stop the script where horovod is absent.
+                changed = True
+                left = len(self._root_left)
+                self.record(
+                    original_node,
+                    f"import {full} removed: "
+                    + (
+                        f"{left} use(s) are not provided by sdp_runtime (see their notes)"
+                        if left
+                        else "its uses now point at sdp_runtime"
+                    ),
+                    manual=bool(left),
+                )
                 continue
             if full == self.ROOT or full.startswith(self.ROOT + "."):
                 self.record(
@@ -457,6 +500,12 @@ class Migration(Transform):
                 return updated
             parent, member = _parent_and_name(full)
             if parent not in self.modules:
+                if parent == self.ROOT and member == "__version__":
+                    self._import_for("sdp_runtime")
+                    self._record_once(original, f"{spelled} -> sdp_runtime.__version__")
+                    return _dotted("sdp_runtime.__version__").with_changes(
+                        lpar=updated.lpar, rpar=updated.rpar
+                    )
                 if parent == self.ROOT and not any(
                     m == full or m.startswith(full + ".") for m in self.modules
                 ):  # horovod.__version__, horovod.spark

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from .transforms import (
     add_runtime_init,
+    allow_existing_dirs,
+    barrier_before_reads,
     broadcast_initial_state,
     disable_step_xla,
     flag_manual_steps,
@@ -18,12 +20,15 @@ from .transforms import (
     migrate_horovod,
     migrate_smddp,
     note_already_distributed,
+    note_shared_seeds,
     pin_gpu_device,
     pin_tf_gpus,
+    print_on_rank0,
     scale_keras_learning_rate,
     scale_learning_rate,
     shard_dataloader,
     shard_tf_dataset,
+    update_keras2_calls,
     wrap_gradient_tape,
     wrap_keras_fit,
     wrap_model_ddp,
@@ -56,12 +61,21 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.
     guard_rank0_writes.GuardRank0Writes,
+    # After the guards: directories and output already on rank 0 only are left alone.
+    allow_existing_dirs.AllowExistingDirs,
+    print_on_rank0.PrintOnRank0,
     flag_manual_steps.FlagManualSteps,
+    note_shared_seeds.NoteSharedSeeds,
     # Horovod / SMDDP / already distributed files only (the transforms above run on single-process
     # scripts), so their place here does not matter.
     migrate_horovod.MigrateHorovod,
     migrate_smddp.MigrateSmddp,
     note_already_distributed.NoteAlreadyDistributed,
+    # Keras 2 spellings, also in the Horovod / SMDDP scripts above (edits calls no one else edits).
+    update_keras2_calls.UpdateKeras2Calls,
+    # After every rank-0 guard (guard_rank0_writes' and the migrations'): a file written there
+    # and read back later needs a barrier before the read.
+    barrier_before_reads.BarrierBeforeReads,
 )
 
 

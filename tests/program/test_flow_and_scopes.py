@@ -161,3 +161,23 @@ def test_origin_stops_with_the_reason_when_it_is_ambiguous():
         "a, b = load()\nconsume(a)\n",
         "a",
     ) == ["problem: a is unpacked from load()"]
+
+
+def test_branch_join_of_a_model_chosen_in_if_else():
+    from sdp_convert.program.models import branch_join
+
+    t = probe(
+        "if a:\n    model = A()\nelif b:\n    model = B()\nelse:\n    model = C()\n"
+        "if train:\n    net = D()\n    net = E(net)\n"
+        "try:\n    m2 = F()\nexcept ImportError:\n    m2 = G()\n"
+    )
+    assigns = [s for s in m.findall(t.module, m.SimpleStatementLine())]
+    by_code = {t.module.code_for_node(s).strip(): s for s in assigns}
+    models = [by_code["model = A()"], by_code["model = B()"], by_code["model = C()"]]
+    join = branch_join(t, models[2], models)
+    assert join is t.module.body[0]
+    assert branch_join(t, models[0], models) is t.module.body[0]
+    nets = [by_code["net = D()"], by_code["net = E(net)"]]
+    assert branch_join(t, nets[1], nets) is None  # same branch: no join
+    tries = [by_code["m2 = F()"], by_code["m2 = G()"]]
+    assert branch_join(t, tries[1], tries) is t.module.body[2]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import io
 import os
+import pickle
 import warnings
 from typing import Any
 
@@ -13,6 +15,7 @@ import sdp_runtime.torch.parallel
 import torch
 from sdp_runtime.torch.parallel.distributed import DistributedDataParallel as SMDDP_DDP
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._checks import checks_in, expect_raises, run_checks
 
@@ -312,6 +315,27 @@ def check_distributed_optimizer_with_scheduler_made_before() -> None:
     assert opt.param_groups[0]["lr"] == 0.05
 
 
+def check_distributed_optimizer_step_hooks_run_once_after_state_broadcast() -> None:
+    """load_state_dict (the other ranks' broadcast_optimizer_state) re-patches ``step``: the
+    hooks of a DistributedOptimizer must still run once per step on every rank (issue 18)."""
+    model = _model()
+    opt = sdp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    sdp.broadcast_optimizer_state(opt, root_rank=0)
+    calls = []
+    handle = register_optimizer_step_post_hook(
+        lambda *args: calls.append("global"))
+    own = opt.register_step_post_hook(lambda *args: calls.append("own"))
+    try:
+        for micro in range(3):
+            opt.zero_grad()
+            _loss(model, sdp.rank(), micro).backward()
+            opt.step()
+    finally:
+        handle.remove()
+        own.remove()
+    assert sorted(calls) == ["global"] * 3 + ["own"] * 3, calls
+
+
 def check_distributed_optimizer_closure() -> None:
     r = sdp.rank()
     model = _model()
@@ -380,6 +404,25 @@ def check_ddp_state_dict_is_unprefixed_and_loads_both_ways() -> None:
     outer.load_state_dict(saved)
     assert _listed(net) == _listed(third)
     assert ddp.scale == 3 and ddp.describe() == "net x3" and ddp.fc is net.fc and ddp.module is net
+
+
+def check_ddp_pickles_as_the_plain_module() -> None:
+    """``torch.save(model)`` of a wrapped model loads in the unconverted script (issue 18)."""
+    torch.manual_seed(0)
+    net = _Net()
+    ddp = sdp.DistributedDataParallel(net)
+    buffer = io.BytesIO()
+    torch.save(ddp, buffer)
+    assert b"sdp_runtime" not in buffer.getvalue()
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded) is _Net and loaded is not net
+    assert _listed(loaded) == _listed(net) and loaded.scale == 3
+    loaded(torch.ones(2, 3)).sum().backward()  # a working plain module, no process group
+    inside = pickle.loads(pickle.dumps({"model": ddp, "again": ddp}))
+    assert type(inside["model"]) is _Net and inside["again"] is inside["model"]
+    twin = copy.deepcopy(ddp)
+    assert type(twin) is _Net and _listed(twin) == _listed(net)
 
 
 def check_ddp_fp16_compression_trains() -> None:
@@ -479,6 +522,11 @@ def single_process() -> dict[str, Any]:
     with wrapped.no_sync(), wrapped.join():
         _loss(wrapped, 0).backward()
     wrapped.register_comm_hook(None, lambda state, bucket: None)
+    buffer = io.BytesIO()
+    torch.save(wrapped, buffer)  # alone the wrapper has no process group: pickling must not care
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    out["pickled"] = [type(loaded).__name__, torch.equal(loaded.weight, wrapped.module.weight)]
     out["alone_ddp"] = [wrapped.communicates, hasattr(wrapped, "reducer"),
                         isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
                         wrapped.module is not None]

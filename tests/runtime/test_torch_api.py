@@ -22,9 +22,11 @@ SUITE_CHECKS = [
     "distributed_optimizer_synchronize_then_clip",
     "distributed_optimizer_missing_gradients",
     "distributed_optimizer_with_scheduler_made_before",
+    "distributed_optimizer_step_hooks_run_once_after_state_broadcast",
     "distributed_optimizer_closure",
     "ddp_averages_gradients",
     "ddp_state_dict_is_unprefixed_and_loads_both_ways",
+    "ddp_pickles_as_the_plain_module",
     "ddp_fp16_compression_trains",
     "ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups",
 ]
@@ -58,6 +60,7 @@ def test_one_process_without_launcher_behaves_like_the_original(tmp_path):
     assert out["fp16_untouched"] is True
     assert out["allgather"] == [5]
     assert out["objects"] == ["x", ["y"]]
+    assert out["pickled"] == ["Linear", True]
     assert out["same_as_original"] is True
     assert out["alone_ddp"] == [False, False, True, True]
     assert out["after_shutdown"] == [False, False]

@@ -506,3 +506,63 @@ writer = tf.summary.create_file_writer("logs") if sdp.rank() == 0 else tf.summar
 """,
         only=ONLY,
     )
+
+
+def test_image_writers_trackers_and_pil_saves_are_writes():
+    """Issue 18: dcgan's save_image, PIL saves and experiment trackers ran on every rank."""
+    from .helpers import run
+
+    result = run(
+        """\
+        import mlflow
+        import torch
+        import torchvision.utils as vutils
+        import wandb
+        from PIL import Image
+
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        wandb.init(project="p")
+        with mlflow.start_run():
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+                wandb.log({"loss": 1.0})
+                mlflow.log_metric("loss", 1.0)
+            vutils.save_image(fake, "samples.png", normalize=True)
+        img = Image.fromarray(grid).convert("RGB")
+        img.save("grid.png")
+        other.save("not_an_image")
+        """,
+        "guard_rank0_writes",
+    )
+    code = result.output.decode()
+    assert 'if sdp.rank() == 0:\n    wandb.init(project="p")' in code
+    assert "with mlflow.start_run() if sdp.rank() == 0 else contextlib.nullcontext():" in code
+    assert 'if sdp.rank() == 0:\n            wandb.log({"loss": 1.0})\n            mlflow.log_metric' in code
+    assert 'if sdp.rank() == 0:\n        vutils.save_image(fake, "samples.png"' in code
+    assert 'if sdp.rank() == 0:\n    img.save("grid.png")' in code
+    assert '\nother.save("not_an_image")' in code
+
+
+def test_writes_into_a_temporary_directory_of_the_process_stay_on_every_rank():
+    from .helpers import run
+
+    result = run(
+        """\
+        import os
+        import tempfile
+
+        import torch
+
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save(model.state_dict(), os.path.join(tmp, "m.pt"))
+        """,
+        "guard_rank0_writes",
+    )
+    assert "rank() == 0" not in result.output.decode()

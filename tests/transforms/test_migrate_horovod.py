@@ -184,6 +184,89 @@ def test_unrelated_imports_on_the_same_line_stay():
     )
 
 
+def test_bare_import_whose_uses_are_all_rewritten_is_dropped():
+    """Issue 18: horovod's own examples also ``import horovod``; left in, the converted file died
+    with ModuleNotFoundError before anything ran."""
+    result = check_transformed(
+        """\
+        import argparse
+
+        import horovod
+        import horovod.torch as hvd
+        import torch
+
+        print("horovod", horovod.__version__)
+        hvd.init()
+        horovod.torch.broadcast_object(1, root_rank=0)
+        """,
+        """\
+        import argparse
+
+        import sdp_runtime.torch as hvd
+        import torch
+        import sdp_runtime
+
+        print("horovod", sdp_runtime.__version__)
+        hvd.init()
+        hvd.broadcast_object(1, root_rank=0)
+        """,
+        only=ONLY,
+    )
+    assert "import horovod removed: its uses now point at sdp_runtime" in messages(result, ONLY)
+    assert "horovod.__version__ -> sdp_runtime.__version__" in messages(result, ONLY)
+    assert not result.manual
+
+
+def test_bare_import_with_attribute_chains_only():
+    check_transformed(
+        """\
+        import horovod
+
+        horovod.tensorflow.init()
+        print(horovod.tensorflow.rank())
+        """,
+        """\
+        import sdp_runtime.tensorflow
+
+        sdp_runtime.tensorflow.init()
+        print(sdp_runtime.tensorflow.rank())
+        """,
+        only=ONLY,
+    )
+
+
+def test_bare_import_with_uses_the_runtime_lacks_is_dropped_and_each_use_noted():
+    result = migrate(
+        """\
+        import horovod
+        import horovod.torch as hvd
+
+        hvd.init()
+        horovod.run(print, np=2)
+        """
+    )
+    code = result.output.decode()
+    assert "import horovod\n" not in code and "import sdp_runtime.torch as hvd" in code
+    found = manual(result)
+    assert found[0] == (
+        1, "import horovod removed: 1 use(s) are not provided by sdp_runtime (see their notes)"
+    )
+    assert found[1][0] == 5 and found[1][1].startswith("horovod.run: not provided by sdp_runtime")
+
+
+def test_aliased_bare_import_is_left_with_a_note():
+    result = migrate(
+        """\
+        import horovod as hv
+        import horovod.torch as hvd
+
+        hvd.init()
+        """
+    )
+    assert "import horovod as hv" in result.output.decode()
+    assert "sdp_runtime has no equivalent of horovod" in manual(result)[0][1]
+
+
 # -- what the runtime does not provide ------------------------------------------------------------
 
 

@@ -680,3 +680,156 @@ def test_without_a_visible_optimizer_the_module_feeding_backward_is_the_model():
         """,
         only=ONLY,
     )
+
+
+def test_model_chosen_in_if_elif_else_is_wrapped_where_the_branches_join():
+    """Issue 18 (word_language_model): only the last branch was wrapped, so the Transformer
+    option trained with no gradient averaging."""
+    result = check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+
+        if args.model == "Transformer":
+            model = nn.Transformer(d_model=8, nhead=2).to(device)
+        elif args.model == "GRU":
+            model = nn.GRU(8, 8)
+            model.to(device)
+        else:
+            model = nn.LSTM(8, 8).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        if args.model == "Transformer":
+            model = nn.Transformer(d_model=8, nhead=2).to(device)
+        elif args.model == "GRU":
+            model = nn.GRU(8, 8)
+            model.to(device)
+        else:
+            model = nn.LSTM(8, 8).to(device)
+        model = sdp.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        only=ONLY,
+    )
+    assert messages(result, ONLY, manual=True) == []
+
+
+def test_model_replaced_on_resume_is_wrapped_after_the_if():
+    check_transformed(
+        """\
+        import torch
+
+        model = Net()
+        if args.resume:
+            model = torch.load(args.resume, weights_only=False)
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = Net()
+        if args.resume:
+            model = torch.load(args.resume, weights_only=False)
+        model = sdp.DistributedDataParallel(model)
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_model_used_inside_its_branch_gets_a_note():
+    result = check_transformed(
+        """\
+        import torch
+
+        if big:
+            model = Big()
+            print(model(example))
+        else:
+            model = Small()
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        if big:
+            model = Big()
+            print(model(example))
+        else:
+            model = Small()
+            model = sdp.DistributedDataParallel(model)
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        only=ONLY,
+    )
+    (note,) = messages(result, ONLY, manual=True)
+    assert note.startswith("model is created in several branches and used inside one")
+
+
+def test_a_model_made_and_trained_inside_one_branch_stays_there():
+    check_transformed(
+        """\
+        import torch
+
+        if train:
+            model = Net()
+            optimizer = torch.optim.Adam(model.parameters())
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        if train:
+            model = Net()
+            model = sdp.DistributedDataParallel(model)
+            optimizer = torch.optim.Adam(model.parameters())
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+        """,
+        only=ONLY,
+    )

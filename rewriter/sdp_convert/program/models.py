@@ -272,3 +272,61 @@ def part_of_a_model(t: Transform, name: str, scope: Scope) -> bool:
             ):
                 return True
     return False
+
+
+def _branch(compound: cst.CSTNode, node: cst.CSTNode, t: Transform) -> int | None:
+    """Which branch (suite) of an ``if``/``try`` holds ``node``: an index, None if none."""
+    if isinstance(compound, cst.If):
+        suites: list[cst.CSTNode | None] = [compound.body, compound.orelse]
+    elif isinstance(compound, cst.Try):
+        suites = [compound.body, *compound.handlers, compound.orelse, compound.finalbody]
+    else:
+        return None
+    ids = {id(s): i for i, s in enumerate(suites) if s is not None}
+    for parent in (node, *t.ancestors(node)):
+        if id(parent) in ids:
+            return ids[id(parent)]
+        if parent is compound:
+            break
+    return None
+
+
+def branch_join(t: Transform, creation: cst.CSTNode, others: list[cst.CSTNode]
+) -> cst.If | cst.Try | None:
+    """Where the branches that create one model join: the outermost ``if``/``try`` around
+    ``creation`` (in its function) with another creation of the same model (``others``) in another
+    of its branches, or before it (``if resume: model = load(...)``). None when ``creation`` is
+    the only one that can reach what follows.
+
+    Example: ``if a: model = A()`` / ``else: model = B()``: the ``if`` statement.
+    """
+    function = t.enclosing_function(creation)
+    index = file_index(t)
+    rivals = [o for o in others if o is not creation and t.enclosing_function(o) is function]
+    join: cst.If | cst.Try | None = None
+    for parent in t.ancestors(creation):
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Module)):
+            break
+        if not isinstance(parent, (cst.If, cst.Try)):
+            continue
+        mine = _branch(parent, creation, t)
+        for other in rivals:
+            theirs = _branch(parent, other, t)
+            if (theirs is not None and theirs != mine) or (
+                theirs is None and index.is_before(other, parent)
+            ):
+                join = parent
+                break
+    return join
+
+
+def used_inside(t: Transform, uses: list[cst.CSTNode], node: cst.CSTNode) -> bool:
+    """A load of the model in ``node`` other than a setup call (``model.to(device)``)."""
+    for use in uses:
+        if not any(p is node for p in t.ancestors(use)):
+            continue
+        parent = t.parent(use)
+        if not (isinstance(parent, cst.Attribute) and parent.value is use
+                and parent.attr.value in SETUP_METHODS):
+            return True
+    return False

@@ -28,6 +28,32 @@ WRITES: dict[str, tuple[int, str] | None] = {
     "os.rename": None,
     "os.replace": None,
     "matplotlib.pyplot.savefig": (0, "fname"),
+    "matplotlib.pyplot.imsave": (0, "fname"),
+    "joblib.dump": (1, "filename"),
+    "imageio.imwrite": (0, "uri"),
+    "imageio.imsave": (0, "uri"),
+    "imageio.v2.imwrite": (0, "uri"),
+    "imageio.v3.imwrite": (0, "uri"),
+    "cv2.imwrite": None,
+    "scipy.io.savemat": (0, "file_name"),
+    "scipy.io.wavfile.write": (0, "filename"),
+    "soundfile.write": (0, "file"),
+    # Experiment trackers: one run, logged once, by rank 0.
+    "wandb.log": None,
+    "wandb.save": None,
+    "wandb.log_artifact": None,
+    "mlflow.log_metric": None,
+    "mlflow.log_metrics": None,
+    "mlflow.log_param": None,
+    "mlflow.log_params": None,
+    "mlflow.log_artifact": None,
+    "mlflow.log_artifacts": None,
+    "mlflow.log_dict": None,
+    "mlflow.log_figure": None,
+    "mlflow.log_image": None,
+    "mlflow.log_text": None,
+    "mlflow.set_tag": None,
+    "mlflow.set_tags": None,
 }
 
 
@@ -54,7 +80,18 @@ METHOD_WRITES = (
 
 
 FRAMEWORK_WRITES: dict[str, dict[str, tuple[int, str] | None]] = {
-    "torch": {"torch.save": (1, "f"), "torch.jit.save": (1, "f"), "torch.onnx.export": (2, "f")},
+    "torch": {
+        "torch.save": (1, "f"),
+        "torch.jit.save": (1, "f"),
+        "torch.onnx.export": (2, "f"),
+        "torchvision.utils.save_image": (1, "fp"),
+        "torchvision.io.write_png": (1, "filename"),
+        "torchvision.io.write_jpeg": (1, "filename"),
+        "torchvision.io.write_video": (0, "filename"),
+        "torchaudio.save": (0, "uri"),
+        "mlflow.pytorch.log_model": None,
+        "mlflow.pytorch.save_model": None,
+    },
     "tensorflow": {
         "tensorflow.saved_model.save": None,
         "tensorflow.keras.models.save_model": None,
@@ -62,6 +99,8 @@ FRAMEWORK_WRITES: dict[str, dict[str, tuple[int, str] | None]] = {
         "keras.models.save_model": None,
         "keras.saving.save_model": None,
         "tensorflow.io.write_file": None,
+        "mlflow.tensorflow.log_model": None,
+        "mlflow.keras.log_model": None,
     },
 }
 
@@ -86,7 +125,7 @@ OPENERS: dict[str, tuple[str, int]] = {
 
 
 # Objects that write files as they are used (a handle, like an open file).
-HANDLES = ("tensorboardX.SummaryWriter",)
+HANDLES = ("tensorboardX.SummaryWriter", "wandb.init", "mlflow.start_run")
 
 
 FRAMEWORK_HANDLES: dict[str, tuple[str, ...]] = {
@@ -139,3 +178,34 @@ def open_mode(call: cst.Call, default: str, position: int) -> str | None:
         value = arg.value.evaluated_value
         return value if isinstance(value, str) else None
     return None
+
+
+#: Calls making a PIL image (``img.save(path)`` writes it).
+PIL_IMAGES = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image")
+
+
+def pil_saves(t: Transform) -> list[cst.Call]:
+    """``<image>.save(path)`` of a PIL image made in this file (``Image.fromarray(a)``,
+    ``Image.open(p).convert("RGB")``, ``to_pil_image(t)``)."""
+    found = []
+    for call in t.method_calls("save"):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and call.args):
+            continue
+        receiver = func.value
+        values = assigned_values(t, receiver) if isinstance(receiver, cst.Name) else [receiver]
+        if values and all(_makes_pil_image(t, v) for v in values):
+            found.append(call)
+    return found
+
+
+def _makes_pil_image(t: Transform, value: cst.BaseExpression) -> bool:
+    # ``Image.open(p).convert("RGB").resize(...)``: the innermost call of the chain decides.
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(
+        value.func.value, cst.Call
+    ):
+        value = value.func.value
+    if not isinstance(value, cst.Call):
+        return False
+    names = t.qualified_names(value.func)
+    return any(n.startswith(p) or n == p for n in names for p in PIL_IMAGES)

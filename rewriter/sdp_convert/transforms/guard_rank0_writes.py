@@ -25,9 +25,11 @@ script because the runtime's DistributedDataParallel state dict has no ``module.
 
 What counts as a write: the calls in ``WRITES`` (generic Python: json/pickle/yaml dumps to a
 stream, numpy saves, shutil copies/moves/rmtree, os.remove/rename/replace, matplotlib's savefig,
-pandas ``to_csv``-style and ``Path.write_text``-style methods) and ``FRAMEWORK_WRITES`` (e.g.
-``torch.save``), and ``open`` in a writing mode. Reads, ``print``, logging and ``os.makedirs`` stay
-on every rank. Saves into an ``io.BytesIO`` are not file writes and stay too.
+image/audio writers, wandb/mlflow logging, pandas ``to_csv``-style and ``Path.write_text``-style
+methods, ``save`` of a PIL image) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
+``torchvision.utils.save_image``), and ``open`` in a writing mode. Reads, ``print``, logging
+and ``os.makedirs`` stay on every rank (``allow_existing_dirs`` makes the latter race-free).
+Saves into an ``io.BytesIO`` are not file writes and stay too.
 
 Handles (``open(..., "w")`` and ``SummaryWriter(...)`` assigned to a name or ``self.<attr>``)
 become ``None`` on the other ranks, and every statement using them is guarded, followed into this
@@ -58,6 +60,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
 from ..program.ranks import only_called_on_rank0, rank0_only, runs_collectives
+from ..program.readback import writes_private_temp
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -81,6 +84,7 @@ from ..program.writes import (
     argument,
     in_memory,
     open_mode,
+    pil_saves,
 )
 
 
@@ -114,6 +118,7 @@ class GuardRank0Writes(Transform):
         candidates += self.calls_to(*self._writes, *STREAM_WRITES, *OPENERS, *self._handles)
         for method in METHOD_WRITES:
             candidates += [c for c in self.method_calls(method) if c.args]
+        candidates += pil_saves(self)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
         order = node_order(self)
@@ -165,6 +170,8 @@ class GuardRank0Writes(Transform):
             return
         if rank0_only(self, call) or only_called_on_rank0(self, call):
             return
+        if writes_private_temp(self, call, self.state.info.framework or ""):
+            return  # a tempfile.mkdtemp()/TemporaryDirectory() of this process: every rank's own
         is_handle = opener is not None or any(n in self._handles for n in names)
         parent = self.parent(call)
         if is_handle and isinstance(parent, cst.WithItem) and parent.item is call:

@@ -64,6 +64,7 @@ from ..program.models import (
     MODULE_API,
     SETUP_METHODS,
     arguments,
+    branch_join,
     freezes,
     is_module_value_expr,
     is_plain_object,
@@ -75,6 +76,7 @@ from ..program.models import (
     part_of_a_model,
     stepped_optimizers,
     trained_models,
+    used_inside,
 )
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.syntax import arg_named, code
@@ -280,6 +282,7 @@ class WrapModelDdp(Transform):
         first = self.enclosing_statement(model.creation.stmt)
         if first is None:
             return
+        first = self._join(model, same, first)
         bodies = {
             id(p) for p in self.ancestors(first) if isinstance(p, (cst.Module, cst.IndentedBlock))
         }
@@ -354,6 +357,18 @@ class WrapModelDdp(Transform):
         for name, scope in model.aliases:
             uses.extend(self.index.loads_of(name, scope))
         self._note_method_calls(uses)
+
+    def _join(self, model: _Model, same: list[Binding], first: cst.BaseStatement
+              ) -> cst.BaseStatement:
+        """A model chosen in ``if``/``else`` (or ``try``) is wrapped where the branches join."""
+        creations = [b.stmt for b in same if b.value is not None and not is_wrapper(self, b.value)]
+        join = branch_join(self, model.creation.stmt, creations)
+        if join is None or not used_inside(self, self._uses(model), join):
+            return join or first
+        self.record(join, f"{model.target} is created in several branches and used inside one: "
+                    f"wrapped in the last branch only; wrap it in {self.sdp}."
+                    f"DistributedDataParallel in every branch (or after they join)", manual=True)
+        return first
 
     def _bindings(self, model: _Model) -> list[Binding]:
         if model.owner is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from sdp_runtime._output import rank0_print
 from sdp_runtime.tensorflow.basics import (
     cross_rank,
     cross_size,
@@ -29,6 +30,7 @@ from sdp_runtime.tensorflow.collectives import (
     allgather,
     allgather_object,
     allreduce,
+    barrier,
     broadcast,
     broadcast_object,
     broadcast_variables,
@@ -62,6 +64,7 @@ __all__ = [
     "allgather",
     "allgather_object",
     "allreduce",
+    "barrier",
     "broadcast",
     "broadcast_object",
     "broadcast_variables",
@@ -78,6 +81,7 @@ __all__ = [
     "oob_allreduce",
     "overlap",
     "rank",
+    "rank0_print",
     "shard",
     "shutdown",
     "size",

@@ -457,6 +457,30 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
     return _comm.broadcast_object(obj, root_rank=root_rank)
 
 
+def barrier(process_set: Any = None) -> None:
+    """Wait until every process gets here (eager code only, as in Horovod).
+
+    Use it before a rank reads a file that rank 0 has just written: ``sdp-convert`` inserts it
+    between a write guarded by ``if sdp.rank() == 0:`` and a later read of the same path.
+
+    Arguments:
+        process_set: accepted for Horovod compatibility; every process takes part.
+
+    Example:
+        >>> if sdp.rank() == 0:
+        ...     model.save_weights("w.weights.h5")
+        >>> sdp.barrier()
+        >>> model.load_weights("w.weights.h5")
+    """
+    del process_set
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            "sdp.barrier() runs in eager code only: inside a tf.function it would wait once, "
+            "while tracing; call it outside the function"
+        )
+    _comm.barrier()
+
+
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Return the list of every rank's picklable ``obj``, in rank order.
 

@@ -11,6 +11,10 @@
 - ``state_dict()`` has the wrapped module's keys (no ``module.`` prefix), so a checkpoint saved
   by the converted script loads into the original model, and ``load_state_dict`` takes both
   forms. This holds as well when the wrapper sits inside another module.
+- Pickling the wrapper pickles the wrapped module: ``torch.save(model, "model.pt")`` of the
+  wrapped model stores the plain module, which the original, unconverted script loads
+  (``torch.load(..., weights_only=False)``); ``copy.deepcopy(model)`` gives a copy of the plain
+  module too (an EMA or best-model copy needs no process group).
 - Attributes the wrapper lacks are looked up on the wrapped module (``model.fc``,
   ``model.custom_method()``), as in the single-process script.
 """
@@ -18,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import copyreg
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -125,6 +130,21 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         own = set(self.module.state_dict(keep_vars=True))
         fixed = _strip_prefix(state_dict, own)
         return self.module.load_state_dict(fixed, strict=strict, assign=assign)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle the wrapped module (``torch.save(model)`` of a wrapped model).
+
+        Example:
+            >>> torch.save(ddp_model, "model.pt")  # torch.load gives the plain module
+        """
+        reduced = self.module.__reduce_ex__(protocol)
+        if reduced[0] is copyreg.__newobj__ and len(reduced[1]) == 1:  # type: ignore[attr-defined]
+            # pickle refuses __newobj__ for a class other than the pickled object's; the
+            # protocol-1 spelling of the same ``object.__new__(cls)`` is accepted (stdlib only,
+            # so the file loads where sdp_runtime is not installed).
+            rebuild = copyreg._reconstructor  # type: ignore[attr-defined]
+            return (rebuild, (reduced[1][0], object, None), *reduced[2:])
+        return reduced
 
     # A wrapped container (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) keeps
     # answering ``model[0]``, ``len(model)`` and ``for layer in model`` as before the wrap: scripts

@@ -160,6 +160,13 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name for a factory)
     return optimizer
 
 
+# torch wraps ``type(optimizer).step`` in its hook-calling wrapper when a step function is not
+# marked ``hooked`` (``Optimizer._patch_step_function``, run again by ``load_state_dict``, e.g.
+# in ``broadcast_optimizer_state`` on the other ranks). Our ``step`` ends in the base class's own
+# wrapped ``step``: wrapping it too would run every step hook twice.
+_DistributedMixin.step.hooked = True  # type: ignore[attr-defined]
+
+
 def _distributed_class(base: type) -> type:
     if base not in _classes:
         namespace = {"__module__": base.__module__}

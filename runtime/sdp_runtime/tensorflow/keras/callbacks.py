@@ -15,10 +15,15 @@ from sdp_runtime.tensorflow.keras.xla import prepare_train_function
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Copy ``root_rank``'s model and optimizer variables to every rank when training starts.
 
-    At train begin the optimizer is built if it is not yet (``optimizer.build(
+    At train begin, if the model is built (an ``Input`` layer, a functional model, or one already
+    called), the optimizer is built if it is not yet (``optimizer.build(
     model.trainable_variables)``), so its slot variables exist and are broadcast too. If the
-    model itself has no variables yet (a subclassed model built by its first batch), the
-    broadcast happens after the first batch instead, as in Horovod. Like the other callbacks
+    model is not built yet (a ``Sequential`` without ``Input``, a subclassed model: Keras builds
+    them in the first training step), the broadcast happens after the first batch instead, as
+    in Horovod, once the trainable variables and the optimizer's exist. A model with variables
+    but unbuilt layers (``Dropout``, ``GaussianNoise``, ``RandomFlip`` own a seed variable from
+    construction) counts as unbuilt: building the optimizer then would fix it to an incomplete
+    variable list and the first step would fail. Like the other callbacks
     here, it also moves the gradient allreduce out of XLA if the model is compiled with XLA
     (:func:`~sdp_runtime.tensorflow.keras.xla.prepare_train_function`).
 
@@ -48,12 +53,20 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         prepare_train_function(self.model)
-        if not self.broadcast_done and self.model.variables:
+        if not self.broadcast_done and _fully_built(self.model):
             self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _fully_built(model: keras.Model) -> bool:
+    """The model and every layer in it are built: their variables all exist."""
+    if not model.built:
+        return False
+    layers = getattr(model, "_flatten_layers", None)
+    return all(layer.built for layer in layers()) if layers is not None else True
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -1,0 +1,123 @@
+"""Keras 2 calls that Keras 3 (TensorFlow 2.16+) no longer takes, found in the original tree.
+
+* ``optimizer.variables()``: a property in Keras 3 (``optimizer.variables``); calling the list
+  raises ``TypeError``. Horovod's TF2 recipe writes it
+  (``hvd.broadcast_variables(opt.variables(), root_rank=0)``).
+* ``model.save("dir")`` (no ``.keras``/``.h5`` extension, also the last part of an
+  ``os.path.join``) and ``save_format=``: Keras 3 writes
+  only ``.keras`` and ``.h5`` files; a SavedModel directory is ``model.export("dir")``.
+* ``metric.reset_states()``: ``reset_state()`` in Keras 3.
+* ``model.compile(experimental_run_tf_function=...)``: not an argument of Keras 3.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..base import Transform
+from .keras import is_keras_compile, keras_fit_calls, keras_names, optimizer_class
+from .scopes import assigned_values
+from .syntax import arg_named, code
+
+#: Wrappers that return the optimizer they are given (its ``variables`` stay a property).
+OPTIMIZER_WRAPPERS = (
+    "horovod.tensorflow.DistributedOptimizer",
+    "horovod.tensorflow.keras.DistributedOptimizer",
+    "horovod.keras.DistributedOptimizer",
+    "smdistributed.dataparallel.tensorflow.DistributedOptimizer",
+    "smdistributed.dataparallel.tensorflow.keras.DistributedOptimizer",
+    "sdp_runtime.tensorflow.DistributedOptimizer",
+    "sdp_runtime.tensorflow.keras.DistributedOptimizer",
+)
+
+SAVE_EXTENSIONS = (".keras", ".h5", ".hdf5")
+
+
+def _values(t: Transform, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    return assigned_values(t, expr) if isinstance(expr, cst.Name) else []
+
+
+def is_keras3_optimizer(t: Transform, expr: cst.BaseExpression, depth: int = 0) -> bool:
+    """``expr`` holds a Keras optimizer made here (``tf.keras.optimizers.Adam(...)``, not a
+    ``legacy`` one), maybe wrapped in a DistributedOptimizer."""
+    if depth > 3:
+        return False
+    if isinstance(expr, cst.Call):
+        if any("legacy" in q for q in t.qualified_names(expr.func)):
+            return False
+        if optimizer_class(t, expr) is not None:
+            return True
+        if t.refers_to(expr.func, *OPTIMIZER_WRAPPERS) and expr.args:
+            return is_keras3_optimizer(t, expr.args[0].value, depth + 1)
+        return False
+    values = _values(t, expr)
+    return bool(values) and all(is_keras3_optimizer(t, v, depth + 1) for v in values)
+
+
+def optimizer_variables_calls(t: Transform) -> list[cst.Call]:
+    """``<optimizer>.variables()`` calls (no arguments) of a Keras 3 optimizer."""
+    found = []
+    for call in t.method_calls("variables"):
+        func = call.func
+        if not call.args and isinstance(func, cst.Attribute) and is_keras3_optimizer(t, func.value):
+            found.append(call)
+    return found
+
+
+def is_keras_metric(t: Transform, expr: cst.BaseExpression) -> bool:
+    values = [expr] if isinstance(expr, cst.Call) else _values(t, expr)
+    return bool(values) and all(
+        isinstance(v, cst.Call)
+        and any(k.startswith("keras.metrics.") for k in keras_names(t, v.func))
+        for v in values
+    )
+
+
+def metric_reset_states_calls(t: Transform) -> list[cst.Call]:
+    return [
+        c for c in t.method_calls("reset_states")
+        if isinstance(c.func, cst.Attribute) and is_keras_metric(t, c.func.value)
+    ]
+
+
+def keras_models(t: Transform) -> set[str]:
+    """The code of the receivers of Keras ``compile``/``fit`` calls: the script's models."""
+    found = {code(c.func.value) for c in keras_fit_calls(t)}  # type: ignore[attr-defined]
+    found |= {
+        code(c.func.value)  # type: ignore[attr-defined]
+        for c in t.method_calls("compile")
+        if is_keras_compile(t, c)
+    }
+    return found
+
+
+def directory_saves(t: Transform) -> list[cst.Call]:
+    """``model.save("dir")`` (a literal path without a Keras 3 extension, or ``save_format=``)
+    of a Keras model of this script."""
+    models = keras_models(t)
+    found = []
+    for call in t.method_calls("save"):
+        func = call.func
+        if not isinstance(func, cst.Attribute) or code(func.value) not in models:
+            continue
+        if arg_named(call, "save_format") is not None:
+            found.append(call)
+            continue
+        path = arg_named(call, "filepath", 0)
+        value = path.value if path is not None else None
+        if isinstance(value, cst.Call) and t.refers_to(value.func, "os.path.join") and value.args:
+            value = value.args[-1].value  # os.path.join(model_dir, "1"): its last part
+        text = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+        if isinstance(text, str) and not text.endswith(SAVE_EXTENSIONS):
+            found.append(call)
+    return found
+
+
+def run_tf_function_args(t: Transform) -> list[cst.Arg]:
+    """``experimental_run_tf_function=`` arguments of Keras ``compile`` calls."""
+    found = []
+    for call in t.method_calls("compile"):
+        arg = arg_named(call, "experimental_run_tf_function")
+        if arg is not None and is_keras_compile(t, call):
+            found.append(arg)
+    return found

@@ -1,0 +1,212 @@
+"""Files a script writes on rank 0 and reads back later, and files private to each process.
+
+``written_path``/``read_path`` give the path expression of a write (from the tables of
+``writes``) or of a read (``torch.load``, Keras ``load_weights``/``load_model``,
+``tf.train.Checkpoint.restore``, ``open`` for reading, ``numpy.load``, ...). Two paths are the same
+when their code is the same (``args.save`` and ``args.save``); a ``CheckpointManager``'s
+``save()`` is read back by ``restore(<manager>.latest_checkpoint)``.
+
+``is_private_temp`` says whether a path lies in a directory made for this process alone
+(``tempfile.mkdtemp()``, ``tempfile.TemporaryDirectory()``, ``NamedTemporaryFile``): every rank has
+its own, so a write there must not be guarded.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+
+from ..base import Transform
+from .scopes import assigned_values, referents
+from .syntax import names_read
+from .writes import (
+    FRAMEWORK_METHOD_WRITES,
+    FRAMEWORK_WRITES,
+    OPENERS,
+    WRITES,
+    argument,
+    in_memory,
+    open_mode,
+)
+
+#: Calls reading a file, with where the path is.
+READS: dict[str, tuple[int, str]] = {
+    "torch.load": (0, "f"),
+    "torch.jit.load": (0, "f"),
+    "numpy.load": (0, "file"),
+    "numpy.loadtxt": (0, "fname"),
+    "pickle.load": (0, "file"),
+    "keras.models.load_model": (0, "filepath"),
+    "keras.saving.load_model": (0, "filepath"),
+    "tensorflow.keras.models.load_model": (0, "filepath"),
+    "tensorflow.saved_model.load": (0, "export_dir"),
+    "sdp_runtime.tensorflow.keras.load_model": (0, "filepath"),
+}
+
+#: ``<object>.<method>(path)`` reading a file in a script of that framework.
+METHOD_READS: dict[str, tuple[str, ...]] = {
+    "torch": (),
+    "tensorflow": ("load_weights", "restore"),
+}
+
+#: Making a directory or file that belongs to this process only.
+PRIVATE_TEMPS = (
+    "tempfile.mkdtemp",
+    "tempfile.mkstemp",
+    "tempfile.TemporaryDirectory",
+    "tempfile.NamedTemporaryFile",
+    "tempfile.TemporaryFile",
+    "tempfile.SpooledTemporaryFile",
+)
+
+#: The runtime's barrier (any alias of the runtime module).
+BARRIERS = (
+    "sdp_runtime.torch.barrier",
+    "sdp_runtime.tensorflow.barrier",
+    "sdp_runtime.tensorflow.keras.barrier",
+    "sdp_runtime.torch.distributed.barrier",
+    "torch.distributed.barrier",
+    "horovod.torch.barrier",
+)
+
+
+def _path_arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
+    arg = argument(call, position, keyword)
+    return arg.value if arg is not None else None
+
+
+def written_path(t: Transform, call: cst.Call, framework: str) -> str | None:
+    """The code of the path ``call`` writes to (None: not a write to a known path)."""
+    names = t.qualified_names(call.func)
+    for name in names:
+        if name in OPENERS:
+            default, position = OPENERS[name]
+            mode = open_mode(call, default, position)
+            if mode is None or not any(c in mode for c in "wax+"):
+                return None
+            return _code(t, _path_arg(call, 0, "file"))
+    table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
+    for name in names:
+        if name in table:
+            where = table[name]
+            if where is None or in_memory(t, argument(call, *where)):
+                return None
+            return _code(t, _path_arg(call, *where))
+    if isinstance(call.func, cst.Attribute) and not names & set(READS):
+        method = call.func.attr.value
+        if method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
+            if not call.args:  # manager.save(): read back through manager.latest_checkpoint
+                return f"{t.module.code_for_node(call.func.value)}.latest_checkpoint"
+            return _code(t, call.args[0].value)
+    return None
+
+
+def read_path(t: Transform, call: cst.Call, framework: str) -> str | None:
+    """The code of the path ``call`` reads (None: not a read of a known path)."""
+    names = t.qualified_names(call.func)
+    for name in names:
+        if name in OPENERS:
+            default, position = OPENERS[name]
+            mode = open_mode(call, default, position)
+            if mode is None or any(c in mode for c in "wax+"):
+                return None
+            return _code(t, _path_arg(call, 0, "file"))
+        if name in READS:
+            arg = argument(call, *READS[name])
+            if arg is None or in_memory(t, arg):
+                return None
+            return _code(t, arg.value)
+    if (
+        isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in METHOD_READS.get(framework, ())
+        and call.args
+        and not _is_module(t, call.func.value)
+    ):
+        return _code(t, call.args[0].value)
+    return None
+
+
+def writes_private_temp(t: Transform, call: cst.Call, framework: str) -> bool:
+    """``call`` writes under a temporary file or directory of this process (never guard it:
+    every rank has its own, and the rank's own code reads it back)."""
+    names = t.qualified_names(call.func)
+    table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
+    where = next((table[n] for n in names if table.get(n)), None)
+    if any(n in OPENERS for n in names):
+        where = (0, "file")
+    if where is not None:
+        arg = argument(call, *where)
+        return arg is not None and is_private_temp(t, arg.value)
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    # shutil.copy(src, dst), os.remove(path), model.save(path): the destination comes last.
+    return bool(positional) and is_private_temp(t, positional[-1].value)
+
+
+def is_private_temp(t: Transform, expr: cst.BaseExpression | None, depth: int = 0) -> bool:
+    """``expr`` (a path) is under a temporary file or directory made by this process
+    (``os.path.join(tmp, "x")``, ``f"{tmp}/x"``, ``Path(tmp) / "x"``, or a name holding one)."""
+    if expr is None or depth > 3:
+        return False
+    for name in [expr] if isinstance(expr, cst.Name) else names_read(expr):
+        if _names_private_temp(t, name) or any(
+            is_private_temp(t, value, depth + 1) for value in assigned_values(t, name)
+        ):
+            return True
+    return False
+
+
+def _names_private_temp(t: Transform, name: cst.Name) -> bool:
+    for value in assigned_values(t, name):
+        if isinstance(value, cst.Call) and t.refers_to(value.func, *PRIVATE_TEMPS):
+            return True
+    # ``with tempfile.TemporaryDirectory() as tmp:``
+    for assignment in _with_targets(t, name):
+        if t.refers_to(assignment.func, *PRIVATE_TEMPS):
+            return True
+    return False
+
+
+def _with_targets(t: Transform, name: cst.Name) -> list[cst.Call]:
+    found = []
+    for assignment in referents(t, name):
+        node = getattr(assignment, "node", None)
+        parent = t.parent(node) if node is not None else None
+        if isinstance(parent, cst.AsName):
+            item = t.parent(parent)
+            if isinstance(item, cst.WithItem) and isinstance(item.item, cst.Call):
+                found.append(item.item)
+    return found
+
+
+def is_barrier(t: Transform, stmt: cst.CSTNode | None) -> bool:
+    """``stmt`` is a statement calling a barrier (``sdp.barrier()``)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    expr = stmt.body[0]
+    if not (isinstance(expr, cst.Expr) and isinstance(expr.value, cst.Call)):
+        return False
+    func = expr.value.func
+    if t.refers_to(func, *BARRIERS):
+        return True
+    return m.matches(func, m.Attribute(attr=m.Name("barrier")))
+
+
+def _code(t: Transform, expr: cst.BaseExpression | None) -> str | None:
+    if expr is None or _is_handle(t, expr):
+        return None
+    return t.module.code_for_node(expr).strip()
+
+
+def _is_handle(t: Transform, expr: cst.BaseExpression) -> bool:
+    """``f`` of ``with open(p) as f`` / ``f = open(p)``: the opening names the path."""
+    if not isinstance(expr, cst.Name):
+        return False
+    values: list[cst.BaseExpression] = [*assigned_values(t, expr), *_with_targets(t, expr)]
+    return any(isinstance(v, cst.Call) and t.refers_to(v.func, *OPENERS) for v in values)
+
+
+def _is_module(t: Transform, expr: cst.BaseExpression) -> bool:
+    """``expr`` is an imported module or name (``np`` in ``np.load``), not an object."""
+    found = t.get_metadata(QualifiedNameProvider, expr, set())
+    return any(q.source is QualifiedNameSource.IMPORT for q in found)

@@ -1,0 +1,151 @@
+"""Wait for rank 0 before reading back a file only rank 0 wrote.
+
+Before::
+
+    if sdp.rank() == 0:
+        with open(args.save, "wb") as f:
+            torch.save(model, f)
+    ...
+    with open(args.save, "rb") as f:
+        model = torch.load(f)
+
+After::
+
+    if sdp.rank() == 0:
+        with open(args.save, "wb") as f:
+            torch.save(model, f)
+    ...
+    sdp.barrier()
+    with open(args.save, "rb") as f:
+        model = torch.load(f)
+
+Why: once the write runs on rank 0 only (``guard_rank0_writes``, or the script's own
+``if rank == 0:``), the other ranks reach the read without waiting for it: they load the previous
+file, a half-written one, or none (``FileNotFoundError``). A barrier before the read makes every
+rank wait until rank 0 is past the write. The same path means the same code (``args.save``,
+``"best.pt"``, ``os.path.join(d, "w.h5")``); a ``CheckpointManager``'s ``save()`` is read by
+``restore(manager.latest_checkpoint)``. Reads: ``torch.load``, ``torch.jit.load``, ``open`` for
+reading, ``numpy.load``, ``pickle.load``, Keras ``load_model``/``load_weights``,
+``tf.saved_model.load``, ``checkpoint.restore``. A read that itself runs on rank 0 only needs
+no barrier; one already preceded by a barrier gets no second. The read must come after the write
+in the same function (or both at module level); a read elsewhere gets no barrier.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import libcst as cst
+
+from ..analysis import FileInfo
+from ..base import Transform
+from ..program.ranks import only_called_on_rank0, rank0_only
+from ..program.readback import (
+    METHOD_READS,
+    READS,
+    is_barrier,
+    read_path,
+    written_path,
+)
+from ..program.writes import FRAMEWORK_METHOD_WRITES, FRAMEWORK_WRITES, OPENERS, WRITES
+
+
+class BarrierBeforeReads(Transform):
+    DESCRIPTION = "Wait for rank 0 (barrier) before reading back a file only rank 0 wrote."
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+
+    @classmethod
+    def applies_to(cls, info: FileInfo) -> bool:
+        # Also Horovod / SMDDP scripts: their own ``if hvd.rank() == 0:`` saves read back.
+        return info.framework in cls.FRAMEWORKS and (
+            info.convertible or info.origin in ("horovod", "smddp")
+        )
+
+    def prepare(self, module: cst.Module) -> None:
+        self._strip: dict[cst.CSTNode, int] = {}
+        framework = self.state.info.framework or ""
+        writes: dict[str, list[cst.Call]] = {}
+        calls = self.calls_to(*WRITES, *FRAMEWORK_WRITES.get(framework, {}), *OPENERS)
+        for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
+            calls += self.method_calls(method)
+        for call in calls:
+            path = written_path(self, call, framework)
+            if path is not None and self._on_rank0_only(call):
+                writes.setdefault(path, []).append(call)
+        if not writes:
+            return
+        reads = self.calls_to(*READS, *OPENERS)
+        for method in METHOD_READS.get(framework, ()):
+            reads += self.method_calls(method)
+        done: set[int] = set()
+        for call in sorted(reads, key=self._order):
+            path = read_path(self, call, framework)
+            if path is None or path not in writes or self._on_rank0_only(call):
+                continue
+            function = self.enclosing_function(call)
+            if not any(
+                self._order(w) < self._order(call) and self.enclosing_function(w) is function
+                for w in writes[path]
+            ):
+                continue
+            stmt = self.enclosing_statement(call)
+            if stmt is None or id(stmt) in done or is_barrier(self, self._previous(stmt)):
+                continue
+            if any(isinstance(p, cst.Lambda) for p in self.ancestors(call)):
+                continue
+            done.add(id(stmt))
+            barrier = cst.parse_statement(f"{self.sdp}.barrier()\n")
+            # The blank lines above the read go above the barrier (its comments stay with it).
+            leading = list(getattr(stmt, "leading_lines", ()))
+            blank = len(leading) - len(list(itertools.dropwhile(_is_blank, leading)))
+            if blank:
+                barrier = barrier.with_changes(leading_lines=leading[:blank])
+                self._strip[stmt] = blank
+            self.insert_before(stmt, barrier)
+            if self.sdp == "sdp" or self.state.info.convertible:
+                self.add_runtime_import()
+            self.record(
+                call,
+                f"{self.sdp}.barrier() before reading {path}: rank 0 alone writes it",
+            )
+
+    def _on_rank0_only(self, node: cst.CSTNode) -> bool:
+        guarded = self.state.edits.guarded
+        return (
+            any(p in guarded for p in self.ancestors(node))
+            or rank0_only(self, node)
+            or only_called_on_rank0(self, node)
+        )
+
+    def _previous(self, stmt: cst.CSTNode) -> cst.CSTNode | None:
+        parent = self.parent(stmt)
+        body = getattr(parent, "body", None)
+        if not isinstance(body, (list, tuple)):
+            return None
+        index = next((i for i, s in enumerate(body) if s is stmt), 0)
+        return body[index - 1] if index > 0 else None
+
+    def _stripped(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        blank = self._strip.get(original)
+        if not blank:
+            return updated
+        return updated.with_changes(leading_lines=updated.leading_lines[blank:])  # type: ignore
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self._stripped(original_node, updated_node)
+
+    def leave_With(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self._stripped(original_node, updated_node)
+
+    def leave_If(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self._stripped(original_node, updated_node)
+
+    def leave_For(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self._stripped(original_node, updated_node)
+
+    def leave_Try(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self._stripped(original_node, updated_node)
+
+
+def _is_blank(line: cst.EmptyLine) -> bool:
+    return line.comment is None

@@ -1,0 +1,88 @@
+"""Make Keras 2 calls Keras 3 rejects work, or say what replaces them.
+
+Before::
+
+    opt = tf.optimizers.Adam(0.001 * hvd.size())
+    hvd.broadcast_variables(opt.variables(), root_rank=0)
+    model.save("saved_model_dir")
+    train_loss.reset_states()
+
+After::
+
+    opt = tf.optimizers.Adam(0.001 * hvd.size())
+    hvd.broadcast_variables(opt.variables, root_rank=0)
+    model.save("saved_model_dir")   # manual note: model.export("saved_model_dir")
+    train_loss.reset_states()       # manual note: reset_state()
+
+Why: TensorFlow 2.16+ is Keras 3, where scripts written for Keras 2 fail before and after the
+conversion. The optimizer's ``variables`` is a property in Keras 3 (calling the list raises
+``TypeError``), and the broadcast of the initial state uses it: ``<optimizer>.variables()`` of a
+Keras optimizer made in the script (not a ``legacy`` one) becomes ``<optimizer>.variables``,
+reported. The rest gets a manual note naming the Keras 3 replacement: ``model.save("dir")``
+without a ``.keras``/``.h5`` extension or with ``save_format=`` (``model.export("dir")`` for a
+SavedModel, or a ``.keras`` path), ``metric.reset_states()`` (``reset_state()``), and
+``compile(experimental_run_tf_function=...)`` (remove it).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..analysis import FileInfo
+from ..base import Transform
+from ..program.keras2 import (
+    directory_saves,
+    metric_reset_states_calls,
+    optimizer_variables_calls,
+    run_tf_function_args,
+)
+from ..program.syntax import code
+
+
+class UpdateKeras2Calls(Transform):
+    DESCRIPTION = "Keras 2 calls Keras 3 rejects: opt.variables() -> opt.variables; notes."
+    FRAMEWORKS = frozenset({"tensorflow"})
+
+    @classmethod
+    def applies_to(cls, info: FileInfo) -> bool:
+        # Horovod's and SMDDP's TF2 recipes are Keras 2 code too.
+        return info.framework in cls.FRAMEWORKS and (
+            info.convertible or info.origin in ("horovod", "smddp")
+        )
+
+    def prepare(self, module: cst.Module) -> None:
+        self._properties: set[cst.Call] = set()
+        for call in optimizer_variables_calls(self):
+            self._properties.add(call)
+            receiver = code(call.func.value)  # type: ignore[attr-defined]
+            self.record(
+                call, f"{receiver}.variables() -> {receiver}.variables (a property in Keras 3)"
+            )
+        for call in directory_saves(self):
+            self.record(
+                call,
+                f"{code(call)}: Keras 3 saves only .keras and .h5 files; for a SavedModel "
+                f"directory write {code(call.func.value)}.export(...) "  # type: ignore[attr-defined]
+                f"(or tf.saved_model.save), else give the path a .keras extension",
+                manual=True,
+            )
+        for call in metric_reset_states_calls(self):
+            self.record(
+                call,
+                f"{code(call)}: Keras 3 metrics have reset_state() (reset_states() is gone)",
+                manual=True,
+            )
+        for arg in run_tf_function_args(self):
+            self.record(
+                arg,
+                "experimental_run_tf_function= is not an argument of Keras 3's compile(): "
+                "remove it (run_eagerly=True runs eagerly)",
+                manual=True,
+            )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self._properties:
+            return updated_node.func.with_changes(
+                lpar=updated_node.lpar, rpar=updated_node.rpar
+            )
+        return updated_node

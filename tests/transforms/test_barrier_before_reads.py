@@ -1,0 +1,163 @@
+"""barrier_before_reads: every rank waits for rank 0 before reading back what it wrote."""
+
+from __future__ import annotations
+
+from .helpers import check_noop, check_transformed, messages, run
+
+ONLY = "barrier_before_reads"
+LOOP = """\
+import torch
+
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    optimizer.zero_grad()
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+"""
+
+
+def test_whole_model_saved_by_rank0_then_loaded_waits_word_language_model_style():
+    result = run(
+        LOOP
+        + """\
+    if best is None or loss < best:
+        with open(args.save, "wb") as f:
+            torch.save(model, f)
+
+with open(args.save, "rb") as f:
+    model = torch.load(f, weights_only=False)
+"""
+    )
+    code = result.output.decode()
+    assert (
+        "            with open(args.save, \"wb\") as f:\n                torch.save(model, f)\n\n"
+        "sdp.barrier()\nwith open(args.save, \"rb\") as f:\n" in code
+    ), code
+    assert messages(result, ONLY) == [
+        "sdp.barrier() before reading args.save: rank 0 alone writes it"
+    ]
+
+
+def test_a_write_the_script_guards_itself():
+    check_transformed(
+        """\
+        import sdp_runtime.torch as sdp
+        import torch
+
+        sdp.init()
+        if sdp.rank() == 0:
+            torch.save(model.state_dict(), "best.pt")
+        model.load_state_dict(torch.load("best.pt"))
+        loss.backward()
+        optimizer.step()
+        """,
+        """\
+        import sdp_runtime.torch as sdp
+        import torch
+
+        sdp.init()
+        if sdp.rank() == 0:
+            torch.save(model.state_dict(), "best.pt")
+        sdp.barrier()
+        model.load_state_dict(torch.load("best.pt"))
+        loss.backward()
+        optimizer.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_no_barrier_for_another_path_a_rank0_read_or_an_existing_barrier():
+    check_noop(
+        """\
+        import sdp_runtime.torch as sdp
+        import torch
+
+        sdp.init()
+        if sdp.rank() == 0:
+            torch.save(model.state_dict(), "best.pt")
+            model.load_state_dict(torch.load("best.pt"))
+        model.load_state_dict(torch.load("other.pt"))
+        sdp.barrier()
+        model.load_state_dict(torch.load("best.pt"))
+        loss.backward()
+        optimizer.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_a_read_before_the_write_or_in_another_function_gets_none():
+    check_noop(
+        """\
+        import sdp_runtime.torch as sdp
+        import torch
+
+        sdp.init()
+
+
+        def save():
+            if sdp.rank() == 0:
+                torch.save(model.state_dict(), "best.pt")
+
+
+        model.load_state_dict(torch.load("best.pt"))
+        save()
+        loss.backward()
+        optimizer.step()
+        """,
+        only=ONLY,
+    )
+
+
+def test_keras_weights_and_checkpoint_manager():
+    check_transformed(
+        """\
+        import sdp_runtime.tensorflow as sdp
+        import tensorflow as tf
+
+        sdp.init()
+        with tf.GradientTape() as tape:
+            loss = model(x)
+        optimizer.apply_gradients(zip(tape.gradient(loss, v), v))
+        if sdp.rank() == 0:
+            model.save_weights("w.weights.h5")
+            manager.save()
+        model.load_weights("w.weights.h5")
+        checkpoint.restore(manager.latest_checkpoint)
+        """,
+        """\
+        import sdp_runtime.tensorflow as sdp
+        import tensorflow as tf
+
+        sdp.init()
+        with tf.GradientTape() as tape:
+            loss = model(x)
+        optimizer.apply_gradients(zip(tape.gradient(loss, v), v))
+        if sdp.rank() == 0:
+            model.save_weights("w.weights.h5")
+            manager.save()
+        sdp.barrier()
+        model.load_weights("w.weights.h5")
+        sdp.barrier()
+        checkpoint.restore(manager.latest_checkpoint)
+        """,
+        only=ONLY,
+    )
+
+
+def test_temporary_directories_are_every_ranks_own():
+    result = run(
+        (LOOP
+        + """\
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "model.pt")
+    torch.save(model.state_dict(), path)
+    model.load_state_dict(torch.load(path))
+scratch = tempfile.mkdtemp()
+np.save(os.path.join(scratch, "x.npy"), x)
+""").replace("import torch\n", "import os\nimport tempfile\n\nimport numpy as np\nimport torch\n")
+    )
+    code = result.output.decode()
+    assert "rank() == 0" not in code and "barrier" not in code, code

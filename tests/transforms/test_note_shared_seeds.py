@@ -1,0 +1,69 @@
+"""note_shared_seeds: a fixed seed makes every rank draw the same numbers in training."""
+
+from __future__ import annotations
+
+from .helpers import messages, run
+
+ONLY = "note_shared_seeds"
+
+
+def _notes(source: str) -> list[str]:
+    return messages(run(source, ONLY), ONLY, manual=True)
+
+
+def test_dcgan_noise_drawn_in_the_loop_after_a_fixed_seed():
+    notes = _notes(
+        """\
+        import random
+
+        import torch
+
+        manualSeed = 999
+        random.seed(manualSeed)
+        torch.manual_seed(manualSeed)
+        netG = torch.nn.Linear(4, 4)
+        optimizerG = torch.optim.Adam(netG.parameters())
+        for data in loader:
+            noise = torch.randn(8, 4)
+            optimizerG.zero_grad()
+            netG(noise).mean().backward()
+            optimizerG.step()
+        """
+    )
+    assert notes == [
+        "random.seed(manualSeed) is the same on every rank: right for the initial weights, but "
+        "torch.randn(...) in the training loop then draws the same numbers on every rank; if "
+        "they should differ, seed again after the model is built with seed + sdp.rank()"
+    ]
+
+
+def test_no_note_without_draws_in_training_or_with_a_rank_seed():
+    assert _notes(
+        """\
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        example = torch.randn(2, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        """
+    ) == []
+    assert _notes(
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+        torch.manual_seed(0 + sdp.rank())
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x + torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+        """
+    ) == []

@@ -1,0 +1,83 @@
+"""update_keras2_calls: Keras 2 spellings that fail on Keras 3."""
+
+from __future__ import annotations
+
+from .helpers import messages, run
+
+ONLY = "update_keras2_calls"
+TAPE = """\
+import tensorflow as tf
+
+model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(model(x))
+grads = tape.gradient(loss, model.trainable_variables)
+opt.apply_gradients(zip(grads, model.trainable_variables))
+"""
+
+
+def test_optimizer_variables_called_becomes_the_property():
+    result = run(
+        TAPE.replace("model = ", "opt = tf.optimizers.Adam(0.001)\nmodel = ")
+        + "print(len(opt.variables()))\n",
+        ONLY,
+    )
+    assert "print(len(opt.variables))" in result.output.decode()
+    assert messages(result, ONLY) == ["opt.variables() -> opt.variables (a property in Keras 3)"]
+
+
+def test_through_a_horovod_distributed_optimizer_in_a_migrated_script():
+    result = run(
+        """\
+        import tensorflow as tf
+        import horovod.tensorflow.keras as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01))
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, epochs=1)
+        hvd.broadcast_variables(opt.variables(), root_rank=0)
+        """
+    )
+    assert "hvd.broadcast_variables(opt.variables, root_rank=0)" in result.output.decode()
+
+
+def test_legacy_and_unknown_optimizers_are_left_alone():
+    result = run(
+        TAPE.replace(
+            "model = ", "opt = tf.keras.optimizers.legacy.Adam(0.001)\nmodel = "
+        ) + "print(opt.variables(), other.variables())\n",
+        ONLY,
+    )
+    assert "print(opt.variables(), other.variables())" in result.output.decode()
+    assert messages(result, ONLY) == []
+
+
+def test_keras3_replacements_are_named_in_notes():
+    result = run(
+        TAPE
+        + """\
+train_loss = tf.keras.metrics.Mean(name="train_loss")
+train_loss.reset_states()
+model.compile(optimizer="adam", loss="mse", experimental_run_tf_function=False)
+model.fit(x, y, epochs=1)
+model.save("export_dir")
+model.save("model.keras")
+model.save("model.h5", save_format="h5")
+checkpoint.save("ckpt/prefix")
+""",
+        ONLY,
+    )
+    notes = messages(result, ONLY, manual=True)
+    assert notes == [
+        "train_loss.reset_states(): Keras 3 metrics have reset_state() (reset_states() is gone)",
+        "experimental_run_tf_function= is not an argument of Keras 3's compile(): remove it "
+        "(run_eagerly=True runs eagerly)",
+        'model.save("export_dir"): Keras 3 saves only .keras and .h5 files; for a SavedModel '
+        "directory write model.export(...) (or tf.saved_model.save), else give the path a .keras "
+        "extension",
+        'model.save("model.h5", save_format="h5"): Keras 3 saves only .keras and .h5 files; for a '
+        "SavedModel directory write model.export(...) (or tf.saved_model.save), else give the "
+        "path a .keras extension",
+    ]
