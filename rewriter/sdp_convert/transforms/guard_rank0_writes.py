@@ -55,10 +55,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
+from ..program.guards import is_none_test, under_handle_test, why_not_guardable
 from ..program.ranks import only_called_on_rank0, rank0_only, runs_collectives
 from ..program.readback import writes_private_temp
 from ..program.scopes import (
@@ -70,7 +70,6 @@ from ..program.scopes import (
     param_for_arg,
     uses,
 )
-from ..program.syntax import target_names
 from ..program.writes import (
     FRAMEWORK_HANDLES,
     FRAMEWORK_METHOD_WRITES,
@@ -200,7 +199,7 @@ class GuardRank0Writes(Transform):
     def _guard_statement(self, node: cst.CSTNode, message: str) -> None:
         """Guard the statement holding ``node`` if that is safe, else note it."""
         stmt = self.enclosing_statement(node)
-        problem = self._why_not_guardable(node, stmt)
+        problem = why_not_guardable(self, node, stmt)
         if problem is not None or stmt is None:
             self.record(
                 node,
@@ -211,54 +210,6 @@ class GuardRank0Writes(Transform):
             )
             return
         self._add("guard", stmt, stmt, node, message)
-
-    def _why_not_guardable(self, node: cst.CSTNode, stmt: cst.CSTNode | None) -> str | None:
-        child = node
-        for parent in self.ancestors(node):
-            if isinstance(parent, cst.Lambda):
-                return "it is inside a lambda"
-            if isinstance(parent, cst.SimpleStatementSuite) and parent is not stmt:
-                compound = self.parent(parent)
-                if isinstance(compound, (cst.FunctionDef, cst.ClassDef)):
-                    return "it shares its line with a def, class or try"
-            if parent is stmt:
-                break
-            if isinstance(parent, (cst.If, cst.While)) and child is parent.test:
-                return "it is in a condition"
-            if isinstance(parent, cst.For) and child is parent.iter:
-                return "it is in a for header"
-            child = parent
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.Try)):
-            return "it shares its line with a def, class or try"
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Return):
-                    return "its result is returned"
-                if isinstance(
-                    small, (cst.Assign, cst.AnnAssign, cst.AugAssign)
-                ) and self._binds_used_names(small):
-                    return "it assigns a name used later, which the other ranks would miss"
-        if isinstance(stmt, (cst.If, cst.While)) and isinstance(stmt.body, cst.IndentedBlock):
-            return "it is in a condition"
-        return None
-
-    def _binds_used_names(self, small: cst.Assign | cst.AnnAssign | cst.AugAssign) -> bool:
-        targets = (
-            [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-        )
-        for target in targets:
-            names = (
-                [n for n in target_names(target)]
-                if not isinstance(target, cst.Attribute)
-                else None
-            )
-            if names is None or isinstance(small, cst.AugAssign):
-                return True
-            for name in names:
-                binding = binding_of(self, name)
-                if binding is None or uses(self, binding):
-                    return True
-        return False
 
     def _with(self, item: cst.WithItem, what: str) -> None:
         stmt = self.parent(item)
@@ -312,7 +263,11 @@ class GuardRank0Writes(Transform):
             return
         self._followed.add(id(binding.target))
         for use in uses(self, binding):
-            if rank0_only(self, use) or self._tests_handle(use, binding) or self._is_test(use):
+            if (
+                rank0_only(self, use)
+                or under_handle_test(self, use, binding)
+                or is_none_test(self, use)
+            ):
                 continue
             parent = self.parent(use)
             if isinstance(parent, cst.Arg) and parent.value is use:
@@ -344,7 +299,7 @@ class GuardRank0Writes(Transform):
                 derived is not None
                 and stmt is not None
                 and isinstance(small, cst.Assign)
-                and self._why_not_guardable(use, small) is None
+                and why_not_guardable(self, use, small) is None
             ):
                 # ``rows = csv.writer(log)``: made from the handle, None where it is.
                 self._add(
@@ -359,7 +314,7 @@ class GuardRank0Writes(Transform):
             if (
                 stmt is not None
                 and isinstance(small, cst.Expr)
-                and self._why_not_guardable(use, stmt) is None
+                and why_not_guardable(self, use, stmt) is None
             ):
                 self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
                 continue
@@ -441,38 +396,6 @@ class GuardRank0Writes(Transform):
         return updated_node
 
     # -- questions ------------------------------------------------------------------------------
-
-    def _tests_handle(self, use: cst.CSTNode, binding: Binding) -> bool:
-        """``use`` is in ``if handle:`` / ``if handle is not None:`` (None on the other ranks)."""
-        child = use
-        for parent in self.ancestors(use):
-            if isinstance(parent, cst.If) and child is parent.body:
-                test = parent.test
-                if m.matches(
-                    test,
-                    m.Comparison(comparisons=[m.ComparisonTarget(m.IsNot(), m.Name("None"))]),
-                ):
-                    assert isinstance(test, cst.Comparison)
-                    test = test.left
-                if self.module.code_for_node(test) == binding.code:
-                    return True
-            child = parent
-        return False
-
-    def _is_test(self, use: cst.CSTNode) -> bool:
-        """``handle is None``, ``not handle``, ``if handle:``: reading None there is fine."""
-        parent = self.parent(use)
-        if isinstance(parent, cst.Comparison) and parent.left is use:
-            return all(
-                isinstance(c.operator, (cst.Is, cst.IsNot))
-                and m.matches(c.comparator, m.Name("None"))
-                for c in parent.comparisons
-            )
-        if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
-            return True
-        if isinstance(parent, cst.BooleanOperation):
-            return True
-        return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is use
 
     def _describe(self, node: cst.CSTNode) -> str:
         if isinstance(node, cst.Call):

@@ -1,0 +1,96 @@
+"""Can a statement be put under ``if <rank> == 0:`` without changing what the other ranks do,
+and is a use of a rank-0-only handle already testing it for None."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+from .index import Binding
+from .scopes import binding_of, uses
+from .syntax import target_names
+
+
+def why_not_guardable(t: Transform, node: cst.CSTNode, stmt: cst.CSTNode | None) -> str | None:
+    """Why ``stmt`` (holding ``node``) cannot go under ``if <rank> == 0:``, in words; None when
+    it can: not in a lambda, condition or ``for`` header, not sharing a line with a def, its
+    result neither returned nor assigned to a name read later."""
+    child = node
+    for parent in t.ancestors(node):
+        if isinstance(parent, cst.Lambda):
+            return "it is inside a lambda"
+        if isinstance(parent, cst.SimpleStatementSuite) and parent is not stmt:
+            compound = t.parent(parent)
+            if isinstance(compound, (cst.FunctionDef, cst.ClassDef)):
+                return "it shares its line with a def, class or try"
+        if parent is stmt:
+            break
+        if isinstance(parent, (cst.If, cst.While)) and child is parent.test:
+            return "it is in a condition"
+        if isinstance(parent, cst.For) and child is parent.iter:
+            return "it is in a for header"
+        child = parent
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.Try)):
+        return "it shares its line with a def, class or try"
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in stmt.body:
+            if isinstance(small, cst.Return):
+                return "its result is returned"
+            if isinstance(
+                small, (cst.Assign, cst.AnnAssign, cst.AugAssign)
+            ) and binds_used_names(t, small):
+                return "it assigns a name used later, which the other ranks would miss"
+    if isinstance(stmt, (cst.If, cst.While)) and isinstance(stmt.body, cst.IndentedBlock):
+        return "it is in a condition"
+    return None
+
+def binds_used_names(t: Transform, small: cst.Assign | cst.AnnAssign | cst.AugAssign) -> bool:
+    targets = (
+        [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+    )
+    for target in targets:
+        names = (
+            [n for n in target_names(target)]
+            if not isinstance(target, cst.Attribute)
+            else None
+        )
+        if names is None or isinstance(small, cst.AugAssign):
+            return True
+        for name in names:
+            binding = binding_of(t, name)
+            if binding is None or uses(t, binding):
+                return True
+    return False
+
+def under_handle_test(t: Transform, use: cst.CSTNode, binding: Binding) -> bool:
+    """``use`` is in ``if handle:`` / ``if handle is not None:`` (None on the other ranks)."""
+    child = use
+    for parent in t.ancestors(use):
+        if isinstance(parent, cst.If) and child is parent.body:
+            test = parent.test
+            if m.matches(
+                test,
+                m.Comparison(comparisons=[m.ComparisonTarget(m.IsNot(), m.Name("None"))]),
+            ):
+                assert isinstance(test, cst.Comparison)
+                test = test.left
+            if t.module.code_for_node(test) == binding.code:
+                return True
+        child = parent
+    return False
+
+def is_none_test(t: Transform, use: cst.CSTNode) -> bool:
+    """``handle is None``, ``not handle``, ``if handle:``: reading None there is fine."""
+    parent = t.parent(use)
+    if isinstance(parent, cst.Comparison) and parent.left is use:
+        return all(
+            isinstance(c.operator, (cst.Is, cst.IsNot))
+            and m.matches(c.comparator, m.Name("None"))
+            for c in parent.comparisons
+        )
+    if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+        return True
+    if isinstance(parent, cst.BooleanOperation):
+        return True
+    return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is use
