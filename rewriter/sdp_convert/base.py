@@ -41,6 +41,7 @@ from .analysis import FileInfo
 
 if TYPE_CHECKING:
     from .program.index import FileIndex
+    from .program.sharding import DataSharding
     from .program.training import TrainingFacts
 
 LrScaling = Literal["linear", "sqrt", "none"]
@@ -102,6 +103,8 @@ class Facts:
     #: Models wrap_model_ddp wraps; None when it did not run on the file (its DataParallel notes
     #: are then flag_manual_steps's).
     wrapped_models: list[str] | None = None
+    #: Whether the training data is (or will be) split between the ranks (``program.sharding``).
+    data_sharding: DataSharding | None = None
     #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
     sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
 
