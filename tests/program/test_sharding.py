@@ -105,3 +105,10 @@ def test_fit_on_arrays_is_strided_but_a_list_of_arrays_is_not():
 
 def test_a_tf_loop_over_the_same_tensors_is_full_batch():
     assert kind(TF_HEAD + "for step in range(100):\n" + TF_STEP) == (False, "full batch")
+
+
+def test_data_drawn_anew_every_step_is_not_full_batch():
+    assert kind(
+        TORCH_HEAD + "for step in range(10):\n"
+        "    model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n"
+    ) == (False, "not found")

@@ -291,6 +291,8 @@ def _without_source(t: Transform, loops: list[cst.For | cst.While]) -> DataShard
             return DataSharding(False, "not found", loop)
         if m.findall(loop.body, m.Call(func=m.Name("next"))):
             return DataSharding(False, "not found", loop)
+        if any(_makes_random(t, call) for call in m.findall(loop.body, m.Call())):
+            return DataSharding(False, "not found", loop)  # synthetic data, drawn every step
         target = loop.target if isinstance(loop, cst.For) else None
         names = {n.value for n in m.findall(target, m.Name())} if target is not None else set()
         for sub in m.findall(loop.body, m.Subscript()):
@@ -299,6 +301,17 @@ def _without_source(t: Transform, loops: list[cst.For | cst.While]) -> DataShard
             if read & names:
                 return DataSharding(False, "not found", loop)  # batches sliced by hand
     return DataSharding(False, "full batch", loops[0])
+
+
+def _makes_random(t: Transform, call: cst.CSTNode) -> bool:
+    """``torch.randn(...)``, ``np.random.rand(...)``, ``tf.random.normal(...)``: new data."""
+    assert isinstance(call, cst.Call)
+    return any(
+        ".random." in q or q.split(".")[-1] in _RANDOM for q in t.qualified_names(call.func)
+    )
+
+
+_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "normal", "uniform"})
 
 
 def _counts(t: Transform, loop: cst.For) -> bool:
