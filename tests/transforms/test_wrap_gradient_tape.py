@@ -170,6 +170,9 @@ def test_tapes_in_methods_and_a_keras_train_step_override():
                 gradients = tape.gradient(loss, self.trainable_variables)
                 self.optimizer.apply(gradients, self.trainable_variables)
                 return {"loss": loss}
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import tensorflow as tf
@@ -198,6 +201,9 @@ def test_tapes_in_methods_and_a_keras_train_step_override():
                 gradients = tape.gradient(loss, self.trainable_variables)
                 self.optimizer.apply(gradients, self.trainable_variables)
                 return {"loss": loss}
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )

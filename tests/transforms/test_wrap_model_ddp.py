@@ -68,6 +68,9 @@ def test_moved_under_a_condition_the_wrap_follows_the_if():
         def train(model, optimizer):
             model(x).sum().backward()
             optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch.optim as optim
@@ -89,6 +92,9 @@ def test_moved_under_a_condition_the_wrap_follows_the_if():
         def train(model, optimizer):
             model(x).sum().backward()
             optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -146,6 +152,9 @@ def test_a_model_attribute_of_a_trainer_class():
                 for x in self.loader:
                     self.model(x).sum().backward()
                     self.optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -164,6 +173,9 @@ def test_a_model_attribute_of_a_trainer_class():
                 for x in self.loader:
                     self.model(x).sum().backward()
                     self.optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -238,6 +250,9 @@ def test_model_passed_to_the_function_that_trains_it():
         def main():
             model = Net().cuda()
             train(model, loader)
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -259,6 +274,9 @@ def test_model_passed_to_the_function_that_trains_it():
             model = Net().cuda()
             model = sdp.DistributedDataParallel(model)
             train(model, loader)
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -408,6 +426,9 @@ def test_data_parallel_inside_an_expression():
             def step(self, x):
                 self.model(x).sum().backward()
                 self.opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -426,6 +447,9 @@ def test_data_parallel_inside_an_expression():
             def step(self, x):
                 self.model(x).sum().backward()
                 self.opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
