@@ -105,6 +105,7 @@ _SHARDED_HERE = re.compile(
     r"\[shard_dataloader\] give .* a DistributedSampler"
     r"|\[shard_tf_dataset\] training data from .*\.apply\(sdp\.shard\)"
     r"|\[wrap_keras_fit\] .*each worker trains on every sdp\.size\(\)-th sample"
+    r"|\[port_fit_generator\] .*each worker augments and trains on every sdp\.size\(\)-th"
 )
 #: Data the script splits between the ranks itself.
 _SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")

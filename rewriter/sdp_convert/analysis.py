@@ -41,9 +41,23 @@ Origin = Literal["vanilla", "horovod", "smddp", "sdp", "distributed"]
 FRAMEWORK_MARKERS = (b"torch", b"tensorflow", b"keras", b"horovod", b"smdistributed")
 #: ... and one of these: a training step, or a library we migrate. A file with neither cannot be
 #: anything ``detect`` would convert or note, so it is not parsed by libcst at all.
-ACTIVITY_MARKERS = (b"backward", b"GradientTape", b"apply_gradients", b"fit(", b"horovod",
+ACTIVITY_MARKERS = (b"backward", b"GradientTape", b"apply_gradients", b"fit(", b"fit_generator(",
+                    b"horovod",
                     b"smdistributed", b"minimize(", b"distributed", b"deepspeed", b"accelerate",
                     b"lightning", b"sdp_runtime", b"share_memory")
+
+
+#: Spellings of a package that are the package itself: ``import tensorflow.compat.v2 as tf`` is
+#: TensorFlow 2 (sagemaker-debugger's scripts use it).
+_ALIASED_PACKAGES = (("tensorflow.compat.v2.", "tensorflow."),)
+
+
+def canonical_name(name: str) -> str:
+    """``tensorflow.compat.v2.keras.Model`` -> ``tensorflow.keras.Model``; others unchanged."""
+    for alias, package in _ALIASED_PACKAGES:
+        if name.startswith(alias):
+            return package + name[len(alias):]
+    return name
 
 
 def worth_parsing(data: bytes) -> bool:
@@ -144,6 +158,8 @@ class FileInfo:
     #: Where the file shows the distribution it does itself (origin ``distributed``), when that is
     #: a construct rather than a library import: an environment read, ``args.local_rank``, ...
     distributed_at: cst.CSTNode | None = field(default=None, repr=False)
+    #: Modules the file star-imports (``from utils import *``): names the converter cannot see.
+    star_imports: list[str] = field(default_factory=list)
     #: Something in the file runs its training code when it is executed (see the docstring): a
     #: file without is a module other code imports and calls.
     entry_point: bool = True
@@ -204,6 +220,7 @@ class _Detector(cst.CSTVisitor):
         self.optimizer_classes: set[cst.ClassDef] = set()  # optimizer implementations
         # Distribution the script sets up itself (see ``_own_distribution``):
         self.imported_names: set[str] = set()
+        self.star_imports: list[str] = []
         self.launcher_reads: list[tuple[str, cst.CSTNode]] = []  # os.environ["LOCAL_RANK"], ...
         self.args_conventions: list[tuple[str, cst.CSTNode]] = []  # args.local_rank, ...
 
@@ -237,7 +254,7 @@ class _Detector(cst.CSTVisitor):
             self.top_classes.add(node.name.value)
         for base in node.bases:
             resolved = self.get_metadata(QualifiedNameProvider, base.value, set())
-            qualified = {q.name for q in resolved}
+            qualified = {canonical_name(q.name) for q in resolved}
             self.class_bases.update(qualified)
             dotted = cst.helpers.get_full_name_for_node(base.value) or ""
             if dotted.endswith("TestCase") and node.name.value not in self.test_classes:
@@ -263,6 +280,10 @@ class _Detector(cst.CSTVisitor):
             )
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            dots = "." * len(node.relative)
+            module = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
+            self.star_imports.append(dots + (module or ""))
         if node.module is not None and not node.relative:
             base = cst.helpers.get_full_name_for_node_or_raise(node.module)
             self.imports.add(base)
@@ -298,8 +319,9 @@ class _Detector(cst.CSTVisitor):
         if self._depth == 0:
             self.module_calls.append(node)
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
-            self.calls.setdefault(q.name, []).append(node)
-            if q.name in ("os.environ.get", "os.getenv") and node.args:
+            name = canonical_name(q.name)
+            self.calls.setdefault(name, []).append(node)
+            if name in ("os.environ.get", "os.getenv") and node.args:
                 key = node.args[0].value
                 if isinstance(key, cst.SimpleString) and key.evaluated_value in (
                     _LAUNCHER_VARIABLES
@@ -457,6 +479,7 @@ def detect(
         method_calls=methods,
         call_order=detector.order,
         parents=detector.parents,
+        star_imports=detector.star_imports,
     )
 
     has_torch = _imports_under(imports, "torch")
@@ -516,7 +539,7 @@ def detect(
             )
     elif info.framework == "tensorflow":
         info.uses_tape = any(c.endswith(".GradientTape") for c in called)
-        fit = "fit" in methods and "compile" in methods and any(
+        fit = ("fit" in methods or "fit_generator" in methods) and "compile" in methods and any(
             c.startswith(_KERAS_PREFIXES) for c in called
         )
         info.uses_fit = fit

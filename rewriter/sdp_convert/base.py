@@ -37,7 +37,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from .analysis import FileInfo
+from .analysis import FileInfo, canonical_name
 
 if TYPE_CHECKING:
     from .program.index import FileIndex
@@ -196,7 +196,7 @@ class Transform(VisitorBasedCodemodCommand):
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully qualified names ``node`` may refer to (``torch.optim.SGD`` for ``optim.SGD``)."""
         found: Iterable[QualifiedName] = self.get_metadata(QualifiedNameProvider, node, set())
-        return {q.name for q in found}
+        return {canonical_name(q.name) for q in found}
 
     def refers_to(self, node: cst.CSTNode, *names: str, prefix: bool = False) -> bool:
         """Whether ``node`` refers to one of ``names`` (or to something under them if

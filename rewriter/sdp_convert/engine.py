@@ -68,10 +68,49 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
         except ConversionError as err:  # pragma: no cover - would be a bug in a transform
             raise ConversionError(f"internal error: converted code does not parse: {err}") from err
         if again.changed:
-            raise ConversionError(
-                "internal error: converting the result again would change it (please report)"
-            )
+            # The transforms saw the program differently in their own output (a name they
+            # resolve only after their edits: an unusual import alias, a star import). Half a
+            # conversion is worse than none: the file stays as it was, and the report says why.
+            return Result(data, data, result.info, [_unstable(data)])
     return result
+
+
+#: Methods that train: with the framework only behind a star import, the file may be a script.
+_TRAINING_METHODS = ({"backward", "step"}, {"apply_gradients"}, {"compile", "fit"})
+
+
+def _hidden_framework(info: FileInfo) -> list[Change]:
+    """A note for a file that trains through names a star import brings (``from utils import
+    *`` where ``utils`` imports torch): the converter cannot see what they are."""
+    if info.framework is not None or not info.star_imports or not any(
+        names <= info.method_calls.keys() for names in _TRAINING_METHODS
+    ):
+        return []
+    star = ", ".join(f"from {m} import *" for m in info.star_imports)
+    return [Change(
+        1, 1, "sdp_convert",
+        f"not converted: it seems to train, but its framework comes in through {star}, whose "
+        "names the converter cannot see; import torch / tensorflow (and what the file uses) by "
+        "name, then convert again",
+        manual=True,
+    )]
+
+
+def _unstable(data: bytes) -> Change:
+    star = b"import *" in data
+    why = (
+        "names come in through a star import (from ... import *) that the converter cannot "
+        "follow; import what the file uses by name"
+        if star
+        else "the converter reads some names differently once its own edits are in (an unusual "
+        "import or alias); please report it"
+    )
+    return Change(
+        1, 1, "sdp_convert",
+        f"not converted: converting the result again would change it, so the conversion is not "
+        f"safe: {why}, then convert again (or convert by hand)",
+        manual=True,
+    )
 
 
 def _parse(data: bytes) -> cst.Module:
@@ -131,7 +170,7 @@ def _convert_once(data: bytes, options: Options) -> Result:
         and cls.NAME not in options.skip
     ]
     if not selected:
-        return Result(data, data, info)
+        return Result(data, data, info, _hidden_framework(info))
 
     context = CodemodContext(wrapper=wrapper)
     state = FileState(info=info, options=options, module=module)

@@ -20,6 +20,7 @@ from .transforms import (
     note_already_distributed,
     pin_gpu_device,
     pin_tf_gpus,
+    port_fit_generator,
     scale_keras_learning_rate,
     scale_learning_rate,
     shard_dataloader,
@@ -52,6 +53,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Edits only the jit_compile= argument of the tf.function around the step wrapped above.
     disable_step_xla.DisableStepXla,
     broadcast_initial_state.BroadcastInitialState,
+    # fit_generator becomes fit (arguments as keywords) before wrap_keras_fit edits that call.
+    port_fit_generator.PortFitGenerator,
     wrap_keras_fit.WrapKerasFit,
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.

@@ -30,10 +30,10 @@ from .builders import runs_right_before
 from .datasets import DatasetTrace, _method, trace_dataset, training_dataset_uses
 from .flow import loader_sites
 from .index import assigned_values, file_index
-from .keras import fit_arg, keras_fit_calls
+from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
 from .scopes import training_loops
-from .syntax import is_none, is_simple_reference, mentions_size
+from .syntax import arg_named, is_none, is_simple_reference, mentions_size
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
 _POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
@@ -175,19 +175,29 @@ def trace_shardable(t: Transform, trace: DatasetTrace) -> bool:
     return False
 
 
-def fit_arrays(t: Transform, fit: cst.Call) -> tuple[str, cst.Arg | None]:
-    """``fit(x, y)`` on arrays: ``("none", None)`` (no y: a dataset), ``("sharded", None)``
-    (strided or ``sdp.shard`` already), ``("plain", None)`` (arrays ``wrap_keras_fit`` strides),
-    or ``("container", arg)`` (a list, tuple or dict of arrays it cannot)."""
-    x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
+#: ``ImageDataGenerator.flow(x, y, batch_size, shuffle, sample_weight, ...)``.
+_FLOW_POSITIONS = {"x": 0, "y": 1, "sample_weight": 4}
+
+
+def flow_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    return arg_named(call, name, _FLOW_POSITIONS.get(name))
+
+
+def fit_arrays(t: Transform, fit: cst.Call, flow: bool = False) -> tuple[str, cst.Arg | None]:
+    """``fit(x, y)`` on arrays (or ``ImageDataGenerator.flow(x, y)`` with ``flow``):
+    ``("none", None)`` (no y: a dataset), ``("sharded", None)`` (strided or ``sdp.shard``
+    already), ``("plain", None)`` (arrays ``wrap_keras_fit`` / ``port_fit_generator`` stride),
+    or ``("container", arg)`` (a list, tuple or dict of arrays they cannot)."""
+    get = flow_arg if flow else fit_arg
+    x, y = get(fit, "x"), get(fit, "y")
     if x is None or y is None:
         return "none", None
     index = file_index(t)
     keywords = ["x", "y"]
-    if fit_arg(fit, "sample_weight") is not None:
+    if get(fit, "sample_weight") is not None:
         keywords.append("sample_weight")
     for keyword in keywords:
-        arg = fit_arg(fit, keyword)
+        arg = get(fit, keyword)
         assert arg is not None
         if isinstance(arg.value, cst.Subscript) and mentions_size(t, arg.value):
             return "sharded", None
@@ -269,8 +279,12 @@ def _tensorflow(t: Transform) -> DataSharding:
             return DataSharding(False, "not sharded", where)
         found = True
     for fit in keras_fit_calls(t):
-        status, arg = fit_arrays(t, fit)
-        if status == "container" or (status == "plain" and not enabled(t, "wrap_keras_fit")):
+        flow = generator_flow(t, fit)
+        status, arg = fit_arrays(t, flow, flow=True) if flow is not None else fit_arrays(t, fit)
+        shards = "port_fit_generator" if flow is not None else "wrap_keras_fit"
+        if flow is not None and status == "none":
+            status = "container"  # flow(x) without labels: not followed
+        if status == "container" or (status == "plain" and not enabled(t, shards)):
             return DataSharding(False, "not sharded", arg.value if arg is not None else fit)
         found = found or status != "none"
     if empty:

@@ -202,8 +202,8 @@ class WrapKerasFit(Transform):
             self._hidden_arguments(original, kwargs)
         updated = self._callbacks(original, updated)
         updated = self._verbose(original, updated)
-        steps = arg_named(updated, "steps_per_epoch")
-        original_steps = arg_named(original, "steps_per_epoch")
+        steps = fit_arg(updated, "steps_per_epoch")
+        original_steps = fit_arg(original, "steps_per_epoch")
         if steps is not None and original_steps is not None and not mentions_size(
             self, original_steps.value
         ) and code(steps.value) != "None":
