@@ -3,7 +3,9 @@
 Besides the basics and collectives of :mod:`sdp_runtime.tensorflow`, it has the Keras
 ``DistributedOptimizer``, :func:`load_model`, :func:`prepare_train_function` (``fit`` under XLA)
 and the ``callbacks`` module
-(``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``).
+(``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``,
+``LearningRateScheduleCallback``), and Horovod's build queries (``nccl_built``, ``gloo_built``,
+``mpi_built``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from sdp_runtime.tensorflow import (
     broadcast,
     broadcast_object,
     broadcast_variables,
+    gloo_built,
     init,
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    nccl_built,
     rank,
     shard,
     shutdown,
@@ -48,11 +53,14 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
+    "gloo_built",
     "init",
     "is_initialized",
     "load_model",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "nccl_built",
     "prepare_train_function",
     "rank",
     "shard",
