@@ -94,7 +94,11 @@ def test_golden(case: Path, request: pytest.FixtureRequest):
     if expected_path.exists():
         # Spots a person must still look at are reported again (like a linter's warnings);
         # nothing else is.
-        edits = [c for c in again.changes if not c.manual]
+        # (A migrated DeepSpeed script is then a DeepSpeed script: "left unchanged" says so.)
+        edits = [
+            c for c in again.changes
+            if not c.manual and c.transform != "note_already_distributed"
+        ]
         assert not edits, f"converting expected.py again reports changes: {edits}"
 
 
