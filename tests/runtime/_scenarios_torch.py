@@ -427,6 +427,24 @@ def check_ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups() -> No
     assert bool(plain)
 
 
+def check_ddp_a_model_reinitialised_after_the_wrap_still_trains_the_same_everywhere() -> None:
+    # model = DDP(Net()); model.apply(init_fn) with a per-rank seed: DDP's broadcast at the
+    # wrap is undone; the runtime's broadcast at the first forward makes the ranks agree again.
+    r = sdp.rank()
+    model = sdp.DistributedDataParallel(_model(seed=0))
+    torch.manual_seed(100 + r)
+    model.apply(lambda m: m.reset_parameters() if isinstance(m, nn.Linear) else None)
+    first = [p.detach().clone() for p in model.parameters()]
+    assert not torch.equal(sdp.broadcast(first[0], root_rank=0), first[0]) or r == 0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        optimizer.zero_grad()
+        _loss(model, r, micro=step).backward()
+        optimizer.step()
+    for p in model.parameters():
+        _same_everywhere(p.detach().tolist())
+
+
 def _before_init() -> None:
     expect_raises(sdp.NotInitializedError, sdp.rank, "sdp.init()")
     expect_raises(sdp.NotInitializedError, lambda: sdp.allreduce(torch.ones(1)))

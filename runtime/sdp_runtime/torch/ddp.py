@@ -13,6 +13,8 @@
   forms. This holds as well when the wrapper sits inside another module.
 - Attributes the wrapper lacks are looked up on the wrapped module (``model.fc``,
   ``model.custom_method()``), as in the single-process script.
+- The first forward broadcasts rank 0's parameters and buffers once more, so a model changed
+  after it was wrapped (re-initialised, loaded on some ranks) still starts the same everywhere.
 """
 
 from __future__ import annotations
@@ -87,7 +89,23 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if not self.communicates:
             return self.module(*inputs, **kwargs)
+        if not self.__dict__.get("_sdp_synced", False):
+            self._sync_before_first_step()
         return super().forward(*inputs, **kwargs)
+
+    def _sync_before_first_step(self) -> None:
+        """Rank 0's parameters and buffers on every rank, once, at the first forward.
+
+        DDP broadcasts them when it wraps; a script that changes them afterwards on each rank
+        (``model.apply(init_fn)``, weights loaded on some ranks only) would otherwise train
+        ranks that silently differ. Horovod scripts call ``broadcast_parameters`` at the start
+        for the same reason. One fused broadcast, before anything is updated.
+        """
+        self.__dict__["_sdp_synced"] = True
+        with torch.no_grad():
+            tensors = [p.data for p in self.module.parameters()]
+            tensors += [b for b in self.module.buffers() if b is not None]
+            _comm.broadcast_(tensors, root_rank=0)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
