@@ -445,6 +445,18 @@ def check_ddp_a_model_reinitialised_after_the_wrap_still_trains_the_same_everywh
         _same_everywhere(p.detach().tolist())
 
 
+def check_ddp_a_frozen_module_is_only_called_and_unfreezing_it_raises() -> None:
+    r = sdp.rank()
+    encoder = _model(seed=r)  # different weights on each rank: the first forward makes them one
+    encoder.requires_grad_(False)
+    wrapped = sdp.DistributedDataParallel(encoder)  # torch's DDP raises here
+    assert not wrapped.communicates
+    x, _ = _data(0)
+    _same_everywhere(wrapped(x).tolist())
+    encoder.requires_grad_(True)
+    expect_raises(RuntimeError, lambda: wrapped(x), "wrap it after unfreezing")
+
+
 def _before_init() -> None:
     expect_raises(sdp.NotInitializedError, sdp.rank, "sdp.init()")
     expect_raises(sdp.NotInitializedError, lambda: sdp.allreduce(torch.ones(1)))

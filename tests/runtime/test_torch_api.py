@@ -28,6 +28,7 @@ SUITE_CHECKS = [
     "ddp_fp16_compression_trains",
     "ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups",
     "ddp_a_model_reinitialised_after_the_wrap_still_trains_the_same_everywhere",
+    "ddp_a_frozen_module_is_only_called_and_unfreezing_it_raises",
 ]
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .helpers import check_noop, check_transformed, messages
+from .helpers import check_noop, check_transformed, messages, run
 
 ONLY = "wrap_model_ddp"
 
@@ -704,3 +704,29 @@ def test_without_a_visible_optimizer_the_module_feeding_backward_is_the_model():
         """,
         only=ONLY,
     )
+
+
+def test_a_model_whose_outputs_are_partly_discarded_looks_for_unused_parameters():
+    result = run(
+        """\
+        import torch
+
+        D = Discriminator()
+        opt = torch.optim.SGD(D.parameters(), lr=0.1)
+        for x in torch.utils.data.DataLoader(data):
+            validity, _, _ = D(x)
+            validity.mean().backward()
+            opt.step()
+        """,
+        ONLY,
+    )
+    assert "D = sdp.DistributedDataParallel(D, find_unused_parameters=True)\n" in (
+        result.output.decode()
+    )
+    plain = run(
+        "import torch\n\nD = Net()\nopt = torch.optim.SGD(D.parameters(), lr=0.1)\n"
+        "for x in torch.utils.data.DataLoader(data):\n"
+        "    validity, logits = D(x)\n    (validity + logits).mean().backward()\n    opt.step()\n",
+        ONLY,
+    )
+    assert "D = sdp.DistributedDataParallel(D)\n" in plain.output.decode()

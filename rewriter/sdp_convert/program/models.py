@@ -272,3 +272,27 @@ def part_of_a_model(t: Transform, name: str, scope: Scope) -> bool:
             ):
                 return True
     return False
+
+
+def discarded_outputs(t: Transform, target: str, scope: Scope) -> cst.Call | None:
+    """A call of the model ``target`` that throws part of its outputs away (``validity, _, _ =
+    D(x)``, ``D(x)[0]``): parameters that only produce those get no gradient, and DDP, which
+    expects a gradient for every parameter, fails at the next step unless told to look for unused
+    ones (``find_unused_parameters=True``)."""
+    for name in file_index(t).loads_of(target, scope):
+        call = t.parent(name)
+        if not (isinstance(call, cst.Call) and call.func is name):
+            continue
+        parent = t.parent(call)
+        if isinstance(parent, cst.Subscript) and parent.value is call:
+            return call
+        if isinstance(parent, cst.Assign) and any(
+            isinstance(target_.target, (cst.Tuple, cst.List))
+            and any(
+                isinstance(e.value, cst.Name) and e.value.value.startswith("_")
+                for e in target_.target.elements
+            )
+            for target_ in parent.targets
+        ):
+            return call
+    return None

@@ -13,7 +13,8 @@ steps N times too far. So the rate is scaled only where this module says the tra
   (``wrap_keras_fit``).
 
 Otherwise ``training_data`` says what was found instead (``DataSharding.kind``): ``"environment"``
-(reinforcement learning: the data comes from a gym environment), ``"full batch"`` (loops over
+(reinforcement learning: the data comes from a gym environment), ``"input"`` (the optimizer trains
+a tensor, not a model: style transfer optimises an image), ``"full batch"`` (loops over
 ``range`` that read the same tensors every step), ``"not found"`` (batches come from somewhere
 the converter does not follow) or ``"not sharded"`` (a loader or dataset it cannot split).
 """
@@ -32,6 +33,8 @@ from .flow import loader_sites
 from .index import assigned_values, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
+from .models import PARAMETER_METHODS
+from .optimizers import optimizer_class, params_argument
 from .scopes import training_loops
 from .syntax import arg_named, is_none, is_simple_reference, mentions_size
 
@@ -58,7 +61,7 @@ class DataSharding:
     """What feeds training in one file, and whether each rank gets its own part of it."""
 
     sharded: bool
-    #: "sharded", "not sharded", "environment", "full batch" or "not found".
+    #: "sharded", "not sharded", "environment", "input", "full batch" or "not found".
     kind: str
     #: Where it was seen (an environment call, a training loop), for a report line.
     node: cst.CSTNode | None = None
@@ -241,10 +244,35 @@ def training_data(t: Transform) -> DataSharding:
     return facts.data_sharding
 
 
+def optimised_input(t: Transform) -> cst.CSTNode | None:
+    """The tensor an optimizer trains when no optimizer trains a model's parameters
+    (``Adam([input_img])``: neural style transfer optimises an image)."""
+    found: cst.CSTNode | None = None
+    for call in t.calls_to("torch.optim", prefix=True):
+        if optimizer_class(t, call) is None:
+            continue
+        params = params_argument(call)
+        if params is None:
+            return None
+        if m.findall(params.value, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
+            return None
+        values = list(assigned_values(file_index(t), params.value))
+        literal = next((v for v in values if isinstance(v, (cst.List, cst.Tuple))), None)
+        if literal is None or not literal.elements or any(
+            not isinstance(e.value, cst.Name) for e in literal.elements
+        ):
+            return None
+        found = found or literal.elements[0].value
+    return found
+
+
 def _torch(t: Transform) -> DataSharding:
     env = environment_call(t)
     if env is not None:
         return DataSharding(False, "environment", env)
+    tensor = optimised_input(t)
+    if tensor is not None:
+        return DataSharding(False, "input", tensor)
     loaders = training_loaders(t)
     if loaders:
         will = enabled(t, "shard_dataloader")

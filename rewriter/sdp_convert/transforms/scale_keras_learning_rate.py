@@ -84,6 +84,7 @@ UNSHARDED = {
     "not sharded": "the training data is not sharded (see the data's note), so every worker "
     "would average the same gradient",
     "environment": "the data comes from an environment, not a dataset the workers can split",
+    "input": "it optimises an input tensor, not a model: not data-parallel as written",
     "full batch": "full-batch training, every worker sees the same data",
     "not found": "no sharded training data was found",
 }

@@ -72,6 +72,8 @@ UNSHARDED = {
     "not sharded": "the training data is not sharded (see the data's note), so every rank "
     "would average the same gradient",
     "environment": "the data comes from an environment, not a dataset the ranks can split",
+    "input": "it optimises an input tensor, not a model's parameters: not data-parallel as "
+    "written",
     "full batch": "full-batch training, every rank sees the same data",
     "not found": "no sharded training data was found",
 }

@@ -113,6 +113,14 @@ class ShardDataLoader(Transform):
             data = training_data(self)
             if data.kind == "environment":
                 self._environment(data.node or backward[0])
+            elif data.kind == "input":
+                self.record(
+                    data.node or backward[0],
+                    f"the optimizer trains {self.module.code_for_node(data.node).strip()}, an "
+                    "input, not a model's parameters (as style transfer does): not data-parallel "
+                    "as written, every rank would compute the same thing; run it on one process",
+                    manual=True,
+                )
             elif data.kind == "full batch":
                 self.record(
                     data.node or backward[0],

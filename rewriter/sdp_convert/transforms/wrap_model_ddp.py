@@ -34,7 +34,8 @@ optimizer gets, followed through variables, function arguments and factories
 ``self.<attr>``; with no optimizer in sight, a module whose output feeds ``loss.backward()``.
 Each such model (a GAN has two) is wrapped right after the last statement that creates, moves
 (``.to``, ``.cuda()``, ...) or freezes it before it is first trained, and before
-``torch.compile``; the optimizer keeps working on the same parameters either way.
+``torch.compile``; the optimizer keeps working on the same parameters either way. A model whose
+outputs are partly discarded (``validity, _, _ = D(x)``) gets ``find_unused_parameters=True``.
 ``nn.DataParallel`` is removed (one process per GPU) and the model wrapped instead. A model that
 is already wrapped (``sdp``'s or torch's DDP) is left alone.
 
@@ -64,6 +65,7 @@ from ..program.models import (
     MODULE_API,
     SETUP_METHODS,
     arguments,
+    discarded_outputs,
     freezes,
     is_module_value_expr,
     is_plain_object,
@@ -327,7 +329,9 @@ class WrapModelDdp(Transform):
         anchor = max(candidates, key=order) if candidates else first
 
         self.add_runtime_import()
-        wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target})"
+        unused = discarded_outputs(self, model.target, model.scope) if model.owner is None else None
+        extra = ", find_unused_parameters=True" if unused is not None else ""
+        wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
         self.insert_after(anchor, cst.parse_statement(wrap + "\n"))
         compiled = any(
             is_wrapper(self, b.value, COMPILE) and order(b.stmt) > order(anchor)
@@ -336,7 +340,9 @@ class WrapModelDdp(Transform):
         self.record(
             anchor,
             f"wrap {model.target} in {self.sdp}.DistributedDataParallel"
-            + (" (before torch.compile)" if compiled else ""),
+            + (" (before torch.compile)" if compiled else "")
+            + (f" with find_unused_parameters=True: {code(unused)} discards some of its outputs"
+               if unused is not None else ""),
         )
         if model.creation.value is not None and any(
             isinstance(c, cst.Call) and self.refers_to(c.func, *COMPILE)
