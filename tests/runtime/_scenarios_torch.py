@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
+import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import sdp_runtime.torch as sdp
@@ -455,6 +458,20 @@ def check_ddp_a_frozen_module_is_only_called_and_unfreezing_it_raises() -> None:
     _same_everywhere(wrapped(x).tolist())
     encoder.requires_grad_(True)
     expect_raises(RuntimeError, lambda: wrapped(x), "wrap it after unfreezing")
+
+
+def check_rank0_first_lets_local_rank_0_finish_before_the_others_start() -> None:
+    shared = Path(sdp.broadcast_object(tempfile.mkdtemp() if sdp.rank() == 0 else None))
+    with sdp.rank0_first():
+        if sdp.local_rank() == 0:
+            time.sleep(0.5)  # a download: the others must not start meanwhile
+            (shared / "mnist.npz").write_text("data")
+        else:
+            assert (shared / "mnist.npz").read_text() == "data"
+    sdp.barrier()
+    if sdp.rank() == 0:
+        (shared / "mnist.npz").unlink()
+        shared.rmdir()
 
 
 def _before_init() -> None:

@@ -49,6 +49,8 @@ from sdp_runtime.tensorflow.data import shard
 from sdp_runtime.tensorflow.optimizer import DistributedOptimizer
 from sdp_runtime.tensorflow.tape import DistributedGradientTape
 
+from .._order import rank0_first
+
 __all__ = [
     "Average",
     "Compression",
@@ -78,6 +80,7 @@ __all__ = [
     "oob_allreduce",
     "overlap",
     "rank",
+    "rank0_first",
     "shard",
     "shutdown",
     "size",

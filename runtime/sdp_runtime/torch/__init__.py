@@ -10,6 +10,7 @@ This package never imports TensorFlow.
 
 from __future__ import annotations
 
+from .._order import rank0_first
 from .._types import (
     AlreadyInitializedError,
     CommunicationError,
@@ -108,6 +109,7 @@ __all__ = [
     "nccl_built",
     "poll",
     "rank",
+    "rank0_first",
     "shutdown",
     "size",
     "synchronize",

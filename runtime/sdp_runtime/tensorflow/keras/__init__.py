@@ -10,6 +10,7 @@ and the ``callbacks`` module
 
 from __future__ import annotations
 
+from sdp_runtime._order import rank0_first
 from sdp_runtime.tensorflow import (
     Average,
     Compression,
@@ -63,6 +64,7 @@ __all__ = [
     "nccl_built",
     "prepare_train_function",
     "rank",
+    "rank0_first",
     "shard",
     "shutdown",
     "size",
