@@ -73,9 +73,13 @@ class EditPlan:
     after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)
     guarded: set[cst.CSTNode] = field(default_factory=set)
     replaced: dict[cst.CSTNode, Sequence[cst.BaseStatement]] = field(default_factory=dict)
+    #: Statements run inside ``with <runtime>.rank0_first():`` (consecutive ones share it).
+    rank0_first: set[cst.CSTNode] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.before or self.after or self.guarded or self.replaced)
+        return bool(
+            self.before or self.after or self.guarded or self.replaced or self.rank0_first
+        )
 
 
 @dataclass
@@ -271,6 +275,10 @@ class Transform(VisitorBasedCodemodCommand):
     def guard_rank0(self, stmt: cst.CSTNode) -> None:
         """Run ``stmt`` on rank 0 only (``if sdp.rank() == 0:``)."""
         self.state.edits.guarded.add(stmt)
+
+    def run_rank0_first(self, stmt: cst.CSTNode) -> None:
+        """Run ``stmt`` on each machine's local rank 0 first (``with sdp.rank0_first():``)."""
+        self.state.edits.rank0_first.add(stmt)
 
     def replace_statement(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
         self.state.edits.replaced[stmt] = new

@@ -424,11 +424,15 @@ class _Traversal(cst.CSTTransformer):
             return list(updated)
         body: list[cst.BaseStatement] = []
         guard_run: list[cst.BaseStatement] = []
+        first_run: list[cst.BaseStatement] = []
 
         def flush() -> None:
             if guard_run:
                 body.append(self._rank0_if(guard_run))
                 guard_run.clear()
+            if first_run:
+                body.append(self._rank0_first(first_run))
+                first_run.clear()
 
         for original, new in zip(originals, updated, strict=True):
             if original in self.skipped:
@@ -440,7 +444,13 @@ class _Traversal(cst.CSTTransformer):
                 body.extend(edits.before[original])
             replacement = list(edits.replaced.get(original, [new]))
             if original in edits.guarded:
+                if first_run:
+                    flush()
                 guard_run.extend(replacement)
+            elif original in edits.rank0_first:
+                if guard_run:
+                    flush()
+                first_run.extend(replacement)
             else:
                 flush()
                 body.extend(replacement)
@@ -449,6 +459,13 @@ class _Traversal(cst.CSTTransformer):
                 body.extend(edits.after[original])
         flush()
         return body
+
+    def _rank0_first(self, stmts: list[cst.BaseStatement]) -> cst.With:
+        first = stmts[0]
+        leading = getattr(first, "leading_lines", ())
+        stmts = [first.with_changes(leading_lines=()), *stmts[1:]]
+        item = cst.WithItem(cst.parse_expression(f"{self.state.runtime_alias}.rank0_first()"))
+        return cst.With(items=[item], body=cst.IndentedBlock(body=stmts), leading_lines=leading)
 
     def _rank0_if(self, stmts: list[cst.BaseStatement]) -> cst.If:
         # The first statement's comments and blank lines move above the ``if``.

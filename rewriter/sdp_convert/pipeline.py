@@ -18,6 +18,7 @@ from .transforms import (
     migrate_horovod,
     migrate_smddp,
     note_already_distributed,
+    order_downloads,
     pin_gpu_device,
     pin_tf_gpus,
     port_fit_generator,
@@ -56,6 +57,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     # fit_generator becomes fit (arguments as keywords) before wrap_keras_fit edits that call.
     port_fit_generator.PortFitGenerator,
     wrap_keras_fit.WrapKerasFit,
+    # Downloads run in ``with sdp.rank0_first():`` (a statement-level edit, like the guards).
+    order_downloads.OrderDownloads,
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.
     guard_rank0_writes.GuardRank0Writes,
