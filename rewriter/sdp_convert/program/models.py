@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .index import Binding, Scope, file_index
+from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .scopes import arguments_for
 from .syntax import code
@@ -296,3 +296,42 @@ def discarded_outputs(t: Transform, target: str, scope: Scope) -> cst.Call | Non
         ):
             return call
     return None
+
+
+def user_methods_in_training(
+    t: Transform, uses: list[cst.CSTNode]
+) -> Iterator[tuple[cst.Call, cst.Attribute, cst.CSTNode]]:
+    """``(call, model.method, model)`` for each call of a user method of the model (not the
+    ``nn.Module`` API) in a function that calls ``backward()``: it runs around DDP's forward."""
+    trains = {id(t.enclosing_function(c)) for c in t.method_calls("backward")}
+    for use in uses:
+        parent = t.parent(use)
+        call = t.parent(parent) if parent is not None else None
+        if (
+            isinstance(parent, cst.Attribute) and parent.value is use
+            and parent.attr.value not in MODULE_API
+            and isinstance(call, cst.Call) and call.func is parent
+            and id(t.enclosing_function(call)) in trains
+        ):
+            yield call, parent, use
+
+
+def untrained_models(
+    t: Transform, index: FileIndex, trained: set[tuple[str, int]]
+) -> Iterator[tuple[str, Binding]]:
+    """``(name, binding)`` of modules built and called in this file that are not in ``trained``
+    (``(name, id(scope))``) nor part of another model: evaluation models, teachers."""
+    for (scope_id, name), bindings in index.bindings.items():
+        if (name, scope_id) in trained:
+            continue
+        for binding in bindings:
+            if binding.kind != "assign" or not is_module_value_expr(t, binding.value):
+                continue
+            if part_of_a_model(t, name, binding.scope):
+                break
+            if any(
+                isinstance(p := t.parent(load), cst.Call) and p.func is load
+                for load in index.loads_of(name, binding.scope)
+            ):
+                yield name, binding
+            break

@@ -62,21 +62,20 @@ from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
     DDP,
-    MODULE_API,
     SETUP_METHODS,
     arguments,
     discarded_outputs,
     freezes,
-    is_module_value_expr,
     is_plain_object,
     is_wrapper,
     model_creation,
     model_expression,
     models_from_backward,
     owner_class,
-    part_of_a_model,
     stepped_optimizers,
     trained_models,
+    untrained_models,
+    user_methods_in_training,
 )
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.syntax import arg_named, code
@@ -413,47 +412,25 @@ class WrapModelDdp(Transform):
     # -- notes --------------------------------------------------------------------------------
 
     def _note_method_calls(self, uses: list[cst.CSTNode]) -> None:
-        trains = {id(self.enclosing_function(c)) for c in self.method_calls("backward")}
-        for use in uses:
-            parent = self.parent(use)
-            call = self.parent(parent) if parent is not None else None
-            if (
-                isinstance(parent, cst.Attribute) and parent.value is use
-                and parent.attr.value not in MODULE_API
-                and isinstance(call, cst.Call) and call.func is parent
-                and id(self.enclosing_function(call)) in trains
-            ):
-                self.record(
-                    call,
-                    f"{code(parent)}(...) runs the wrapped module around DDP's forward: gradients "
-                    f"computed through it are not averaged; in the training step call "
-                    f"{code(use)}(...) instead",
-                    manual=True,
-                )
+        for call, method, use in user_methods_in_training(self, uses):
+            self.record(
+                call,
+                f"{code(method)}(...) runs the wrapped module around DDP's forward: gradients "
+                f"computed through it are not averaged; in the training step call "
+                f"{code(use)}(...) instead",
+                manual=True,
+            )
 
     def _note_untrained(self) -> None:
         """Models built and called here that no optimizer trains (evaluation, a teacher)."""
-        models = {(m_.target, id(m_.scope)) for m_ in self.models.values() if m_.owner is None}
-        for (scope_id, name), bindings in self.index.bindings.items():
-            if (name, scope_id) in models:
-                continue
-            for binding in bindings:
-                if binding.kind != "assign" or not is_module_value_expr(self, binding.value):
-                    continue
-                if part_of_a_model(self, name, binding.scope):
-                    break
-                called = any(
-                    isinstance(p := self.parent(load), cst.Call) and p.func is load
-                    for load in self.index.loads_of(name, binding.scope)
-                )
-                if called:
-                    self.record(
-                        binding.stmt,
-                        f"{name} is not trained here (no optimizer gets its parameters): left "
-                        f"unwrapped, each process runs its own copy",
-                        manual=True,
-                    )
-                break
+        trained = {(m_.target, id(m_.scope)) for m_ in self.models.values() if m_.owner is None}
+        for name, binding in untrained_models(self, self.index, trained):
+            self.record(
+                binding.stmt,
+                f"{name} is not trained here (no optimizer gets its parameters): left "
+                f"unwrapped, each process runs its own copy",
+                manual=True,
+            )
 
     # -- rewriting ----------------------------------------------------------------------------
 
