@@ -58,6 +58,9 @@ class Options:
     #: Run the transforms on a script that uses sdp_runtime already (normally left alone): the
     #: engine's check that a conversion is a fixed point, and tests of the same.
     recheck: bool = False
+    #: The file of this run that imports this one and runs it in torch.multiprocessing workers
+    #: sharing one model (Hogwild, ``siblings``): this file is then parallel already.
+    parallel_importer: str = ""
 
 
 @dataclass

@@ -161,6 +161,12 @@ def _convert_once(data: bytes, options: Options) -> Result:
     transforms_deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
     metadata = wrapper.resolve_many(transforms_deps)
     info = detect(module, metadata, options.framework, options.recheck)
+    if options.parallel_importer and info.origin == "vanilla":
+        info.origin = "distributed"
+        info.reason = (
+            f"torch.multiprocessing workers of {options.parallel_importer}, which imports this "
+            "module (Hogwild)"
+        )
 
     selected = [
         cls
