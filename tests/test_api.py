@@ -10,7 +10,7 @@ import pytest
 import sdp_convert
 from sdp_convert import Change, ConversionError, ConvertResult, convert
 
-from .test_cli import NOT_TRAINING, TRAIN
+from .test_cli import NOT_TRAINING, TRAIN, UNSHARDED
 
 
 def test_convert_a_string():
@@ -22,8 +22,10 @@ def test_convert_a_string():
     first = result.changes[0]
     assert isinstance(first, Change)
     assert (first.line, first.col, first.transform) == (1, 1, "add_runtime_init")
-    assert all(c.manual for c in result.manual) and result.manual
+    assert not result.manual  # a DataLoader to shard: nothing for a person
     assert convert(result.text).changed is False  # a fixed point
+    unsharded = convert(UNSHARDED)
+    assert all(c.manual for c in unsharded.manual) and unsharded.manual
 
 
 def test_options_and_bytes_with_a_coding_cookie():

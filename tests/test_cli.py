@@ -18,6 +18,19 @@ import torch
 
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(32, 4))
+for (x,) in torch.utils.data.DataLoader(data, batch_size=8):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+#: The same without a loader: batches drawn in the loop, which the converter cannot split.
+UNSHARDED = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(3):
     loss = model(torch.randn(8, 4)).pow(2).mean()
     opt.zero_grad()
@@ -66,7 +79,7 @@ def test_in_place_conversion_reports_on_stderr(tmp_path):
     assert "import sdp_runtime.torch as sdp" in converted and "sdp.init()" in converted
     err = out.stderr.decode()
     assert f"{script}:1:1: [add_runtime_init]" in err
-    assert "1 converted, 0 unchanged, 0 skipped, 0 failed" in err
+    assert "1 converted, 0 need attention, 0 unchanged, 0 skipped, 0 failed" in err
     assert out.stdout == b""
     # A converted file is a fixed point.
     again = sdp("--check", str(script))
@@ -79,7 +92,7 @@ def test_check_writes_nothing_and_exits_1(tmp_path):
     out = sdp("--check", str(script), str(other))
     assert out.returncode == 1
     assert script.read_text() == TRAIN and other.read_text() == NOT_TRAINING
-    assert "1 would be converted, 1 unchanged" in out.stderr.decode()
+    assert "1 would be converted, 0 need attention, 1 unchanged" in out.stderr.decode()
     assert sdp("--check", str(other)).returncode == 0
 
 
@@ -144,7 +157,8 @@ def test_parallel_directory_mode_matches_serial(tmp_path):
         assert (tmp_path / "a" / f"t{i}.py").read_text() == (
             tmp_path / "b" / f"t{i}.py"
         ).read_text()
-    assert "6 converted, 0 unchanged, 0 skipped, 1 failed" in parallel.stderr.decode()
+    summary = "6 converted, 0 need attention, 0 unchanged, 0 skipped, 1 failed"
+    assert summary in parallel.stderr.decode()
 
 
 def test_stdin_to_stdout(tmp_path):
@@ -193,7 +207,7 @@ def test_missing_path_empty_file_and_directory_without_python(tmp_path):
     assert f"{tmp_path / 'missing.py'}: no such file or directory" in err
     assert f"{tmp_path / 'nothing'}: no Python files found" in err
     assert empty.read_bytes() == b""
-    assert "0 converted, 1 unchanged, 1 skipped, 1 failed" in err
+    assert "0 converted, 0 need attention, 1 unchanged, 1 skipped, 1 failed" in err
 
 
 def test_coding_cookie_and_bom_are_kept(tmp_path):
@@ -269,19 +283,25 @@ def test_unreadable_file_is_reported(tmp_path, monkeypatch):
 def test_reports_in_three_formats(tmp_path):
     script = write(tmp_path / "train.py", TRAIN)
     write(tmp_path / "bad.py", "import torch\ndef f(:\n")
+    write(tmp_path / "unsharded.py", UNSHARDED)
     out = sdp("--check", str(tmp_path), "--report", str(tmp_path / "r.json"),
               "--report-format", "json")
     assert out.returncode == 2
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["version"] == 1
-    # manual: the loop trains on tensors made in place, which no DataLoader shards (a note)
-    assert doc["summary"] == {"converted": 1, "unchanged": 0, "skipped": 0, "failed": 1,
-                              "manual": 1, "check": True}
+    # unsharded.py needs attention: its loop trains on tensors made in place, which no
+    # DataLoader shards (a note), so its learning rate is left alone (another note)
+    assert doc["summary"] == {"converted": 1, "attention": 1, "unchanged": 0, "skipped": 0,
+                              "failed": 1, "manual": 2, "check": True}
     first = doc["changes"][0]
     assert set(first) == {"path", "line", "column", "transform", "message", "manual"}
-    assert first["path"] == str(script) and first["transform"] == "add_runtime_init"
-    statuses = {Path(f["path"]).name: f["status"] for f in doc["files"]}
-    assert statuses == {"bad.py": "failed", "train.py": "converted"}
+    assert first["path"] == str(tmp_path / "bad.py") or first["transform"] == "add_runtime_init"
+    statuses = {Path(f["path"]).name: (f["status"], f["attention"]) for f in doc["files"]}
+    assert statuses == {"bad.py": ("failed", False), "train.py": ("converted", False),
+                        "unsharded.py": ("converted", True)}
+    text = sdp("--check", str(tmp_path))
+    assert "1 would be converted, 1 need attention, 0 unchanged, 0 skipped, 1 failed; " \
+        "2 manual items" in text.stderr.decode()
 
     gh = sdp("--check", str(script), "--report", "-", "--report-format", "github")
     assert f"::notice file={script},line=1,col=1,title=sdp-convert [add_runtime_init]::".encode() \
@@ -444,7 +464,7 @@ def test_opt_out_comment_leaves_that_statement_alone(tmp_path):
     converted = script.read_text()
     assert "sdp.init()" in converted and "sdp.DistributedDataParallel(model)" in converted
     # The opted-out lines are as they were, and nothing is reported about them...
-    assert "lr=0.1)  # sdp-convert: skip\n" in converted and "sdp.size()" not in converted
+    assert "lr=0.1)  # sdp-convert: skip\n" in converted and "lr=0.1 * sdp.size()" not in converted
     assert "\nwith open('log.txt', 'w') as f:  # sdp-convert: skip\n    f.write" in converted
     assert b"scale_learning_rate" not in out.stderr
     # ... while the line without the comment is still guarded.
@@ -458,7 +478,7 @@ def test_opt_out_comment_leaves_that_statement_alone(tmp_path):
     out = sdp(str(everything))
     assert out.returncode == 0, out.stderr
     assert everything.read_bytes() == before
-    assert b"0 converted, 1 unchanged" in out.stderr
+    assert b"0 converted, 0 need attention, 1 unchanged" in out.stderr
 
 
 def test_report_that_cannot_be_written_is_one_line_after_the_files_were_written(tmp_path):

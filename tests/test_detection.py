@@ -305,10 +305,23 @@ class Trainer:
 )
 def test_training_scripts_are_still_converted(source):
     result = convert(source)
-    assert result.changed
+    assert result.changed or result.manual
     assert result.info.convertible
     assert not result.info.excluded
     assert result.info.label in ("torch", "tensorflow", "keras")
+
+
+def test_a_module_of_definitions_gets_no_init_at_import():
+    # A Trainer class other code imports and calls: sdp.init() at module level would run at
+    # import, before (or as a second init after) the importing script's; a person places it.
+    result = convert(USER_TRAINER_CLASS)
+    assert not result.info.entry_point
+    assert "sdp.init()" not in result.output.decode()
+    (note,) = [c for c in result.changes if c.transform == "add_runtime_init"]
+    assert note.manual and "no sdp.init() added" in note.message
+    # The same class with a script part gets its init.
+    script = USER_TRAINER_CLASS + "\nTrainer(model).train_epoch(loader)\n"
+    assert "\nsdp.init()\n" in convert(script).output.decode()
 
 
 def test_a_script_named_like_a_test_is_converted(tmp_path):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 import libcst as cst
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from libcst.metadata import MetadataWrapper, PositionProvider
 from sdp_convert import transforms
-from sdp_convert.engine import _positions
+from sdp_convert.engine import _positions, convert
 from sdp_convert.pipeline import PIPELINE
 
 
@@ -59,3 +61,76 @@ def test_target_positions_match_libcst_position_provider(data):
     for i, node in enumerate(picked):
         start = expected[node].start
         assert got[str(i)] == (start.line, start.column + 1), type(node).__name__
+
+
+# -- any import spelling: a result, never "internal error" --------------------------------------
+
+_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+#: How the same module may be imported: (line in the fixtures, replacements for it).
+_SPELLINGS = {
+    "import tensorflow as tf\n": [
+        "import tensorflow.compat.v2 as tf\n",
+        "import tensorflow as tf_\ntf = tf_\n",
+        "from tensorflow import compat\ntf = compat.v2\n",
+    ],
+    "import torch\n": [
+        "import torch as torch\n",
+        "import torch.nn\n",
+    ],
+}
+
+
+def _respelled() -> list[tuple[str, str]]:
+    cases = []
+    for path in sorted(_FIXTURES.glob("*/*/input.py")):
+        text = path.read_text()
+        for line, spellings in _SPELLINGS.items():
+            if line in text:
+                for i, spelling in enumerate(spellings):
+                    cases.append((f"{path.parent.parent.name}/{path.parent.name}-{i}",
+                                  text.replace(line, spelling, 1)))
+    return cases
+
+
+@pytest.mark.parametrize(("case", "source"), _respelled(), ids=[c for c, _ in _respelled()])
+def test_any_import_spelling_gives_a_fixed_point_or_the_file_unchanged(case: str, source: str):
+    # convert() checks that its output is a fixed point; where a second pass would change it,
+    # it leaves the file as it was with a note, instead of failing with an internal error.
+    result = convert(source)
+    if result.changed:
+        assert not convert(result.output).changed
+    else:
+        assert result.output == source.encode()
+
+
+def test_the_compat_v2_alias_is_tensorflow():
+    source = (_FIXTURES / "tensorflow" / "eager_loop" / "input.py").read_text()
+    plain = convert(source)
+    aliased = convert(
+        source.replace("import tensorflow as tf\n", "import tensorflow.compat.v2 as tf\n")
+    )
+    assert aliased.changed
+    assert [(c.line, c.transform, c.manual) for c in aliased.changes] == [
+        (c.line, c.transform, c.manual) for c in plain.changes
+    ]
+
+
+def test_a_result_that_would_change_again_leaves_the_file_alone_with_a_note(monkeypatch):
+    from sdp_convert import engine
+
+    real = engine._convert_once
+    calls = []
+
+    def unstable(data: bytes, options):  # a transform that keeps finding work
+        calls.append(data)
+        result = real(data, options)
+        if len(calls) == 2:
+            return engine.Result(data, data + b"# again\n", result.info, result.changes)
+        return result
+
+    monkeypatch.setattr(engine, "_convert_once", unstable)
+    source = (_FIXTURES / "torch" / "mnist_basic" / "input.py").read_bytes()
+    result = engine.convert(source)
+    assert result.output == source and not result.changed
+    (note,) = result.changes
+    assert note.manual and note.message.startswith("not converted: converting the result again")

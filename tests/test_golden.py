@@ -15,6 +15,7 @@ reviewed with ``git diff`` before it is committed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -93,5 +94,39 @@ def test_golden(case: Path, request: pytest.FixtureRequest):
     if expected_path.exists():
         # Spots a person must still look at are reported again (like a linter's warnings);
         # nothing else is.
-        edits = [c for c in again.changes if not c.manual]
+        # (A migrated DeepSpeed script is then a DeepSpeed script: "left unchanged" says so.)
+        edits = [
+            c for c in again.changes
+            if not c.manual and c.transform != "note_already_distributed"
+        ]
         assert not edits, f"converting expected.py again reports changes: {edits}"
+
+
+#: A learning rate this converter scaled (not a note asking a person to).
+_SCALED = re.compile(r"\[scale_(keras_)?learning_rate\] (?!\(manual\)).*\* sdp\.size\(\)")
+#: The report line of a shard this converter made.
+_SHARDED_HERE = re.compile(
+    r"\[shard_dataloader\] give .* a DistributedSampler"
+    r"|\[shard_tf_dataset\] training data from .*\.apply\(sdp\.shard\)"
+    r"|\[wrap_keras_fit\] .*each worker trains on every sdp\.size\(\)-th sample"
+    r"|\[port_fit_generator\] .*each worker augments and trains on every sdp\.size\(\)-th"
+)
+#: Data the script splits between the ranks itself.
+_SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if (c / "report.txt").is_file()],
+    ids=[f"{c.parent.name}/{c.name}" for c in CASES if (c / "report.txt").is_file()],
+)
+def test_a_scaled_learning_rate_means_sharded_data(case: Path):
+    # N ranks averaging the gradient of the same batch step N times too far with a scaled rate:
+    # the converter scales a learning rate only where each rank trains on its own part.
+    report = (case / "report.txt").read_text()
+    if not _SCALED.search(report):
+        return
+    source = (case / "input.py").read_text()
+    assert _SHARDED_HERE.search(report) or _SHARDED_BEFORE.search(source), (
+        f"{case}: learning rate scaled, but the training data is not sharded"
+    )

@@ -41,9 +41,23 @@ Origin = Literal["vanilla", "horovod", "smddp", "sdp", "distributed"]
 FRAMEWORK_MARKERS = (b"torch", b"tensorflow", b"keras", b"horovod", b"smdistributed")
 #: ... and one of these: a training step, or a library we migrate. A file with neither cannot be
 #: anything ``detect`` would convert or note, so it is not parsed by libcst at all.
-ACTIVITY_MARKERS = (b"backward", b"GradientTape", b"apply_gradients", b"fit(", b"horovod",
+ACTIVITY_MARKERS = (b"backward", b"GradientTape", b"apply_gradients", b"fit(", b"fit_generator(",
+                    b"horovod",
                     b"smdistributed", b"minimize(", b"distributed", b"deepspeed", b"accelerate",
-                    b"lightning", b"sdp_runtime")
+                    b"lightning", b"sdp_runtime", b"share_memory")
+
+
+#: Spellings of a package that are the package itself: ``import tensorflow.compat.v2 as tf`` is
+#: TensorFlow 2 (sagemaker-debugger's scripts use it).
+_ALIASED_PACKAGES = (("tensorflow.compat.v2.", "tensorflow."),)
+
+
+def canonical_name(name: str) -> str:
+    """``tensorflow.compat.v2.keras.Model`` -> ``tensorflow.keras.Model``; others unchanged."""
+    for alias, package in _ALIASED_PACKAGES:
+        if name.startswith(alias):
+            return package + name[len(alias):]
+    return name
 
 
 def worth_parsing(data: bytes) -> bool:
@@ -67,6 +81,20 @@ _DISTRIBUTED_CALLS = {
     "torch.distributed.fsdp.FullyShardedDataParallel": "torch FSDP",
 }
 _TF_STRATEGY_PREFIX = "tensorflow.distribute."
+#: Variables a launcher (torchrun, torch.distributed.launch) sets for each process: a script that
+#: reads them sets up its own distribution.
+_LAUNCHER_VARIABLES = frozenset({"LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
+#: ``args.<name>`` read by scripts with their own distributed set-up (timm, the ImageNet example).
+_ARGS_CONVENTIONS = frozenset({"distributed", "local_rank"})
+_DISTRIBUTED_SAMPLERS = (
+    "torch.utils.data.distributed.DistributedSampler",
+    "torch.utils.data.DistributedSampler",
+)
+#: Launchers whose import shows a script is started as one of several processes.
+_LAUNCHER_IMPORTS = (
+    "torch.distributed.run", "torch.distributed.launch", "torch.distributed.elastic"
+)
+_MULTIPROCESSING = "torch.multiprocessing"
 _KERAS_PREFIXES = ("tensorflow.keras.", "keras.", "tf_keras.")
 
 # Test frameworks (imports, or qualified names of a test class's bases) that mark a test module.
@@ -127,6 +155,15 @@ class FileInfo:
     #: parse; this map comes almost free with the detection pass that visits every node anyway).
     parents: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict, repr=False)
 
+    #: Where the file shows the distribution it does itself (origin ``distributed``), when that is
+    #: a construct rather than a library import: an environment read, ``args.local_rank``, ...
+    distributed_at: cst.CSTNode | None = field(default=None, repr=False)
+    #: Modules the file star-imports (``from utils import *``): names the converter cannot see.
+    star_imports: list[str] = field(default_factory=list)
+    #: Something in the file runs its training code when it is executed (see the docstring): a
+    #: file without is a module other code imports and calls.
+    entry_point: bool = True
+
     #: Set on the engine's own check that a vanilla script's conversion is a fixed point: the
     #: transforms then run on the sdp_runtime code they wrote and must find nothing to do.
     recheck: bool = False
@@ -181,6 +218,11 @@ class _Detector(cst.CSTVisitor):
         self.test_classes: list[str] = []  # *TestCase subclasses and classes with test_* methods
         self.class_bases: set[str] = set()  # qualified names of every class's bases
         self.optimizer_classes: set[cst.ClassDef] = set()  # optimizer implementations
+        # Distribution the script sets up itself (see ``_own_distribution``):
+        self.imported_names: set[str] = set()
+        self.star_imports: list[str] = []
+        self.launcher_reads: list[tuple[str, cst.CSTNode]] = []  # os.environ["LOCAL_RANK"], ...
+        self.args_conventions: list[tuple[str, cst.CSTNode]] = []  # args.local_rank, ...
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._stack:
@@ -212,7 +254,7 @@ class _Detector(cst.CSTVisitor):
             self.top_classes.add(node.name.value)
         for base in node.bases:
             resolved = self.get_metadata(QualifiedNameProvider, base.value, set())
-            qualified = {q.name for q in resolved}
+            qualified = {canonical_name(q.name) for q in resolved}
             self.class_bases.update(qualified)
             dotted = cst.helpers.get_full_name_for_node(base.value) or ""
             if dotted.endswith("TestCase") and node.name.value not in self.test_classes:
@@ -230,22 +272,61 @@ class _Detector(cst.CSTVisitor):
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
-            self.imports.add(cst.helpers.get_full_name_for_node_or_raise(alias.name))
+            name = cst.helpers.get_full_name_for_node_or_raise(alias.name)
+            self.imports.add(name)
+            bound = alias.asname.name if alias.asname is not None else None
+            self.imported_names.add(
+                bound.value if isinstance(bound, cst.Name) else name.split(".")[0]
+            )
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            dots = "." * len(node.relative)
+            module = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
+            self.star_imports.append(dots + (module or ""))
         if node.module is not None and not node.relative:
             base = cst.helpers.get_full_name_for_node_or_raise(node.module)
             self.imports.add(base)
             if not isinstance(node.names, cst.ImportStar):
                 for alias in node.names:
                     self.imports.add(f"{base}.{alias.name.value}")
+        if not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                if isinstance(bound, cst.Name):
+                    self.imported_names.add(bound.value)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        # os.environ["LOCAL_RANK"]
+        if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            key = node.slice[0].slice.value
+            if isinstance(key, cst.SimpleString) and key.evaluated_value in _LAUNCHER_VARIABLES:
+                names = self.get_metadata(QualifiedNameProvider, node.value, set())
+                if any(q.name == "os.environ" for q in names):
+                    self.launcher_reads.append((str(key.evaluated_value), node))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        # args.local_rank, args.distributed: a script's own distributed set-up
+        if (
+            node.attr.value in _ARGS_CONVENTIONS
+            and isinstance(node.value, cst.Name)
+            and not any(isinstance(n, (cst.Import, cst.ImportFrom)) for n in self._stack)
+        ):
+            self.args_conventions.append((f"{node.value.value}.{node.attr.value}", node))
 
     def visit_Call(self, node: cst.Call) -> None:
         self.order[id(node)] = len(self.order)
         if self._depth == 0:
             self.module_calls.append(node)
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
-            self.calls.setdefault(q.name, []).append(node)
+            name = canonical_name(q.name)
+            self.calls.setdefault(name, []).append(node)
+            if name in ("os.environ.get", "os.getenv") and node.args:
+                key = node.args[0].value
+                if isinstance(key, cst.SimpleString) and key.evaluated_value in (
+                    _LAUNCHER_VARIABLES
+                ):
+                    self.launcher_reads.append((str(key.evaluated_value), node))
         if isinstance(node.func, cst.Attribute):
             self.method_calls.setdefault(node.func.attr.value, []).append(node)
 
@@ -347,6 +428,40 @@ def _only_in_optimizers(detector: _Detector, called: Mapping[str, list[cst.Call]
     return True
 
 
+def _own_distribution(detector: _Detector) -> tuple[str, cst.CSTNode | None] | None:
+    """(what, where) when the script is made parallel by its own code (not sdp_runtime's): a
+    call into torch.distributed, a DistributedSampler, a launcher's variables or conventions,
+    or torch.multiprocessing workers sharing one model (Hogwild)."""
+    called = detector.calls
+    first = sorted(
+        (q for q in called if q.startswith("torch.distributed.")),
+        key=lambda q: detector.order.get(id(called[q][0]), 0),
+    )
+    if first:
+        return f"{first[0]}()", called[first[0]][0]
+    for name in _DISTRIBUTED_SAMPLERS:
+        if name in called:
+            return "its own DistributedSampler", called[name][0]
+    for name in _LAUNCHER_IMPORTS:
+        if _imports_under(detector.imports, name):
+            return f"{name} (its launcher)", None
+    if detector.launcher_reads:
+        variable, node = detector.launcher_reads[0]
+        return f"its own launcher set-up (reads {variable} from the environment)", node
+    conventions = [
+        (what, node) for what, node in detector.args_conventions
+        if what.split(".")[0] not in detector.imported_names
+    ]
+    if conventions:
+        what, node = conventions[0]
+        return f"its own distributed set-up ({what})", node
+    shared = detector.method_calls.get("share_memory")
+    workers = [q for q in called if q == _MULTIPROCESSING or q.startswith(_MULTIPROCESSING + ".")]
+    if shared and (workers or _imports_under(detector.imports, _MULTIPROCESSING)):
+        return "torch.multiprocessing (Hogwild: processes sharing one model)", shared[0]
+    return None
+
+
 def detect(
     module: cst.Module,
     metadata: Mapping[object, Mapping[cst.CSTNode, object]],
@@ -364,6 +479,7 @@ def detect(
         method_calls=methods,
         call_order=detector.order,
         parents=detector.parents,
+        star_imports=detector.star_imports,
     )
 
     has_torch = _imports_under(imports, "torch")
@@ -404,6 +520,11 @@ def detect(
             info.origin, info.reason = "distributed", strategies[0].replace("tensorflow", "tf")
     if info.origin == "vanilla" and _imports_under(imports, "sdp_runtime"):
         info.origin, info.reason = "sdp", "sdp_runtime"
+    if info.origin == "vanilla":
+        own = _own_distribution(detector)
+        if own is not None:
+            info.origin, info.reason = "distributed", own[0]
+            info.distributed_at = own[1]
     info.recheck = recheck
 
     # Does it train?
@@ -418,7 +539,7 @@ def detect(
             )
     elif info.framework == "tensorflow":
         info.uses_tape = any(c.endswith(".GradientTape") for c in called)
-        fit = "fit" in methods and "compile" in methods and any(
+        fit = ("fit" in methods or "fit_generator" in methods) and "compile" in methods and any(
             c.startswith(_KERAS_PREFIXES) for c in called
         )
         info.uses_fit = fit
@@ -429,12 +550,13 @@ def detect(
             info.training = True
             info.reason = info.reason or "compiles and fits a Keras model"
 
+    info.entry_point = _entry_point(detector, called)
     # A test or library module that trains is still not a script to convert.
     if info.training and info.origin == "vanilla":
         why = _test_module(detector)
         if why:
             info.excluded = "test module"
-        elif not _entry_point(detector, called):
+        elif not info.entry_point:
             if _package_module(detector):
                 where = "a module of a framework (it imports framework internals)"
             elif _only_in_optimizers(detector, called):

@@ -37,10 +37,11 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from .analysis import FileInfo
+from .analysis import FileInfo, canonical_name
 
 if TYPE_CHECKING:
     from .program.index import FileIndex
+    from .program.sharding import DataSharding
     from .program.training import TrainingFacts
 
 LrScaling = Literal["linear", "sqrt", "none"]
@@ -59,6 +60,9 @@ class Options:
     #: Run the transforms on a script that uses sdp_runtime already (normally left alone): the
     #: engine's check that a conversion is a fixed point, and tests of the same.
     recheck: bool = False
+    #: The file of this run that imports this one and runs it in torch.multiprocessing workers
+    #: sharing one model (Hogwild, ``siblings``): this file is then parallel already.
+    parallel_importer: str = ""
 
 
 @dataclass
@@ -74,9 +78,13 @@ class EditPlan:
     after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)
     guarded: set[cst.CSTNode] = field(default_factory=set)
     replaced: dict[cst.CSTNode, Sequence[cst.BaseStatement]] = field(default_factory=dict)
+    #: Statements run inside ``with <runtime>.rank0_first():`` (consecutive ones share it).
+    rank0_first: set[cst.CSTNode] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.before or self.after or self.guarded or self.replaced)
+        return bool(
+            self.before or self.after or self.guarded or self.replaced or self.rank0_first
+        )
 
 
 @dataclass
@@ -102,6 +110,8 @@ class Facts:
     #: Models wrap_model_ddp wraps; None when it did not run on the file (its DataParallel notes
     #: are then flag_manual_steps's).
     wrapped_models: list[str] | None = None
+    #: Whether the training data is (or will be) split between the ranks (``program.sharding``).
+    data_sharding: DataSharding | None = None
     #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
     sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
 
@@ -193,7 +203,7 @@ class Transform(VisitorBasedCodemodCommand):
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully qualified names ``node`` may refer to (``torch.optim.SGD`` for ``optim.SGD``)."""
         found: Iterable[QualifiedName] = self.get_metadata(QualifiedNameProvider, node, set())
-        return {q.name for q in found}
+        return {canonical_name(q.name) for q in found}
 
     def refers_to(self, node: cst.CSTNode, *names: str, prefix: bool = False) -> bool:
         """Whether ``node`` refers to one of ``names`` (or to something under them if
@@ -268,6 +278,10 @@ class Transform(VisitorBasedCodemodCommand):
     def guard_rank0(self, stmt: cst.CSTNode) -> None:
         """Run ``stmt`` on rank 0 only (``if sdp.rank() == 0:``)."""
         self.state.edits.guarded.add(stmt)
+
+    def run_rank0_first(self, stmt: cst.CSTNode) -> None:
+        """Run ``stmt`` on each machine's local rank 0 first (``with sdp.rank0_first():``)."""
+        self.state.edits.rank0_first.add(stmt)
 
     def replace_statement(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
         self.state.edits.replaced[stmt] = new

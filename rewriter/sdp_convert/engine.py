@@ -68,10 +68,49 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
         except ConversionError as err:  # pragma: no cover - would be a bug in a transform
             raise ConversionError(f"internal error: converted code does not parse: {err}") from err
         if again.changed:
-            raise ConversionError(
-                "internal error: converting the result again would change it (please report)"
-            )
+            # The transforms saw the program differently in their own output (a name they
+            # resolve only after their edits: an unusual import alias, a star import). Half a
+            # conversion is worse than none: the file stays as it was, and the report says why.
+            return Result(data, data, result.info, [_unstable(data)])
     return result
+
+
+#: Methods that train: with the framework only behind a star import, the file may be a script.
+_TRAINING_METHODS = ({"backward", "step"}, {"apply_gradients"}, {"compile", "fit"})
+
+
+def _hidden_framework(info: FileInfo) -> list[Change]:
+    """A note for a file that trains through names a star import brings (``from utils import
+    *`` where ``utils`` imports torch): the converter cannot see what they are."""
+    if info.framework is not None or not info.star_imports or not any(
+        names <= info.method_calls.keys() for names in _TRAINING_METHODS
+    ):
+        return []
+    star = ", ".join(f"from {m} import *" for m in info.star_imports)
+    return [Change(
+        1, 1, "sdp_convert",
+        f"not converted: it seems to train, but its framework comes in through {star}, whose "
+        "names the converter cannot see; import torch / tensorflow (and what the file uses) by "
+        "name, then convert again",
+        manual=True,
+    )]
+
+
+def _unstable(data: bytes) -> Change:
+    star = b"import *" in data
+    why = (
+        "names come in through a star import (from ... import *) that the converter cannot "
+        "follow; import what the file uses by name"
+        if star
+        else "the converter reads some names differently once its own edits are in (an unusual "
+        "import or alias); please report it"
+    )
+    return Change(
+        1, 1, "sdp_convert",
+        f"not converted: converting the result again would change it, so the conversion is not "
+        f"safe: {why}, then convert again (or convert by hand)",
+        manual=True,
+    )
 
 
 def _parse(data: bytes) -> cst.Module:
@@ -122,6 +161,12 @@ def _convert_once(data: bytes, options: Options) -> Result:
     transforms_deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
     metadata = wrapper.resolve_many(transforms_deps)
     info = detect(module, metadata, options.framework, options.recheck)
+    if options.parallel_importer and info.origin == "vanilla":
+        info.origin = "distributed"
+        info.reason = (
+            f"torch.multiprocessing workers of {options.parallel_importer}, which imports this "
+            "module (Hogwild)"
+        )
 
     selected = [
         cls
@@ -131,7 +176,7 @@ def _convert_once(data: bytes, options: Options) -> Result:
         and cls.NAME not in options.skip
     ]
     if not selected:
-        return Result(data, data, info)
+        return Result(data, data, info, _hidden_framework(info))
 
     context = CodemodContext(wrapper=wrapper)
     state = FileState(info=info, options=options, module=module)
@@ -386,11 +431,15 @@ class _Traversal(cst.CSTTransformer):
         body: list[cst.BaseStatement] = []
         guard_run: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
+        first_run: list[cst.BaseStatement] = []
 
         def flush() -> None:
             if guard_run:
                 body.append(self._rank0_if(guard_run))
                 guard_run.clear()
+            if first_run:
+                body.append(self._rank0_first(first_run))
+                first_run.clear()
 
         for original, new in zip(originals, updated, strict=True):
             if original in self.skipped:
@@ -417,7 +466,13 @@ class _Traversal(cst.CSTTransformer):
                 replacement[0] = first.with_changes(leading_lines=[*carried, *own])
                 carried.clear()
             if original in edits.guarded:
+                if first_run:
+                    flush()
                 guard_run.extend(replacement)
+            elif original in edits.rank0_first:
+                if guard_run:
+                    flush()
+                first_run.extend(replacement)
             else:
                 flush()
                 body.extend(replacement)
@@ -426,6 +481,13 @@ class _Traversal(cst.CSTTransformer):
                 body.extend(edits.after[original])
         flush()
         return body
+
+    def _rank0_first(self, stmts: list[cst.BaseStatement]) -> cst.With:
+        first = stmts[0]
+        leading = getattr(first, "leading_lines", ())
+        stmts = [first.with_changes(leading_lines=()), *stmts[1:]]
+        item = cst.WithItem(cst.parse_expression(f"{self.state.runtime_alias}.rank0_first()"))
+        return cst.With(items=[item], body=cst.IndentedBlock(body=stmts), leading_lines=leading)
 
     def _rank0_if(self, stmts: list[cst.BaseStatement]) -> cst.If:
         # The first statement's comments and blank lines move above the ``if``.

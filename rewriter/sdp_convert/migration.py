@@ -48,12 +48,13 @@ def names(text: str) -> frozenset[str]:
 RUNTIME_KERAS_NAMES = names(
     """init shutdown is_initialized size local_size rank local_rank allreduce allgather broadcast
     broadcast_variables broadcast_object DistributedOptimizer load_model callbacks Compression
-    ReduceOp Average Sum Min Max"""
+    ReduceOp Average Sum Min Max nccl_built gloo_built mpi_built"""
 )
 
 
 RUNTIME_CALLBACK_NAMES = names(
-    "BroadcastGlobalVariablesCallback MetricAverageCallback LearningRateWarmupCallback"
+    """BroadcastGlobalVariablesCallback MetricAverageCallback LearningRateWarmupCallback
+    LearningRateScheduleCallback"""
 )
 
 
@@ -97,8 +98,6 @@ _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
     "first step, or use callbacks.BroadcastGlobalVariablesCallback(0) in fit",
     ("PartialDistributedGradientTape", "PartialDistributedOptimizer"): "use "
     "DistributedGradientTape / DistributedOptimizer for all variables",
-    ("LearningRateScheduleCallback",): "use keras.callbacks.LearningRateScheduler with the "
-    "learning rate scaled by size()",
     ("BestModelCheckpoint",): "use keras.callbacks.ModelCheckpoint(save_best_only=True), added on "
     "rank 0 only",
     ("size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op"): "call "

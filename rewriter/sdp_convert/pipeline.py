@@ -21,8 +21,10 @@ from .transforms import (
     migrate_smddp,
     note_already_distributed,
     note_shared_seeds,
+    order_downloads,
     pin_gpu_device,
     pin_tf_gpus,
+    port_fit_generator,
     print_on_rank0,
     scale_keras_learning_rate,
     scale_learning_rate,
@@ -57,7 +59,11 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Edits only the jit_compile= argument of the tf.function around the step wrapped above.
     disable_step_xla.DisableStepXla,
     broadcast_initial_state.BroadcastInitialState,
+    # fit_generator becomes fit (arguments as keywords) before wrap_keras_fit edits that call.
+    port_fit_generator.PortFitGenerator,
     wrap_keras_fit.WrapKerasFit,
+    # Downloads run in ``with sdp.rank0_first():`` (a statement-level edit, like the guards).
+    order_downloads.OrderDownloads,
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.
     guard_rank0_writes.GuardRank0Writes,

@@ -36,14 +36,26 @@ class FileOutcome:
     def manual_count(self) -> int:
         return sum(1 for c in self.changes if c.manual)
 
+    @property
+    def needs_attention(self) -> bool:
+        """A converted or unchanged file with a manual item: not done until a person looks."""
+        return self.status in ("converted", "unchanged") and self.manual_count > 0
+
+
+def summary_counts(outcomes: Sequence[FileOutcome]) -> Counter[str]:
+    """Files by outcome, each counted once: ``attention`` (converted or unchanged, with manual
+    items), ``converted`` and ``unchanged`` (clean), ``skipped``, ``failed``."""
+    return Counter("attention" if o.needs_attention else o.status for o in outcomes)
+
 
 def summary_line(outcomes: Sequence[FileOutcome], check: bool = False) -> str:
-    counts = Counter(o.status for o in outcomes)
+    counts = summary_counts(outcomes)
     manual = sum(o.manual_count for o in outcomes)
     verb = "would be converted" if check else "converted"
     return (
-        f"{counts['converted']} {verb}, {counts['unchanged']} unchanged, "
-        f"{counts['skipped']} skipped, {counts['failed']} failed; {manual} manual items"
+        f"{counts['converted']} {verb}, {counts['attention']} need attention, "
+        f"{counts['unchanged']} unchanged, {counts['skipped']} skipped, {counts['failed']} failed; "
+        f"{manual} manual items"
     )
 
 
@@ -66,7 +78,7 @@ def _text(outcomes: Sequence[FileOutcome], check: bool) -> str:
 
 
 def _json(outcomes: Sequence[FileOutcome], check: bool) -> str:
-    counts = Counter(o.status for o in outcomes)
+    counts = summary_counts(outcomes)
     doc = {
         "version": JSON_SCHEMA_VERSION,
         "changes": [
@@ -82,12 +94,13 @@ def _json(outcomes: Sequence[FileOutcome], check: bool) -> str:
             for c in o.changes
         ],
         "files": [
-            {"path": o.path, "status": o.status, "kind": o.kind, "reason": o.reason,
-             "message": o.message}
+            {"path": o.path, "status": o.status, "attention": o.needs_attention, "kind": o.kind,
+             "reason": o.reason, "message": o.message}
             for o in outcomes
         ],
         "summary": {
             "converted": counts["converted"],
+            "attention": counts["attention"],
             "unchanged": counts["unchanged"],
             "skipped": counts["skipped"],
             "failed": counts["failed"],

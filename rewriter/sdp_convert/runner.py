@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +18,7 @@ from .base import Options
 from .changes import ConversionError
 from .files import Excluder, Skip, is_ignored_by_git, read_source, walk, write_atomic
 from .report import FileOutcome
+from .siblings import hogwild_imports
 
 Mode = Literal["write", "check", "diff"]
 
@@ -248,19 +249,28 @@ def run_jobs(
     no file is left half-written, and those written are in the outcomes.
     """
     outcomes: list[FileOutcome] = []
+    importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
+
+    def config_of(job: Job) -> Config:
+        importer = importers.get(job.src)
+        if importer is None:
+            return config
+        return replace(config, options=replace(config.options, parallel_importer=importer))
+
     with _Stop() as stop:
         if workers <= 1 or len(jobs) <= 1:
             for job in jobs:
                 if stop.signum:
                     break
-                outcomes.append(process(job, config))
+                outcomes.append(process(job, config_of(job)))
                 if on_done:
                     on_done(outcomes[-1])
         else:
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
                                      initializer=_ignore_sigint) as pool:
-                futures: list[Future[FileOutcome]] = [pool.submit(process, job, config)
-                                                      for job in jobs]
+                futures: list[Future[FileOutcome]] = [
+                    pool.submit(process, job, config_of(job)) for job in jobs
+                ]
                 for future in futures:
                     while not future.done() and not stop.signum:
                         wait_futures([future], timeout=0.1)

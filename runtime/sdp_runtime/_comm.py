@@ -331,6 +331,20 @@ def _choose_backend(requested: str | None) -> str:
     return name
 
 
+def _torch_backend(name: str) -> str:
+    """The backend string given to torch.distributed for ``name``.
+
+    With NCCL, CPU tensors still need a backend: a script that keeps its model on the CPU of a GPU
+    host (``device = "cpu"``, ``--no-accel``) would fail at its first collective on NCCL alone.
+    torch's per-device backends route CPU tensors to Gloo and CUDA tensors to NCCL.
+
+    Example:
+        >>> _torch_backend("nccl"), _torch_backend("gloo")
+        ('cpu:gloo,cuda:nccl', 'gloo')
+    """
+    return "cpu:gloo,cuda:nccl" if name == "nccl" else name
+
+
 def _choose_device(name: str, local_rank: int) -> torch.device:
     if name == "nccl":
         return torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -353,7 +367,7 @@ def _adopt(found: _env.Placement) -> tuple[_env.Placement, str, torch.device]:
 def _rendezvous(name: str, p: _env.Placement, timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict[str, Any] = {
-        "backend": name, "rank": p.rank, "world_size": p.size, "timeout": timeout
+        "backend": _torch_backend(name), "rank": p.rank, "world_size": p.size, "timeout": timeout
     }
     if p.store_from_env:
         kwargs["init_method"] = "env://"  # torchrun: its agent already hosts the store

@@ -6,7 +6,10 @@ import copy
 import io
 import os
 import pickle
+import tempfile
+import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import sdp_runtime.torch as sdp
@@ -468,6 +471,50 @@ def check_ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups() -> No
     expect_raises(TypeError, lambda: len(plain), "not sized")
     expect_raises(TypeError, lambda: plain[0], "not subscriptable")
     assert bool(plain)
+
+
+def check_ddp_a_model_reinitialised_after_the_wrap_still_trains_the_same_everywhere() -> None:
+    # model = DDP(Net()); model.apply(init_fn) with a per-rank seed: DDP's broadcast at the
+    # wrap is undone; the runtime's broadcast at the first forward makes the ranks agree again.
+    r = sdp.rank()
+    model = sdp.DistributedDataParallel(_model(seed=0))
+    torch.manual_seed(100 + r)
+    model.apply(lambda m: m.reset_parameters() if isinstance(m, nn.Linear) else None)
+    first = [p.detach().clone() for p in model.parameters()]
+    assert not torch.equal(sdp.broadcast(first[0], root_rank=0), first[0]) or r == 0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        optimizer.zero_grad()
+        _loss(model, r, micro=step).backward()
+        optimizer.step()
+    for p in model.parameters():
+        _same_everywhere(p.detach().tolist())
+
+
+def check_ddp_a_frozen_module_is_only_called_and_unfreezing_it_raises() -> None:
+    r = sdp.rank()
+    encoder = _model(seed=r)  # different weights on each rank: the first forward makes them one
+    encoder.requires_grad_(False)
+    wrapped = sdp.DistributedDataParallel(encoder)  # torch's DDP raises here
+    assert not wrapped.communicates
+    x, _ = _data(0)
+    _same_everywhere(wrapped(x).tolist())
+    encoder.requires_grad_(True)
+    expect_raises(RuntimeError, lambda: wrapped(x), "wrap it after unfreezing")
+
+
+def check_rank0_first_lets_local_rank_0_finish_before_the_others_start() -> None:
+    shared = Path(sdp.broadcast_object(tempfile.mkdtemp() if sdp.rank() == 0 else None))
+    with sdp.rank0_first():
+        if sdp.local_rank() == 0:
+            time.sleep(0.5)  # a download: the others must not start meanwhile
+            (shared / "mnist.npz").write_text("data")
+        else:
+            assert (shared / "mnist.npz").read_text() == "data"
+    sdp.barrier()
+    if sdp.rank() == 0:
+        (shared / "mnist.npz").unlink()
+        shared.rmdir()
 
 
 def _before_init() -> None:

@@ -29,6 +29,9 @@ SUITE_CHECKS = [
     "ddp_pickles_as_the_plain_module",
     "ddp_fp16_compression_trains",
     "ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups",
+    "ddp_a_model_reinitialised_after_the_wrap_still_trains_the_same_everywhere",
+    "ddp_a_frozen_module_is_only_called_and_unfreezing_it_raises",
+    "rank0_first_lets_local_rank_0_finish_before_the_others_start",
 ]
 
 pytestmark = pytest.mark.slow

@@ -55,9 +55,9 @@ def test_fit_on_two_ranks_equals_one_rank_with_the_union_batch(tmp_path: Path) -
     (one,) = run_ranks("fit_worker.py", 1, tmp_path / "one", timeout=120)
     two = run_ranks("fit_worker.py", 2, tmp_path / "two", timeout=180)
 
-    assert one["passed"] == ["save_and_load", "warmup"]
-    assert two[0]["passed"] == ["save_and_load", "warmup"]
-    assert two[1]["passed"] == ["warmup"]
+    assert one["passed"] == ["save_and_load", "warmup", "schedule"]
+    assert two[0]["passed"] == ["save_and_load", "warmup", "schedule"]
+    assert two[1]["passed"] == ["warmup", "schedule"]
     # The ranks started from different random weights and saw different data.
     for a, b in zip(two[0]["weights"], two[1]["weights"], strict=True):
         np.testing.assert_array_equal(a, b)

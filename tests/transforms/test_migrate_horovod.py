@@ -388,13 +388,30 @@ def test_keras_callbacks_the_runtime_lacks_are_reported():
         import horovod.tensorflow.keras as hvd
 
         hvd.init()
-        callbacks = [hvd.callbacks.LearningRateScheduleCallback(0.1, start_epoch=2)]
+        callbacks = [hvd.callbacks.BestModelCheckpoint(monitor="val_loss")]
         """
     )
     assert manual(result) == [
-        (4, "hvd.callbacks.LearningRateScheduleCallback: not provided by sdp_runtime; use "
-            "keras.callbacks.LearningRateScheduler with the learning rate scaled by size()")
+        (4, "hvd.callbacks.BestModelCheckpoint: not provided by sdp_runtime; use "
+            "keras.callbacks.ModelCheckpoint(save_best_only=True), added on rank 0 only")
     ]
+
+
+def test_horovods_learning_rate_callbacks_and_build_queries_migrate_by_the_import_alone():
+    result = migrate(
+        """\
+        import horovod.tensorflow.keras as hvd
+
+        hvd.init()
+        print(hvd.nccl_built(), hvd.gloo_built(), hvd.mpi_built())
+        callbacks = [
+            hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1 * hvd.size(), warmup_epochs=5),
+            hvd.callbacks.LearningRateScheduleCallback(0.1 * hvd.size(), 1e-1, start_epoch=30),
+        ]
+        """
+    )
+    assert not manual(result)
+    assert result.output.decode().startswith("import sdp_runtime.tensorflow.keras as hvd\n")
 
 
 # -- the usual mistakes ---------------------------------------------------------------------------

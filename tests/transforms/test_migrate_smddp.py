@@ -402,3 +402,55 @@ def test_the_converted_file_converts_to_itself():
     again = convert(first.output, Options(only=frozenset({ONLY})))
     assert again.output == first.output and not again.changes
     assert again.info.origin == "sdp"
+
+
+# -- what else names SageMaker ------------------------------------------------------------------
+
+
+def test_the_smddp_backend_string_becomes_nccl_and_deepspeed_keeps_torch_distributed():
+    migrate(
+        """\
+        import deepspeed
+        import torch
+        import smdistributed.dataparallel.torch.torch_smddp
+
+        backend = 'smddp'
+        deepspeed.init_distributed(dist_backend=backend)
+        print(torch.distributed.get_rank())
+        engine, opt, _, _ = deepspeed.initialize(model=model, config="ds.json")
+        engine.backward(loss)
+        engine.step()
+        """,
+        """\
+        import deepspeed
+        import torch
+
+        backend = 'nccl'
+        deepspeed.init_distributed(dist_backend=backend)
+        print(torch.distributed.get_rank())
+        engine, opt, _, _ = deepspeed.initialize(model=model, config="ds.json")
+        engine.backward(loss)
+        engine.step()
+        """,
+    )
+
+
+def test_arithmetic_for_eight_gpus_per_instance_is_reported():
+    result = migrate(
+        """\
+        import torch
+        import smdistributed.dataparallel.torch.distributed as dist
+
+        dist.init_process_group()
+        world_size = dist.get_world_size()
+        batch_size = 64 // (world_size // 8)
+        if dist.get_local_size() == 8:
+            print("a full instance")
+        steps = len(data) // 8
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * world_size)
+        model(x).sum().backward()
+        opt.step()
+        """
+    )
+    lines = [line for line, message in manual(result) if "8 GPUs per instance" in message]
+    assert lines == [6, 7]  # not len(data) // 8

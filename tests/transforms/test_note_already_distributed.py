@@ -112,3 +112,67 @@ def test_horovod_and_plain_scripts_get_no_such_note():
         "import torch\nmodel = torch.nn.Linear(2, 1)\nprint(model)\n",
     ):
         assert not messages(run(source, ONLY), ONLY)
+
+
+@pytest.mark.parametrize(
+    ("source", "line", "what"),
+    [
+        (  # timm: its own helpers set the group up; one torch.distributed call shows it
+            "import torch\nimport utils\n\nargs = utils.parse()\nutils.init_distributed_device(args)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\n"
+            "opt.step()\ntorch.distributed.destroy_process_group()\n",
+            9,
+            "torch.distributed.destroy_process_group()",
+        ),
+        (  # its own DistributedSampler, no other sign
+            "import torch\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
+            "loader = torch.utils.data.DataLoader(ds, sampler=DistributedSampler(ds))\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in loader:\n"
+            "    model(x).sum().backward()\n    opt.step()\n",
+            4,
+            "its own DistributedSampler",
+        ),
+        (  # torchrun's variables read by the script
+            "import os\nimport torch\n\nrank = int(os.environ['RANK'])\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\n"
+            "opt.step()\n",
+            4,
+            "its own launcher set-up (reads RANK from the environment)",
+        ),
+        (
+            "import os\nimport torch\n\nlocal_rank = int(os.getenv('LOCAL_RANK', '0'))\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\n"
+            "opt.step()\n",
+            4,
+            "its own launcher set-up (reads LOCAL_RANK from the environment)",
+        ),
+        (  # torch.distributed.launch's --local_rank convention
+            "import torch\n\nif args.local_rank != -1:\n    setup(args.local_rank)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\n"
+            "opt.step()\n",
+            3,
+            "its own distributed set-up (args.local_rank)",
+        ),
+        (  # Hogwild: processes sharing one model
+            "import torch\nimport torch.multiprocessing as mp\n\nmodel = Net()\n"
+            "model.share_memory()\np = mp.Process(target=train, args=(model,))\np.start()\n",
+            5,
+            "torch.multiprocessing (Hogwild: processes sharing one model)",
+        ),
+    ],
+    ids=["torch-distributed-call", "distributed-sampler", "environ-rank", "getenv-local-rank",
+         "args-local-rank", "hogwild"],
+)
+def test_distribution_set_up_by_the_script_itself(source: str, line: int, what: str):
+    assert note(source) == (line, f"left unchanged: already distributed with {what}; launch it "
+                                  "as before")
+
+
+def test_an_imported_module_named_like_the_convention_is_not_a_sign():
+    # ``distributed`` bound by an import (torch.distributed, a module) is not args.distributed.
+    result = run(
+        "import torch\nimport mylib.distributed as distributed\n\nprint(distributed.local_rank)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\n"
+        "opt.step()\n"
+    )
+    assert not messages(result, ONLY) and result.changed

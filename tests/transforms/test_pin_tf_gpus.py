@@ -252,6 +252,9 @@ def test_tensorflow_imported_in_several_functions_is_pinned_in_the_one_that_trai
             model = keras.Sequential([keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
             model.fit(dataset, epochs=1)
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import os
@@ -277,6 +280,9 @@ def test_tensorflow_imported_in_several_functions_is_pinned_in_the_one_that_trai
             model = keras.Sequential([keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
             model.fit(dataset, epochs=1)
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )

@@ -8,11 +8,13 @@ ONLY = "scale_keras_learning_rate"
 ALREADY_CONVERTED = TF_ALREADY_CONVERTED
 HEAD = "import tensorflow as tf\n"
 # A custom training step applying the gradients of a tape: the file is a TensorFlow training script.
+# over a tf.data dataset (shard_tf_dataset would shard it): the rate is scaled.
 TAIL = """\
-with tf.GradientTape() as tape:
-    loss = model(x)
-grads = tape.gradient(loss, model.trainable_variables)
-opt.apply_gradients(zip(grads, model.trainable_variables))
+for x in tf.data.Dataset.from_tensor_slices(data).batch(8):
+    with tf.GradientTape() as tape:
+        loss = model(x)
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
 """
 CONVERTED_HEAD = """\
 import tensorflow as tf
@@ -57,10 +59,11 @@ def test_every_import_spelling_of_a_keras_optimizer():
         f = opts.Nadam(0.002)
         g = legacy.Adam(0.001)
         h = tf.keras.optimizers.experimental.AdamW(3e-4, weight_decay=0.1)
-        with tf.GradientTape() as tape:
-            loss = model(x)
-        grads = tape.gradient(loss, model.trainable_variables)
-        a.apply_gradients(zip(grads, model.trainable_variables))
+        for x in tf.data.Dataset.from_tensor_slices(data).batch(8):
+            with tf.GradientTape() as tape:
+                loss = model(x)
+            grads = tape.gradient(loss, model.trainable_variables)
+            a.apply_gradients(zip(grads, model.trainable_variables))
         """,
         """\
         import tensorflow as tf
@@ -81,10 +84,11 @@ def test_every_import_spelling_of_a_keras_optimizer():
         f = opts.Nadam(0.002 * sdp.size())
         g = legacy.Adam(0.001 * sdp.size())
         h = tf.keras.optimizers.experimental.AdamW(3e-4 * sdp.size(), weight_decay=0.1)
-        with tf.GradientTape() as tape:
-            loss = model(x)
-        grads = tape.gradient(loss, model.trainable_variables)
-        a.apply_gradients(zip(grads, model.trainable_variables))
+        for x in tf.data.Dataset.from_tensor_slices(data).batch(8):
+            with tf.GradientTape() as tape:
+                loss = model(x)
+            grads = tape.gradient(loss, model.trainable_variables)
+            a.apply_gradients(zip(grads, model.trainable_variables))
         """,
         only=ONLY,
     )
@@ -186,7 +190,7 @@ def test_schedules_whose_rates_cannot_be_read_need_a_person():
 
 
 def test_string_optimizers_in_compile_become_objects_in_the_files_keras_spelling():
-    fit = "model.fit(dataset, epochs=1)\n"
+    fit = "model.fit(x_train, y_train, epochs=1)\n"
     for head, keras in [
         ("import tensorflow as tf\n\nmodel = tf.keras.Sequential([])\n", "tf.keras"),
         ("from tensorflow import keras\n\nmodel = keras.Sequential([])\n", "keras"),
@@ -220,10 +224,10 @@ def test_string_optimizers_in_compile_become_objects_in_the_files_keras_spelling
 def test_an_optimizer_name_it_does_not_know_needs_a_person():
     result = check_transformed(
         'import tensorflow as tf\n\nmodel = tf.keras.Sequential([])\n'
-        'model.compile(optimizer="novograd", loss="mse")\nmodel.fit(dataset)\n',
+        'model.compile(optimizer="novograd", loss="mse")\nmodel.fit(x_train, y_train)\n',
         'import tensorflow as tf\nimport sdp_runtime.tensorflow as sdp\n\nsdp.init()\n\n'
         'model = tf.keras.Sequential([])\n'
-        'model.compile(optimizer="novograd", loss="mse")\nmodel.fit(dataset)\n',
+        'model.compile(optimizer="novograd", loss="mse")\nmodel.fit(x_train, y_train)\n',
         only=ONLY,
     )
     assert notes(result) == [
@@ -260,7 +264,7 @@ def test_no_scaling_leaves_every_learning_rate_alone():
         s = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)
         adam = tf.keras.optimizers.Adam(s)
         model.compile(optimizer="adam", loss="mse")
-        model.fit(dataset)
+        model.fit(x_train, y_train)
         """,
         """\
         import tensorflow as tf
@@ -271,7 +275,7 @@ def test_no_scaling_leaves_every_learning_rate_alone():
         s = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)
         adam = tf.keras.optimizers.Adam(s)
         model.compile(optimizer="adam", loss="mse")
-        model.fit(dataset)
+        model.fit(x_train, y_train)
         """,
         only=ONLY,
         lr_scaling="none",
@@ -328,7 +332,7 @@ def test_already_scaled_learning_rates_are_left_alone():
         e = tf.keras.optimizers.Adam(tf.keras.optimizers.schedules.PolynomialDecay(
             0.1 * sdp.size(), 100, end_learning_rate=0.0001 * sdp.size()))
         model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=0.001 * sdp.size()), loss="mse")
-        model.fit(dataset)
+        model.fit(x_train, y_train)
         """,
         only=ONLY,
     )
@@ -343,7 +347,7 @@ def test_converting_the_output_again_changes_nothing():
         s = tf.keras.optimizers.schedules.PolynomialDecay(0.1, 1000)
         adam = tf.keras.optimizers.Adam(s)
         model.compile(loss="mse")
-        model.fit(dataset)
+        model.fit(x_train, y_train)
         """,
         """\
         import tensorflow as tf
@@ -355,7 +359,7 @@ def test_converting_the_output_again_changes_nothing():
         s = tf.keras.optimizers.schedules.PolynomialDecay(0.1 * sdp.size(), 1000, end_learning_rate=0.0001 * sdp.size())
         adam = tf.keras.optimizers.Adam(s)
         model.compile(optimizer=tf.keras.optimizers.RMSprop(learning_rate=0.001 * sdp.size()), loss="mse")
-        model.fit(dataset)
+        model.fit(x_train, y_train)
         """,
         only=ONLY,
     )
@@ -374,10 +378,11 @@ def test_other_libraries_optimizers_and_unrelated_calls_are_left_alone():
         pattern = re.compile("a+")
         opt = tfa.optimizers.AdamW(weight_decay=1e-4, learning_rate=1e-3)
         lr = tf.Variable(0.1)
-        with tf.GradientTape() as tape:
-            loss = model(x)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        for x in tf.data.Dataset.from_tensor_slices(data).batch(8):
+            with tf.GradientTape() as tape:
+                loss = model(x)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
         """,
         only=ONLY,
     )

@@ -6,9 +6,11 @@ from .helpers import check_noop, check_transformed, messages, run
 
 ONLY = "scale_learning_rate"
 HEAD = "import torch\n"
+# A training loop over a DataLoader (shard_dataloader would shard it): the rate is scaled.
 TAIL = """\
-model(x).sum().backward()
-opt.step()
+for x in torch.utils.data.DataLoader(data):
+    model(x).sum().backward()
+    opt.step()
 """
 CONVERTED_HEAD = """\
 import torch
@@ -39,7 +41,8 @@ def test_keyword_lr_any_import_style():
         b = optim.RMSprop(model.parameters(), lr=args.lr)
         c = Adam(model.parameters(), lr=lr)
         d = PlainSGD(model.parameters(), lr=cfg["lr"])
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         a.step()
         """,
         """\
@@ -55,7 +58,8 @@ def test_keyword_lr_any_import_style():
         b = optim.RMSprop(model.parameters(), lr=args.lr * sdp.size())
         c = Adam(model.parameters(), lr=lr * sdp.size())
         d = PlainSGD(model.parameters(), lr=cfg["lr"] * sdp.size())
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         a.step()
         """,
         only=ONLY,
@@ -147,7 +151,8 @@ def test_parameter_groups_each_get_their_lr_scaled():
             lr=base,
             momentum=0.9,
         )
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         """\
@@ -165,7 +170,8 @@ def test_parameter_groups_each_get_their_lr_scaled():
             lr=base * sdp.size(),
             momentum=0.9,
         )
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         only=ONLY,
@@ -215,7 +221,8 @@ def test_no_scaling_leaves_every_learning_rate_alone():
         from torch.optim.lr_scheduler import OneCycleLR
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         sched = OneCycleLR(opt, max_lr=1.0, total_steps=10)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         """\
@@ -226,7 +233,8 @@ def test_no_scaling_leaves_every_learning_rate_alone():
         sdp.init()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         sched = OneCycleLR(opt, max_lr=1.0, total_steps=10)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         only=ONLY,
@@ -251,7 +259,8 @@ def test_already_scaled_learning_rates_are_left_alone():
             [{"params": model.parameters(), "lr": 0.1 * sdp.size()}], lr=0.1 * sdp.size()
         )
         e = torch.optim.lr_scheduler.OneCycleLR(d, max_lr=0.1 * sdp.size(), total_steps=100)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         a.step()
         """,
         only=ONLY,
@@ -264,7 +273,8 @@ def test_converting_the_output_again_changes_nothing():
         import torch
         opt = torch.optim.SGD([{"params": model.parameters(), "lr": 0.1}], momentum=0.9)
         adam = torch.optim.Adam(model.parameters())
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         """\
@@ -274,7 +284,8 @@ def test_converting_the_output_again_changes_nothing():
         sdp.init()
         opt = torch.optim.SGD([{"params": model.parameters(), "lr": 0.1 * sdp.size()}], lr=0.001 * sdp.size(), momentum=0.9)
         adam = torch.optim.Adam(model.parameters(), lr=0.001 * sdp.size())
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         only=ONLY,
@@ -295,7 +306,8 @@ def test_schedulers_that_set_absolute_learning_rates_need_a_person():
         d = ls.CosineAnnealingLR(opt, T_max=10, eta_min=0)
         e = ls.LambdaLR(opt, lambda epoch: 0.95 ** epoch)
         f = ls.StepLR(opt, step_size=1, gamma=0.5)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         """\
@@ -312,7 +324,8 @@ def test_schedulers_that_set_absolute_learning_rates_need_a_person():
         d = ls.CosineAnnealingLR(opt, T_max=10, eta_min=0)
         e = ls.LambdaLR(opt, lambda epoch: 0.95 ** epoch)
         f = ls.StepLR(opt, step_size=1, gamma=0.5)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         only=ONLY,
@@ -336,7 +349,8 @@ def test_writes_into_param_groups_need_a_person():
         opt.param_groups[0]["lr"] = 0.01
         opt.param_groups[0]["lr"] *= 0.5
         config["lr"] = 0.3
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         """\
@@ -351,7 +365,8 @@ def test_writes_into_param_groups_need_a_person():
         opt.param_groups[0]["lr"] = 0.01
         opt.param_groups[0]["lr"] *= 0.5
         config["lr"] = 0.3
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         only=ONLY,
@@ -367,7 +382,8 @@ def test_lbfgs_and_hidden_learning_rates_need_a_person():
 
         a = torch.optim.LBFGS(model.parameters(), lr=1)
         b = torch.optim.SGD(model.parameters(), **cfg.optim)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         b.step()
         """,
         """\
@@ -378,7 +394,8 @@ def test_lbfgs_and_hidden_learning_rates_need_a_person():
 
         a = torch.optim.LBFGS(model.parameters(), lr=1)
         b = torch.optim.SGD(model.parameters(), **cfg.optim)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         b.step()
         """,
         only=ONLY,
@@ -399,7 +416,8 @@ def test_other_libraries_optimizers_are_not_touched():
 
         sdp.init()
         opt = AdamW(model.parameters(), lr=1e-4)
-        model(x).sum().backward()
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
         opt.step()
         """,
         only=ONLY,

@@ -214,6 +214,9 @@ def test_loader_followed_into_a_function_called_in_the_epoch_loop():
             for epoch in range(10):
                 train(model, train_loader, opt)
                 print(evaluate(model, val_loader))
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -246,6 +249,9 @@ def test_loader_followed_into_a_function_called_in_the_epoch_loop():
                 train_sampler.set_epoch(epoch)
                 train(model, train_loader, opt)
                 print(evaluate(model, val_loader))
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -361,6 +367,9 @@ def test_self_attribute_loader_and_epoch_loop_in_another_method():
             def fit(self, epochs):
                 for epoch in range(epochs):
                     self.train_epoch()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -388,6 +397,9 @@ def test_self_attribute_loader_and_epoch_loop_in_another_method():
                 for epoch in range(epochs):
                     self.train_sampler.set_epoch(epoch)
                     self.train_epoch()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -506,6 +518,9 @@ def test_shuffle_in_a_local_kwargs_dict_moves_to_the_sampler():
                 for x in train_loader:
                     model(x).sum().backward()
                     opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -531,6 +546,9 @@ def test_shuffle_in_a_local_kwargs_dict_moves_to_the_sampler():
                 for x in train_loader:
                     model(x).sum().backward()
                     opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -549,6 +567,9 @@ def test_kwargs_dict_from_elsewhere_is_overridden_at_the_call():
             for x in loader:
                 model(x).sum().backward()
                 opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         from torch.utils.data import DataLoader
@@ -566,6 +587,9 @@ def test_kwargs_dict_from_elsewhere_is_overridden_at_the_call():
             for x in loader:
                 model(x).sum().backward()
                 opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -843,6 +867,9 @@ def test_conversion_is_idempotent():
                     for b in self.loader:
                         model(b).sum().backward()
                         opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -866,6 +893,9 @@ def test_conversion_is_idempotent():
                     for b in self.loader:
                         model(b).sum().backward()
                         opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -888,6 +918,9 @@ def test_long_sampler_statement_gets_one_argument_a_line():
                 for batch in self.train_loader:
                     self.model(batch).sum().backward()
                     self.opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -911,6 +944,9 @@ def test_long_sampler_statement_gets_one_argument_a_line():
                 for batch in self.train_loader:
                     self.model(batch).sum().backward()
                     self.opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,  # noqa: E501 (the loader call keeps the user's one-line layout)
         only=ONLY,
     )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, reported, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, messages, reported, run
 
 ONLY = "wrap_gradient_tape"
 ALREADY_CONVERTED = TF_ALREADY_CONVERTED
@@ -170,6 +170,9 @@ def test_tapes_in_methods_and_a_keras_train_step_override():
                 gradients = tape.gradient(loss, self.trainable_variables)
                 self.optimizer.apply(gradients, self.trainable_variables)
                 return {"loss": loss}
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import tensorflow as tf
@@ -198,6 +201,9 @@ def test_tapes_in_methods_and_a_keras_train_step_override():
                 gradients = tape.gradient(loss, self.trainable_variables)
                 self.optimizer.apply(gradients, self.trainable_variables)
                 return {"loss": loss}
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -477,3 +483,26 @@ def test_a_tape_wrapped_already_and_unrelated_code_are_left_alone():
 def test_a_script_made_data_parallel_by_hand_is_left_alone():
     # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
     check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
+
+
+def test_tf1_logging_alone_is_not_graph_mode():
+    # tf.compat.v1.logging / flags are used by TF2 scripts too; only sessions, placeholders and
+    # tf.compat.v1.train optimizers are TF1 training.
+    source = """\
+        import tensorflow as tf
+
+        tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+        opt = tf.keras.optimizers.SGD(0.1)
+        for x in tf.data.Dataset.from_tensor_slices(data).batch(8):
+            with tf.GradientTape() as tape:
+                loss = model(x)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        """
+    result = run(source, ONLY)
+    assert not [c for c in result.changes if "TF1" in c.message]
+    assert "sdp.DistributedGradientTape(tape)" in result.output.decode()
+    graph = source.replace("tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)",
+                           "sess = tf.compat.v1.Session()")
+    assert any("TF1 graph-mode code (tf.compat.v1.Session)" in m
+               for m in messages(run(graph, ONLY), ONLY, manual=True))

@@ -116,8 +116,10 @@ def test_string_and_default_optimizers_become_objects_with_a_scaled_learning_rat
     # With scale_keras_learning_rate, which runs first and scales the object's learning rate.
     source = textwrap.dedent(
         """\
+        import tensorflow as tf
         from tensorflow import keras
 
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
         model = keras.Sequential([keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
         model.compile(loss="mse")
@@ -130,11 +132,13 @@ def test_string_and_default_optimizers_become_objects_with_a_scaled_learning_rat
     result = engine_convert(source, options)
     assert result.output.decode() == textwrap.dedent(
         f"""\
+        import tensorflow as tf
         from tensorflow import keras
         import sdp_runtime.tensorflow as sdp
 
         sdp.init()
 
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
         model = keras.Sequential([keras.layers.Dense(1)])
         model.compile(optimizer=sdp.keras.DistributedOptimizer(keras.optimizers.Adam(learning_rate=0.001 * sdp.size())), loss="mse")
         model.compile(optimizer=sdp.keras.DistributedOptimizer(keras.optimizers.RMSprop(learning_rate=0.001 * sdp.size())), loss="mse")
@@ -401,6 +405,7 @@ def test_a_subclassed_model_with_a_string_optimizer_converts_in_one_pass():
                 return {"loss": loss}
 
 
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
         model = MyModel(inputs, outputs)
         model.compile(optimizer="adam", loss="mse")
         model.fit(ds, epochs=1)

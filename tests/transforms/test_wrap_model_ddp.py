@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .helpers import check_noop, check_transformed, messages
+from .helpers import check_noop, check_transformed, messages, run
 
 ONLY = "wrap_model_ddp"
 
@@ -68,6 +68,9 @@ def test_moved_under_a_condition_the_wrap_follows_the_if():
         def train(model, optimizer):
             model(x).sum().backward()
             optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch.optim as optim
@@ -89,6 +92,9 @@ def test_moved_under_a_condition_the_wrap_follows_the_if():
         def train(model, optimizer):
             model(x).sum().backward()
             optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -146,6 +152,9 @@ def test_a_model_attribute_of_a_trainer_class():
                 for x in self.loader:
                     self.model(x).sum().backward()
                     self.optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -164,6 +173,9 @@ def test_a_model_attribute_of_a_trainer_class():
                 for x in self.loader:
                     self.model(x).sum().backward()
                     self.optimizer.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -238,6 +250,9 @@ def test_model_passed_to_the_function_that_trains_it():
         def main():
             model = Net().cuda()
             train(model, loader)
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -259,6 +274,9 @@ def test_model_passed_to_the_function_that_trains_it():
             model = Net().cuda()
             model = sdp.DistributedDataParallel(model)
             train(model, loader)
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -408,6 +426,9 @@ def test_data_parallel_inside_an_expression():
             def step(self, x):
                 self.model(x).sum().backward()
                 self.opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         """\
         import torch
@@ -426,6 +447,9 @@ def test_data_parallel_inside_an_expression():
             def step(self, x):
                 self.model(x).sum().backward()
                 self.opt.step()
+
+        if __name__ == "__main__":
+            main()
         """,
         only=ONLY,
     )
@@ -833,3 +857,29 @@ def test_a_model_made_and_trained_inside_one_branch_stays_there():
         """,
         only=ONLY,
     )
+
+
+def test_a_model_whose_outputs_are_partly_discarded_looks_for_unused_parameters():
+    result = run(
+        """\
+        import torch
+
+        D = Discriminator()
+        opt = torch.optim.SGD(D.parameters(), lr=0.1)
+        for x in torch.utils.data.DataLoader(data):
+            validity, _, _ = D(x)
+            validity.mean().backward()
+            opt.step()
+        """,
+        ONLY,
+    )
+    assert "D = sdp.DistributedDataParallel(D, find_unused_parameters=True)\n" in (
+        result.output.decode()
+    )
+    plain = run(
+        "import torch\n\nD = Net()\nopt = torch.optim.SGD(D.parameters(), lr=0.1)\n"
+        "for x in torch.utils.data.DataLoader(data):\n"
+        "    validity, logits = D(x)\n    (validity + logits).mean().backward()\n    opt.step()\n",
+        ONLY,
+    )
+    assert "D = sdp.DistributedDataParallel(D)\n" in plain.output.decode()

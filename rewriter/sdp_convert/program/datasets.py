@@ -15,7 +15,7 @@ import libcst.matchers as m
 from ..base import Transform
 from .flow import origin
 from .index import FileIndex
-from .keras import keras_fit_calls, keras_name
+from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .syntax import arg_named, code
 from .training import training_facts
 
@@ -189,8 +189,8 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
                     candidates.append(Candidate(call.args[0].value, call, loop))
         uses.append((site.loops[0], candidates))
     for fit in keras_fit_calls(transform):
-        x = arg_named(fit, "x", 0)
-        if x is not None and arg_named(fit, "y", 1) is None:
+        x = fit_arg(fit, "x")
+        if x is not None and fit_arg(fit, "y") is None and generator_flow(transform, fit) is None:
             uses.append((fit, [Candidate(x.value)]))
     return uses
 

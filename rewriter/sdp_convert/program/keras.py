@@ -7,7 +7,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..base import Transform
-from .index import file_index, imported_names
+from .index import file_index, imported_names, reaching_values
 from .syntax import _EQUAL, arg_named, code
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
@@ -176,7 +176,7 @@ def keras_fit_calls(transform: Transform) -> list[cst.Call]:
         if is_keras_compile(transform, c)
     }
     found = []
-    for call in transform.method_calls("fit"):
+    for call in (*transform.method_calls("fit"), *transform.method_calls("fit_generator")):
         func = call.func
         assert isinstance(func, cst.Attribute)
         if _is_imported(transform, func.value):
@@ -226,7 +226,46 @@ def optimizer_from_string(
 
 #: Positions of ``Model.fit``'s parameters (Keras 3 and 2 alike).
 _FIT_POSITIONS = {"x": 0, "y": 1, "verbose": 4, "callbacks": 5, "sample_weight": 10}
+#: ``Model.fit_generator(generator, steps_per_epoch, epochs, ...)`` (Keras 2; gone in Keras 3).
+FIT_GENERATOR_PARAMETERS = (
+    "generator", "steps_per_epoch", "epochs", "verbose", "callbacks", "validation_data",
+    "validation_steps", "validation_freq", "class_weight", "max_queue_size", "workers",
+    "use_multiprocessing", "shuffle", "initial_epoch",
+)
+
+
+def is_fit_generator(call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "fit_generator"
 
 
 def fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    """The argument of ``fit`` (or ``fit_generator``, whose ``generator`` is fit's ``x``) bound
+    to the parameter ``name``."""
+    if is_fit_generator(call):
+        if name == "y" or name == "sample_weight":
+            return None
+        name = "generator" if name == "x" else name
+        known = name in FIT_GENERATOR_PARAMETERS
+        return arg_named(call, name, FIT_GENERATOR_PARAMETERS.index(name) if known else None)
     return arg_named(call, name, _FIT_POSITIONS.get(name))
+
+
+def generator_flow(transform: Transform, fit: cst.Call) -> cst.Call | None:
+    """The ``ImageDataGenerator(...).flow(x, y, ...)`` call whose batches ``fit`` trains on."""
+    x = fit_arg(fit, "x")
+    if x is None:
+        return None
+    index = file_index(transform)
+    for value in reaching_values(index, x.value, fit):
+        if not (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "flow"
+        ):
+            continue
+        for receiver in reaching_values(index, value.func.value, value):
+            if isinstance(receiver, cst.Call) and any(
+                k.endswith(".ImageDataGenerator") for k in keras_names(transform, receiver.func)
+            ):
+                return value
+    return None

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .index import Binding, Scope, file_index
+from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .scopes import arguments_for
 from .syntax import code
@@ -330,3 +330,66 @@ def used_inside(t: Transform, uses: list[cst.CSTNode], node: cst.CSTNode) -> boo
                 and parent.attr.value in SETUP_METHODS):
             return True
     return False
+
+
+def discarded_outputs(t: Transform, target: str, scope: Scope) -> cst.Call | None:
+    """A call of the model ``target`` that throws part of its outputs away (``validity, _, _ =
+    D(x)``, ``D(x)[0]``): parameters that only produce those get no gradient, and DDP, which
+    expects a gradient for every parameter, fails at the next step unless told to look for unused
+    ones (``find_unused_parameters=True``)."""
+    for name in file_index(t).loads_of(target, scope):
+        call = t.parent(name)
+        if not (isinstance(call, cst.Call) and call.func is name):
+            continue
+        parent = t.parent(call)
+        if isinstance(parent, cst.Subscript) and parent.value is call:
+            return call
+        if isinstance(parent, cst.Assign) and any(
+            isinstance(target_.target, (cst.Tuple, cst.List))
+            and any(
+                isinstance(e.value, cst.Name) and e.value.value.startswith("_")
+                for e in target_.target.elements
+            )
+            for target_ in parent.targets
+        ):
+            return call
+    return None
+
+
+def user_methods_in_training(
+    t: Transform, uses: list[cst.CSTNode]
+) -> Iterator[tuple[cst.Call, cst.Attribute, cst.CSTNode]]:
+    """``(call, model.method, model)`` for each call of a user method of the model (not the
+    ``nn.Module`` API) in a function that calls ``backward()``: it runs around DDP's forward."""
+    trains = {id(t.enclosing_function(c)) for c in t.method_calls("backward")}
+    for use in uses:
+        parent = t.parent(use)
+        call = t.parent(parent) if parent is not None else None
+        if (
+            isinstance(parent, cst.Attribute) and parent.value is use
+            and parent.attr.value not in MODULE_API
+            and isinstance(call, cst.Call) and call.func is parent
+            and id(t.enclosing_function(call)) in trains
+        ):
+            yield call, parent, use
+
+
+def untrained_models(
+    t: Transform, index: FileIndex, trained: set[tuple[str, int]]
+) -> Iterator[tuple[str, Binding]]:
+    """``(name, binding)`` of modules built and called in this file that are not in ``trained``
+    (``(name, id(scope))``) nor part of another model: evaluation models, teachers."""
+    for (scope_id, name), bindings in index.bindings.items():
+        if (name, scope_id) in trained:
+            continue
+        for binding in bindings:
+            if binding.kind != "assign" or not is_module_value_expr(t, binding.value):
+                continue
+            if part_of_a_model(t, name, binding.scope):
+                break
+            if any(
+                isinstance(p := t.parent(load), cst.Call) and p.func is load
+                for load in index.loads_of(name, binding.scope)
+            ):
+                yield name, binding
+            break

@@ -42,6 +42,16 @@ class AddRuntimeInit(Transform):
         if self.calls_to(f"{self.state.runtime_module}.init"):
             self.already = True
             return
+        if not self.state.info.entry_point:
+            self.already = True
+            self.record(
+                module,
+                f"no sdp.init() added: nothing in this module runs its training code (it is "
+                f"imported and called by another); call {self.state.runtime_module}.init() once, "
+                "at the start of the script that runs it, before this module's functions",
+                manual=True,
+            )
+            return
         self.anchor = end_of_import_block(module)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:

@@ -45,6 +45,13 @@ torch.distributed names the runtime does not re-export (``destroy_process_group`
 ``sdp_runtime.tensorflow`` and ``sdp_runtime.tensorflow.keras``, whose API was, like SMDDP's, made
 close to Horovod's.
 
+What else names SMDDP goes too: the string ``"smddp"`` (``backend = "smddp"`` handed to
+``deepspeed.init_distributed(dist_backend=backend)``) becomes ``"nccl"``, since the backend it
+named is no longer registered; in a DeepSpeed script, which makes its own process group, the
+file's ``torch.distributed`` stays torch's. Arithmetic that assumes SageMaker's 8 GPUs per instance
+(``world_size // 8``, ``local_size == 8``) is reported: under fewer than 8 processes per machine
+``world_size // 8`` is 0 (``batch_size //= 0`` divides by zero).
+
 Why: so that a SageMaker script runs anywhere with ``sdp-run``. SageMaker's environment
 (``SM_MODEL_DIR``, ``SM_CHANNEL_*``) and ``current_host == hosts[0]`` guards are left working and
 reported. The import machinery, the unsupported-API notes and the checks of the usual mistakes are
@@ -123,7 +130,10 @@ class MigrateSmddp(hvd.Migration):
     )
 
     def configure(self) -> None:
-        if _TORCH_SMDDP in self.state.info.imports:
+        imports = self.state.info.imports
+        if any(i == "deepspeed" or i.startswith("deepspeed.") for i in imports):
+            return  # DeepSpeed makes the process group: its torch.distributed calls stay torch's
+        if _TORCH_SMDDP in imports:
             self.modules.update(_BACKEND_MODULES)
             self.moved_names.update(_BACKEND_NAMES)
 
@@ -147,6 +157,52 @@ class MigrateSmddp(hvd.Migration):
             return updated_node
         return super().leave_ImportFrom(original_node, updated_node)
 
+    def leave_SimpleString(
+        self, original_node: cst.SimpleString, updated_node: cst.SimpleString
+    ) -> cst.SimpleString:
+        if original_node.evaluated_value != "smddp" or self._init_argument(original_node):
+            return updated_node
+        self.record(
+            original_node,
+            '"smddp" -> "nccl": the smddp backend is no longer registered (its import is gone); '
+            "torch.distributed and DeepSpeed use NCCL on GPUs",
+        )
+        quote = original_node.quote
+        return updated_node.with_changes(value=f"{original_node.prefix}{quote}nccl{quote}")
+
+    def _init_argument(self, node: cst.CSTNode) -> bool:
+        """The backend argument of ``init_process_group``, which ``rewrite_call`` removes."""
+        arg = self.parent(node)
+        call = self.parent(arg) if isinstance(arg, cst.Arg) else None
+        return isinstance(call, cst.Call) and bool(self.qualified_names(call.func) & set(_INIT))
+
+    def leave_BinaryOperation(
+        self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation
+    ) -> cst.BinaryOperation:
+        if isinstance(
+            original_node.operator, (cst.FloorDivide, cst.Divide, cst.Modulo)
+        ) and _eight_gpus(original_node.left, original_node.right):
+            self._eight(original_node)
+        return updated_node
+
+    def leave_Comparison(
+        self, original_node: cst.Comparison, updated_node: cst.Comparison
+    ) -> cst.Comparison:
+        if len(original_node.comparisons) == 1 and _eight_gpus(
+            original_node.left, original_node.comparisons[0].comparator
+        ):
+            self._eight(original_node)
+        return updated_node
+
+    def _eight(self, node: cst.CSTNode) -> None:
+        self.record(
+            node,
+            f"{self.module.code_for_node(node)} assumes SageMaker's 8 GPUs per instance: under "
+            "fewer processes per machine it is wrong (a // 8 of them is 0); use the number of "
+            "processes on this machine (sdp_runtime's local_size())",
+            manual=True,
+        )
+
     def rewrite_call(
         self, original_node: cst.Call, updated_node: cst.Call, qualified: set[str]
     ) -> cst.BaseExpression:
@@ -167,3 +223,15 @@ class MigrateSmddp(hvd.Migration):
                 )
                 return updated_node.with_changes(args=args)
         return updated_node
+
+
+def _eight_gpus(one: cst.BaseExpression, other: cst.BaseExpression) -> bool:
+    """``<a world or local size> <op> 8`` (either way round)."""
+    for size, eight in ((one, other), (other, one)):
+        if isinstance(eight, cst.Integer) and eight.evaluated_value == 8:
+            spelled = cst.helpers.get_full_name_for_node(
+                size.func if isinstance(size, cst.Call) else size
+            ) or ""
+            if "size" in spelled.lower() or "gpus" in spelled.lower():
+                return True
+    return False

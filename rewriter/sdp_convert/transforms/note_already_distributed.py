@@ -11,11 +11,17 @@ After: the same bytes, and one report entry::
     train.py:1:1: [note_already_distributed] left unchanged: already distributed with DeepSpeed
 
 Why: torch DDP/FSDP with ``init_process_group``, ``tf.distribute`` strategies, DeepSpeed,
-Accelerate and Lightning scripts already average gradients, shard data and start every rank from
+Accelerate and Lightning scripts, and scripts that set up distribution with their own code (any
+``torch.distributed`` call, a ``DistributedSampler``, ``LOCAL_RANK``/``RANK``/``WORLD_SIZE`` read
+from the environment, ``args.distributed``/``args.local_rank``, an import of
+``torch.distributed.run``) already average gradients, shard data and start every rank from
 the same weights; adding sdp_runtime on top would do it twice. Such a file is left byte for byte
-as it is, but the report says why nothing happened, so that an unchanged file is never mistaken
+as it is (a second ``init`` would fail: "trying to initialize the default process group twice"),
+but the report says why nothing happened, so that an unchanged file is never mistaken
 for one the converter did not understand. (Horovod and SMDDP scripts are migrated instead, by
-``migrate_horovod`` and ``migrate_smddp``.)
+``migrate_horovod`` and ``migrate_smddp``.) A program that is parallel another way,
+``torch.multiprocessing`` workers sharing one model (``share_memory()``, Hogwild), is left alone
+the same way: data parallelism over it would be a second, conflicting parallelism.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class NoteAlreadyDistributed(Transform):
         finder = _ImportFinder(tuple(_IMPORTS))
         module.visit(finder)
         found += [(_IMPORTS[package], node) for package, node in finder.found]
+        if info.reason not in {label for label, _ in found}:
+            # Set up by the script's own code (a torch.distributed call, a launcher's
+            # variables, args.local_rank, Hogwild workers): the construct analysis found.
+            found.append((info.reason, info.distributed_at or module))
         found.sort(key=lambda item: item[0] != info.reason)
         labels = list(dict.fromkeys(label for label, _ in found)) or [info.reason]
         self.record(

@@ -112,6 +112,10 @@ class PinGpuDevice(Transform):
         # set_device goes right after init(): the file's own, or the one add_runtime_init adds
         self.insert = not (pinned or by_literal)
         inits = self.calls_to(f"{self.state.runtime_module}.init")
+        if not inits and not self.state.info.entry_point:
+            # A module others import: no init() here (add_runtime_init says where it goes), and
+            # set_device(local_rank()) at import would run before it.
+            self.insert = False
         if self.insert and inits:
             self.anchor = self.enclosing_statement(inits[0])
             if self.anchor is not None:

@@ -76,6 +76,8 @@ class PinTfGpus(Transform):
                 self._adapt(call)
             return
         init = self.calls_to(f"{self.state.runtime_module}.init")
+        if not init and not self.state.info.entry_point:
+            return  # a module others import: the script that runs it initialises and pins
         init_stmt = self.enclosing_statement(init[0]) if init else None
         import_block = end_of_import_block(module)
         if self._pin_after_growth_loop(init_stmt):

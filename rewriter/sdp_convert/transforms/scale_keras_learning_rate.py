@@ -25,6 +25,12 @@ has its rates scaled (initial, and end/warmup targets where the schedule has the
 set while training runs (``opt.learning_rate = ...``, ``.assign``, ``K.set_value``, a
 ``LearningRateScheduler``) are reported for a person: the converter cannot follow them.
 
+Rates are scaled only where the training data is split between the workers (``program.sharding``:
+every training dataset sharded, or shardable by ``shard_tf_dataset``, and ``fit`` arrays that
+``wrap_keras_fit`` strides). Otherwise every worker averages the same gradient and a scaled rate
+would step N times too far: the rates stay and a manual note per optimizer says to scale them once
+the data is split.
+
 This module also holds the Keras helpers the other TensorFlow transforms share: one canonical name
 for every spelling of a Keras object (``keras_name``), the expression helpers that multiply or
 divide by ``sdp.size()``, and ``FileIndex``, a one-walk index of where names are bound.
@@ -49,6 +55,7 @@ from ..program.keras import (
     optimizer_from_string,
     schedule_class,
 )
+from ..program.sharding import training_data
 from ..program.syntax import (
     add_keyword,
     arg_named,
@@ -72,6 +79,15 @@ from ..program.syntax import (
 # -- the transform -------------------------------------------------------------------------------
 
 _RUNTIME_LR_ATTRS = ("learning_rate", "lr")
+#: Why the learning rate stays, by ``DataSharding.kind``.
+UNSHARDED = {
+    "not sharded": "the training data is not sharded (see the data's note), so every worker "
+    "would average the same gradient",
+    "environment": "the data comes from an environment, not a dataset the workers can split",
+    "input": "it optimises an input tensor, not a model: not data-parallel as written",
+    "full batch": "full-batch training, every worker sees the same data",
+    "not found": "no sharded training data was found",
+}
 
 
 class ScaleKerasLearningRate(Transform):
@@ -85,6 +101,10 @@ class ScaleKerasLearningRate(Transform):
         self.schedules: dict[cst.Call, str] = {}
         self.compiles: list[cst.Call] = []
         if self.mode == "none":
+            return
+        data = training_data(self)
+        if not data.sharded:
+            self._unscaled(data.kind)
             return
         index = file_index(self)
         optimizer_vars: set[str] = set()
@@ -117,6 +137,31 @@ class ScaleKerasLearningRate(Transform):
                 if arg is None or isinstance(arg.value, cst.SimpleString):
                     self.compiles.append(call)
         self._find_runtime_assignments(index, optimizer_vars)
+
+    def _unscaled(self, kind: str) -> None:
+        """Unsharded data: every learning rate stays; one note per optimizer says why."""
+        factor = size_factor(self.sdp, self.mode)
+        why = UNSHARDED[kind]
+        found: list[tuple[cst.CSTNode, str]] = []
+        for qname, calls in self.state.info.calls.items():
+            if keras_name(qname) is not None:
+                for call in calls:
+                    cls = optimizer_class(self, call)
+                    if cls is not None:
+                        arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")
+                        rate = code(arg.value) if arg else "its learning rate"
+                        found.append((call, f"{cls}: {rate}"))
+        for call in self.method_calls("compile"):
+            arg = compile_optimizer_arg(call) if is_keras_compile(self, call) else None
+            if arg is not None and isinstance(arg.value, cst.SimpleString):
+                found.append((call, f"optimizer {arg.value.value}: its learning rate"))
+        for node, what in found:
+            self.record(
+                node,
+                f"{what} left as it is: {why}; scale it by {factor} once each worker trains on "
+                "its own part of the data",
+                manual=True,
+            )
 
     def _plan_learning_rate(self, index: FileIndex, call: cst.Call, cls: str) -> None:
         arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")

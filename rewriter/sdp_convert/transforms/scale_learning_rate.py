@@ -18,7 +18,11 @@ linear scaling rule (Goyal et al.) keeps the single-GPU script's progress per sa
 the learning rate by N. ``Options.lr_scaling`` picks ``"linear"`` (``* sdp.size()``), ``"sqrt"``
 (``* sdp.size() ** 0.5``) or ``"none"``. The keyword or positional ``lr``, the ``"lr"`` of each
 parameter group given as a literal, and an omitted ``lr`` (written out with torch's default) are
-scaled. Learning rates the converter cannot follow get a manual note: ``max_lr``/``base_lr`` of
+scaled, but only where the training data is split between the ranks (``program.sharding``: a
+DataLoader with, or getting, a DistributedSampler): with unsharded data every rank averages the
+same gradient and a scaled rate would step N times too far, so the rate stays and a manual note
+says to scale it once the data is split (full-batch and reinforcement-learning scripts are named
+as such). Learning rates the converter cannot follow get a manual note: ``max_lr``/``base_lr`` of
 OneCycleLR and CyclicLR (they set the rate themselves), absolute floors (``eta_min``, ``min_lr``,
 ``swa_lr``), writes into ``param_groups``, an ``lr`` hidden in ``**kwargs``, and LBFGS. Schedulers
 that multiply the rate (StepLR, LambdaLR, ...) keep working on the scaled one. An ``lr`` that
@@ -34,6 +38,7 @@ import libcst as cst
 from ..base import Transform
 from ..program.index import FileIndex, file_index, reaching_values
 from ..program.optimizers import _SCHEDULER_MODULES, optimizer_class, params_argument
+from ..program.sharding import training_data
 from ..program.syntax import arg_named, code, insert_keyword, mentions, size_factor, times_size
 
 #: torch 2.13's defaults (torch/optim/*.py), written out when a script leaves lr out.
@@ -62,6 +67,16 @@ _ABSOLUTE_RATES: dict[str, tuple[tuple[str, int], ...]] = {
     "ReduceLROnPlateau": (("min_lr", 7),),
     "SWALR": (("swa_lr", 1),),
 }
+#: Why the learning rate stays, by ``DataSharding.kind``.
+UNSHARDED = {
+    "not sharded": "the training data is not sharded (see the data's note), so every rank "
+    "would average the same gradient",
+    "environment": "the data comes from an environment, not a dataset the ranks can split",
+    "input": "it optimises an input tensor, not a model's parameters: not data-parallel as "
+    "written",
+    "full batch": "full-batch training, every rank sees the same data",
+    "not found": "no sharded training data was found",
+}
 #: Calls whose result is the world size (a learning rate mentioning one is already scaled).
 WORLD_SIZE = (
     "sdp_runtime.torch.size",
@@ -89,6 +104,14 @@ class ScaleLearningRate(Transform):
         if self.mode == "none":
             return
         self.index = file_index(self)
+        data = training_data(self)
+        if not data.sharded:
+            self.mode = "none"  # nothing below scales, nor asks a person to
+            for call in self.calls_to("torch.optim", prefix=True):
+                cls = optimizer_class(self, call)
+                if cls is not None:
+                    self._unscaled(call, cls, data.kind)
+            return
         for call in self.calls_to("torch.optim", prefix=True):
             cls = optimizer_class(self, call)
             if cls is not None:
@@ -100,6 +123,16 @@ class ScaleLearningRate(Transform):
                 self._groups(call.args[0].value, "add_param_group")
 
     # -- optimizers ---------------------------------------------------------------------------
+
+    def _unscaled(self, call: cst.Call, cls: str, kind: str) -> None:
+        lr = arg_named(call, "lr", 1)
+        rate = code(lr.value) if lr is not None else "its learning rate"
+        self.record(
+            call,
+            f"{cls}: {rate} left as it is: {UNSHARDED[kind]}; scale it by {self.factor} once "
+            "each rank trains on its own part of the data",
+            manual=True,
+        )
 
     def _optimizer(self, call: cst.Call, cls: str) -> None:
         if cls == "LBFGS":

@@ -65,24 +65,21 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..base import Transform
-from ..program.builders import runs_right_before, statement, torch_spelling
+from ..program.builders import statement, torch_spelling
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
-from ..program.loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
+from ..program.loaders import LOADERS, kwargs_literal
 from ..program.scopes import (
     Binding,
     assigned_binding,
     names_in,
     training_loops,
 )
+from ..program.sharding import has_distributed_sampler, loader_args, loader_problem, training_data
 from ..program.syntax import (
     append_arg,
     fix_last_comma,
-    is_none,
     is_simple_reference,
 )
-
-# DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
-_POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
 
 
 @dataclass
@@ -113,21 +110,51 @@ class ShardDataLoader(Transform):
             handled = self._handle(call) or handled
         backward = self.method_calls("backward")
         if not handled and backward:
-            self.record(
-                backward[0],
-                "no DataLoader feeding this training loop was found: give each rank its own part "
-                f"of the training data (a DistributedSampler, or indices[{self.sdp}.rank()::"
-                f"{self.sdp}.size()])",
-                manual=True,
-            )
+            data = training_data(self)
+            if data.kind == "environment":
+                self._environment(data.node or backward[0])
+            elif data.kind == "input":
+                self.record(
+                    data.node or backward[0],
+                    f"the optimizer trains {self.module.code_for_node(data.node).strip()}, an "
+                    "input, not a model's parameters (as style transfer does): not data-parallel "
+                    "as written, every rank would compute the same thing; run it on one process",
+                    manual=True,
+                )
+            elif data.kind == "full batch":
+                self.record(
+                    data.node or backward[0],
+                    "full-batch training (the same tensors every step): data parallelism does "
+                    "not speed this up as written; every rank computes the same gradient. Split "
+                    f"the data (e.g. indices[{self.sdp}.rank()::{self.sdp}.size()]) and scale the "
+                    "learning rate yourself, or run it on one process",
+                    manual=True,
+                )
+            else:
+                self.record(
+                    backward[0],
+                    "no DataLoader feeding this training loop was found: give each rank its own "
+                    f"part of the training data (a DistributedSampler, or indices[{self.sdp}."
+                    f"rank()::{self.sdp}.size()])",
+                    manual=True,
+                )
+
+    def _environment(self, node: cst.CSTNode) -> None:
+        self.record(
+            node,
+            "reinforcement learning (data from an environment): data parallelism does not speed "
+            "this up as written, every rank collects the same episodes; seed each rank's "
+            f"environment differently (env.reset(seed=seed + {self.sdp}.rank())) so that they "
+            "collect different ones, and scale the learning rate yourself if you average them",
+            manual=True,
+        )
 
     # -- one loader -----------------------------------------------------------------------------
 
     def _handle(self, call: cst.Call) -> bool:
         """Plan the change of one DataLoader call; whether it is a training loader (or handled)."""
-        args = _parse_args(call)
-        sampler = _arg(call, args.get("sampler"))
-        if sampler is not None and is_distributed_sampler(self, sampler.value):
+        args = loader_args(call)
+        if has_distributed_sampler(self, call):
             return True  # sharded already (by us or by hand)
         own = assigned_binding(self, call)
         all_sites, flow = loader_sites(self, call)
@@ -145,31 +172,13 @@ class ShardDataLoader(Transform):
             self.record(call, f"{label} feeds training but is not sharded: {reason}", manual=True)
             return True
 
-        if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
-            return manual("pass its arguments by keyword, then add a DistributedSampler")
-        if sampler is not None and not is_none(sampler.value):
-            return manual(
-                "it has its own sampler; make it yield only this rank's indices "
-                f"(e.g. indices[{self.sdp}.rank()::{self.sdp}.size()])"
-            )
-        if args.get("batch_sampler") is not None:
-            return manual(
-                "it has a batch_sampler; make it yield only this rank's batches "
-                f"(e.g. batches[{self.sdp}.rank()::{self.sdp}.size()])"
-            )
+        problem = loader_problem(self, call)
+        if problem is not None:
+            return manual(problem)
         dataset_index = args.get("dataset")
         dataset = _arg(call, dataset_index)
-        if dataset is None:
-            return manual("its dataset is not passed as an argument we can see")
-        if is_iterable_dataset(self, dataset.value):
-            return manual(
-                "its dataset is an IterableDataset (a stream), which a sampler cannot split; "
-                f"skip the items whose index % {self.sdp}.size() != {self.sdp}.rank() in its "
-                "__iter__"
-            )
         stmt = self.enclosing_statement(call)
-        if stmt is None or not runs_right_before(self, call, stmt):
-            return manual("put the DataLoader(...) call on a line of its own")
+        assert dataset is not None and stmt is not None
 
         names = _loader_base(named)
         local_scope = self.enclosing_function(stmt) or self.module
@@ -416,20 +425,6 @@ class ShardDataLoader(Transform):
 
 
 # -- helpers for this transform --------------------------------------------------------------
-
-
-def _parse_args(call: cst.Call) -> dict:
-    """Indices of DataLoader's arguments by parameter name, plus ``positional``."""
-    found: dict = {}
-    positional = [i for i, a in enumerate(call.args) if a.keyword is None and not a.star]
-    found["positional"] = positional
-    for name, position in _POSITIONS.items():
-        if position < len(positional):
-            found[name] = positional[position]
-    for i, arg in enumerate(call.args):
-        if arg.keyword is not None and arg.keyword.value in _POSITIONS:
-            found[arg.keyword.value] = i
-    return found
 
 
 def _arg(call: cst.Call, index: int | None) -> cst.Arg | None:

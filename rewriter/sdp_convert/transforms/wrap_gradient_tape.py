@@ -23,7 +23,8 @@ saliency map must keep per-worker gradients. Two tapes in one ``with`` (GANs) ar
 tape in a Keras ``train_step`` override is wrapped too, and the fact is left for ``wrap_keras_fit``,
 which then must not also wrap the compiled optimizer (gradients would be averaged twice).
 Gradients applied by hand (``v.assign_sub(lr * g)``), ``optimizer.minimize`` and TF1 graph code
-(``Session``, ``tf.compat.v1.train`` optimizers) are reported for a person instead.
+(``Session``, placeholders, ``tf.compat.v1.train`` optimizers, estimators) are reported for a person
+instead; other ``tf.compat.v1`` names (``logging``, ``flags``) are not graph mode.
 
 This module also holds ``training_facts``, the analysis of tapes, optimizer steps and training
 loops that ``shard_tf_dataset`` and ``broadcast_initial_state`` share.
@@ -40,8 +41,20 @@ from ..program.keras import keras_name, optimizer_class
 from ..program.syntax import code
 from ..program.training import BY_HAND_METHODS, Tape, training_facts
 
-_TF1_PREFIXES = ("tensorflow.compat.v1.", "tensorflow.estimator.")
-_TF1_NAMES = ("tensorflow.Session", "tensorflow.train.MonitoredTrainingSession")
+#: What TF1 graph-mode *training* calls (``tf.compat.v1.logging``, ``flags``, ``app`` are not it).
+_TF1_PREFIXES = (
+    "tensorflow.estimator.", "tensorflow.compat.v1.estimator.", "tensorflow.compat.v1.train.",
+    "tensorflow.compat.v1.layers.",
+)
+_TF1_NAMES = (
+    "tensorflow.Session", "tensorflow.InteractiveSession", "tensorflow.placeholder",
+    "tensorflow.train.MonitoredTrainingSession", "tensorflow.global_variables_initializer",
+) + tuple(
+    f"tensorflow.compat.v1.{n}"
+    for n in ("Session", "InteractiveSession", "placeholder", "global_variables_initializer",
+              "disable_eager_execution", "disable_v2_behavior", "get_variable",
+              "variable_scope", "gradients")
+)
 
 
 def _tf1_markers(info: FileInfo) -> list[str]:

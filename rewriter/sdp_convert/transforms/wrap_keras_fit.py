@@ -60,6 +60,7 @@ from ..program.keras import (
     optimizer_from_string,
 )
 from ..program.ranks import is_rank0_test
+from ..program.sharding import fit_arrays
 from ..program.syntax import (
     add_keyword,
     arg_named,
@@ -201,8 +202,8 @@ class WrapKerasFit(Transform):
             self._hidden_arguments(original, kwargs)
         updated = self._callbacks(original, updated)
         updated = self._verbose(original, updated)
-        steps = arg_named(updated, "steps_per_epoch")
-        original_steps = arg_named(original, "steps_per_epoch")
+        steps = fit_arg(updated, "steps_per_epoch")
+        original_steps = fit_arg(original, "steps_per_epoch")
         if steps is not None and original_steps is not None and not mentions_size(
             self, original_steps.value
         ) and code(steps.value) != "None":
@@ -311,32 +312,25 @@ class WrapKerasFit(Transform):
         return replace_arg(updated, current, quiet)
 
     def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
-        x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
-        if x is None or y is None:
-            return  # a dataset (shard_tf_dataset) or nothing to shard
-        keywords = ["x", "y"]
-        if fit_arg(fit, "sample_weight") is not None:
-            keywords.append("sample_weight")
-        for keyword in keywords:
-            arg = fit_arg(fit, keyword)
+        status, arg = fit_arrays(self, fit)
+        if status == "container":
             assert arg is not None
-            if isinstance(arg.value, cst.Subscript) and mentions_size(self, arg.value):
-                return  # strided already
-            if isinstance(arg.value, cst.Call) and self.refers_to(
-                arg.value.func, f"{self.state.runtime_module}.shard"
-            ):
-                return  # sdp.shard(x) already
-            for value in reaching_values(index, arg.value, fit):
-                if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
-                    self.record(
-                        arg.value,
-                        f"fit input {code(arg.value)} is a {type(value).__name__.lower()} of "
-                        f"arrays: give each worker every {self.sdp}.size()-th sample from "
-                        f"{self.sdp}.rank() on (of each array), or use a tf.data dataset",
-                        manual=True,
-                    )
-                    return
-        self.arrays[fit] = keywords
+            value = next(
+                v for v in reaching_values(index, arg.value, fit)
+                if isinstance(v, (cst.List, cst.Tuple, cst.Dict))
+            )
+            self.record(
+                arg.value,
+                f"fit input {code(arg.value)} is a {type(value).__name__.lower()} of "
+                f"arrays: give each worker every {self.sdp}.size()-th sample from "
+                f"{self.sdp}.rank() on (of each array), or use a tf.data dataset",
+                manual=True,
+            )
+        elif status == "plain":
+            keywords = ["x", "y"]
+            if fit_arg(fit, "sample_weight") is not None:
+                keywords.append("sample_weight")
+            self.arrays[fit] = keywords
 
     # -- callbacks that write ---------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ optimizer gets, followed through variables, function arguments and factories
 ``self.<attr>``; with no optimizer in sight, a module whose output feeds ``loss.backward()``.
 Each such model (a GAN has two) is wrapped right after the last statement that creates, moves
 (``.to``, ``.cuda()``, ...) or freezes it before it is first trained, and before
-``torch.compile``; the optimizer keeps working on the same parameters either way.
+``torch.compile``; the optimizer keeps working on the same parameters either way. A model whose
+outputs are partly discarded (``validity, _, _ = D(x)``) gets ``find_unused_parameters=True``.
 ``nn.DataParallel`` is removed (one process per GPU) and the model wrapped instead. A model that
 is already wrapped (``sdp``'s or torch's DDP) is left alone.
 
@@ -61,22 +62,22 @@ from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
     DDP,
-    MODULE_API,
     SETUP_METHODS,
     arguments,
     branch_join,
+    discarded_outputs,
     freezes,
-    is_module_value_expr,
     is_plain_object,
     is_wrapper,
     model_creation,
     model_expression,
     models_from_backward,
     owner_class,
-    part_of_a_model,
     stepped_optimizers,
     trained_models,
+    untrained_models,
     used_inside,
+    user_methods_in_training,
 )
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.syntax import arg_named, code
@@ -330,7 +331,9 @@ class WrapModelDdp(Transform):
         anchor = max(candidates, key=order) if candidates else first
 
         self.add_runtime_import()
-        wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target})"
+        unused = discarded_outputs(self, model.target, model.scope) if model.owner is None else None
+        extra = ", find_unused_parameters=True" if unused is not None else ""
+        wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
         self.insert_after(anchor, cst.parse_statement(wrap + "\n"))
         compiled = any(
             is_wrapper(self, b.value, COMPILE) and order(b.stmt) > order(anchor)
@@ -339,7 +342,9 @@ class WrapModelDdp(Transform):
         self.record(
             anchor,
             f"wrap {model.target} in {self.sdp}.DistributedDataParallel"
-            + (" (before torch.compile)" if compiled else ""),
+            + (" (before torch.compile)" if compiled else "")
+            + (f" with find_unused_parameters=True: {code(unused)} discards some of its outputs"
+               if unused is not None else ""),
         )
         if model.creation.value is not None and any(
             isinstance(c, cst.Call) and self.refers_to(c.func, *COMPILE)
@@ -422,47 +427,25 @@ class WrapModelDdp(Transform):
     # -- notes --------------------------------------------------------------------------------
 
     def _note_method_calls(self, uses: list[cst.CSTNode]) -> None:
-        trains = {id(self.enclosing_function(c)) for c in self.method_calls("backward")}
-        for use in uses:
-            parent = self.parent(use)
-            call = self.parent(parent) if parent is not None else None
-            if (
-                isinstance(parent, cst.Attribute) and parent.value is use
-                and parent.attr.value not in MODULE_API
-                and isinstance(call, cst.Call) and call.func is parent
-                and id(self.enclosing_function(call)) in trains
-            ):
-                self.record(
-                    call,
-                    f"{code(parent)}(...) runs the wrapped module around DDP's forward: gradients "
-                    f"computed through it are not averaged; in the training step call "
-                    f"{code(use)}(...) instead",
-                    manual=True,
-                )
+        for call, method, use in user_methods_in_training(self, uses):
+            self.record(
+                call,
+                f"{code(method)}(...) runs the wrapped module around DDP's forward: gradients "
+                f"computed through it are not averaged; in the training step call "
+                f"{code(use)}(...) instead",
+                manual=True,
+            )
 
     def _note_untrained(self) -> None:
         """Models built and called here that no optimizer trains (evaluation, a teacher)."""
-        models = {(m_.target, id(m_.scope)) for m_ in self.models.values() if m_.owner is None}
-        for (scope_id, name), bindings in self.index.bindings.items():
-            if (name, scope_id) in models:
-                continue
-            for binding in bindings:
-                if binding.kind != "assign" or not is_module_value_expr(self, binding.value):
-                    continue
-                if part_of_a_model(self, name, binding.scope):
-                    break
-                called = any(
-                    isinstance(p := self.parent(load), cst.Call) and p.func is load
-                    for load in self.index.loads_of(name, binding.scope)
-                )
-                if called:
-                    self.record(
-                        binding.stmt,
-                        f"{name} is not trained here (no optimizer gets its parameters): left "
-                        f"unwrapped, each process runs its own copy",
-                        manual=True,
-                    )
-                break
+        trained = {(m_.target, id(m_.scope)) for m_ in self.models.values() if m_.owner is None}
+        for name, binding in untrained_models(self, self.index, trained):
+            self.record(
+                binding.stmt,
+                f"{name} is not trained here (no optimizer gets its parameters): left "
+                f"unwrapped, each process runs its own copy",
+                manual=True,
+            )
 
     # -- rewriting ----------------------------------------------------------------------------
 

@@ -51,6 +51,8 @@ from sdp_runtime.tensorflow.data import shard
 from sdp_runtime.tensorflow.optimizer import DistributedOptimizer
 from sdp_runtime.tensorflow.tape import DistributedGradientTape
 
+from .._order import rank0_first
+
 __all__ = [
     "Average",
     "Compression",
@@ -82,6 +84,7 @@ __all__ = [
     "overlap",
     "rank",
     "rank0_print",
+    "rank0_first",
     "shard",
     "shutdown",
     "size",

@@ -10,6 +10,7 @@ This package never imports TensorFlow.
 
 from __future__ import annotations
 
+from .._order import rank0_first
 from .._output import rank0_print
 from .._types import (
     AlreadyInitializedError,
@@ -110,6 +111,7 @@ __all__ = [
     "poll",
     "rank",
     "rank0_print",
+    "rank0_first",
     "shutdown",
     "size",
     "synchronize",

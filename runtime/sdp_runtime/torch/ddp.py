@@ -17,6 +17,10 @@
   module too (an EMA or best-model copy needs no process group).
 - Attributes the wrapper lacks are looked up on the wrapped module (``model.fc``,
   ``model.custom_method()``), as in the single-process script.
+- A module with no trainable parameter (a frozen encoder) is only called, as with one process
+  (torch's DDP refuses it); unfreezing it after the wrap raises at the next forward.
+- The first forward broadcasts rank 0's parameters and buffers once more, so a model changed
+  after it was wrapped (re-initialised, loaded on some ranks) still starts the same everywhere.
 """
 
 from __future__ import annotations
@@ -68,14 +72,18 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         else:
             device_ids = None
             kwargs.pop("output_device", None)
-        if _comm.alone():
+        frozen = not any(p.requires_grad for p in module.parameters())
+        if _comm.alone() or frozen:
             # One process (`python train.py`): nothing to average, so none of DDP's machinery
             # (its hooks and bucket copies cost 4-15% of a step of a 6 M parameter MLP on a
             # CPU). The wrapper calls the module; everything else below works the same.
+            # The same for a module with nothing to train (a frozen, pretrained encoder), which
+            # torch's DDP refuses outright.
             torch.nn.Module.__init__(self)
             self.module = module
             self.device_ids = device_ids
             self._sdp_alone = True
+            self._sdp_frozen = frozen and not _comm.alone()
         else:
             super().__init__(module, device_ids=device_ids,
                              bucket_cap_mb=25 if bucket_cap_mb is None else bucket_cap_mb,
@@ -86,13 +94,44 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
 
     @property
     def communicates(self) -> bool:
-        """False in a one-process job, where the wrapper only calls the module."""
+        """False in a one-process job, or for a module with no trainable parameter, where the
+        wrapper only calls the module."""
         return not self.__dict__.get("_sdp_alone", False)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if not self.communicates:
+            if self.__dict__.get("_sdp_frozen", False):
+                self._check_frozen()
             return self.module(*inputs, **kwargs)
+        if not self.__dict__.get("_sdp_synced", False):
+            self._sync_before_first_step()
         return super().forward(*inputs, **kwargs)
+
+    def _check_frozen(self) -> None:
+        """A module wrapped frozen averages no gradients: unfreezing it later must not train the
+        ranks apart silently."""
+        if not self.__dict__.get("_sdp_synced", False):
+            self._sync_before_first_step()
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.module.parameters()):
+            raise RuntimeError(
+                "sdp.DistributedDataParallel: this module had no trainable parameter when it was "
+                "wrapped, so its gradients are not averaged, and some now require gradients; "
+                "wrap it after unfreezing (or unfreeze it before wrapping)"
+            )
+
+    def _sync_before_first_step(self) -> None:
+        """Rank 0's parameters and buffers on every rank, once, at the first forward.
+
+        DDP broadcasts them when it wraps; a script that changes them afterwards on each rank
+        (``model.apply(init_fn)``, weights loaded on some ranks only) would otherwise train
+        ranks that silently differ. Horovod scripts call ``broadcast_parameters`` at the start
+        for the same reason. One fused broadcast, before anything is updated.
+        """
+        self.__dict__["_sdp_synced"] = True
+        with torch.no_grad():
+            tensors = [p.data for p in self.module.parameters()]
+            tensors += [b for b in self.module.buffers() if b is not None]
+            _comm.broadcast_(tensors, root_rank=0)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

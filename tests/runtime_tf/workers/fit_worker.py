@@ -124,6 +124,33 @@ def main(out_dir: Path) -> None:
     np.testing.assert_allclose(rates.rates, expected, rtol=1e-6)
     passed.append("warmup")
 
+    # Horovod's step schedule: x0.5 per epoch (staircase) in epochs 1-2, then a per-batch
+    # function of the fractional epoch from epoch 3 on; epoch 0 keeps the optimizer's own rate.
+    sched = make_model(seed=0)
+    sched.compile(optimizer=sdp.DistributedOptimizer(keras.optimizers.SGD(0.2)), loss="mse")
+    rates = LearningRates()
+    sched.fit(
+        x[rows],
+        y[rows],
+        batch_size=batch,
+        epochs=4,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            sdp.callbacks.LearningRateScheduleCallback(0.1, 0.5, start_epoch=1, end_epoch=3),
+            sdp.callbacks.LearningRateScheduleCallback(
+                0.1, lambda epoch: 1.0 / (1.0 + epoch), start_epoch=3, staircase=False
+            ),
+            rates,
+        ],
+    )
+    expected = (
+        [0.2] * steps + [0.05] * steps + [0.025] * steps
+        + [0.1 / (1.0 + 3 + b / steps) for b in range(steps)]
+    )
+    np.testing.assert_allclose(rates.rates, expected, rtol=1e-6)
+    passed.append("schedule")
+
     result = {
         "rank": r,
         "size": n,

@@ -3,11 +3,14 @@
 Besides the basics and collectives of :mod:`sdp_runtime.tensorflow`, it has the Keras
 ``DistributedOptimizer``, :func:`load_model`, :func:`prepare_train_function` (``fit`` under XLA)
 and the ``callbacks`` module
-(``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``).
+(``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``,
+``LearningRateScheduleCallback``), and Horovod's build queries (``nccl_built``, ``gloo_built``,
+``mpi_built``).
 """
 
 from __future__ import annotations
 
+from sdp_runtime._order import rank0_first
 from sdp_runtime.tensorflow import (
     Average,
     Compression,
@@ -21,10 +24,13 @@ from sdp_runtime.tensorflow import (
     broadcast,
     broadcast_object,
     broadcast_variables,
+    gloo_built,
     init,
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    nccl_built,
     rank,
     rank0_print,
     shard,
@@ -51,14 +57,18 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
+    "gloo_built",
     "init",
     "is_initialized",
     "load_model",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "nccl_built",
     "prepare_train_function",
     "rank",
     "rank0_print",
+    "rank0_first",
     "shard",
     "shutdown",
     "size",

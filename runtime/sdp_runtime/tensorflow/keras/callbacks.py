@@ -1,7 +1,9 @@
-"""Keras callbacks: start all ranks from the same state, average epoch logs, warm the lr up."""
+"""Keras callbacks: start all ranks from the same state, average epoch logs, warm the lr up and
+schedule it (Horovod's callbacks, for Keras 3)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -100,6 +102,87 @@ def _is_number(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return not isinstance(value, (str, bytes))
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` between two epochs (Horovod's).
+
+    Several of them with consecutive ``[start_epoch, end_epoch)`` ranges make a step schedule, as
+    in Horovod's ImageNet examples. With ``staircase`` the rate changes at the first batch of each
+    epoch (``epoch`` an integer); without, at every batch (``epoch`` fractional, which needs
+    ``steps_per_epoch``, taken from ``fit`` by default).
+
+    Arguments:
+        initial_lr: the rate the multiplier applies to, usually ``base_lr * size()``.
+        multiplier: a number (the rate is ``initial_lr * multiplier ** epoch``: exponential
+            decay) or a function of the epoch returning the factor.
+        start_epoch: first epoch of the range (inclusive).
+        end_epoch: last epoch of the range (exclusive); None: to the end of training.
+        staircase: change once per epoch (True) or at every batch (False).
+        momentum_correction: accepted for Horovod compatibility; a Keras 3 optimizer's momentum
+            is fixed when its training step is traced, so it is not corrected.
+        steps_per_epoch: batches per epoch; by default taken from ``model.fit``.
+
+    Example:
+        >>> lr = 0.01 * sdp.size()
+        >>> callbacks = [
+        ...     sdp.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=5),
+        ...     sdp.callbacks.LearningRateScheduleCallback(lr, 1.0, start_epoch=5, end_epoch=30),
+        ...     sdp.callbacks.LearningRateScheduleCallback(lr, 1e-1, start_epoch=30, end_epoch=60),
+        ... ]
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier: float | Callable[[float], float],
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("LearningRateScheduleCallback needs initial_lr")
+        self.initial_lr = float(initial_lr)
+        self.multiplier: Callable[[float], float] = (
+            multiplier if callable(multiplier) else (lambda epoch, m=float(multiplier): m**epoch)
+        )
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        prepare_train_function(self.model)
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(f"{type(self).__name__} needs steps_per_epoch")
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.current_epoch = epoch
+
+    def _adjust(self, epoch: float) -> None:
+        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.current_epoch < self.start_epoch or (
+            self.end_epoch is not None and self.current_epoch >= self.end_epoch
+        ):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust(self.current_epoch)
+        else:
+            assert self.steps_per_epoch
+            self._adjust(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = float(self.model.optimizer.learning_rate)
 
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):

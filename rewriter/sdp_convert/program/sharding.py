@@ -1,0 +1,372 @@
+"""Whether the data feeding training is split between the ranks: the one answer the learning-rate
+transforms need.
+
+Scaling the learning rate by N is right only when each of the N ranks trains on its own part of
+the data: N identical batches averaged give one batch's gradient, and a rate N times larger then
+steps N times too far. So the rate is scaled only where this module says the training data is
+(or, by the sharding transforms of this run, will be) sharded:
+
+* PyTorch: every ``DataLoader`` that feeds a training loop has a ``DistributedSampler`` already,
+  or ``shard_dataloader`` can give it one (``loader_problem`` is None), and there is at least one;
+* TensorFlow: every dataset a training loop or ``fit`` reads is sharded already or can be
+  (``shard_tf_dataset``'s rules), and every ``fit(x, y)`` on arrays can be strided
+  (``wrap_keras_fit``).
+
+Otherwise ``training_data`` says what was found instead (``DataSharding.kind``): ``"environment"``
+(reinforcement learning: the data comes from a gym environment), ``"input"`` (the optimizer trains
+a tensor, not a model: style transfer optimises an image), ``"full batch"`` (loops over
+``range`` that read the same tensors every step), ``"not found"`` (batches come from somewhere
+the converter does not follow) or ``"not sharded"`` (a loader or dataset it cannot split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+from .builders import runs_right_before
+from .datasets import DatasetTrace, _method, trace_dataset, training_dataset_uses
+from .flow import loader_sites
+from .index import file_index, reaching_values
+from .keras import fit_arg, generator_flow, keras_fit_calls
+from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
+from .models import PARAMETER_METHODS
+from .optimizers import optimizer_class, params_argument
+from .scopes import training_loops
+from .syntax import arg_named, is_none, is_simple_reference, mentions_size
+
+# DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
+_POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
+
+#: Libraries whose environments produce the data of reinforcement learning.
+ENVIRONMENTS = ("gym", "gymnasium", "pettingzoo", "dm_control", "procgen", "ale_py")
+
+#: ``tf.data`` operations after which a ``take``/``skip`` no longer selects the same samples on
+#: every worker.
+ORDERING = frozenset(
+    {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
+     "bucket_by_sequence_length", "window", "interleave", "flat_map", "prefetch", "cache"}
+)
+#: ``from_tensors`` makes ONE element (the whole tensors): sharded as it is, worker 0 would get it
+#: and the others nothing. These make several elements of it; the shard goes after the first one.
+SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
+SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
+
+
+@dataclass(frozen=True)
+class DataSharding:
+    """What feeds training in one file, and whether each rank gets its own part of it."""
+
+    sharded: bool
+    #: "sharded", "not sharded", "environment", "input", "full batch" or "not found".
+    kind: str
+    #: Where it was seen (an environment call, a training loop), for a report line.
+    node: cst.CSTNode | None = None
+
+
+# -- PyTorch loaders -------------------------------------------------------------------------------
+
+
+def loader_args(call: cst.Call) -> dict:
+    """Indices of DataLoader's arguments by parameter name, plus ``positional``."""
+    found: dict = {}
+    positional = [i for i, a in enumerate(call.args) if a.keyword is None and not a.star]
+    found["positional"] = positional
+    for name, position in _POSITIONS.items():
+        if position < len(positional):
+            found[name] = positional[position]
+    for i, arg in enumerate(call.args):
+        if arg.keyword is not None and arg.keyword.value in _POSITIONS:
+            found[arg.keyword.value] = i
+    return found
+
+
+def loader_arg(call: cst.Call, args: dict, name: str) -> cst.Arg | None:
+    index = args.get(name)
+    return call.args[index] if index is not None else None
+
+
+def has_distributed_sampler(t: Transform, call: cst.Call) -> bool:
+    sampler = loader_arg(call, loader_args(call), "sampler")
+    return sampler is not None and is_distributed_sampler(t, sampler.value)
+
+
+def loader_problem(t: Transform, call: cst.Call) -> str | None:
+    """Why a DistributedSampler cannot be added to this loader (None: it can, or it has one)."""
+    if has_distributed_sampler(t, call):
+        return None
+    args = loader_args(call)
+    sdp = t.sdp
+    if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
+        return "pass its arguments by keyword, then add a DistributedSampler"
+    sampler = loader_arg(call, args, "sampler")
+    if sampler is not None and not is_none(sampler.value):
+        return (
+            "it has its own sampler; make it yield only this rank's indices "
+            f"(e.g. indices[{sdp}.rank()::{sdp}.size()])"
+        )
+    if args.get("batch_sampler") is not None:
+        return (
+            "it has a batch_sampler; make it yield only this rank's batches "
+            f"(e.g. batches[{sdp}.rank()::{sdp}.size()])"
+        )
+    dataset = loader_arg(call, args, "dataset")
+    if dataset is None:
+        return "its dataset is not passed as an argument we can see"
+    if is_iterable_dataset(t, dataset.value):
+        return (
+            "its dataset is an IterableDataset (a stream), which a sampler cannot split; "
+            f"skip the items whose index % {sdp}.size() != {sdp}.rank() in its __iter__"
+        )
+    stmt = t.enclosing_statement(call)
+    if stmt is None or not runs_right_before(t, call, stmt):
+        return "put the DataLoader(...) call on a line of its own"
+    if args.get("shuffle") is None:
+        splats = [a for a in call.args if a.star == "**"]
+        if len(splats) > 1 or (
+            splats
+            and kwargs_literal(t, splats[0].value) is None
+            and not is_simple_reference(splats[0].value)
+        ):
+            return (
+                "its keyword arguments come from a ** expression that is not a name; pass "
+                "shuffle explicitly"
+            )
+    return None
+
+
+def training_loaders(t: Transform) -> list[cst.Call]:
+    """The DataLoader calls whose loaders a training loop iterates."""
+    loaders = t.calls_to(*LOADERS)
+    if not loaders:
+        return []
+    loops = training_loops(t)
+    return [c for c in loaders if any(s.loop in loops for s in loader_sites(t, c)[0])]
+
+
+# -- TensorFlow datasets and fit arrays -----------------------------------------------------------
+
+
+def is_evened(t: Transform, step: cst.CSTNode) -> bool:
+    """``.apply(sdp.shard)``: the runtime's shard."""
+    return (
+        _method(step) == "apply"
+        and isinstance(step, cst.Call)
+        and len(step.args) == 1
+        and t.refers_to(step.args[0].value, f"{t.state.runtime_module}.shard")
+    )
+
+
+def trace_shardable(t: Transform, trace: DatasetTrace) -> bool:
+    """Whether a traced training dataset is sharded already or ``shard_tf_dataset`` shards it."""
+    if trace.source is None or trace.problem is not None:
+        return False
+    chain = trace.chain
+    if any(is_evened(t, s) or _method(s) == "shard" for s in chain):
+        return True
+    if trace.source_name != SINGLE_ELEMENT:
+        return True
+    for step in chain:
+        method = _method(step)
+        if method in SPREADING:
+            return True
+        if method in ORDERING:
+            return False
+    return False
+
+
+#: ``ImageDataGenerator.flow(x, y, batch_size, shuffle, sample_weight, ...)``.
+_FLOW_POSITIONS = {"x": 0, "y": 1, "sample_weight": 4}
+
+
+def flow_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    return arg_named(call, name, _FLOW_POSITIONS.get(name))
+
+
+def fit_arrays(t: Transform, fit: cst.Call, flow: bool = False) -> tuple[str, cst.Arg | None]:
+    """``fit(x, y)`` on arrays (or ``ImageDataGenerator.flow(x, y)`` with ``flow``):
+    ``("none", None)`` (no y: a dataset), ``("sharded", None)`` (strided or ``sdp.shard``
+    already), ``("plain", None)`` (arrays ``wrap_keras_fit`` / ``port_fit_generator`` stride),
+    or ``("container", arg)`` (a list, tuple or dict of arrays they cannot)."""
+    get = flow_arg if flow else fit_arg
+    x, y = get(fit, "x"), get(fit, "y")
+    if x is None or y is None:
+        return "none", None
+    index = file_index(t)
+    keywords = ["x", "y"]
+    if get(fit, "sample_weight") is not None:
+        keywords.append("sample_weight")
+    for keyword in keywords:
+        arg = get(fit, keyword)
+        assert arg is not None
+        if isinstance(arg.value, cst.Subscript) and mentions_size(t, arg.value):
+            return "sharded", None
+        if isinstance(arg.value, cst.Call) and t.refers_to(
+            arg.value.func, f"{t.state.runtime_module}.shard"
+        ):
+            return "sharded", None
+        for value in reaching_values(index, arg.value, fit):
+            if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
+                return "container", arg
+    return "plain", None
+
+
+# -- the answer --------------------------------------------------------------------------------
+
+
+def enabled(t: Transform, name: str) -> bool:
+    """Whether the user left the transform ``name`` on: ``--skip`` turns it off. (``--only`` a
+    learning-rate transform asks for that step alone, over data the full run would shard.)"""
+    return name not in t.state.options.skip
+
+
+def environment_call(t: Transform) -> cst.Call | None:
+    """The first call into a reinforcement-learning environment library (``gym.make``)."""
+    found = [
+        call
+        for qname, calls in t.state.info.calls.items()
+        if qname.split(".", 1)[0] in ENVIRONMENTS
+        for call in calls
+    ]
+    return min(found, key=t._order) if found else None
+
+
+def training_data(t: Transform) -> DataSharding:
+    """Whether this file's training data is (or will be, in this run) split between the ranks."""
+    facts = t.state.facts
+    if facts.data_sharding is None:
+        facts.data_sharding = (
+            _torch(t) if t.state.info.framework == "torch" else _tensorflow(t)
+        )
+    return facts.data_sharding
+
+
+def optimised_input(t: Transform) -> cst.CSTNode | None:
+    """The tensor an optimizer trains when no optimizer trains a model's parameters
+    (``Adam([input_img])``: neural style transfer optimises an image)."""
+    found: cst.CSTNode | None = None
+    for call in t.calls_to("torch.optim", prefix=True):
+        if optimizer_class(t, call) is None:
+            continue
+        params = params_argument(call)
+        if params is None:
+            return None
+        if m.findall(params.value, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
+            return None
+        values = list(reaching_values(file_index(t), params.value))
+        literal = next((v for v in values if isinstance(v, (cst.List, cst.Tuple))), None)
+        if literal is None or not literal.elements or any(
+            not isinstance(e.value, cst.Name) for e in literal.elements
+        ):
+            return None
+        found = found or literal.elements[0].value
+    return found
+
+
+def _torch(t: Transform) -> DataSharding:
+    env = environment_call(t)
+    if env is not None:
+        return DataSharding(False, "environment", env)
+    tensor = optimised_input(t)
+    if tensor is not None:
+        return DataSharding(False, "input", tensor)
+    loaders = training_loaders(t)
+    if loaders:
+        will = enabled(t, "shard_dataloader")
+        for call in loaders:
+            if has_distributed_sampler(t, call):
+                continue
+            if not will or loader_problem(t, call) is not None:
+                return DataSharding(False, "not sharded", call)
+        return DataSharding(True, "sharded")
+    loops = [loop for loop in training_loops(t) if isinstance(loop, (cst.For, cst.While))]
+    return _without_source(t, loops)
+
+
+def _tensorflow(t: Transform) -> DataSharding:
+    env = environment_call(t)
+    if env is not None:
+        return DataSharding(False, "environment", env)
+    index = file_index(t)
+    found = False
+    empty: list[cst.CSTNode] = []
+    for where, candidates in training_dataset_uses(t):
+        if not candidates:
+            empty.append(where)
+            continue
+        traces = [trace_dataset(t, index, c.expr) for c in candidates]
+        usable = [trace for trace in traces if trace.source is not None]
+        if not usable or not trace_shardable(t, usable[0]):
+            return DataSharding(False, "not sharded", where)
+        if not enabled(t, "shard_tf_dataset") and not any(
+            is_evened(t, s) or _method(s) == "shard" for s in usable[0].chain
+        ):
+            return DataSharding(False, "not sharded", where)
+        found = True
+    for fit in keras_fit_calls(t):
+        flow = generator_flow(t, fit)
+        status, arg = fit_arrays(t, flow, flow=True) if flow is not None else fit_arrays(t, fit)
+        shards = "port_fit_generator" if flow is not None else "wrap_keras_fit"
+        if flow is not None and status == "none":
+            status = "container"  # flow(x) without labels: not followed
+        if status == "container" or (status == "plain" and not enabled(t, shards)):
+            return DataSharding(False, "not sharded", arg.value if arg is not None else fit)
+        found = found or status != "none"
+    if empty:
+        loops = [w for w in empty if isinstance(w, (cst.For, cst.While))]
+        if found:
+            return DataSharding(False, "not found", empty[0])
+        return _without_source(t, loops) if loops else DataSharding(False, "not found", empty[0])
+    return DataSharding(True, "sharded") if found else DataSharding(False, "not found")
+
+
+def _without_source(t: Transform, loops: list[cst.For | cst.While]) -> DataSharding:
+    """No loader or dataset feeds training: the same tensors every step (full batch), or batches
+    made in a way the converter does not follow."""
+    if not loops:
+        return DataSharding(False, "not found")
+    for loop in loops:
+        if isinstance(loop, cst.For) and not _counts(t, loop):
+            return DataSharding(False, "not found", loop)
+        if m.findall(loop.body, m.Call(func=m.Name("next"))):
+            return DataSharding(False, "not found", loop)
+        if any(_makes_random(t, call) for call in m.findall(loop.body, m.Call())):
+            return DataSharding(False, "not found", loop)  # synthetic data, drawn every step
+        target = loop.target if isinstance(loop, cst.For) else None
+        names = {n.value for n in m.findall(target, m.Name())} if target is not None else set()
+        for sub in m.findall(loop.body, m.Subscript()):
+            assert isinstance(sub, cst.Subscript)
+            read = {n.value for s in sub.slice for n in m.findall(s, m.Name())}
+            if read & names:
+                return DataSharding(False, "not found", loop)  # batches sliced by hand
+    return DataSharding(False, "full batch", loops[0])
+
+
+def _makes_random(t: Transform, call: cst.CSTNode) -> bool:
+    """``torch.randn(...)``, ``np.random.rand(...)``, ``tf.random.normal(...)``: new data."""
+    assert isinstance(call, cst.Call)
+    return any(
+        ".random." in q or q.split(".")[-1] in _RANDOM for q in t.qualified_names(call.func)
+    )
+
+
+_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "normal", "uniform"})
+
+
+def _counts(t: Transform, loop: cst.For) -> bool:
+    """``for i in range(...)`` / ``trange`` (possibly in ``enumerate``/``tqdm``): a counter."""
+    it = loop.iter
+    if (
+        isinstance(it, cst.Call)
+        and it.args
+        and isinstance(it.args[0].value, cst.Call)
+        and any(q.split(".")[-1] in ("enumerate", "tqdm") for q in t.qualified_names(it.func))
+    ):
+        it = it.args[0].value
+    return isinstance(it, cst.Call) and (
+        t.refers_to(it.func, "builtins.range")
+        or any(q.endswith(".trange") for q in t.qualified_names(it.func))
+    )

@@ -1,0 +1,116 @@
+"""Download datasets on each machine's local rank 0 first, the other ranks after it.
+
+Before::
+
+    train_set = datasets.MNIST("../data", train=True, download=True, transform=transform)
+    (x_train, y_train), _ = keras.datasets.mnist.load_data()
+
+After::
+
+    with sdp.rank0_first():
+        train_set = datasets.MNIST("../data", train=True, download=True, transform=transform)
+    with sdp.rank0_first():
+        (x_train, y_train), _ = keras.datasets.mnist.load_data()
+
+Why: every rank runs the script, so every rank would download and unpack the same files into the
+same directory at once: partial files read by another rank, archives unpacked twice over each
+other. ``sdp.rank0_first()`` lets each machine's local rank 0 run the statement first while the
+others wait; they then run it too and find the files in place (Accelerate's
+``main_process_first()``, Lightning's ``prepare_data``). Downloads are ``torchvision.datasets``
+classes with ``download=True`` (and their ``download_url``/``download_and_extract_archive``),
+``keras.datasets.*.load_data()``, ``keras.utils.get_file``, ``tfds.load``,
+``datasets.load_dataset`` and ``urllib.request.urlretrieve``. A statement inside a function runs
+when the function is called, after ``init()``; at module level of a module without an entry point
+it would run at import, before any ``init()``, so it is reported instead.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..base import Transform
+from ..program.builders import runs_right_before
+from ..program.keras import keras_name
+from ..program.syntax import arg_named, is_false
+
+#: Calls that download (qualified names; ``torchvision.datasets.`` classes need ``download=``).
+_DOWNLOADS = (
+    "tensorflow_datasets.load",
+    "datasets.load_dataset",
+    "urllib.request.urlretrieve",
+    "torchvision.datasets.utils.download_url",
+    "torchvision.datasets.utils.download_and_extract_archive",
+)
+
+
+class OrderDownloads(Transform):
+    DESCRIPTION = "Run dataset downloads on each machine's local rank 0 first (sdp.rank0_first())."
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        done: set[cst.CSTNode] = set()
+        for qname, calls in self.state.info.calls.items():
+            if not _downloads(qname):
+                continue
+            for call in calls:
+                if qname.startswith("torchvision.datasets.") and not qname.startswith(
+                    "torchvision.datasets.utils."
+                ):
+                    download = arg_named(call, "download")
+                    if download is None or is_false(download.value):
+                        continue
+                stmt = self.enclosing_statement(call)
+                if stmt is None or stmt in done:
+                    continue
+                done.add(stmt)
+                self._plan(call, stmt)
+
+    def _plan(self, call: cst.Call, stmt: cst.BaseStatement) -> None:
+        if self.is_rank0_guarded(call) or self._inside_rank0_first(stmt):
+            return
+        what = self.module.code_for_node(call.func)
+        if not isinstance(stmt, cst.SimpleStatementLine) or not runs_right_before(
+            self, call, stmt
+        ):
+            self.record(
+                call,
+                f"{what}(...) downloads on every rank at once: run it in `with "
+                f"{self.sdp}.rank0_first():` (local rank 0 first, the others after it)",
+                manual=True,
+            )
+            return
+        if self.enclosing_function(stmt) is None and not self.state.info.entry_point:
+            self.record(
+                call,
+                f"{what}(...) downloads at import, before sdp.init(): move it into a function, "
+                f"under `with {self.sdp}.rank0_first():`",
+                manual=True,
+            )
+            return
+        self.add_runtime_import()
+        self.run_rank0_first(stmt)
+        self.record(
+            call,
+            f"{what}(...) downloads on each machine's local rank 0 first, then on the other "
+            f"ranks, which find its files (with {self.sdp}.rank0_first())",
+        )
+
+    def _inside_rank0_first(self, stmt: cst.CSTNode) -> bool:
+        for parent in self.ancestors(stmt):
+            if isinstance(parent, cst.With) and any(
+                isinstance(item.item, cst.Call)
+                and self.refers_to(item.item.func, f"{self.state.runtime_module}.rank0_first")
+                for item in parent.items
+            ):
+                return True
+        return False
+
+
+def _downloads(qname: str) -> bool:
+    if qname in _DOWNLOADS or qname.startswith("torchvision.datasets."):
+        return True
+    name = keras_name(qname)
+    return name is not None and (
+        name == "keras.utils.get_file"
+        or (name.startswith("keras.datasets.") and name.endswith(".load_data"))
+    )

@@ -1,0 +1,133 @@
+"""Port ``fit_generator`` to ``fit`` (Keras 3 removed it), and shard ``ImageDataGenerator.flow``.
+
+Before::
+
+    datagen = ImageDataGenerator(width_shift_range=0.1, horizontal_flip=True)
+    model.fit_generator(datagen.flow(x_train, y_train, batch_size=32), 1000, epochs=10, workers=4)
+
+After::
+
+    datagen = ImageDataGenerator(width_shift_range=0.1, horizontal_flip=True)
+    model.fit(
+        datagen.flow(sdp.shard(x_train), sdp.shard(y_train), batch_size=32),
+        steps_per_epoch=1000, epochs=10,
+    )
+
+Why: Keras 3 has no ``fit_generator`` (``fit`` takes generators), so a script that calls it
+fails before training; as ``fit`` it gets everything ``wrap_keras_fit`` gives a fit (callbacks,
+``DistributedOptimizer``, rank-0 output and checkpoints, ``steps_per_epoch`` per worker). The
+arguments after the generator are written as keywords, since ``fit``'s positions differ
+(``fit_generator(gen, 1000)`` means ``steps_per_epoch=1000``, ``fit(gen, 1000)`` would be
+``y``); ``max_queue_size``, ``workers`` and ``use_multiprocessing`` are dropped (Keras 3's
+``fit`` refuses them; they belong to a ``PyDataset``). The arrays an ``ImageDataGenerator``
+flows into training are sharded with ``sdp.shard`` (every ``size()``-th sample from ``rank()`` on,
+padded to the same length on every worker), as ``fit(x, y)`` arrays are; a flow the converter
+cannot read (a list of arrays, no labels) is reported.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..base import Transform
+from ..program.keras import (
+    FIT_GENERATOR_PARAMETERS,
+    generator_flow,
+    is_fit_generator,
+    keras_fit_calls,
+)
+from ..program.sharding import fit_arrays, flow_arg
+from ..program.syntax import code, replace_arg
+
+#: ``fit_generator`` arguments Keras 3's ``fit`` does not take.
+_DROPPED = ("max_queue_size", "workers", "use_multiprocessing")
+
+
+class PortFitGenerator(Transform):
+    DESCRIPTION = "fit_generator -> fit (Keras 3); shard the arrays an ImageDataGenerator flows."
+    FRAMEWORKS = frozenset({"tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        self.ports: set[cst.Call] = set()
+        self.flows: dict[cst.Call, list[str]] = {}  # flow call -> keywords of arrays to shard
+        for fit in keras_fit_calls(self):
+            if is_fit_generator(fit):
+                self.ports.add(fit)
+            flow = generator_flow(self, fit)
+            if flow is None or flow in self.flows:
+                continue
+            status, arg = fit_arrays(self, flow, flow=True)
+            if status == "plain":
+                keywords = ["x", "y"]
+                if flow_arg(flow, "sample_weight") is not None:
+                    keywords.append("sample_weight")
+                self.flows[flow] = keywords
+                self.add_runtime_import()
+            elif status != "sharded":
+                self.record(
+                    arg.value if arg is not None else flow,
+                    f"training data from {code(flow.func)}(...) not sharded: give each worker "
+                    f"every {self.sdp}.size()-th sample from {self.sdp}.rank() on "
+                    f"({self.sdp}.shard(x) of each array), or use a tf.data dataset",
+                    manual=True,
+                )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.flows:
+            return self._shard(original_node, updated_node)
+        if original_node in self.ports:
+            return self._port(original_node, updated_node)
+        return updated_node
+
+    def _shard(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        keywords = self.flows[original]
+        for keyword in keywords:
+            arg = flow_arg(updated, keyword)
+            assert arg is not None
+            shard = cst.Call(
+                func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(arg.value)]
+            )
+            updated = replace_arg(updated, arg, shard)
+        names = ", ".join(code(a.value) for k in keywords if (a := flow_arg(original, k)))
+        self.record(
+            original,
+            f"{names}: each worker augments and trains on every {self.sdp}.size()-th sample from "
+            f"{self.sdp}.rank() on (sdp.shard: the same number on every worker; batch_size is per "
+            "worker)",
+        )
+        return updated
+
+    def _port(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        assert isinstance(updated.func, cst.Attribute)
+        args: list[cst.Arg] = []
+        dropped: list[str] = []
+        for i, arg in enumerate(updated.args):
+            name = arg.keyword.value if arg.keyword is not None else None
+            if name is None and not arg.star and 0 < i < len(FIT_GENERATOR_PARAMETERS):
+                name = FIT_GENERATOR_PARAMETERS[i]
+                arg = arg.with_changes(
+                    keyword=cst.Name(name),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""),
+                    ),
+                )
+            if name in _DROPPED:
+                dropped.append(f"{name}={code(arg.value)}")
+                continue
+            if name == "generator":
+                arg = arg.with_changes(keyword=cst.Name("x"))
+            args.append(arg)
+        if args and updated.args and args[-1].comma != updated.args[-1].comma:
+            args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
+        gone = (
+            f"; {', '.join(dropped)} dropped (Keras 3's fit takes none of them)" if dropped else ""
+        )
+        self.record(
+            original,
+            f"fit_generator(...) -> fit(...): Keras 3 removed fit_generator, and fit takes "
+            f"generators{gone}",
+        )
+        return updated.with_changes(
+            func=updated.func.with_changes(attr=cst.Name("fit")), args=args
+        )
