@@ -15,7 +15,11 @@ Accelerate and Lightning scripts already average gradients, shard data and start
 the same weights; adding sdp_runtime on top would do it twice. Such a file is left byte for byte
 as it is, but the report says why nothing happened, so that an unchanged file is never mistaken
 for one the converter did not understand. (Horovod and SMDDP scripts are migrated instead, by
-``migrate_horovod`` and ``migrate_smddp``.)
+``migrate_horovod`` and ``migrate_smddp``.) Keras 3's own data parallelism
+(``keras.distribution.DataParallel``) counts as distributed. A Keras script that picks the JAX or
+torch backend (``os.environ["KERAS_BACKEND"] = "jax"`` before ``import keras``,
+``keras.config.set_backend``) is left alone too, with a manual note: ``sdp_runtime.tensorflow``'s
+optimizer, tape and callbacks work on TensorFlow tensors only.
 """
 
 from __future__ import annotations
@@ -50,10 +54,14 @@ class NoteAlreadyDistributed(Transform):
 
     @classmethod
     def applies_to(cls, info: FileInfo) -> bool:
-        return info.origin == "distributed"
+        return info.origin == "distributed" or info.excluded.startswith("Keras on the")
 
     def prepare(self, module: cst.Module) -> None:
         info = self.state.info
+        if info.origin != "distributed":
+            # Keras on JAX or torch: the TF runtime's optimizer, tape and callbacks cannot serve it.
+            self.record(module, f"not converted: {info.reason}", manual=True)
+            return
         # (label, node that shows it), the reason analysis gave first.
         found: list[tuple[str, cst.CSTNode]] = []
         for qname, label in _CALLS.items():

@@ -47,7 +47,7 @@ from libcst.metadata import ScopeProvider
 
 from ..base import Transform
 from ..program.index import FileIndex, file_index
-from ..program.syntax import code, end_of_import_block, mentions
+from ..program.syntax import code, end_of_import_block, first_import_block_end, mentions
 
 _MEMORY_GROWTH = ("tensorflow.config.experimental.set_memory_growth",)
 _LIST_DEVICES = (
@@ -108,6 +108,15 @@ class PinTfGpus(Transform):
                 manual=True,
             )
             return
+        if tf is None and anchor is import_block and import_block is not first_import_block_end(
+            module
+        ):
+            # The imports run on past environment settings (``os.environ["KERAS_BACKEND"]``):
+            # TensorFlow is imported after them, with the runtime, not at the top.
+            tf = self._tensorflow_name(schedule=False)
+            if tf is None:
+                tf = "tf"
+                statements.append("import tensorflow as tf\n")
         tf = tf or self._tensorflow_name()
         gpus, gpu = self._free_name("gpus", anchor), self._free_name("gpu", anchor)
         config = module.config_for_parsing
@@ -340,13 +349,15 @@ class PinTfGpus(Transform):
         )
         return cst.parse_expression(f"{self.sdp}.local_rank()")
 
-    def _tensorflow_name(self) -> str:
+    def _tensorflow_name(self, schedule: bool = True) -> str | None:
         scope = self.get_metadata(ScopeProvider, self.module, None)
         for assignment in scope.assignments if scope is not None else ():
             if isinstance(getattr(assignment, "node", None), cst.Import) and any(
                 q.name == "tensorflow" for q in scope.get_qualified_names_for(assignment.name)
             ):
                 return assignment.name
+        if not schedule:
+            return None
         AddImportsVisitor.add_needed_import(self.context, "tensorflow", asname="tf")
         return "tf"
 
