@@ -102,6 +102,8 @@ class Facts:
     #: Models wrap_model_ddp wraps; None when it did not run on the file (its DataParallel notes
     #: are then flag_manual_steps's).
     wrapped_models: list[str] | None = None
+    #: Where the TensorFlow training data is sharded (``program.tfshards.TfShardPlan``).
+    tf_shards: object | None = None
     #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
     sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
 

@@ -13,9 +13,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .index import FileIndex
+from .index import FileIndex, file_index
 from .keras import keras_fit_calls, keras_name
-from .scopes import arguments_for, callers
+from .scopes import arguments_for, callers, param_for_arg
 from .syntax import arg_named, code
 from .training import training_facts
 
@@ -68,6 +68,9 @@ class DatasetTrace:
     #: The source is unpacked from a tuple (``(train, test), info = tfds.load(...)``).
     unpacked: bool = False
     problem: str | None = None
+    #: The functions the trace went into through their return, with the call it came from and
+    #: how many calls the function has (a helper that builds the training and the test data).
+    functions: list[tuple[cst.FunctionDef, cst.Call, int]] = field(default_factory=list)
 
     @property
     def chain(self) -> list[cst.CSTNode]:
@@ -120,7 +123,7 @@ def _walk(
         if isinstance(expr.func, cst.Name):
             binding = index.reaching(expr.func.value, expr)
             if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
-                _through_function(transform, index, binding.stmt, trace, depth)
+                _through_function(transform, index, binding.stmt, expr, trace, depth)
                 return
         trace.problem = f"built by {code(expr.func)}()"
         return
@@ -135,6 +138,9 @@ def _walk(
                 if isinstance(value, cst.Call) and _source_name(transform, value):
                     trace.source, trace.unpacked = value, True
                     trace.source_name = _source_name(transform, value)[0]  # type: ignore[index]
+                elif (element := _unpacked_element(binding.stmt, expr.value, value)) is not None:
+                    # train, test = ds.take(n), ds.skip(n)
+                    _walk(transform, index, element, binding.stmt, trace, depth + 1)
                 else:
                     returned = _returned_element(transform, index, binding.stmt, expr.value, value)
                     if returned is None:
@@ -192,6 +198,7 @@ def _through_function(
     transform: Transform,
     index: FileIndex,
     function: cst.FunctionDef,
+    call: cst.Call,
     trace: DatasetTrace,
     depth: int,
 ) -> None:
@@ -199,11 +206,10 @@ def _through_function(
     calls = callers(transform, function)
     if len(returns) != 1:
         trace.problem = f"{function.name.value}() has {len(returns)} return statements"
-    elif len(calls) > 1:
-        trace.problem = (
-            f"{function.name.value}() builds several datasets (it is called {len(calls)} times)"
-        )
     else:
+        # Called several times (the training and the test data): its parameters are this call's
+        # arguments; whoever places a shard inside it must see that it is shared.
+        trace.functions.append((function, call, len(calls)))
         value = returns[0].value
         assert value is not None
         _walk(transform, index, value, returns[0], trace, depth + 1)
@@ -217,6 +223,22 @@ def _through_parameter(
     trace: DatasetTrace,
     depth: int,
 ) -> None:
+    for entered, through, _ in trace.functions:
+        if entered is function:  # reached through this call's return: its argument
+            arg = next(
+                (
+                    a
+                    for a in through.args
+                    if (p := param_for_arg(function, through, a)) is not None
+                    and p.name.value == name
+                ),
+                None,
+            )
+            if arg is None:
+                trace.problem = f"parameter {name!r} of {function.name.value}() is not passed"
+                return
+            _walk(transform, index, arg.value, through, trace, depth + 1)
+            return
     passed = [
         (value, call)
         for value, call in arguments_for(transform, function, name)
@@ -281,9 +303,121 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
         uses.append((site.loops[0], candidates))
     for fit in keras_fit_calls(transform):
         x = arg_named(fit, "x", 0)
-        if x is not None and arg_named(fit, "y", 1) is None:
+        if x is not None and arg_named(fit, "y", 1) is None and not holds_arrays(
+            transform, x.value, fit
+        ):
             uses.append((fit, [Candidate(x.value)]))
     return uses
+
+
+# -- arrays (what ``fit(x)`` gets when it is not a dataset) ---------------------------------------
+
+#: Calls whose result is an array, a tensor or a table (of rows that ``sdp.shard`` can split).
+_ARRAY_PREFIXES = ("numpy.", "pandas.")
+_ARRAY_CALLS = frozenset(
+    {
+        "sklearn.model_selection.train_test_split",
+        "tensorflow.constant",
+        "tensorflow.convert_to_tensor",
+        "tensorflow.cast",
+        "tensorflow.reshape",
+        "tensorflow.concat",
+        "tensorflow.stack",
+        "tensorflow.expand_dims",
+        "tensorflow.image.resize",
+    }
+)
+#: Methods of an array that give an array of the same rows.
+_ARRAY_METHODS = frozenset(
+    {"astype", "reshape", "copy", "to_numpy", "numpy", "squeeze", "clip", "transpose"}
+)
+
+
+def holds_arrays(
+    transform: Transform, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+) -> bool:
+    """Whether ``expr`` (original) is an array, tensor or table, or a tuple, list or dict of them,
+    as far as its assignments show: ``np.random.rand(...)``, ``x_train`` unpacked from
+    ``keras.datasets.mnist.load_data()``, ``x / 255.0``, ``x[idx].astype("float32")``, ``(x1,
+    x2)``. A ``tf.data`` pipeline, a generator, a ``Sequence`` or anything the converter cannot
+    follow is not (``fit`` gets it whole; the dataset transforms look at it)."""
+    return _arrays(transform, file_index(transform), expr, at if at is not None else expr, 0)
+
+
+def _arrays(
+    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode, depth: int
+) -> bool:
+    if depth > 12:
+        return False
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        elements = [e.value for e in expr.elements if isinstance(e, cst.Element)]
+        return bool(elements) and len(elements) == len(expr.elements) and all(
+            _arrays(transform, index, e, at, depth + 1) for e in elements
+        )
+    if isinstance(expr, cst.Dict):
+        values = [e.value for e in expr.elements if isinstance(e, cst.DictElement)]
+        return bool(values) and len(values) == len(expr.elements) and all(
+            _arrays(transform, index, v, at, depth + 1) for v in values
+        )
+    if isinstance(expr, cst.Call):
+        names = transform.qualified_names(expr.func)
+        if any(q.startswith(_ARRAY_PREFIXES) or q in _ARRAY_CALLS for q in names):
+            return True
+        if any(
+            (k := keras_name(q)) is not None and k.startswith("keras.datasets.")
+            and k.endswith(".load_data")
+            for q in names
+        ):
+            return True
+        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _ARRAY_METHODS:
+            return _arrays(transform, index, expr.func.value, at, depth + 1)
+        return False
+    if isinstance(expr, cst.Subscript):
+        return _arrays(transform, index, expr.value, at, depth + 1)
+    if isinstance(expr, cst.BinaryOperation):
+        return _arrays(transform, index, expr.left, at, depth + 1) or _arrays(
+            transform, index, expr.right, at, depth + 1
+        )
+    if isinstance(expr, cst.UnaryOperation):
+        return _arrays(transform, index, expr.expression, at, depth + 1)
+    if isinstance(expr, cst.Name):
+        binding = index.reaching(expr.value, at)
+        if binding is None or binding.kind != "assign" or binding.value is None:
+            return False
+        value = binding.value
+        if binding.unpacked:
+            element = _unpacked_element(binding.stmt, expr.value, value)
+            if element is not None:
+                return _arrays(transform, index, element, binding.stmt, depth + 1)
+            # (x_train, y_train), _ = keras.datasets.mnist.load_data(), train_test_split(...)
+            return isinstance(value, cst.Call) and _arrays(
+                transform, index, value, binding.stmt, depth + 1
+            )
+        return _arrays(transform, index, value, binding.stmt, depth + 1)
+    if isinstance(expr, cst.Attribute):
+        found = index.attribute_bindings.get(code(expr), [])
+        if found and found[-1].value is not None and not found[-1].unpacked:
+            return _arrays(transform, index, found[-1].value, found[-1].stmt, depth + 1)
+    return False
+
+
+def _unpacked_element(
+    stmt: cst.CSTNode, name: str, value: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    """``x, y = x[idx], y[idx]``: the element of ``value`` that ``name`` gets."""
+    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0].target
+    if not (
+        isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List))
+    ):
+        return None
+    if len(target.elements) != len(value.elements):
+        return None
+    for t, v in zip(target.elements, value.elements, strict=True):
+        if isinstance(t.value, cst.Name) and t.value.value == name and isinstance(v, cst.Element):
+            return v.value
+    return None
 
 
 #: Sources whose length the converter cannot tell (a generator may never end).

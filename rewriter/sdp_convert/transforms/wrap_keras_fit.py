@@ -49,6 +49,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..base import Transform
+from ..program.datasets import holds_arrays
 from ..program.index import FileIndex, assigned_values, file_index
 from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
@@ -222,11 +223,17 @@ class WrapKerasFit(Transform):
         if self.arrays.get(original):
             names = ", ".join(code(fit_arg(original, k).value)  # type: ignore[union-attr]
                               for k in self.arrays[original])
+            split = ""
+            if fit_arg(original, "validation_split") is not None:
+                split = (
+                    "; validation_split takes its part of each worker's shard (the validation "
+                    "metrics are averaged across workers)"
+                )
             self.record(
                 original,
                 f"{names}: each worker trains on every {self.sdp}.size()-th sample from "
                 f"{self.sdp}.rank() on, padded like DistributedSampler so that every worker runs "
-                f"the same number of steps (batch_size is per worker)",
+                f"the same number of steps (batch_size is per worker){split}",
             )
         return updated
 
@@ -312,9 +319,11 @@ class WrapKerasFit(Transform):
 
     def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
-        if x is None or y is None:
-            return  # a dataset (shard_tf_dataset) or nothing to shard
-        keywords = ["x", "y"]
+        if x is None:
+            return
+        if y is None and not holds_arrays(self, x.value, fit):
+            return  # a dataset (shard_tf_dataset), a generator, or what the converter cannot see
+        keywords = ["x"] if y is None else ["x", "y"]
         if fit_arg(fit, "sample_weight") is not None:
             keywords.append("sample_weight")
         for keyword in keywords:
@@ -326,16 +335,6 @@ class WrapKerasFit(Transform):
                 arg.value.func, f"{self.state.runtime_module}.shard"
             ):
                 return  # sdp.shard(x) already
-            for value in assigned_values(index, arg.value, fit):
-                if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
-                    self.record(
-                        arg.value,
-                        f"fit input {code(arg.value)} is a {type(value).__name__.lower()} of "
-                        f"arrays: give each worker every {self.sdp}.size()-th sample from "
-                        f"{self.sdp}.rank() on (of each array), or use a tf.data dataset",
-                        manual=True,
-                    )
-                    return
         self.arrays[fit] = keywords
 
     # -- callbacks that write ---------------------------------------------------------------------
