@@ -283,8 +283,9 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
     optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
     uses: list[tuple[cst.CSTNode, list[Candidate]]] = []
     seen: set[int] = set()
-    for site in training_facts(transform).sites:
-        if id(site.loops[-1]) in seen:
+    facts = training_facts(transform)
+    for site in facts.sites:
+        if id(site.loops[-1]) in seen or in_keras_train_step(transform, site.loops[-1]):
             continue
         seen.add(id(site.loops[-1]))
         candidates: list[Candidate] = []
@@ -418,6 +419,15 @@ def _unpacked_element(
         if isinstance(t.value, cst.Name) and t.value.value == name and isinstance(v, cst.Element):
             return v.value
     return None
+
+
+def in_keras_train_step(transform: Transform, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is inside a Keras model's ``train_step`` override (that applies a tape's
+    gradients): Keras ``fit`` calls it once per batch, inside a traced graph. A loop there (a
+    GAN's discriminator steps) is no training loop of its own: ``fit`` feeds it, and
+    ``wrap_keras_fit``'s callbacks broadcast and average for it."""
+    steps = training_facts(transform).train_step_classes.values()
+    return any(step in transform.ancestors(node) for step in steps)
 
 
 #: Sources whose length the converter cannot tell (a generator may never end).

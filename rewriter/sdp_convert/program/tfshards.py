@@ -27,6 +27,9 @@ The rules (README, "What is sharded where"):
   arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``).
 * ``fit`` given arrays (``fit(x, y)``, or ``fit(x)`` alone, or tuples/dicts of arrays): split by
   ``wrap_keras_fit`` with ``sdp.shard``.
+* Arrays split between workers must be in the same order on every worker first: an unseeded
+  ``np.random.permutation`` behind them becomes rank 0's (``sdp.broadcast_object``); in-place
+  shuffles and ``train_test_split`` without ``random_state`` get a note.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from .datasets import (
 )
 from .index import FileIndex, file_index
 from .keras import fit_arg, keras_fit_calls
+from .permutations import unseeded_orders
 from .scopes import param_for_arg
 from .syntax import arg_named, code, mentions_size
 
@@ -98,6 +102,8 @@ class TfShardPlan:
     #: (node, message, manual)
     reports: list[tuple[cst.CSTNode, str, bool]] = field(default_factory=list)
     uses: list[TrainingData] = field(default_factory=list)
+    #: unseeded permutations behind split arrays: rank 0's is used on every worker
+    permutations: dict[cst.Call, str] = field(default_factory=dict)
     #: id(source) -> how it is sharded ("converter", "script" or None)
     sources: dict[int, str | None] = field(default_factory=dict)
 
@@ -145,10 +151,29 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
             continue
         trace = usable[0][1]
         plan.uses.append(TrainingData(where, planner.source(trace), trace, usable))
+    split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(transform):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
         if x is not None and (y is not None or holds_arrays(transform, x.value, fit)):
             plan.uses.append(TrainingData(fit, "converter"))  # wrap_keras_fit's sdp.shard
+            split += [a.value for k in ("x", "y", "sample_weight") if (a := fit_arg(fit, k))]
+    orders = unseeded_orders(transform, split)
+    broadcast = f"{transform.state.runtime_module}.broadcast_object"
+    plan.permutations = {
+        call: what
+        for call, what in orders.permutations.items()
+        if not (  # rank 0's already
+            isinstance(arg := transform.parent(call), cst.Arg)
+            and isinstance(outer := transform.parent(arg), cst.Call)
+            and transform.refers_to(outer.func, broadcast)
+        )
+    }
+    for node, what in orders.notes:
+        planner.note(
+            node,
+            f"{what}: their parts overlap; seed it (the same seed on every worker), or split the "
+            f"data before shuffling it",
+        )
     facts.tf_shards = plan
     return plan
 

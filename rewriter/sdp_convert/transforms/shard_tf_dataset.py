@@ -56,6 +56,7 @@ from ..program.datasets import (
 )
 from ..program.index import file_index
 from ..program.syntax import (
+    _EQUAL,
     code,
     counts_up,
     divided_by_size,
@@ -96,7 +97,7 @@ class ShardTfDataset(Transform):
         self.anchors, self.takes = plan.anchors, plan.takes
         for node, message, manual in plan.reports:
             self.record(node, message, manual=manual)
-        if plan.anchors or plan.arrays:
+        if plan.anchors or plan.arrays or plan.permutations:
             self.add_runtime_import()
         for use in plan.uses:
             if use.sharded_by != "converter" or use.trace is None:
@@ -320,6 +321,20 @@ class ShardTfDataset(Transform):
                 f"each worker does its part of the steps",
             )
             updated_node = replace_arg(updated_node, count, divided_by_size(count.value, self.sdp))
+        if original_node in self.plan.permutations:
+            self.record(
+                original_node,
+                f"{code(original_node)} -> {self.sdp}.broadcast_object(..., root_rank=0): the data "
+                f"split between workers comes from this random draw, which must be the same on "
+                f"every worker (rank 0's) for their parts not to overlap",
+            )
+            updated_node = cst.Call(  # type: ignore[assignment]
+                func=cst.parse_expression(f"{self.sdp}.broadcast_object"),
+                args=[
+                    cst.Arg(updated_node),
+                    cst.Arg(cst.Integer("0"), keyword=cst.Name("root_rank"), equal=_EQUAL),
+                ],
+            )
         if original_node in self.anchors:
             return self._shard(original_node, updated_node)
         return updated_node
