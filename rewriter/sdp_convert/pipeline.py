@@ -24,6 +24,7 @@ from .transforms import (
     scale_learning_rate,
     shard_dataloader,
     shard_tf_dataset,
+    sync_loop_exits,
     wrap_gradient_tape,
     wrap_keras_fit,
     wrap_model_ddp,
@@ -52,6 +53,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Edits only the jit_compile= argument of the tf.function around the step wrapped above.
     disable_step_xla.DisableStepXla,
     broadcast_initial_state.BroadcastInitialState,
+    # Edits only the tests of ``if``s that leave a training loop.
+    sync_loop_exits.SyncLoopExits,
     wrap_keras_fit.WrapKerasFit,
     # Last: rank-0 guards wrap statements the transforms above may have edited, and the manual
     # notes describe what is left once everything else is converted.
