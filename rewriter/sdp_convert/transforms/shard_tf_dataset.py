@@ -342,29 +342,21 @@ class ShardTfDataset(Transform):
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         if original_node in self.anchors:
             return self._shard(original_node, updated_node)
-        return self._split_argument(original_node, updated_node)
+        return updated_node
 
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
-    ) -> cst.BaseExpression:
-        return self._split_argument(original_node, updated_node)
-
-    def leave_Subscript(
-        self, original_node: cst.Subscript, updated_node: cst.Subscript
-    ) -> cst.BaseExpression:
-        return self._split_argument(original_node, updated_node)
-
-    def _split_argument(
-        self, original: cst.CSTNode, updated: cst.BaseExpression
-    ) -> cst.BaseExpression:
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         """An array handed to a helper that builds the training and the test datasets."""
-        helper = self.plan.arrays.get(original)
+        helper = self.plan.arrays.get(original_node.value)
         if helper is None:
-            return updated
+            return updated_node
+        array = code(original_node.value)
         self.record(
-            original,
-            f"{code(original)} -> {self.sdp}.shard({code(original)}): {helper}() builds the "
-            f"training data from it (and the evaluation data from other arrays), so each worker "
-            f"gets every {self.sdp}.size()-th sample of it",
+            original_node.value,
+            f"{array} -> {self.sdp}.shard({array}): {helper}() builds the training data from it "
+            f"(and the evaluation data from other arrays), so each worker gets every "
+            f"{self.sdp}.size()-th sample of it",
         )
-        return cst.Call(func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(updated)])
+        split = cst.Call(
+            func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(updated_node.value)]
+        )
+        return updated_node.with_changes(value=split)
