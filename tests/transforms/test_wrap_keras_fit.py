@@ -524,3 +524,20 @@ def test_fit_with_something_that_is_not_an_array_is_not_split_here():
         "model.fit(train_ds, epochs=3, verbose=0, callbacks=[])\n"
     )
     assert "sdp.shard" not in out
+
+
+def test_a_keras_sequence_of_the_script_is_split_by_batches():
+    out, result = convert(
+        "class Batches(tf.keras.utils.Sequence):\n"
+        "    def __len__(self):\n        return 10\n"
+        "    def __getitem__(self, i):\n        return xs[i], ys[i]\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "train = Batches()\n"
+        "model.fit(train, epochs=3, verbose=0, callbacks=[])\n"
+    )
+    assert out.splitlines()[-1].startswith("model.fit(sdp.shard(train), epochs=3,")
+    assert (
+        12,
+        "train: each worker reads every sdp.size()-th batch of the Sequence from sdp.rank() on, "
+        "padded so that every worker runs the same number of steps",
+    ) in changes(result)

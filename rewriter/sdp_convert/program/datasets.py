@@ -304,8 +304,11 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
         uses.append((site.loops[0], candidates))
     for fit in keras_fit_calls(transform):
         x = arg_named(fit, "x", 0)
-        if x is not None and arg_named(fit, "y", 1) is None and not holds_arrays(
-            transform, x.value, fit
+        if (
+            x is not None
+            and arg_named(fit, "y", 1) is None
+            and not holds_arrays(transform, x.value, fit)
+            and keras_sequence(transform, x.value, fit) is None
         ):
             uses.append((fit, [Candidate(x.value)]))
     return uses
@@ -400,6 +403,37 @@ def _arrays(
         if found and found[-1].value is not None and not found[-1].unpacked:
             return _arrays(transform, index, found[-1].value, found[-1].stmt, depth + 1)
     return False
+
+
+_SEQUENCES = frozenset({"keras.utils.Sequence", "keras.utils.PyDataset"})
+
+
+def keras_sequence(
+    transform: Transform, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+) -> cst.ClassDef | None:
+    """The class of this file, a ``keras.utils.Sequence``/``PyDataset``, that ``expr`` (original)
+    is an instance of (``train_gen = DataGenerator(files, batch_size=32)``), or None."""
+    index = file_index(transform)
+    value: cst.BaseExpression | None = expr
+    where: cst.CSTNode = at if at is not None else expr
+    for _ in range(4):
+        if isinstance(value, cst.Name):
+            binding = index.reaching(value.value, where)
+            if binding is None or binding.kind != "assign" or binding.unpacked:
+                return None
+            value, where = binding.value, binding.stmt
+            continue
+        break
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return None
+    binding = index.reaching(value.func.value, value)
+    cls = binding.stmt if binding is not None else None
+    if not isinstance(cls, cst.ClassDef):
+        return None
+    for base in cls.bases:
+        if any(keras_name(q) in _SEQUENCES for q in transform.qualified_names(base.value)):
+            return cls
+    return None
 
 
 def _unpacked_element(

@@ -25,7 +25,8 @@ The rules (README, "What is sharded where"):
 * A helper that builds the training and the test datasets from its arguments
   (``make_dataset(x_train, y_train)``, ``make_dataset(x_test, y_test)``): the training call's
   arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``).
-* ``fit`` given arrays (``fit(x, y)``, or ``fit(x)`` alone, or tuples/dicts of arrays): split by
+* ``fit`` given arrays (``fit(x, y)``, or ``fit(x)`` alone, or tuples/dicts of arrays) or a
+  ``keras.utils.Sequence``/``PyDataset`` of the script's (every ``size()``-th batch): split by
   ``wrap_keras_fit`` with ``sdp.shard``.
 * Arrays split between workers must be in the same order on every worker first: an unseeded
   ``np.random.permutation`` behind them becomes rank 0's (``sdp.broadcast_object``); in-place
@@ -37,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..base import Transform
 from .datasets import (
@@ -45,6 +47,7 @@ from .datasets import (
     _method,
     _short,
     holds_arrays,
+    keras_sequence,
     trace_dataset,
     training_dataset_uses,
 )
@@ -154,9 +157,16 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(transform):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
-        if x is not None and (y is not None or holds_arrays(transform, x.value, fit)):
-            plan.uses.append(TrainingData(fit, "converter"))  # wrap_keras_fit's sdp.shard
-            split += [a.value for k in ("x", "y", "sample_weight") if (a := fit_arg(fit, k))]
+        inputs = fit_inputs_to_split(transform, fit)
+        if x is None or (inputs is None and not _split_already(transform, x)):
+            continue
+        # Split by wrap_keras_fit's sdp.shard, or by the script already.
+        plan.uses.append(TrainingData(fit, "converter" if inputs else "script"))
+        sequence = keras_sequence(transform, x.value, fit) if y is None else None
+        if sequence is not None:
+            planner.sequence_order(sequence)
+        elif inputs is not None:
+            split += [a.value for k in inputs[0] if (a := fit_arg(fit, k))]
     orders = unseeded_orders(transform, split)
     broadcast = f"{transform.state.runtime_module}.broadcast_object"
     plan.permutations = {
@@ -176,6 +186,37 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
         )
     facts.tf_shards = plan
     return plan
+
+
+def fit_inputs_to_split(transform: Transform, fit: cst.Call) -> tuple[list[str], bool] | None:
+    """What ``wrap_keras_fit`` splits with ``sdp.shard`` in this ``fit`` call: the keywords of the
+    arguments (``x``, ``y``, ``sample_weight``), and whether ``x`` is a Keras ``Sequence`` of the
+    script's. None when ``fit`` gets a dataset, a generator, what the converter cannot follow, or
+    arrays the script splits already."""
+    x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
+    if x is None:
+        return None
+    if y is None and keras_sequence(transform, x.value, fit) is not None:
+        return None if _split_already(transform, x) else (["x"], True)
+    if y is None and not holds_arrays(transform, x.value, fit):
+        return None
+    keywords = ["x"] if y is None else ["x", "y"]
+    if fit_arg(fit, "sample_weight") is not None:
+        keywords.append("sample_weight")
+    for keyword in keywords:
+        arg = fit_arg(fit, keyword)
+        if arg is None or _split_already(transform, arg):
+            return None
+    return keywords, False
+
+
+def _split_already(transform: Transform, arg: cst.Arg) -> bool:
+    """``x[sdp.rank()::sdp.size()]`` or ``sdp.shard(x)``."""
+    if isinstance(arg.value, cst.Subscript) and mentions_size(transform, arg.value):
+        return True
+    return isinstance(arg.value, cst.Call) and transform.refers_to(
+        arg.value.func, f"{transform.state.runtime_module}.shard"
+    )
 
 
 class _Planner:
@@ -473,6 +514,20 @@ class _Planner:
                 return None
             found.append(arg.value)
         return found
+
+    def sequence_order(self, cls: cst.ClassDef) -> None:
+        """A Sequence that shuffles its indices without a seed: the workers' batches overlap."""
+        for call in m.findall(cls, m.Call()):
+            assert isinstance(call, cst.Call)
+            if self.t.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
+                                "random.shuffle"):
+                self.note(
+                    call,
+                    f"{cls.name.value} reorders its batches without a seed, differently on each "
+                    f"worker, so the workers' batches overlap: seed it the same on every worker "
+                    f"(e.g. np.random.default_rng(seed + epoch))",
+                )
+                return
 
     # -- reports -------------------------------------------------------------------------------
 

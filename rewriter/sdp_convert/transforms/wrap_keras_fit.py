@@ -49,7 +49,6 @@ from __future__ import annotations
 import libcst as cst
 
 from ..base import Transform
-from ..program.datasets import holds_arrays
 from ..program.index import FileIndex, assigned_values, file_index
 from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
@@ -74,6 +73,7 @@ from ..program.syntax import (
     replace_arg,
     sum_operand,
 )
+from ..program.tfshards import fit_inputs_to_split
 from ..program.training import training_facts
 
 #: Callbacks that write files or talk to the outside: rank 0 only.
@@ -96,6 +96,7 @@ class WrapKerasFit(Transform):
         self.fits: set[cst.Call] = set()
         self.split_lists: set[cst.List] = set()
         self.arrays: dict[cst.Call, list[str]] = {}  # fit -> keywords of the arrays to stride
+        self.sequences: set[cst.Call] = set()  # fits given a keras Sequence of the script's
         if not self.state.info.uses_fit and not any(
             is_keras_compile(self, c) for c in self.method_calls("compile")
         ):
@@ -220,7 +221,14 @@ class WrapKerasFit(Transform):
                 func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(arg.value)]
             )
             updated = replace_arg(updated, arg, shard)
-        if self.arrays.get(original):
+        if original in self.sequences:
+            self.record(
+                original,
+                f"{code(fit_arg(original, 'x').value)}: each worker reads every "  # type: ignore[union-attr]
+                f"{self.sdp}.size()-th batch of the Sequence from {self.sdp}.rank() on, padded so "
+                f"that every worker runs the same number of steps",
+            )
+        elif self.arrays.get(original):
             names = ", ".join(code(fit_arg(original, k).value)  # type: ignore[union-attr]
                               for k in self.arrays[original])
             split = ""
@@ -318,24 +326,11 @@ class WrapKerasFit(Transform):
         return replace_arg(updated, current, quiet)
 
     def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
-        x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
-        if x is None:
-            return
-        if y is None and not holds_arrays(self, x.value, fit):
-            return  # a dataset (shard_tf_dataset), a generator, or what the converter cannot see
-        keywords = ["x"] if y is None else ["x", "y"]
-        if fit_arg(fit, "sample_weight") is not None:
-            keywords.append("sample_weight")
-        for keyword in keywords:
-            arg = fit_arg(fit, keyword)
-            assert arg is not None
-            if isinstance(arg.value, cst.Subscript) and mentions_size(self, arg.value):
-                return  # strided already
-            if isinstance(arg.value, cst.Call) and self.refers_to(
-                arg.value.func, f"{self.state.runtime_module}.shard"
-            ):
-                return  # sdp.shard(x) already
-        self.arrays[fit] = keywords
+        split = fit_inputs_to_split(self, fit)
+        if split is not None:
+            self.arrays[fit], sequence = split
+            if sequence:
+                self.sequences.add(fit)
 
     # -- callbacks that write ---------------------------------------------------------------------
 
