@@ -537,7 +537,7 @@ def test_a_keras_sequence_of_the_script_is_split_by_batches():
     )
     assert out.splitlines()[-1].startswith("model.fit(sdp.shard(train), epochs=3,")
     assert (
-        12,
+        11,
         "train: each worker reads every sdp.size()-th batch of the Sequence from sdp.rank() on, "
         "padded so that every worker runs the same number of steps",
     ) in changes(result)
