@@ -331,10 +331,6 @@ _ARRAY_CALLS = frozenset(
         "tensorflow.image.resize",
     }
 )
-#: Methods of an array that give an array of the same rows.
-_ARRAY_METHODS = frozenset(
-    {"astype", "reshape", "copy", "to_numpy", "numpy", "squeeze", "clip", "transpose"}
-)
 
 
 def holds_arrays(
@@ -373,7 +369,8 @@ def _arrays(
             for q in names
         ):
             return True
-        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _ARRAY_METHODS:
+        if isinstance(expr.func, cst.Attribute):
+            # x.astype(...), rng.normal(...) of rng = np.random.RandomState(0), df.to_numpy()
             return _arrays(transform, index, expr.func.value, at, depth + 1)
         return False
     if isinstance(expr, cst.Subscript):
