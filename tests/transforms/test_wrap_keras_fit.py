@@ -541,3 +541,19 @@ def test_a_keras_sequence_of_the_script_is_split_by_batches():
         "train: each worker reads every sdp.size()-th batch of the Sequence from sdp.rank() on, "
         "padded so that every worker runs the same number of steps",
     ) in changes(result)
+
+
+def test_early_stopping_sees_averaged_metrics():
+    # MetricAverageCallback runs before the script's callbacks, however the list is built, so
+    # EarlyStopping and ReduceLROnPlateau decide on the same (averaged) numbers on every worker.
+    out, _ = convert(
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "stop = [tf.keras.callbacks.EarlyStopping(patience=2)]\n"
+        "stop.append(tf.keras.callbacks.ReduceLROnPlateau())\n"
+        "model.fit(x, y, callbacks=stop, verbose=0)\n"
+        "model.fit(x, y, callbacks=[tf.keras.callbacks.EarlyStopping(patience=2)], verbose=0)\n"
+    )
+    for line in out.splitlines()[-2:]:
+        average = line.index("sdp.keras.callbacks.MetricAverageCallback()")
+        stopping = line.index("EarlyStopping") if "EarlyStopping" in line else line.index("stop")
+        assert average < stopping

@@ -36,6 +36,7 @@ With one process ``shard`` returns its argument unchanged.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -127,12 +128,10 @@ def _take_rows(data: Any, rows: np.ndarray) -> Any:
 
 
 def _is_keras_sequence(data: Any) -> bool:
+    # Only modules imported already: an object of a class of theirs exists only then.
     bases = []
     for module in ("keras", "tf_keras"):
-        try:
-            utils = __import__(module).utils
-        except ImportError:
-            continue
+        utils = getattr(sys.modules.get(module), "utils", None)
         bases += [b for b in (getattr(utils, "PyDataset", None), getattr(utils, "Sequence", None))
                   if isinstance(b, type)]
     return bool(bases) and isinstance(data, tuple(bases))
