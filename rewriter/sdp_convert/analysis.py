@@ -482,9 +482,9 @@ def keras_backend(module: cst.Module, called: Mapping[str, list[cst.Call]]) -> s
     for name in _BACKEND_SETTERS:
         for call in called.get(name, ()):
             if call.args and isinstance(call.args[0].value, cst.SimpleString):
-                value = call.args[0].value.evaluated_value
-                if isinstance(value, str):
-                    return value
+                chosen = call.args[0].value.evaluated_value
+                if isinstance(chosen, str):
+                    return chosen
     for stmt in module.body:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue

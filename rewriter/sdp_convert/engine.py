@@ -190,7 +190,7 @@ def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:
 def _runtime_imports(module: cst.Module, runtime_module: str) -> list[cst.BaseStatement]:
     """Top-level imports of the runtime after the leading imports (``add_runtime_init`` puts its
     import after the script's environment settings): the runtime is imported already."""
-    found = []
+    found: list[cst.BaseStatement] = []
     for stmt in module.body:
         if isinstance(stmt, cst.SimpleStatementLine) and any(
             isinstance(small, cst.Import)

@@ -136,8 +136,8 @@ def data_sharded_for(transform: Transform, node: cst.CSTNode) -> bool | None:
 def plan_tf_shards(transform: Transform) -> TfShardPlan:
     """The file's plan, computed once."""
     facts = transform.state.facts
-    if facts.tf_shards is not None:
-        return facts.tf_shards  # type: ignore[no-any-return]
+    if isinstance(facts.tf_shards, TfShardPlan):
+        return facts.tf_shards
     planner = _Planner(transform)
     plan = planner.plan
     for where, candidates in training_dataset_uses(transform):
