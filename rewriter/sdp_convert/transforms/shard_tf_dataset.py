@@ -38,10 +38,13 @@ sharded dataset itself (``len(ds)``, ``ds.cardinality()``), a new iterator on ev
 Only the *training* dataset is sharded: the one iterated by the loop that applies the gradients
 (followed through ``enumerate``, ``iter``/``next``, variables, step-by-step reassignment, helper
 functions and parameters) and the one given to Keras ``fit``. Validation data is left alone so that
-every worker evaluates the same data. Sources that batch or shuffle by themselves
+every worker evaluates the same data. Sources that shuffle by themselves without a seed
 (``image_dataset_from_directory``, ``make_csv_dataset``, ``list_files`` without ``shuffle=False``,
 ``tfds.load(shuffle_files=True)``) are reported: their order differs between workers, so their
-shards would overlap.
+shards would overlap; Keras utilities that batch in a fixed order are sharded by whole batches.
+Where the plan goes (after a ``take``/``skip`` split or an ``adapt``, each input of a ``zip``, the
+arrays handed to a helper, unseeded draws made rank 0's) is ``program.tfshards``'s decision; this
+transform writes it and divides the step counts.
 """
 
 from __future__ import annotations

@@ -40,8 +40,11 @@ Why, step by step:
   ``sdp.rank()`` on, the samples padded (like ``DistributedSampler``) to a multiple of the number of
   workers so that every worker runs the same number of steps (a worker with one batch more would
   wait for the others at the end of each epoch). ``batch_size`` stays the per-worker batch, and
-  without shuffling one step of N workers sees exactly the samples of one step of batch N*B; inputs
-  given as a list or dict of arrays are reported instead.
+  without shuffling one step of N workers sees exactly the samples of one step of batch N*B. The
+  same goes for ``fit(x)`` without labels (VAEs, GANs with their own ``train_step``), for inputs
+  given as a tuple, list or dict of arrays, and for ``sample_weight``; a ``keras.utils.Sequence``
+  of the script's is split by batches (every ``size()``-th). What counts as arrays is
+  ``program.tfshards.fit_inputs_to_split``'s answer.
 """
 
 from __future__ import annotations
