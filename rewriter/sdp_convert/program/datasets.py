@@ -309,6 +309,10 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
             and arg_named(fit, "y", 1) is None
             and not holds_arrays(transform, x.value, fit)
             and keras_sequence(transform, x.value, fit) is None
+            and not (  # sdp.shard(x): split already
+                isinstance(x.value, cst.Call)
+                and transform.refers_to(x.value.func, f"{transform.state.runtime_module}.shard")
+            )
         ):
             uses.append((fit, [Candidate(x.value)]))
     return uses

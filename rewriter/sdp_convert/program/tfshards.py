@@ -479,8 +479,11 @@ class _Planner:
             )
             return None
         assert arrays is not None
+        if all(_split_already(self.t, cst.Arg(a)) for a in arrays):
+            return "script"  # make(sdp.shard(x), sdp.shard(y)) already
         for arg in arrays:
-            self.plan.arrays[arg] = name
+            if not _split_already(self.t, cst.Arg(arg)):
+                self.plan.arrays[arg] = name
         return "converter"
 
     def _source_arguments(
@@ -510,7 +513,9 @@ class _Planner:
                  and p.name.value == part.value),
                 None,
             )
-            if arg is None or not holds_arrays(self.t, arg.value, call):
+            if arg is None or not (
+                holds_arrays(self.t, arg.value, call) or _split_already(self.t, arg)
+            ):
                 return None
             found.append(arg.value)
         return found
