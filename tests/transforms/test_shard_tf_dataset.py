@@ -747,3 +747,22 @@ def test_a_loop_inside_a_keras_train_step_is_no_training_loop_of_its_own():
         "        return {'loss': loss}\n"
     )
     assert reported(result, ONLY, manual=True) == []
+
+
+def test_converted_fixtures_of_issue_22_have_nothing_left_to_say():
+    # The engine's fixed-point check runs the transforms over their own output: what they wrote
+    # (sdp.shard(x) for a helper or fit, .apply(sdp.shard), broadcast_object) is recognised.
+    from pathlib import Path
+
+    from sdp_convert.base import Options
+    from sdp_convert.engine import convert as convert_source
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    for case in ("keras/gan_fit_images", "tensorflow/zip_two_pipelines", "keras/split_take_skip",
+                 "keras/permuted_arrays", "keras/dataset_helper", "keras/sequence_batches",
+                 "keras/timeseries_utility", "tensorflow/early_stop_loop",
+                 "keras/environment_first", "keras/normalization_adapt_split"):
+        converted = (fixtures / case / "expected.py").read_text()
+        result = convert_source(converted, Options(recheck=True))
+        assert result.output.decode() == converted, case
+        assert result.changes == [], (case, result.changes)
