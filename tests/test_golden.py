@@ -110,6 +110,8 @@ _SHARDED_HERE = re.compile(
     r"|\[shard_tf_dataset\] training data from .*\.apply\(sdp\.shard\)"
     r"|\[wrap_keras_fit\] .*each worker trains on every sdp\.size\(\)-th sample"
     r"|\[port_fit_generator\] .*each worker augments and trains on every sdp\.size\(\)-th"
+    r"|\[shard_tf_dataset\] \S+ -> sdp\.shard\(.*each worker gets every sdp\.size\(\)-th sample"
+    r"|\[wrap_keras_fit\] .*each worker reads every sdp\.size\(\)-th batch"
 )
 #: Data the script splits between the ranks itself.
 _SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")

@@ -188,6 +188,8 @@ class FileInfo:
             return "already uses sdp_runtime"
         if self.origin in ("horovod", "smddp"):
             return f"{self.origin} ({self.framework})"
+        if self.excluded.startswith("Keras on the"):
+            return f"not converted ({self.excluded})"
         if self.excluded:
             return f"not a training script ({self.excluded})"
         if not self.training:
@@ -518,6 +520,13 @@ def detect(
         )
         if strategies:
             info.origin, info.reason = "distributed", strategies[0].replace("tensorflow", "tf")
+    if info.origin == "vanilla":
+        # Keras 3's own data parallelism (keras.distribution.DataParallel, set_distribution).
+        keras_distribution = sorted(c for c in called if ".distribution." in c and any(
+            c.startswith(p + "distribution.") for p in _KERAS_PREFIXES
+        ))
+        if keras_distribution:
+            info.origin, info.reason = "distributed", "keras.distribution"
     if info.origin == "vanilla" and _imports_under(imports, "sdp_runtime"):
         info.origin, info.reason = "sdp", "sdp_runtime"
     if info.origin == "vanilla":
@@ -553,6 +562,16 @@ def detect(
     info.entry_point = _entry_point(detector, called)
     # A test or library module that trains is still not a script to convert.
     if info.training and info.origin == "vanilla":
+        backend = keras_backend(module, called) if info.framework == "tensorflow" else None
+        if backend is not None and backend != "tensorflow":
+            info.excluded = f"Keras on the {backend} backend"
+            info.training, info.reason = False, (
+                f"Keras runs on the {backend} backend here (KERAS_BACKEND / set_backend): "
+                "sdp_runtime.tensorflow serves the TensorFlow backend only; use "
+                "keras.distribution.DataParallel on that backend, or set KERAS_BACKEND to "
+                "tensorflow and convert again"
+            )
+            return info
         why = _test_module(detector)
         if why:
             info.excluded = "test module"
@@ -572,3 +591,47 @@ def detect(
         if why:
             info.training, info.reason = False, why
     return info
+
+
+_BACKEND_SETTERS = ("keras.config.set_backend", "keras.backend.set_backend")
+
+
+def keras_backend(module: cst.Module, called: Mapping[str, list[cst.Call]]) -> str | None:
+    """The Keras backend a script chooses for itself: ``os.environ["KERAS_BACKEND"] = "jax"``
+    (or ``setdefault``) at the top level, or ``keras.config.set_backend("jax")``; None when it
+    chooses none (TensorFlow, Keras' default) or chooses it by a value the converter cannot
+    read."""
+    for name in _BACKEND_SETTERS:
+        for call in called.get(name, ()):
+            if call.args and isinstance(call.args[0].value, cst.SimpleString):
+                chosen = call.args[0].value.evaluated_value
+                if isinstance(chosen, str):
+                    return chosen
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            value: cst.BaseExpression | None = None
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target = small.targets[0].target
+                if (
+                    isinstance(target, cst.Subscript)
+                    and module.code_for_node(target.value) in ("os.environ", "environ")
+                    and len(target.slice) == 1
+                    and isinstance(target.slice[0].slice, cst.Index)
+                    and isinstance(target.slice[0].slice.value, cst.SimpleString)
+                    and target.slice[0].slice.value.evaluated_value == "KERAS_BACKEND"
+                ):
+                    value = small.value
+            elif (
+                isinstance(small, cst.Expr)
+                and isinstance(small.value, cst.Call)
+                and module.code_for_node(small.value.func).endswith("environ.setdefault")
+                and len(small.value.args) == 2
+                and isinstance(small.value.args[0].value, cst.SimpleString)
+                and small.value.args[0].value.evaluated_value == "KERAS_BACKEND"
+            ):
+                value = small.value.args[1].value
+            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+                return value.evaluated_value
+    return None

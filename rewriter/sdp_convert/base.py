@@ -112,6 +112,8 @@ class Facts:
     wrapped_models: list[str] | None = None
     #: Whether the training data is (or will be) split between the ranks (``program.sharding``).
     data_sharding: DataSharding | None = None
+    #: Where the TensorFlow training data is sharded (``program.tfshards.TfShardPlan``).
+    tf_shards: object | None = None
     #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
     sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
 

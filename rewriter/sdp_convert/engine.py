@@ -194,7 +194,8 @@ def _convert_once(data: bytes, options: Options) -> Result:
         # libcst's own import scheduling, without transform_module's deep copy of the tree.
         # Its visit_Module walks the whole tree to read the leading imports only: give it those.
         adder = AddImportsVisitor(context)
-        adder.visit_Module(new_module.with_changes(body=_leading_imports(new_module)))
+        leading = _leading_imports(new_module) + _runtime_imports(new_module, state.runtime_module)
+        adder.visit_Module(new_module.with_changes(body=leading))
         new_module = adder.leave_Module(new_module, new_module)
 
     if skipped:
@@ -229,6 +230,22 @@ def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:
             continue
         break
     return body[:end]
+
+
+def _runtime_imports(module: cst.Module, runtime_module: str) -> list[cst.BaseStatement]:
+    """Top-level imports of the runtime after the leading imports (``add_runtime_init`` puts its
+    import after the script's environment settings): the runtime is imported already."""
+    found: list[cst.BaseStatement] = []
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+            isinstance(small, cst.Import)
+            and any(
+                cst.helpers.get_full_name_for_node(a.name) == runtime_module for a in small.names
+            )
+            for small in stmt.body
+        ):
+            found.append(stmt)
+    return found
 
 
 def _runtime_alias(module: cst.Module, metadata: object, runtime_module: str) -> str:

@@ -30,6 +30,7 @@ from .transforms import (
     scale_learning_rate,
     shard_dataloader,
     shard_tf_dataset,
+    sync_loop_exits,
     update_keras2_calls,
     wrap_gradient_tape,
     wrap_keras_fit,
@@ -59,6 +60,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     # Edits only the jit_compile= argument of the tf.function around the step wrapped above.
     disable_step_xla.DisableStepXla,
     broadcast_initial_state.BroadcastInitialState,
+    # Edits only the tests of ``if``s that leave a training loop.
+    sync_loop_exits.SyncLoopExits,
     # fit_generator becomes fit (arguments as keywords) before wrap_keras_fit edits that call.
     port_fit_generator.PortFitGenerator,
     wrap_keras_fit.WrapKerasFit,

@@ -97,10 +97,11 @@ def test_from_tensors_without_unbatch_is_one_element_and_not_shardable():
     ) == (True, "sharded")
 
 
-def test_fit_on_arrays_is_strided_but_a_list_of_arrays_is_not():
-    fit = "model.compile(optimizer=opt, loss='mse')\nmodel.fit({x}, y_train)\n"
-    assert kind(TF_HEAD + fit.format(x="x_train")) == (True, "sharded")
-    assert kind(TF_HEAD + fit.format(x="[x_a, x_b]")) == (False, "not sharded")
+def test_fit_on_arrays_or_lists_of_arrays_is_split_but_data_of_unknown_origin_is_not():
+    fit = "model.compile(optimizer=opt, loss='mse')\nmodel.fit({x})\n"
+    assert kind(TF_HEAD + fit.format(x="x_train, y_train")) == (True, "sharded")
+    assert kind(TF_HEAD + fit.format(x="[x_a, x_b], y_train")) == (True, "sharded")  # sdp.shard
+    assert kind(TF_HEAD + fit.format(x="make_batches()")) == (False, "not sharded")
 
 
 def test_a_tf_loop_over_the_same_tensors_is_full_batch():

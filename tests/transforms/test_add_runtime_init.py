@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from .helpers import check_noop, check_transformed, messages
+import textwrap
+
+from .helpers import check_noop, check_transformed, messages, run
 
 
 def test_import_and_init_after_the_import_block():
@@ -87,3 +89,64 @@ def test_sdp_name_taken_uses_another_alias():
         only="add_runtime_init",
     )
     assert result.changes
+
+
+def test_init_goes_after_the_environment_settings_that_precede_the_framework_import():
+    # OMP_NUM_THREADS / KERAS_BACKEND are read when torch / Keras and the runtime start.
+    check_transformed(
+        """\
+        import os
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
+
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(x).sum().backward()
+        opt.step()
+        """,
+        """\
+        import os
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
+
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(x).sum().backward()
+        opt.step()
+        """,
+        only="add_runtime_init",
+    )
+
+
+def test_keras_backend_setting_stays_before_the_runtime_import_and_converting_again_is_a_noop():
+    source = textwrap.dedent(
+        """\
+        import os
+
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+
+        import keras
+        import numpy as np
+
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(np.zeros((8, 2)), np.zeros((8, 1)), epochs=1)
+        """
+    )
+    out = run(source).output.decode()
+    lines = out.splitlines()
+    assert lines.index('os.environ["KERAS_BACKEND"] = "tensorflow"') < lines.index(
+        "import sdp_runtime.tensorflow as sdp"
+    ) < lines.index("sdp.init()")
+    # TensorFlow (for the GPU pinning) is imported after the setting too, and only once.
+    assert lines.index("import tensorflow as tf") > lines.index("sdp.init()")
+    assert out.count("import sdp_runtime.tensorflow as sdp") == 1
+    check_noop(out)

@@ -176,3 +176,50 @@ def test_an_imported_module_named_like_the_convention_is_not_a_sign():
         "opt.step()\n"
     )
     assert not messages(result, ONLY) and result.changed
+
+
+def test_keras_distribution_data_parallel_is_distributed_already():
+    line, message = note(
+        """\
+        import keras
+        import numpy as np
+
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(np.zeros((8, 2)), np.zeros((8, 1)), epochs=1)
+        """
+    )
+    assert message == "left unchanged: already distributed with keras.distribution; launch it as before"
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        'os.environ["KERAS_BACKEND"] = "jax"',
+        'os.environ.setdefault("KERAS_BACKEND", "torch")',
+    ],
+)
+def test_keras_on_another_backend_is_refused_with_a_note(setting):
+    source = f"""\
+import os
+
+{setting}
+
+import keras
+import numpy as np
+
+model = keras.Sequential([keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+model.fit(np.zeros((8, 2)), np.zeros((8, 1)), epochs=1)
+"""
+    result = run(source)
+    assert result.output == result.source  # byte for byte
+    backend = "jax" if "jax" in setting else "torch"
+    assert result.info.label == f"not converted (Keras on the {backend} backend)"
+    (change,) = result.manual
+    assert change.transform == ONLY
+    assert change.message.startswith(f"not converted: Keras runs on the {backend} backend here")
+    # The TensorFlow backend (Keras' default) is converted as usual.
+    converted = run(source.replace(backend, "tensorflow"))
+    assert b"sdp.init()" in converted.output

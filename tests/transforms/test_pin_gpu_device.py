@@ -400,14 +400,15 @@ def test_cuda_visible_devices_set_by_the_script_needs_a_person():
         """\
         import os
         import torch
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+
         import sdp_runtime.torch as sdp
 
         sdp.init()
         if torch.cuda.is_available():
             torch.cuda.set_device(sdp.local_rank())
-
-        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
         print(os.environ.get("CUDA_VISIBLE_DEVICES"))
         model = torch.nn.Linear(2, 1).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

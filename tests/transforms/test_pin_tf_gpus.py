@@ -452,10 +452,9 @@ def test_cuda_visible_devices_set_by_the_script_needs_a_person():
     result = check_transformed(
         'import os\nimport tensorflow as tf\n\nos.environ["CUDA_VISIBLE_DEVICES"] = "0"\n'
         'os.environ.setdefault("CUDA_VISIBLE_DEVICES", "1")\n' + FIT,
-        "import os\nimport tensorflow as tf\nimport sdp_runtime.tensorflow as sdp\n\nsdp.init()\n"
-        + PIN
-        + '\nos.environ["CUDA_VISIBLE_DEVICES"] = "0"\n'
-        'os.environ.setdefault("CUDA_VISIBLE_DEVICES", "1")\n' + FIT,
+        'import os\nimport tensorflow as tf\n\nos.environ["CUDA_VISIBLE_DEVICES"] = "0"\n'
+        'os.environ.setdefault("CUDA_VISIBLE_DEVICES", "1")\n\n'
+        "import sdp_runtime.tensorflow as sdp\n\nsdp.init()\n" + PIN + FIT,
         only=ONLY,
     )
     note = (

@@ -586,3 +586,183 @@ def test_datasets_that_do_not_feed_training_are_left_alone():
 def test_a_script_made_data_parallel_by_hand_is_left_alone():
     # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
     check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
+
+
+# -- issue 22: the right data, at the right place, once ----------------------------------------
+
+
+def test_each_input_of_a_zip_is_sharded_at_its_source_and_the_zip_is_not():
+    out, result = convert(
+        "ds_a = tf.data.Dataset.from_tensor_slices(x_a).shuffle(64).batch(8)\n"
+        "ds_b = tf.data.Dataset.from_tensor_slices(x_b).shuffle(64).batch(8)\n"
+        "train_ds = tf.data.Dataset.zip((ds_a, ds_b))\n" + loop("train_ds")
+    )
+    assert out.splitlines()[:3] == [
+        "ds_a = tf.data.Dataset.from_tensor_slices(x_a).apply(sdp.shard).shuffle(64).batch(8)",
+        "ds_b = tf.data.Dataset.from_tensor_slices(x_b).apply(sdp.shard).shuffle(64).batch(8)",
+        "train_ds = tf.data.Dataset.zip((ds_a, ds_b))",
+    ]
+    assert [line for line, _ in sharded(result)] == [2, 3]
+    assert all("before shuffle/batch" in message for _, message in sharded(result))
+
+
+def test_a_zip_of_an_input_sharded_already_shards_only_the_other_input_once():
+    out, result = convert(
+        "ds_a = tf.data.Dataset.from_tensor_slices(x_a).shard(2, 0).batch(8)\n"
+        "ds_b = tf.data.Dataset.from_tensor_slices(x_b).batch(8)\n"
+        "ds = tf.data.Dataset.zip((ds_a, ds_b))\n" + loop("ds") + loop("ds.take(3)")
+    )
+    assert out.count(".apply(sdp.shard)") == 1
+    assert "ds_b = tf.data.Dataset.from_tensor_slices(x_b).apply(sdp.shard).batch(8)" in out
+    assert "Dataset.zip((ds_a, ds_b))\n" in out
+
+
+def test_the_shard_goes_after_a_split_of_training_and_test_data():
+    # Sharded at the load, each worker would hold half the rows and skip(50_000) would be past
+    # the end: an empty test set on every worker.
+    out, result = convert(
+        "import tensorflow_datasets as tfds\n"
+        'ds = tfds.load("mnist", split="train", as_supervised=True)\n'
+        "ds = ds.shuffle(10_000, seed=42, reshuffle_each_iteration=False)\n"
+        "train = ds.take(50_000).batch(64)\n"
+        "test = ds.skip(50_000).batch(256)\n" + loop("train")
+    )
+    assert "train = ds.take(50_000).apply(sdp.shard).batch(64)" in out
+    assert "test = ds.skip(50_000).batch(256)" in out
+    assert 'tfds.load("mnist", split="train", as_supervised=True)\n' in out
+    ((_, message),) = sharded(result)
+    assert "after the split of the training data" in message
+
+
+def test_a_split_after_an_unseeded_shuffle_is_reported_not_sharded():
+    out, result = convert(
+        'ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000)\n'
+        "train, test = ds.take(800), ds.skip(800)\n" + loop("train.batch(32)")
+    )
+    assert "sdp.shard" not in out
+    ((line, message),) = reported(result, ONLY, manual=True)
+    assert line == 2 and "give it a seed" in message
+
+
+def test_adapt_reads_the_whole_data_and_the_training_stream_is_sharded_after_it():
+    out, result = convert(
+        "import keras\n"
+        'raw = keras.utils.text_dataset_from_directory("d", subset="training", '
+        "validation_split=0.2, seed=1337)\n"
+        "vectorize = keras.layers.TextVectorization(max_tokens=100)\n"
+        "vectorize.adapt(raw.map(lambda x, y: x))\n"
+        "train_ds = raw.map(lambda x, y: (vectorize(x), y)).cache()\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(train_ds, epochs=3)\n"
+    )
+    assert "vectorize.adapt(raw.map(lambda x, y: x))" in out
+    assert "train_ds = raw.apply(sdp.shard).map(lambda x, y: (vectorize(x), y)).cache()" in out
+    ((_, message),) = sharded(result)
+    assert "by whole batches" in message
+
+
+def test_batching_utilities_are_sharded_by_batches_only_when_their_order_is_the_same():
+    out, result = convert(
+        "import keras\n"
+        "train_ds = keras.utils.timeseries_dataset_from_array(data[:-10], data[10:], 10)\n"
+        "shuffled = keras.utils.image_dataset_from_directory('images')\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(train_ds, epochs=3)\n"
+        "model.fit(shuffled, epochs=3)\n"
+    )
+    assert "data[10:], 10).apply(sdp.shard)" in out
+    assert "image_dataset_from_directory('images')\n" in out
+    ((line, message),) = reported(result, ONLY, manual=True)
+    assert line == 4 and "shuffles and batches by itself" in message
+
+
+def test_a_helper_that_builds_training_and_test_data_gets_the_training_arrays_split():
+    out, result = convert(
+        "def make_dataset(x, y, training=False):\n"
+        "    ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
+        "    if training:\n"
+        "        ds = ds.shuffle(1024)\n"
+        "    return ds.batch(32)\n"
+        "(x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()\n"
+        "train_ds = make_dataset(x_train / 255.0, y_train, training=True)\n"
+        "test_ds = make_dataset(x_test, y_test)\n" + loop("train_ds")
+    )
+    assert (
+        "train_ds = make_dataset(sdp.shard(x_train / 255.0), sdp.shard(y_train), training=True)"
+        in out
+    )
+    assert "test_ds = make_dataset(x_test, y_test)" in out
+    assert "from_tensor_slices((x, y))\n" in out  # the helper itself is unchanged
+    assert [line for line, _ in sharded(result)] == [8, 8]
+
+
+def test_an_unseeded_permutation_before_the_split_becomes_rank_0s():
+    out, result = convert(
+        "import numpy as np\n"
+        "(x, y), _ = tf.keras.datasets.mnist.load_data()\n"
+        "idx = np.random.permutation(len(x))\n"
+        "x, y = x[idx], y[idx]\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(x[:1000], y[:1000], epochs=1)\n"
+    )
+    assert "idx = sdp.broadcast_object(np.random.permutation(len(x)), root_rank=0)" in out
+    ((line, message),) = sharded(result)
+    assert line == 4 and "(rank 0's)" in message
+    check_noop("import tensorflow as tf\n" + out, only=ONLY)
+    # Seeded everywhere alike: nothing to do.
+    out, result = convert(
+        "import numpy as np\nnp.random.seed(0)\n"
+        "idx = np.random.permutation(len(x))\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(x[idx], y[idx], epochs=1)\n"
+    )
+    assert "broadcast_object" not in out
+
+
+def test_in_place_shuffles_and_unseeded_splits_before_the_split_are_reported():
+    out, result = convert(
+        "import numpy as np\n"
+        "from sklearn.model_selection import train_test_split\n"
+        "model = tf.keras.Sequential([tf.keras.layers.Dense(1)])\n"
+        "x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=0.2)\n"
+        "idx = np.arange(len(x_tr))\n"
+        "np.random.shuffle(idx)\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(x_tr[idx], y_tr[idx], validation_data=(x_va, y_va), epochs=1)\n"
+    )
+    notes = reported(result, ONLY, manual=True)
+    assert [line for line, _ in notes] == [5, 7]
+    assert all("seed it" in message for _, message in notes)
+
+
+def test_a_loop_inside_a_keras_train_step_is_no_training_loop_of_its_own():
+    _, result = convert(
+        "class GAN(tf.keras.Model):\n"
+        "    def train_step(self, data):\n"
+        "        for _ in range(2):\n"
+        "            with tf.GradientTape() as tape:\n"
+        "                loss = self.d(data)\n"
+        "            grads = tape.gradient(loss, self.d.trainable_weights)\n"
+        "            self.d_opt.apply_gradients(zip(grads, self.d.trainable_weights))\n"
+        "        return {'loss': loss}\n"
+    )
+    assert reported(result, ONLY, manual=True) == []
+
+
+def test_converted_fixtures_of_issue_22_have_nothing_left_to_say():
+    # The engine's fixed-point check runs the transforms over their own output: what they wrote
+    # (sdp.shard(x) for a helper or fit, .apply(sdp.shard), broadcast_object) is recognised.
+    from pathlib import Path
+
+    from sdp_convert.base import Options
+    from sdp_convert.engine import convert as convert_source
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    for case in ("keras/gan_fit_images", "tensorflow/zip_two_pipelines", "keras/split_take_skip",
+                 "keras/permuted_arrays", "keras/dataset_helper", "keras/sequence_batches",
+                 "keras/timeseries_utility", "tensorflow/early_stop_loop",
+                 "keras/environment_first", "keras/normalization_adapt_split"):
+        converted = (fixtures / case / "expected.py").read_text()
+        result = convert_source(converted, Options(recheck=True))
+        assert result.output.decode() == converted, case
+        assert result.changes == [], (case, result.changes)

@@ -320,7 +320,7 @@ def test_numpy_arrays_given_to_fit_are_strided_and_reported():
         f"sample_weight=sdp.shard(w), verbose=0, {cb})",
         "model.fit(x=sdp.shard(features), y=sdp.shard(labels), "
         f"batch_size=32, verbose=0, {cb})",
-        f"model.fit([x_a, x_b], y_train, verbose=0, {cb})",
+        f"model.fit(sdp.shard([x_a, x_b]), sdp.shard(y_train), verbose=0, {cb})",
     ]
     assert [c for c in changes(result) if "sample" in c[1]] == [
         (5, "x_train, y_train, w: each worker trains on every sdp.size()-th sample from sdp.rank() "
@@ -329,11 +329,12 @@ def test_numpy_arrays_given_to_fit_are_strided_and_reported():
         (6, "features, labels: each worker trains on every sdp.size()-th sample from sdp.rank() "
             "on, padded like DistributedSampler so that every worker runs the same number of "
             "steps (batch_size is per worker)"),
+        (7, "[x_a, x_b], y_train: each worker trains on every sdp.size()-th sample from "
+            "sdp.rank() on, padded like DistributedSampler so that every worker runs the same "
+            "number of steps (batch_size is per worker)"),
     ]
-    assert notes(result) == [
-        (7, "fit input [x_a, x_b] is a list of arrays: give each worker every sdp.size()-th sample "
-            "from sdp.rank() on (of each array), or use a tf.data dataset")
-    ]
+    # A list of inputs (a multi-input model) is split row by row, every array alike.
+    assert notes(result) == []
 
 
 def test_a_model_whose_train_step_averages_its_gradients_keeps_its_optimizer():
@@ -492,3 +493,72 @@ def test_fit_given_keyword_arguments_as_a_dict_is_left_to_a_person_for_what_it_m
             "a steps_per_epoch it holds by sdp.size()"),
     ]
     check_noop(result.output.decode(), only=ONLY)
+
+
+def test_fit_with_arrays_and_no_labels_is_split_too():
+    # Autoencoders, VAEs, GANs with their own train_step: fit(x) with x an array (or a tuple or
+    # dict of arrays) is no dataset; every worker would train on all of it.
+    out, result = convert(
+        "import numpy as np\n"
+        "(x_train, _), (x_test, _) = tf.keras.datasets.mnist.load_data()\n"
+        'digits = np.expand_dims(np.concatenate([x_train, x_test]), -1).astype("float32") / 255\n'
+        'model.compile(optimizer="adam")\n'
+        "model.fit(digits, epochs=30, batch_size=128, verbose=0, callbacks=[])\n"
+        "model.fit(x=(x_train, x_test[:10]), sample_weight=w, verbose=0, callbacks=[])\n"
+        "model.fit({'image': x_train / 255.0}, validation_split=0.1, verbose=0, callbacks=[])\n"
+    )
+    lines = out.splitlines()
+    assert "model.fit(sdp.shard(digits), epochs=30, batch_size=128, verbose=0" in lines[-3]
+    assert lines[-2].startswith(
+        "model.fit(x=sdp.shard((x_train, x_test[:10])), sample_weight=sdp.shard(w),"
+    )
+    assert lines[-1].startswith("model.fit(sdp.shard({'image': x_train / 255.0}),")
+    assert notes(result) == []
+    reported = [c for c in changes(result) if "sample" in c[1]]
+    assert [line for line, _ in reported] == [8, 9, 10]
+    assert reported[-1][1].endswith(
+        "validation_split takes its part of each worker's shard (the validation metrics are "
+        "averaged across workers)"
+    )
+
+
+def test_fit_with_something_that_is_not_an_array_is_not_split_here():
+    out, result = convert(
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(make_batches(), epochs=3, verbose=0, callbacks=[])\n"
+        "model.fit(train_ds, epochs=3, verbose=0, callbacks=[])\n"
+    )
+    assert "sdp.shard" not in out
+
+
+def test_a_keras_sequence_of_the_script_is_split_by_batches():
+    out, result = convert(
+        "class Batches(tf.keras.utils.Sequence):\n"
+        "    def __len__(self):\n        return 10\n"
+        "    def __getitem__(self, i):\n        return xs[i], ys[i]\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "train = Batches()\n"
+        "model.fit(train, epochs=3, verbose=0, callbacks=[])\n"
+    )
+    assert out.splitlines()[-1].startswith("model.fit(sdp.shard(train), epochs=3,")
+    assert (
+        11,
+        "train: each worker reads every sdp.size()-th batch of the Sequence from sdp.rank() on, "
+        "padded so that every worker runs the same number of steps",
+    ) in changes(result)
+
+
+def test_early_stopping_sees_averaged_metrics():
+    # MetricAverageCallback runs before the script's callbacks, however the list is built, so
+    # EarlyStopping and ReduceLROnPlateau decide on the same (averaged) numbers on every worker.
+    out, _ = convert(
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "stop = [tf.keras.callbacks.EarlyStopping(patience=2)]\n"
+        "stop.append(tf.keras.callbacks.ReduceLROnPlateau())\n"
+        "model.fit(x, y, callbacks=stop, verbose=0)\n"
+        "model.fit(x, y, callbacks=[tf.keras.callbacks.EarlyStopping(patience=2)], verbose=0)\n"
+    )
+    for line in out.splitlines()[-2:]:
+        average = line.index("sdp.keras.callbacks.MetricAverageCallback()")
+        stopping = line.index("EarlyStopping") if "EarlyStopping" in line else line.index("stop")
+        assert average < stopping

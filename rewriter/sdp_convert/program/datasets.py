@@ -14,8 +14,9 @@ import libcst.matchers as m
 
 from ..base import Transform
 from .flow import origin
-from .index import FileIndex
+from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
+from .scopes import callers, param_for_arg
 from .syntax import arg_named, code
 from .training import training_facts
 
@@ -68,6 +69,9 @@ class DatasetTrace:
     #: The source is unpacked from a tuple (``(train, test), info = tfds.load(...)``).
     unpacked: bool = False
     problem: str | None = None
+    #: The functions the trace went into through their return, with the call it came from and
+    #: how many calls the function has (a helper that builds the training and the test data).
+    functions: list[tuple[cst.FunctionDef, cst.Call, int]] = field(default_factory=list)
 
     @property
     def chain(self) -> list[cst.CSTNode]:
@@ -120,6 +124,15 @@ def _walk(
             trace.steps.append(expr)
             _walk(transform, index, expr.func.value, at, trace, depth + 1)
             return
+        if isinstance(expr.func, cst.Name):
+            binding = index.reaching(expr.func.value, expr)
+            if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
+                _through_function(transform, index, binding.stmt, expr, trace, depth)
+                return
+    if isinstance(expr, cst.Name) and _through_entered_call(
+        transform, index, expr, at, trace, depth
+    ):
+        return
     back = origin(transform, index, expr, at)
     if back is None:
         trace.problem = (
@@ -142,6 +155,61 @@ def _walk(
     ):
         trace.steps.append(expr)  # a name the pipeline was held in (not a parameter)
     _walk(transform, index, back.value, back.at or at, trace, depth + 1)
+
+
+def _through_function(
+    transform: Transform,
+    index: FileIndex,
+    function: cst.FunctionDef,
+    call: cst.Call,
+    trace: DatasetTrace,
+    depth: int,
+) -> None:
+    """Into a function of this file through its one return. A function called several times (the
+    training and the test data) is followed for this call: its parameters are this call's
+    arguments (``_through_entered_call``), and ``trace.functions`` says it is shared."""
+    returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
+    if len(returns) != 1:
+        trace.problem = f"{function.name.value}() has {len(returns)} return statements"
+        return
+    trace.functions.append((function, call, len(callers(transform, function))))
+    value = returns[0].value
+    assert value is not None
+    _walk(transform, index, value, returns[0], trace, depth + 1)
+
+
+def _through_entered_call(
+    transform: Transform,
+    index: FileIndex,
+    name: cst.Name,
+    at: cst.CSTNode,
+    trace: DatasetTrace,
+    depth: int,
+) -> bool:
+    """A parameter of a function the trace entered through one call's return: that call's
+    argument (whatever the function's other callers pass). False when ``name`` is no such
+    parameter (``program.flow.origin`` then decides)."""
+    binding = index.reaching(name.value, at)
+    if binding is None or binding.kind != "param" or not isinstance(binding.stmt, cst.FunctionDef):
+        return False
+    function = binding.stmt
+    for entered, through, _ in trace.functions:
+        if entered is function:
+            arg = next(
+                (
+                    a
+                    for a in through.args
+                    if (p := param_for_arg(function, through, a)) is not None
+                    and p.name.value == name.value
+                ),
+                None,
+            )
+            if arg is None:
+                trace.problem = f"parameter {name.value!r} of {function.name.value}() is not passed"
+            else:
+                _walk(transform, index, arg.value, through, trace, depth + 1)
+            return True
+    return False
 
 
 def _short(qname: str) -> str:
@@ -170,8 +238,9 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
     optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
     uses: list[tuple[cst.CSTNode, list[Candidate]]] = []
     seen: set[int] = set()
-    for site in training_facts(transform).sites:
-        if id(site.loops[-1]) in seen:
+    facts = training_facts(transform)
+    for site in facts.sites:
+        if id(site.loops[-1]) in seen or in_keras_train_step(transform, site.loops[-1]):
             continue
         seen.add(id(site.loops[-1]))
         candidates: list[Candidate] = []
@@ -190,9 +259,166 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
         uses.append((site.loops[0], candidates))
     for fit in keras_fit_calls(transform):
         x = fit_arg(fit, "x")
-        if x is not None and fit_arg(fit, "y") is None and generator_flow(transform, fit) is None:
+        if (
+            x is not None
+            and fit_arg(fit, "y") is None
+            and generator_flow(transform, fit) is None
+            and not holds_arrays(transform, x.value, fit)
+            and keras_sequence(transform, x.value, fit) is None
+            and not (  # sdp.shard(x): split already
+                isinstance(x.value, cst.Call)
+                and transform.refers_to(x.value.func, f"{transform.state.runtime_module}.shard")
+            )
+        ):
             uses.append((fit, [Candidate(x.value)]))
     return uses
+
+
+# -- arrays (what ``fit(x)`` gets when it is not a dataset) ---------------------------------------
+
+#: Calls whose result is an array, a tensor or a table (of rows that ``sdp.shard`` can split).
+_ARRAY_PREFIXES = ("numpy.", "pandas.")
+_ARRAY_CALLS = frozenset(
+    {
+        "sklearn.model_selection.train_test_split",
+        "tensorflow.constant",
+        "tensorflow.convert_to_tensor",
+        "tensorflow.cast",
+        "tensorflow.reshape",
+        "tensorflow.concat",
+        "tensorflow.stack",
+        "tensorflow.expand_dims",
+        "tensorflow.image.resize",
+    }
+)
+
+
+def holds_arrays(
+    transform: Transform, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+) -> bool:
+    """Whether ``expr`` (original) is an array, tensor or table, or a tuple, list or dict of them,
+    as far as its assignments show: ``np.random.rand(...)``, ``x_train`` unpacked from
+    ``keras.datasets.mnist.load_data()``, ``x / 255.0``, ``x[idx].astype("float32")``, ``(x1,
+    x2)``. A ``tf.data`` pipeline, a generator, a ``Sequence`` or anything the converter cannot
+    follow is not (``fit`` gets it whole; the dataset transforms look at it)."""
+    return _arrays(transform, file_index(transform), expr, at if at is not None else expr, 0)
+
+
+def _arrays(
+    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode, depth: int
+) -> bool:
+    if depth > 12:
+        return False
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        elements = [e.value for e in expr.elements if isinstance(e, cst.Element)]
+        return bool(elements) and len(elements) == len(expr.elements) and all(
+            _arrays(transform, index, e, at, depth + 1) for e in elements
+        )
+    if isinstance(expr, cst.Dict):
+        values = [e.value for e in expr.elements if isinstance(e, cst.DictElement)]
+        return bool(values) and len(values) == len(expr.elements) and all(
+            _arrays(transform, index, v, at, depth + 1) for v in values
+        )
+    if isinstance(expr, cst.Call):
+        names = transform.qualified_names(expr.func)
+        if any(q.startswith(_ARRAY_PREFIXES) or q in _ARRAY_CALLS for q in names):
+            return True
+        if any(
+            (k := keras_name(q)) is not None and k.startswith("keras.datasets.")
+            and k.endswith(".load_data")
+            for q in names
+        ):
+            return True
+        if isinstance(expr.func, cst.Attribute):
+            # x.astype(...), rng.normal(...) of rng = np.random.RandomState(0), df.to_numpy()
+            return _arrays(transform, index, expr.func.value, at, depth + 1)
+        return False
+    if isinstance(expr, cst.Subscript):
+        return _arrays(transform, index, expr.value, at, depth + 1)
+    if isinstance(expr, cst.BinaryOperation):
+        return _arrays(transform, index, expr.left, at, depth + 1) or _arrays(
+            transform, index, expr.right, at, depth + 1
+        )
+    if isinstance(expr, cst.UnaryOperation):
+        return _arrays(transform, index, expr.expression, at, depth + 1)
+    if isinstance(expr, cst.Name):
+        binding = index.reaching(expr.value, at)
+        if binding is None or binding.kind != "assign" or binding.value is None:
+            return False
+        value = binding.value
+        if binding.unpacked:
+            element = _unpacked_element(binding.stmt, expr.value, value)
+            if element is not None:
+                return _arrays(transform, index, element, binding.stmt, depth + 1)
+            # (x_train, y_train), _ = keras.datasets.mnist.load_data(), train_test_split(...)
+            return isinstance(value, cst.Call) and _arrays(
+                transform, index, value, binding.stmt, depth + 1
+            )
+        return _arrays(transform, index, value, binding.stmt, depth + 1)
+    if isinstance(expr, cst.Attribute):
+        found = index.attribute_bindings.get(code(expr), [])
+        if found and found[-1].value is not None and not found[-1].unpacked:
+            return _arrays(transform, index, found[-1].value, found[-1].stmt, depth + 1)
+    return False
+
+
+_SEQUENCES = frozenset({"keras.utils.Sequence", "keras.utils.PyDataset"})
+
+
+def keras_sequence(
+    transform: Transform, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+) -> cst.ClassDef | None:
+    """The class of this file, a ``keras.utils.Sequence``/``PyDataset``, that ``expr`` (original)
+    is an instance of (``train_gen = DataGenerator(files, batch_size=32)``), or None."""
+    index = file_index(transform)
+    value: cst.BaseExpression | None = expr
+    where: cst.CSTNode = at if at is not None else expr
+    for _ in range(4):
+        if isinstance(value, cst.Name):
+            binding = index.reaching(value.value, where)
+            if binding is None or binding.kind != "assign" or binding.unpacked:
+                return None
+            value, where = binding.value, binding.stmt
+            continue
+        break
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return None
+    binding = index.reaching(value.func.value, value)
+    cls = binding.stmt if binding is not None else None
+    if not isinstance(cls, cst.ClassDef):
+        return None
+    for base in cls.bases:
+        if any(keras_name(q) in _SEQUENCES for q in transform.qualified_names(base.value)):
+            return cls
+    return None
+
+
+def _unpacked_element(
+    stmt: cst.CSTNode, name: str, value: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    """``x, y = x[idx], y[idx]``: the element of ``value`` that ``name`` gets."""
+    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0].target
+    if not (
+        isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List))
+    ):
+        return None
+    if len(target.elements) != len(value.elements):
+        return None
+    for t, v in zip(target.elements, value.elements, strict=True):
+        if isinstance(t.value, cst.Name) and t.value.value == name and isinstance(v, cst.Element):
+            return v.value
+    return None
+
+
+def in_keras_train_step(transform: Transform, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is inside a Keras model's ``train_step`` override (that applies a tape's
+    gradients): Keras ``fit`` calls it once per batch, inside a traced graph. A loop there (a
+    GAN's discriminator steps) is no training loop of its own: ``fit`` feeds it, and
+    ``wrap_keras_fit``'s callbacks broadcast and average for it."""
+    steps = training_facts(transform).train_step_methods
+    return any(step in transform.ancestors(node) for step in steps)
 
 
 #: Sources whose length the converter cannot tell (a generator may never end).

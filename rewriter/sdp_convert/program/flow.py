@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..base import Transform
-from .index import FileIndex
+from .index import FileIndex, file_index
 from .scopes import (
     Binding,
     _method_class,
@@ -460,3 +461,131 @@ def epoch_loop(t: Transform, site: Site) -> tuple[cst.For, Binding | None] | Non
         if found is not None:
             return found, root
     return None
+
+
+# -- values that may differ between workers ------------------------------------------------------
+
+#: Calls whose result is the same on every worker when their arguments are.
+_SAME_CALLS = (
+    "builtins.len", "builtins.int", "builtins.float", "builtins.bool", "builtins.min",
+    "builtins.max", "builtins.abs", "builtins.round", "builtins.range", "math.ceil", "math.floor",
+)
+#: Loops whose target counts, the same on every worker (each runs as many steps).
+_COUNTING = (
+    "builtins.range", "builtins.enumerate", "tqdm.trange", "tqdm.auto.trange", "tqdm.tqdm",
+    "tqdm.auto.tqdm",
+)
+
+
+def decided_per_rank(t: Transform, expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` (original; a loop's exit condition, say) may have a different value on
+    each worker: it reads a value computed from the data, the model or an environment (a loss, a
+    metric, a reward), through assignments (``+=`` too) or under a condition that does. Loop
+    counters, constants, parameters and configuration are the same everywhere."""
+    return _differs(t, expr, set(), 0)
+
+
+def _differs(t: Transform, expr: cst.CSTNode, seen: set[tuple[str, int]], depth: int) -> bool:
+    if depth > 12:
+        return True
+    if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString,
+                         cst.ConcatenatedString, cst.FormattedString)):
+        return False
+    if isinstance(expr, cst.Name):
+        return _name_differs(t, expr, seen, depth)
+    if isinstance(expr, cst.Attribute):
+        return _differs(t, expr.value, seen, depth + 1)
+    if isinstance(expr, cst.Call):
+        if not t.refers_to(expr.func, *_SAME_CALLS):
+            return True
+        return any(_differs(t, a.value, seen, depth + 1) for a in expr.args)
+    if isinstance(expr, (cst.BinaryOperation, cst.BooleanOperation)):
+        return _differs(t, expr.left, seen, depth + 1) or _differs(t, expr.right, seen, depth + 1)
+    if isinstance(expr, cst.UnaryOperation):
+        return _differs(t, expr.expression, seen, depth + 1)
+    if isinstance(expr, cst.Comparison):
+        return _differs(t, expr.left, seen, depth + 1) or any(
+            _differs(t, c.comparator, seen, depth + 1) for c in expr.comparisons
+        )
+    if isinstance(expr, cst.Subscript):
+        return _differs(t, expr.value, seen, depth + 1) or any(
+            isinstance(e.slice, cst.Index) and _differs(t, e.slice.value, seen, depth + 1)
+            for e in expr.slice
+        )
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        return any(_differs(t, e.value, seen, depth + 1) for e in expr.elements)
+    return True
+
+
+def _name_differs(t: Transform, name: cst.Name, seen: set[tuple[str, int]], depth: int) -> bool:
+    if name.value in ("True", "False", "None"):
+        return False
+    index = file_index(t)
+    reaching = index.reaching(name.value, name)
+    if reaching is None:
+        return False  # a builtin, or a global of another module: configuration
+    key = (name.value, id(reaching.scope))
+    if key in seen:
+        return False  # being decided further up
+    seen.add(key)
+    scope_node = _scope_node(t, reaching.stmt)
+    for binding in index.bindings_of(name.value, reaching.scope):
+        if binding.kind in ("param", "import", "def"):
+            continue
+        if binding.kind == "for" and isinstance(binding.stmt, cst.For):
+            loop = binding.stmt
+            if not (
+                isinstance(loop.iter, cst.Call) and t.refers_to(loop.iter.func, *_COUNTING)
+                and not (binding.unpacked and _not_the_count(loop, name.value))
+            ):
+                return True
+            if _differs(t, loop.iter.args[0].value, seen, depth + 1) if (
+                t.refers_to(loop.iter.func, "builtins.range") and loop.iter.args
+            ) else False:
+                return True
+            continue
+        if binding.kind != "assign" or binding.value is None:
+            return True
+        if _differs(t, binding.value, seen, depth + 1):
+            return True
+        if _under_differing_test(t, binding.stmt, scope_node, seen, depth):
+            return True
+    for aug in _aug_assigns(scope_node, name.value):
+        if _differs(t, aug.value, seen, depth + 1) or _under_differing_test(
+            t, aug, scope_node, seen, depth
+        ):
+            return True
+    return False
+
+
+def _not_the_count(loop: cst.For, name: str) -> bool:
+    """``for step, batch in enumerate(ds)``: ``batch`` is data, ``step`` counts."""
+    target = loop.target
+    if isinstance(target, cst.Tuple) and target.elements:
+        first = target.elements[0].value
+        return not (isinstance(first, cst.Name) and first.value == name)
+    return False
+
+
+def _scope_node(t: Transform, node: cst.CSTNode) -> cst.CSTNode:
+    function = t.enclosing_function(node)
+    return function if function is not None else t.module
+
+
+def _aug_assigns(scope: cst.CSTNode, name: str) -> list[cst.AugAssign]:
+    return [
+        n for n in m.findall(scope, m.AugAssign(target=m.Name(name)))
+        if isinstance(n, cst.AugAssign)
+    ]
+
+
+def _under_differing_test(
+    t: Transform, node: cst.CSTNode, scope: cst.CSTNode, seen: set[tuple[str, int]], depth: int
+) -> bool:
+    """Whether ``node`` runs only when an ``if`` or ``while`` test that may differ holds."""
+    for parent in t.ancestors(node):
+        if parent is scope:
+            return False
+        if isinstance(parent, (cst.If, cst.While)) and _differs(t, parent.test, seen, depth + 1):
+            return True
+    return False

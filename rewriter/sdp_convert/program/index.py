@@ -379,21 +379,23 @@ class _Indexer(cst.CSTVisitor):
             self.index.declared.setdefault(id(self.stack[-1]), {})[item.name.value] = "nonlocal"
 
     # comprehensions and lambdas: their variables shadow, inside them only
-    def _shadow(self, names: list[tuple[cst.Name, cst.CSTNode, str]]) -> None:
+    def _shadow(self, names: list[tuple[cst.Name, cst.CSTNode, str, cst.CSTNode]]) -> None:
+        """Bind comprehension targets (``target`` the Name) or lambda parameters (the Param)."""
         bound: dict[str, Binding] = {}
-        for name, owner, kind in names:
+        for name, owner, kind, target in names:
             self.not_loads.add(id(name))
-            binding = Binding(name.value, self.stack[-1], kind, owner, target=name)
+            binding = Binding(name.value, self.stack[-1], kind, owner, target=target)
             binding.order = len(self.index.order)
             bound[name.value] = binding
             self.index.by_target[id(name)] = binding
+            self.index.by_target[id(target)] = binding
         self.shadows.append(bound)
 
     def _comprehension(self, node: cst.BaseComp) -> None:
-        names: list[tuple[cst.Name, cst.CSTNode, str]] = []
+        names: list[tuple[cst.Name, cst.CSTNode, str, cst.CSTNode]] = []
         clause: cst.CompFor | None = node.for_in
         while clause is not None:
-            names += [(n, node, "comp") for n in _target_names(clause.target)]
+            names += [(n, node, "comp", n) for n in _target_names(clause.target)]
             clause = clause.inner_for_in
         self._shadow(names)
 
@@ -424,7 +426,7 @@ class _Indexer(cst.CSTVisitor):
     def visit_Lambda(self, node: cst.Lambda) -> None:
         params = node.params
         self._shadow([
-            (p.name, node, "lambda")
+            (p.name, node, "lambda", p)
             for p in (*params.posonly_params, *params.params, *params.kwonly_params,
                       params.star_arg, params.star_kwarg)
             if isinstance(p, cst.Param)

@@ -8,9 +8,9 @@ steps N times too far. So the rate is scaled only where this module says the tra
 
 * PyTorch: every ``DataLoader`` that feeds a training loop has a ``DistributedSampler`` already,
   or ``shard_dataloader`` can give it one (``loader_problem`` is None), and there is at least one;
-* TensorFlow: every dataset a training loop or ``fit`` reads is sharded already or can be
-  (``shard_tf_dataset``'s rules), and every ``fit(x, y)`` on arrays can be strided
-  (``wrap_keras_fit``).
+* TensorFlow: every dataset a training loop or ``fit`` reads, and every ``fit`` on arrays, is
+  sharded already or will be: ``program.tfshards`` plans that (``shard_tf_dataset`` and
+  ``wrap_keras_fit`` write the plan), and this module asks it.
 
 Otherwise ``training_data`` says what was found instead (``DataSharding.kind``): ``"environment"``
 (reinforcement learning: the data comes from a gym environment), ``"input"`` (the optimizer trains
@@ -28,7 +28,6 @@ import libcst.matchers as m
 
 from ..base import Transform
 from .builders import runs_right_before
-from .datasets import DatasetTrace, _method, trace_dataset, training_dataset_uses
 from .flow import loader_sites
 from .index import file_index, reaching_values
 from .keras import fit_arg, generator_flow, keras_fit_calls
@@ -37,6 +36,7 @@ from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .scopes import training_loops
 from .syntax import arg_named, is_none, is_simple_reference, mentions_size
+from .tfshards import tf_training_data
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
 _POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
@@ -44,16 +44,6 @@ _POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
 #: Libraries whose environments produce the data of reinforcement learning.
 ENVIRONMENTS = ("gym", "gymnasium", "pettingzoo", "dm_control", "procgen", "ale_py")
 
-#: ``tf.data`` operations after which a ``take``/``skip`` no longer selects the same samples on
-#: every worker.
-ORDERING = frozenset(
-    {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
-     "bucket_by_sequence_length", "window", "interleave", "flat_map", "prefetch", "cache"}
-)
-#: ``from_tensors`` makes ONE element (the whole tensors): sharded as it is, worker 0 would get it
-#: and the others nothing. These make several elements of it; the shard goes after the first one.
-SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
-SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
 
 
 @dataclass(frozen=True)
@@ -148,34 +138,6 @@ def training_loaders(t: Transform) -> list[cst.Call]:
 
 
 # -- TensorFlow datasets and fit arrays -----------------------------------------------------------
-
-
-def is_evened(t: Transform, step: cst.CSTNode) -> bool:
-    """``.apply(sdp.shard)``: the runtime's shard."""
-    return (
-        _method(step) == "apply"
-        and isinstance(step, cst.Call)
-        and len(step.args) == 1
-        and t.refers_to(step.args[0].value, f"{t.state.runtime_module}.shard")
-    )
-
-
-def trace_shardable(t: Transform, trace: DatasetTrace) -> bool:
-    """Whether a traced training dataset is sharded already or ``shard_tf_dataset`` shards it."""
-    if trace.source is None or trace.problem is not None:
-        return False
-    chain = trace.chain
-    if any(is_evened(t, s) or _method(s) == "shard" for s in chain):
-        return True
-    if trace.source_name != SINGLE_ELEMENT:
-        return True
-    for step in chain:
-        method = _method(step)
-        if method in SPREADING:
-            return True
-        if method in ORDERING:
-            return False
-    return False
 
 
 #: ``ImageDataGenerator.flow(x, y, batch_size, shuffle, sample_weight, ...)``.
@@ -287,34 +249,37 @@ def _torch(t: Transform) -> DataSharding:
 
 
 def _tensorflow(t: Transform) -> DataSharding:
+    """TensorFlow: ``program.tfshards`` plans where each training loop's and ``fit``'s data is
+    split (by this conversion or already by the script); ``fit_generator(datagen.flow(x, y))`` is
+    ``port_fit_generator``'s."""
     env = environment_call(t)
     if env is not None:
         return DataSharding(False, "environment", env)
-    index = file_index(t)
     found = False
     empty: list[cst.CSTNode] = []
-    for where, candidates in training_dataset_uses(t):
-        if not candidates:
-            empty.append(where)
-            continue
-        traces = [trace_dataset(t, index, c.expr) for c in candidates]
-        usable = [trace for trace in traces if trace.source is not None]
-        if not usable or not trace_shardable(t, usable[0]):
-            return DataSharding(False, "not sharded", where)
-        if not enabled(t, "shard_tf_dataset") and not any(
-            is_evened(t, s) or _method(s) == "shard" for s in usable[0].chain
+    fits = {id(f) for f in keras_fit_calls(t)}
+    for use in tf_training_data(t):
+        is_fit = id(use.where) in fits
+        if use.sharded_by is None:
+            if use.trace is None and not use.candidates and not is_fit:
+                empty.append(use.where)  # a loop no dataset of the file feeds
+                continue
+            return DataSharding(False, "not sharded", use.where)
+        if use.sharded_by == "converter" and not enabled(
+            t, "wrap_keras_fit" if is_fit else "shard_tf_dataset"
         ):
-            return DataSharding(False, "not sharded", where)
+            return DataSharding(False, "not sharded", use.where)
         found = True
     for fit in keras_fit_calls(t):
         flow = generator_flow(t, fit)
-        status, arg = fit_arrays(t, flow, flow=True) if flow is not None else fit_arrays(t, fit)
-        shards = "port_fit_generator" if flow is not None else "wrap_keras_fit"
-        if flow is not None and status == "none":
-            status = "container"  # flow(x) without labels: not followed
-        if status == "container" or (status == "plain" and not enabled(t, shards)):
+        if flow is None:
+            continue
+        status, arg = fit_arrays(t, flow, flow=True)
+        if status in ("none", "container") or (
+            status == "plain" and not enabled(t, "port_fit_generator")
+        ):  # flow(x) without labels, or of a container: not followed
             return DataSharding(False, "not sharded", arg.value if arg is not None else fit)
-        found = found or status != "none"
+        found = True
     if empty:
         loops = [w for w in empty if isinstance(w, (cst.For, cst.While))]
         if found:

@@ -178,18 +178,61 @@ def end_of_import_block(module: cst.Module) -> cst.BaseStatement | None:
     Usually the block that opens the file (after its docstring); in a file that starts with other
     statements (``CONFIG = {...}`` then ``import torch``), the first imports that come later, so
     that what goes after the block (``init()``, ``torch.cuda.set_device``) has torch imported.
-    ``__future__`` imports alone do not make a block.
+    ``__future__`` imports alone do not make a block. Top-level environment settings among (or
+    right after) the imports belong to the block (``import os``, ``os.environ["KERAS_BACKEND"] =
+    ...``, ``import keras``): the framework and the runtime read them when they start, so what goes
+    after the block must come after them.
     """
     last = None
     for stmt in module.body:
         is_import = m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()]))
-        if is_import and not m.matches(
-            stmt, m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))])
-        ):
+        future = m.matches(stmt, m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))]))
+        if (is_import and not future) or (last is not None and is_environment_setting(stmt)):
             last = stmt
         elif last is not None:
             break
     return last
+
+
+def first_import_block_end(module: cst.Module) -> cst.BaseStatement | None:
+    """Where libcst's ``AddImportsVisitor`` adds imports: the last import of the imports that
+    open the file (after a docstring), or None when the file does not open with imports."""
+    body = list(module.body)
+    docstring = m.SimpleStatementLine([m.Expr(m.SimpleString())])
+    start = 1 if body and m.matches(body[0], docstring) else 0
+    last = None
+    for stmt in body[start:]:
+        if not m.matches(stmt, m.SimpleStatementLine([m.Import() | m.ImportFrom()])):
+            break
+        last = stmt
+    return last
+
+
+_ENVIRON = m.Attribute(value=m.Name("os"), attr=m.Name("environ")) | m.Name("environ")
+
+
+def is_environment_setting(stmt: cst.CSTNode) -> bool:
+    """``os.environ["X"] = "1"``, ``os.environ.setdefault(...)``/``update(...)``,
+    ``os.putenv(...)`` as a whole top-level statement line."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not stmt.body:
+        return False
+    for small in stmt.body:
+        if isinstance(small, cst.Assign) and all(
+            m.matches(t.target, m.Subscript(value=_ENVIRON)) for t in small.targets
+        ):
+            continue
+        if m.matches(
+            small,
+            m.Expr(
+                m.Call(
+                    func=m.Attribute(value=_ENVIRON, attr=m.Name("setdefault") | m.Name("update"))
+                    | m.Attribute(value=m.Name("os"), attr=m.Name("putenv"))
+                )
+            ),
+        ):
+            continue
+        return False
+    return True
 
 
 def is_none(expr: cst.BaseExpression) -> bool:

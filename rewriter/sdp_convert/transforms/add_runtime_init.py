@@ -20,6 +20,12 @@ Why: every later step of the recipe (GPU pinning, sharding, lr scaling, rank-0 w
 runtime for this process's rank, local rank and world size, which exist only after ``init()``.
 Calling it at import time, after the file's own imports, puts it before any use of the rank. With no
 launcher the runtime runs as rank 0 of 1, so ``python train.py`` keeps working.
+
+Environment settings among the imports (``import os``, ``os.environ["KERAS_BACKEND"] = ...``,
+``os.environ["OMP_NUM_THREADS"] = ...``, then ``import keras``) stay before the runtime: importing
+it starts TensorFlow (or torch) and ``init()`` makes the process group, and both read the
+environment when they start. The import and ``init()`` then go after the last of those imports
+and settings.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from ..program.syntax import end_of_import_block
+from ..program.syntax import end_of_import_block, first_import_block_end
 
 
 class AddRuntimeInit(Transform):
@@ -53,6 +59,10 @@ class AddRuntimeInit(Transform):
             )
             return
         self.anchor = end_of_import_block(module)
+        first = first_import_block_end(module)
+        #: The block runs on past the imports that open the file (environment settings, then more
+        #: imports): libcst would add the runtime import at the end of those, before the settings.
+        self.late = first is not None and self.anchor is not None and self.anchor is not first
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if self.already:
@@ -75,7 +85,16 @@ class AddRuntimeInit(Transform):
                 f"import {self.state.runtime_module} as {self.sdp}; {self.sdp}.init()",
             )
             return updated_node
-        self.insert_after(self.anchor, init)
+        if self.late:
+            # The engine sees this import and schedules no second one at the top.
+            runtime = cst.parse_statement(
+                f"import {self.state.runtime_module} as {self.sdp}\n",
+                config=original_node.config_for_parsing,
+            ).with_changes(leading_lines=[cst.EmptyLine()])
+            init = init.with_changes(leading_lines=[cst.EmptyLine()])
+            self.insert_after(self.anchor, runtime, init)
+        else:
+            self.insert_after(self.anchor, init)
         self.record(
             self.anchor,
             f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init()",

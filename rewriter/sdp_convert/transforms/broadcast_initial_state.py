@@ -30,7 +30,9 @@ every worker it changes nothing at all.
 The model is the owner of the variables the tape differentiates (``model.trainable_variables`` ->
 ``model.variables``, so non-trainable state such as BatchNorm statistics goes too); the optimizer is
 the one that applies the gradients. Names the step function gets as parameters are translated to the
-call's arguments. Keras ``fit`` gets the same broadcast from ``wrap_keras_fit``'s callback.
+call's arguments. Keras ``fit`` gets the same broadcast from ``wrap_keras_fit``'s callback: nothing
+is added inside a ``train_step`` override (a loop there, a GAN's discriminator steps, runs in the
+graph ``fit`` traces, where a flag would broadcast on every step).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ..base import Transform
+from ..program.datasets import in_keras_train_step
 from ..program.index import FileIndex, file_index, reaching_values
 from ..program.scopes import is_dead_definition
 from ..program.syntax import arg_named, code
@@ -75,6 +78,8 @@ class BroadcastInitialState(Transform):
         plans: dict[cst.CSTNode, _Plan] = {}
         for site in facts.sites:
             outer = site.loops[-1]
+            if in_keras_train_step(self, outer):
+                continue  # fit drives it: wrap_keras_fit's callback broadcasts once
             function = self.enclosing_function(outer)
             if function is not None and is_tf_function(self, function):
                 self.record(

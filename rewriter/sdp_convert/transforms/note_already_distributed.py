@@ -22,6 +22,11 @@ for one the converter did not understand. (Horovod and SMDDP scripts are migrate
 ``migrate_horovod`` and ``migrate_smddp``.) A program that is parallel another way,
 ``torch.multiprocessing`` workers sharing one model (``share_memory()``, Hogwild), is left alone
 the same way: data parallelism over it would be a second, conflicting parallelism.
+Keras 3's own data parallelism
+(``keras.distribution.DataParallel``) counts as distributed. A Keras script that picks the JAX or
+torch backend (``os.environ["KERAS_BACKEND"] = "jax"`` before ``import keras``,
+``keras.config.set_backend``) is left alone too, with a manual note: ``sdp_runtime.tensorflow``'s
+optimizer, tape and callbacks work on TensorFlow tensors only.
 """
 
 from __future__ import annotations
@@ -56,10 +61,14 @@ class NoteAlreadyDistributed(Transform):
 
     @classmethod
     def applies_to(cls, info: FileInfo) -> bool:
-        return info.origin == "distributed"
+        return info.origin == "distributed" or info.excluded.startswith("Keras on the")
 
     def prepare(self, module: cst.Module) -> None:
         info = self.state.info
+        if info.origin != "distributed":
+            # Keras on JAX or torch: the TF runtime's optimizer, tape and callbacks cannot serve it.
+            self.record(module, f"not converted: {info.reason}", manual=True)
+            return
         # (label, node that shows it), the reason analysis gave first.
         found: list[tuple[str, cst.CSTNode]] = []
         for qname, label in _CALLS.items():

@@ -46,7 +46,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
 from ..program.index import FileIndex, file_index, imported_names
-from ..program.syntax import code, end_of_import_block, mentions
+from ..program.syntax import code, end_of_import_block, first_import_block_end, mentions
 
 _MEMORY_GROWTH = ("tensorflow.config.experimental.set_memory_growth",)
 _LIST_DEVICES = (
@@ -109,6 +109,15 @@ class PinTfGpus(Transform):
                 manual=True,
             )
             return
+        if tf is None and anchor is import_block and import_block is not first_import_block_end(
+            module
+        ):
+            # The imports run on past environment settings (``os.environ["KERAS_BACKEND"]``):
+            # TensorFlow is imported after them, with the runtime, not at the top.
+            tf = self._tensorflow_name(schedule=False)
+            if tf is None:
+                tf = "tf"
+                statements.append("import tensorflow as tf\n")
         tf = tf or self._tensorflow_name()
         gpus, gpu = self._free_name("gpus", anchor), self._free_name("gpu", anchor)
         config = module.config_for_parsing
@@ -341,10 +350,12 @@ class PinTfGpus(Transform):
         )
         return cst.parse_expression(f"{self.sdp}.local_rank()")
 
-    def _tensorflow_name(self) -> str:
+    def _tensorflow_name(self, schedule: bool = True) -> str | None:
         for name, qualified, node in imported_names(self):
             if isinstance(node, cst.Import) and "tensorflow" in qualified:
                 return name
+        if not schedule:
+            return None
         AddImportsVisitor.add_needed_import(self.context, "tensorflow", asname="tf")
         return "tf"
 

@@ -38,10 +38,13 @@ sharded dataset itself (``len(ds)``, ``ds.cardinality()``), a new iterator on ev
 Only the *training* dataset is sharded: the one iterated by the loop that applies the gradients
 (followed through ``enumerate``, ``iter``/``next``, variables, step-by-step reassignment, helper
 functions and parameters) and the one given to Keras ``fit``. Validation data is left alone so that
-every worker evaluates the same data. Sources that batch or shuffle by themselves
+every worker evaluates the same data. Sources that shuffle by themselves without a seed
 (``image_dataset_from_directory``, ``make_csv_dataset``, ``list_files`` without ``shuffle=False``,
 ``tfds.load(shuffle_files=True)``) are reported: their order differs between workers, so their
-shards would overlap.
+shards would overlap; Keras utilities that batch in a fixed order are sharded by whole batches.
+Where the plan goes (after a ``take``/``skip`` split or an ``adapt``, each input of a ``zip``, the
+arrays handed to a helper, unseeded draws made rank 0's) is ``program.tfshards``'s decision; this
+transform writes it and divides the step counts.
 """
 
 from __future__ import annotations
@@ -52,15 +55,11 @@ import libcst.matchers as m
 from ..base import Transform
 from ..program.datasets import (
     DatasetTrace,
-    _method,
-    _short,
     dataset_length,
-    trace_dataset,
-    training_dataset_uses,
 )
 from ..program.index import file_index
 from ..program.syntax import (
-    arg_named,
+    _EQUAL,
     code,
     counts_up,
     divided_by_size,
@@ -68,16 +67,8 @@ from ..program.syntax import (
     names_read,
     replace_arg,
 )
+from ..program.tfshards import plan_tf_shards
 
-#: Operations after which a ``take``/``skip`` no longer selects the same samples on every worker.
-_ORDERING = frozenset(
-    {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
-     "bucket_by_sequence_length", "window", "interleave", "flat_map", "prefetch", "cache"}
-)
-#: ``from_tensors`` makes ONE element (the whole tensors): sharded as it is, worker 0 would get it
-#: and the others nothing. These make several elements of it; the shard goes after the first one.
-_SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
-_SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
 #: What a counting loop's ``range(...)`` may be wrapped in.
 _RANGE_WRAPPERS = ("builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm")
 _RANGES = ("builtins.range", "tqdm.trange", "tqdm.auto.trange", "tqdm.notebook.trange")
@@ -101,97 +92,22 @@ class ShardTfDataset(Transform):
     FRAMEWORKS = frozenset({"tensorflow"})
 
     def prepare(self, module: cst.Module) -> None:
-        self.anchors: dict[cst.CSTNode, str] = {}  # node to append .shard() to -> its source
-        self.takes: set[cst.CSTNode] = set()
         #: step counts of loops that pull batches with next(): range call or comparison -> the
         #: expression to divide, and the iterator's code (for the report)
         self.bounds: dict[cst.CSTNode, tuple[cst.BaseExpression, str]] = {}
-        self.index = index = file_index(self)
-        done: set[int] = set()
-        sharded: set[int] = set()
-        for where, candidates in training_dataset_uses(self):
-            traces = [(c, trace_dataset(self, index, c.expr)) for c in candidates]
-            usable = [(c, t) for c, t in traces if t.source is not None]
-            if not usable:
-                why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
-                self.record(
-                    where,
-                    f"training data not sharded ({why}): give each worker its own part, e.g. "
-                    f".apply({self.sdp}.shard) right after the source",
-                    manual=True,
-                )
+        self.index = file_index(self)
+        self.plan = plan = plan_tf_shards(self)
+        self.anchors, self.takes = plan.anchors, plan.takes
+        for node, message, manual in plan.reports:
+            self.record(node, message, manual=manual)
+        if plan.anchors or plan.arrays or plan.permutations:
+            self.add_runtime_import()
+        for use in plan.uses:
+            if use.sharded_by != "converter" or use.trace is None:
                 continue
-            trace = usable[0][1]
-            assert trace.source is not None
-            if id(trace.source) not in done:
-                done.add(id(trace.source))
-                if self._plan(trace):
-                    sharded.add(id(trace.source))
-            if id(trace.source) in sharded:
-                for c, t in usable:
-                    if t.source is trace.source and c.loop is not None and c.next_call is not None:
-                        self._plan_steps(t, c.loop, c.next_call)
-
-    def _plan(self, trace: DatasetTrace) -> bool:
-        """Plan the shard of a training dataset; whether it is sharded here."""
-        assert trace.source is not None
-        source = _short(trace.source_name)
-        if trace.problem is not None:
-            self.record(
-                trace.source,
-                f"training data from {source} not sharded: {trace.problem}; build it so that every "
-                f"worker sees the same order, then .apply({self.sdp}.shard)",
-                manual=True,
-            )
-            return False
-        chain = trace.chain
-        if any(self._evened(s) for s in chain):
-            return False  # .apply(sdp.shard) already
-        existing = [s for s in chain if _method(s) == "shard"]
-        if existing:
-            if not any(mentions_size(self, s) for s in existing):
-                self.record(
-                    existing[0],
-                    f"the training data is sharded already: make it .apply({self.sdp}.shard)",
-                    manual=True,
-                )
-            return False
-        anchor: cst.CSTNode = trace.source
-        position = -1
-        if trace.unpacked:
-            names = [i for i, s in enumerate(chain) if isinstance(s, cst.Name)]
-            position = names[0]
-            anchor = chain[position]
-        single = trace.source_name == _SINGLE_ELEMENT
-        for i, step in enumerate(chain):
-            method = _method(step)
-            if i <= position or method is None:
-                continue
-            if single and method in _SPREADING:
-                anchor, position, single = step, i, False
-                break
-            if method in _ORDERING:
-                break
-            if method in ("take", "skip") and not single:  # the same samples on every worker
-                anchor, position = step, i
-        if single:
-            self.record(
-                trace.source,
-                f"training data from {source} not sharded: it is one element (the whole tensors), "
-                f"which only one worker's shard would hold; use from_tensor_slices (or .unbatch()) "
-                f"and .apply({self.sdp}.shard) before shuffle/batch",
-                manual=True,
-            )
-            return False
-        self.anchors[anchor] = source
-        self.add_runtime_import()
-        self._note_order(trace.source, trace.source_name)
-        for step in chain[position + 1 :]:
-            if _method(step) == "take" and isinstance(step, cst.Call) and step.args and not (
-                mentions_size(self, step)
-            ):
-                self.takes.add(step)
-        return True
+            for c, t in use.candidates:
+                if t.source is use.trace.source and c.loop is not None and c.next_call is not None:
+                    self._plan_steps(t, c.loop, c.next_call)
 
     # -- loops that count their own steps over next(it) ------------------------------------------
 
@@ -371,44 +287,17 @@ class ShardTfDataset(Transform):
         )
         return new
 
-    def _note_order(self, source: cst.Call, name: str) -> None:
-        """Sources that shuffle differently on each worker make overlapping shards."""
-        if name.endswith("list_files"):
-            shuffle = arg_named(source, "shuffle", 1)
-            seed = arg_named(source, "seed", 2)
-            if seed is None and not (shuffle is not None and code(shuffle.value) == "False"):
-                self.record(
-                    source,
-                    "list_files shuffles the file names differently on each worker: pass "
-                    "shuffle=False (or the same seed everywhere) so that the shards do not overlap",
-                    manual=True,
-                )
-        elif name == "tensorflow_datasets.load":
-            shuffle = arg_named(source, "shuffle_files")
-            if shuffle is not None and code(shuffle.value) != "False":
-                self.record(
-                    source,
-                    "tfds.load(shuffle_files=True) reads the files in a different order on each "
-                    "worker: pass shuffle_files=False or a read_config with a fixed shuffle_seed "
-                    "so that the shards do not overlap",
-                    manual=True,
-                )
-
-    def _evened(self, step: cst.CSTNode) -> bool:
-        """``.apply(sdp.shard)``: this transform's own shard."""
-        return (
-            _method(step) == "apply"
-            and isinstance(step, cst.Call)
-            and len(step.args) == 1
-            and self.refers_to(step.args[0].value, f"{self.state.runtime_module}.shard")
-        )
-
     def _shard(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
+        where = "before shuffle/batch"
+        if original in self.plan.batched:
+            where = "by whole batches (it batches by itself, in the same order on every worker)"
+        elif original in self.plan.after_split:
+            where = "after the split of the training data, before shuffle/batch"
         self.record(
             original,
-            f"training data from {self.anchors[original]}: .apply({self.sdp}.shard) before "
-            f"shuffle/batch, each worker reads its own part (the same number of elements on every "
-            f"worker, padded like DistributedSampler)",
+            f"training data from {self.anchors[original]}: .apply({self.sdp}.shard) {where}, "
+            f"each worker reads its own part (the same number of elements on every worker, "
+            f"padded like DistributedSampler)",
         )
         return cst.Call(
             func=cst.Attribute(value=updated, attr=cst.Name("apply")),
@@ -435,6 +324,20 @@ class ShardTfDataset(Transform):
                 f"each worker does its part of the steps",
             )
             updated_node = replace_arg(updated_node, count, divided_by_size(count.value, self.sdp))
+        if original_node in self.plan.permutations:
+            self.record(
+                original_node,
+                f"{code(original_node)} -> {self.sdp}.broadcast_object(..., root_rank=0): the data "
+                f"split between workers comes from this random draw, which must be the same on "
+                f"every worker (rank 0's) for their parts not to overlap",
+            )
+            updated_node = cst.Call(  # type: ignore[assignment]
+                func=cst.parse_expression(f"{self.sdp}.broadcast_object"),
+                args=[
+                    cst.Arg(updated_node),
+                    cst.Arg(cst.Integer("0"), keyword=cst.Name("root_rank"), equal=_EQUAL),
+                ],
+            )
         if original_node in self.anchors:
             return self._shard(original_node, updated_node)
         return updated_node
@@ -443,3 +346,20 @@ class ShardTfDataset(Transform):
         if original_node in self.anchors:
             return self._shard(original_node, updated_node)
         return updated_node
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        """An array handed to a helper that builds the training and the test datasets."""
+        helper = self.plan.arrays.get(original_node.value)
+        if helper is None:
+            return updated_node
+        array = code(original_node.value)
+        self.record(
+            original_node.value,
+            f"{array} -> {self.sdp}.shard({array}): {helper}() builds the training data from it "
+            f"(and the evaluation data from other arrays), so each worker gets every "
+            f"{self.sdp}.size()-th sample of it",
+        )
+        split = cst.Call(
+            func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(updated_node.value)]
+        )
+        return updated_node.with_changes(value=split)

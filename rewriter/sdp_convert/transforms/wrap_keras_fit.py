@@ -40,8 +40,11 @@ Why, step by step:
   ``sdp.rank()`` on, the samples padded (like ``DistributedSampler``) to a multiple of the number of
   workers so that every worker runs the same number of steps (a worker with one batch more would
   wait for the others at the end of each epoch). ``batch_size`` stays the per-worker batch, and
-  without shuffling one step of N workers sees exactly the samples of one step of batch N*B; inputs
-  given as a list or dict of arrays are reported instead.
+  without shuffling one step of N workers sees exactly the samples of one step of batch N*B. The
+  same goes for ``fit(x)`` without labels (VAEs, GANs with their own ``train_step``), for inputs
+  given as a tuple, list or dict of arrays, and for ``sample_weight``; a ``keras.utils.Sequence``
+  of the script's is split by batches (every ``size()``-th). What counts as arrays is
+  ``program.tfshards.fit_inputs_to_split``'s answer.
 """
 
 from __future__ import annotations
@@ -60,7 +63,6 @@ from ..program.keras import (
     optimizer_from_string,
 )
 from ..program.ranks import is_rank0_test
-from ..program.sharding import fit_arrays
 from ..program.syntax import (
     add_keyword,
     arg_named,
@@ -74,6 +76,7 @@ from ..program.syntax import (
     replace_arg,
     sum_operand,
 )
+from ..program.tfshards import fit_inputs_to_split
 from ..program.training import training_facts
 
 #: Callbacks that write files or talk to the outside: rank 0 only.
@@ -96,6 +99,7 @@ class WrapKerasFit(Transform):
         self.fits: set[cst.Call] = set()
         self.split_lists: set[cst.List] = set()
         self.arrays: dict[cst.Call, list[str]] = {}  # fit -> keywords of the arrays to stride
+        self.sequences: set[cst.Call] = set()  # fits given a keras Sequence of the script's
         if not self.state.info.uses_fit and not any(
             is_keras_compile(self, c) for c in self.method_calls("compile")
         ):
@@ -220,14 +224,27 @@ class WrapKerasFit(Transform):
                 func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(arg.value)]
             )
             updated = replace_arg(updated, arg, shard)
-        if self.arrays.get(original):
+        if original in self.sequences:
+            self.record(
+                original,
+                f"{code(fit_arg(original, 'x').value)}: each worker reads every "  # type: ignore[union-attr]
+                f"{self.sdp}.size()-th batch of the Sequence from {self.sdp}.rank() on, padded so "
+                f"that every worker runs the same number of steps",
+            )
+        elif self.arrays.get(original):
             names = ", ".join(code(fit_arg(original, k).value)  # type: ignore[union-attr]
                               for k in self.arrays[original])
+            split = ""
+            if fit_arg(original, "validation_split") is not None:
+                split = (
+                    "; validation_split takes its part of each worker's shard (the validation "
+                    "metrics are averaged across workers)"
+                )
             self.record(
                 original,
                 f"{names}: each worker trains on every {self.sdp}.size()-th sample from "
                 f"{self.sdp}.rank() on, padded like DistributedSampler so that every worker runs "
-                f"the same number of steps (batch_size is per worker)",
+                f"the same number of steps (batch_size is per worker){split}",
             )
         return updated
 
@@ -312,25 +329,11 @@ class WrapKerasFit(Transform):
         return replace_arg(updated, current, quiet)
 
     def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
-        status, arg = fit_arrays(self, fit)
-        if status == "container":
-            assert arg is not None
-            value = next(
-                v for v in reaching_values(index, arg.value, fit)
-                if isinstance(v, (cst.List, cst.Tuple, cst.Dict))
-            )
-            self.record(
-                arg.value,
-                f"fit input {code(arg.value)} is a {type(value).__name__.lower()} of "
-                f"arrays: give each worker every {self.sdp}.size()-th sample from "
-                f"{self.sdp}.rank() on (of each array), or use a tf.data dataset",
-                manual=True,
-            )
-        elif status == "plain":
-            keywords = ["x", "y"]
-            if fit_arg(fit, "sample_weight") is not None:
-                keywords.append("sample_weight")
-            self.arrays[fit] = keywords
+        split = fit_inputs_to_split(self, fit)
+        if split is not None:
+            self.arrays[fit], sequence = split
+            if sequence:
+                self.sequences.add(fit)
 
     # -- callbacks that write ---------------------------------------------------------------------
 

@@ -19,6 +19,10 @@ as a hang at the end of the first epoch). torch's ``DistributedSampler`` avoids 
   shard). The cost is one store round trip per rank every ``sync_every`` elements.
 - **An infinite dataset** (``repeat()`` without count): ``shard`` alone; the loop's step count
   decides.
+- **A ``keras.utils.PyDataset`` / ``Sequence``** (an object of batches by index): rank ``r`` gets
+  batches ``r, r + size, ...``, padded with the first batches to ``ceil(len / size)`` on every
+  rank; ``on_epoch_end`` is passed on. Its order must be the same on every rank (a shuffle of its
+  indices seeded alike), or the ranks' batches overlap.
 
 Equal element counts at the shard give equal batch counts as long as what follows does not drop
 elements differently on each rank (a ``filter`` after the shard, or sharding a list of files whose
@@ -32,6 +36,7 @@ With one process ``shard`` returns its argument unchanged.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -52,8 +57,9 @@ def shard(data: Any, *, sync_every: int = DEFAULT_SYNC_EVERY) -> Any:
     """Return this rank's part of ``data``, the same amount on every rank.
 
     Arguments:
-        data: a ``tf.data.Dataset``, or arrays (numpy, tf tensors, pandas, lists, or a
-            tuple/list/dict of those with the same length).
+        data: a ``tf.data.Dataset``, arrays (numpy, tf tensors, pandas, lists, or a
+            tuple/list/dict of those with the same length), or a ``keras.utils.PyDataset``
+            (``Sequence``).
         sync_every: for datasets of unknown length, how many elements each rank yields between
             two agreements on whether any rank still has data.
 
@@ -69,6 +75,8 @@ def shard(data: Any, *, sync_every: int = DEFAULT_SYNC_EVERY) -> Any:
         return data
     if isinstance(data, tf.data.Dataset):
         return _shard_dataset(data, n, r, int(sync_every))
+    if _is_keras_sequence(data):
+        return _shard_sequence(data, n, r)
     rows = _rows_of(data, n, r)
     return _take_rows(data, rows)
 
@@ -113,6 +121,53 @@ def _take_rows(data: Any, rows: np.ndarray) -> Any:
     if hasattr(data, "iloc"):  # pandas
         return data.iloc[rows]
     return [data[int(i)] for i in rows]
+
+
+# --------------------------------------------------------------------------------------------
+# Keras PyDataset / Sequence
+
+
+def _is_keras_sequence(data: Any) -> bool:
+    # Only modules imported already: an object of a class of theirs exists only then.
+    bases = []
+    for module in ("keras", "tf_keras"):
+        utils = getattr(sys.modules.get(module), "utils", None)
+        bases += [b for b in (getattr(utils, "PyDataset", None), getattr(utils, "Sequence", None))
+                  if isinstance(b, type)]
+    return bool(bases) and isinstance(data, tuple(bases))
+
+
+def _shard_sequence(data: Any, n: int, r: int) -> Any:
+    base = next(c for c in type(data).__mro__ if c.__name__ in ("PyDataset", "Sequence"))
+
+    class ShardedSequence(base):  # type: ignore[misc, valid-type]
+        """Batches ``r, r + n, ...`` of ``data`` (padded to the same count on every rank)."""
+
+        def __init__(self) -> None:
+            options = {
+                k: getattr(data, k)
+                for k in ("workers", "use_multiprocessing", "max_queue_size")
+                if hasattr(data, k)
+            }
+            try:
+                super().__init__(**options)
+            except TypeError:  # tf_keras' Sequence takes no arguments
+                super().__init__()
+            self.data = data
+
+        def __len__(self) -> int:
+            return -(-len(data) // n)
+
+        def __getitem__(self, index: int) -> Any:
+            if index >= len(self):
+                raise IndexError(index)
+            return data[(index * n + r) % len(data)]
+
+        def on_epoch_end(self) -> None:
+            if hasattr(data, "on_epoch_end"):
+                data.on_epoch_end()
+
+    return ShardedSequence()
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,567 @@
+"""Where the training ``tf.data`` pipelines (and Keras ``fit`` arrays) get split between workers,
+and whether the data reaching each training loop or ``fit`` is split at all.
+
+``plan_tf_shards`` decides, once per file, for every place training data is consumed (a loop
+around ``apply_gradients``, Keras ``fit``): the node after which ``.apply(sdp.shard)`` goes, or the
+arguments of a helper's call that ``sdp.shard`` splits, or why nothing is split (a manual note).
+``shard_tf_dataset`` writes the plan; ``tf_training_data`` tells any transform whether the data of
+a loop or ``fit`` is sharded (by the converter, or already by the script), so that a learning rate
+is scaled only where it is.
+
+The rules (README, "What is sharded where"):
+
+* One shard per source, before any shuffle, batch or repeat: right after the source, or after a
+  ``take``/``skip`` that selects samples before any reordering (the same samples on every worker).
+* Not at a point the evaluation data also comes from: a value that is split (``ds.take(n)`` for
+  training, ``ds.skip(n)`` for testing) or read by a preprocessing layer's ``adapt`` (which must
+  see the same data on every worker) is sharded only on the training side, after the split.
+  If only an unseeded shuffle comes before that point, the workers' orders differ and the shards
+  would overlap: a note instead.
+* ``Dataset.zip((a, b))``: each input sharded at its own source, once; an input the script shards
+  already is left as it is, and the zip itself is never sharded.
+* Keras utilities that batch by themselves (``image_dataset_from_directory``,
+  ``timeseries_dataset_from_array``, ...) are sharded by whole batches, when their order is the
+  same on every worker (``shuffle=False``, or a ``seed``); unseeded shuffling gets a note.
+* A helper that builds the training and the test datasets from its arguments
+  (``make_dataset(x_train, y_train)``, ``make_dataset(x_test, y_test)``): the training call's
+  arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``).
+* ``fit`` given arrays (``fit(x, y)``, or ``fit(x)`` alone, or tuples/dicts of arrays) or a
+  ``keras.utils.Sequence``/``PyDataset`` of the script's (every ``size()``-th batch): split by
+  ``wrap_keras_fit`` with ``sdp.shard``.
+* Arrays split between workers must be in the same order on every worker first: an unseeded
+  ``np.random.permutation`` behind them becomes rank 0's (``sdp.broadcast_object``); in-place
+  shuffles and ``train_test_split`` without ``random_state`` get a note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+from .datasets import (
+    Candidate,
+    DatasetTrace,
+    _method,
+    _short,
+    holds_arrays,
+    keras_sequence,
+    trace_dataset,
+    training_dataset_uses,
+)
+from .index import FileIndex, file_index
+from .keras import fit_arg, keras_fit_calls
+from .permutations import unseeded_orders
+from .scopes import param_for_arg
+from .syntax import arg_named, code, mentions_size
+
+#: Operations after which a ``take``/``skip`` no longer selects the same samples on every worker.
+ORDERING = frozenset(
+    {"shuffle", "batch", "padded_batch", "ragged_batch", "repeat", "unbatch", "rebatch",
+     "bucket_by_sequence_length", "window", "interleave", "flat_map", "prefetch", "cache"}
+)
+#: ``from_tensors`` makes ONE element (the whole tensors): sharded as it is, worker 0 would get it
+#: and the others nothing. These make several elements of it; the shard goes after the first one.
+_SPREADING = frozenset({"unbatch", "repeat", "flat_map", "interleave"})
+_SINGLE_ELEMENT = "tensorflow.data.Dataset.from_tensors"
+_ZIP = "tensorflow.data.Dataset.zip"
+#: Calls on a value that split it into a training and an evaluation part.
+_SPLITS = frozenset({"take", "skip", "shard"})
+
+
+@dataclass
+class TrainingData:
+    """One place training data is consumed, and whether it reaches there split by worker."""
+
+    where: cst.CSTNode  # the outermost training loop, or the fit call
+    #: "converter" (this conversion splits it), "script" (it is split already), or None.
+    sharded_by: str | None
+    #: The dataset's trace (None for arrays given to fit, or data the converter cannot follow).
+    trace: DatasetTrace | None = None
+    #: The expressions found there that hold a dataset, with their traces.
+    candidates: list[tuple[Candidate, DatasetTrace]] = field(default_factory=list)
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharded_by is not None
+
+
+@dataclass
+class TfShardPlan:
+    """What ``shard_tf_dataset`` writes (original nodes), and what it must report."""
+
+    #: node to append ``.apply(sdp.shard)`` to -> the source it shards (for the report)
+    anchors: dict[cst.CSTNode, str] = field(default_factory=dict)
+    #: anchors of sources that batch by themselves (sharded by whole batches)
+    batched: set[cst.CSTNode] = field(default_factory=set)
+    #: anchors moved past the point the evaluation data branches off
+    after_split: set[cst.CSTNode] = field(default_factory=set)
+    #: ``take(n)`` calls after a shard: ``n`` counts per worker now
+    takes: set[cst.CSTNode] = field(default_factory=set)
+    #: helper-call arguments to wrap in ``sdp.shard(...)`` -> the helper's name
+    arrays: dict[cst.CSTNode, str] = field(default_factory=dict)
+    #: (node, message, manual)
+    reports: list[tuple[cst.CSTNode, str, bool]] = field(default_factory=list)
+    uses: list[TrainingData] = field(default_factory=list)
+    #: unseeded permutations behind split arrays: rank 0's is used on every worker
+    permutations: dict[cst.Call, str] = field(default_factory=dict)
+    #: id(source) -> how it is sharded ("converter", "script" or None)
+    sources: dict[int, str | None] = field(default_factory=dict)
+
+
+def tf_training_data(transform: Transform) -> list[TrainingData]:
+    """Every place of the file where TensorFlow training data is consumed (training loops and
+    Keras ``fit``), and whether the data reaching it is split between workers: by this conversion
+    (``shard_tf_dataset``, ``wrap_keras_fit``) or by the script itself. A learning rate should be
+    scaled only for those that are."""
+    return plan_tf_shards(transform).uses
+
+
+def data_sharded_for(transform: Transform, node: cst.CSTNode) -> bool | None:
+    """Whether the training data consumed at ``node`` (a training loop around it, or a ``fit``
+    call at or around it) is split between workers; None when no training use is there."""
+    found = None
+    for use in tf_training_data(transform):
+        if use.where is node or use.where in transform.ancestors(node) or (
+            node in transform.ancestors(use.where)
+        ):
+            if not use.sharded:
+                return False
+            found = True
+    return found
+
+
+def plan_tf_shards(transform: Transform) -> TfShardPlan:
+    """The file's plan, computed once."""
+    facts = transform.state.facts
+    if isinstance(facts.tf_shards, TfShardPlan):
+        return facts.tf_shards
+    planner = _Planner(transform)
+    plan = planner.plan
+    for where, candidates in training_dataset_uses(transform):
+        traces = [(c, trace_dataset(transform, planner.index, c.expr)) for c in candidates]
+        usable = [(c, t) for c, t in traces if t.source is not None]
+        if not usable:
+            why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
+            planner.note(
+                where,
+                f"training data not sharded ({why}): give each worker its own part, e.g. "
+                f".apply({planner.sdp}.shard) right after the source",
+            )
+            plan.uses.append(TrainingData(where, None, traces[0][1] if traces else None))
+            continue
+        trace = usable[0][1]
+        plan.uses.append(TrainingData(where, planner.source(trace), trace, usable))
+    split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
+    for fit in keras_fit_calls(transform):
+        x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
+        inputs = fit_inputs_to_split(transform, fit)
+        if x is None or (inputs is None and not _split_already(transform, x)):
+            continue
+        # Split by wrap_keras_fit's sdp.shard, or by the script already.
+        plan.uses.append(TrainingData(fit, "converter" if inputs else "script"))
+        sequence = keras_sequence(transform, x.value, fit) if y is None else None
+        if sequence is not None:
+            planner.sequence_order(sequence)
+        elif inputs is not None:
+            split += [a.value for k in inputs[0] if (a := fit_arg(fit, k))]
+    orders = unseeded_orders(transform, split)
+    broadcast = f"{transform.state.runtime_module}.broadcast_object"
+    plan.permutations = {
+        call: what
+        for call, what in orders.permutations.items()
+        if not (  # rank 0's already
+            isinstance(arg := transform.parent(call), cst.Arg)
+            and isinstance(outer := transform.parent(arg), cst.Call)
+            and transform.refers_to(outer.func, broadcast)
+        )
+    }
+    for node, what in orders.notes:
+        planner.note(
+            node,
+            f"{what}: their parts overlap; seed it (the same seed on every worker), or split the "
+            f"data before shuffling it",
+        )
+    facts.tf_shards = plan
+    return plan
+
+
+def fit_inputs_to_split(transform: Transform, fit: cst.Call) -> tuple[list[str], bool] | None:
+    """What ``wrap_keras_fit`` splits with ``sdp.shard`` in this ``fit`` call: the keywords of the
+    arguments (``x``, ``y``, ``sample_weight``), and whether ``x`` is a Keras ``Sequence`` of the
+    script's. None when ``fit`` gets a dataset, a generator, what the converter cannot follow, or
+    arrays the script splits already."""
+    x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
+    if x is None:
+        return None
+    if y is None and keras_sequence(transform, x.value, fit) is not None:
+        return None if _split_already(transform, x) else (["x"], True)
+    if y is None and not holds_arrays(transform, x.value, fit):
+        return None
+    keywords = ["x"] if y is None else ["x", "y"]
+    if fit_arg(fit, "sample_weight") is not None:
+        keywords.append("sample_weight")
+    for keyword in keywords:
+        arg = fit_arg(fit, keyword)
+        if arg is None or _split_already(transform, arg):
+            return None
+    return keywords, False
+
+
+def _split_already(transform: Transform, arg: cst.Arg) -> bool:
+    """``x[sdp.rank()::sdp.size()]`` or ``sdp.shard(x)``."""
+    if isinstance(arg.value, cst.Subscript) and mentions_size(transform, arg.value):
+        return True
+    return isinstance(arg.value, cst.Call) and transform.refers_to(
+        arg.value.func, f"{transform.state.runtime_module}.shard"
+    )
+
+
+class _Planner:
+    def __init__(self, transform: Transform) -> None:
+        self.t = transform
+        self.sdp = transform.sdp
+        self.index: FileIndex = file_index(transform)
+        self.plan = TfShardPlan()
+
+    def note(self, node: cst.CSTNode, message: str) -> None:
+        self.plan.reports.append((node, message, True))
+
+    def source(self, trace: DatasetTrace) -> str | None:
+        """How the source of ``trace`` is sharded, planning its shard the first time."""
+        assert trace.source is not None
+        key = id(trace.source)
+        if key not in self.plan.sources:
+            self.plan.sources[key] = None  # a zip of itself, say: planned once
+            self.plan.sources[key] = self._plan(trace)
+        return self.plan.sources[key]
+
+    # -- one pipeline ------------------------------------------------------------------------
+
+    def _plan(self, trace: DatasetTrace) -> str | None:
+        assert trace.source is not None
+        source = _short(trace.source_name)
+        chain = trace.chain
+        if any(self._evened(s) for s in chain):
+            return "script"  # .apply(sdp.shard) already
+        existing = [s for s in chain if _method(s) == "shard"]
+        if existing:
+            if not any(mentions_size(self.t, s) for s in existing):
+                self.note(
+                    existing[0],
+                    f"the training data is sharded already: make it .apply({self.sdp}.shard)",
+                )
+            return "script"
+        if trace.source_name == _ZIP:
+            return self._zip(trace)
+        if trace.problem is not None and not self._batched_in_order(trace):
+            self.note(
+                trace.source,
+                f"training data from {source} not sharded: {trace.problem}; build it so that "
+                f"every worker sees the same order, then .apply({self.sdp}.shard)",
+            )
+            return None
+        anchor: cst.CSTNode = trace.source
+        position = -1
+        if trace.unpacked:
+            names = [i for i, s in enumerate(chain) if isinstance(s, cst.Name)]
+            position = names[0]
+            anchor = chain[position]
+        single = trace.source_name == _SINGLE_ELEMENT
+        moved = False
+        # The evaluation data (a split, adapt's data) comes from the value held there: the shard
+        # goes after it, on the training side.
+        shared = self._shared_until(chain)
+        if shared > position:
+            unseeded = [s for s in chain[position + 1 : shared] if self._reorders(s)]
+            if unseeded:
+                self.note(
+                    unseeded[0],
+                    f"training data from {source} not sharded: the training and the evaluation "
+                    f"data are split after this {_method(unseeded[0])}, which orders the data "
+                    f"differently on each worker; give it a seed (the same on every worker), then "
+                    f".apply({self.sdp}.shard) on the training side of the split",
+                )
+                return None
+            anchor, position = chain[shared], shared
+            moved = True
+            single = single and not any(_method(s) in _SPREADING for s in chain[: shared + 1])
+        for i, step in enumerate(chain):
+            method = _method(step)
+            if i <= position or method is None:
+                continue
+            if single and method in _SPREADING:
+                anchor, position, single = step, i, False
+                break
+            if method in ORDERING:
+                break
+            if method in ("take", "skip") and not single:  # the same samples on every worker
+                anchor, position = step, i
+        if single:
+            self.note(
+                trace.source,
+                f"training data from {source} not sharded: it is one element (the whole "
+                f"tensors), which only one worker's shard would hold; use from_tensor_slices (or "
+                f".unbatch()) and .apply({self.sdp}.shard) before shuffle/batch",
+            )
+            return None
+        shared_helper = self._shared_helper(trace, anchor)
+        if shared_helper is not None:
+            return self._helper_arguments(trace, shared_helper, chain, position)
+        self.plan.anchors[anchor] = source
+        if moved:
+            self.plan.after_split.add(anchor)
+        if trace.problem is not None:  # a batching utility, in the same order everywhere
+            self.plan.batched.add(anchor)
+        self._note_order(trace.source, trace.source_name)
+        for step in chain[position + 1 :]:
+            if _method(step) == "take" and isinstance(step, cst.Call) and step.args and not (
+                mentions_size(self.t, step)
+            ):
+                self.plan.takes.add(step)
+        return "converter"
+
+    def _zip(self, trace: DatasetTrace) -> str | None:
+        """``Dataset.zip((a, b))``: each input sharded at its own source, once."""
+        assert trace.source is not None
+        datasets = arg_named(trace.source, "datasets", 0)
+        value = datasets.value if datasets is not None else None
+        if isinstance(value, (cst.Tuple, cst.List)):
+            parts = [e.value for e in value.elements]
+        elif isinstance(value, cst.Dict):
+            parts = [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+        else:
+            parts = [a.value for a in trace.source.args if a.keyword is None and not a.star]
+        if not parts:
+            self.note(trace.source, f"training data from Dataset.zip not sharded: shard each of "
+                                    f"its inputs (.apply({self.sdp}.shard) after its source)")
+            return None
+        found: list[str | None] = []
+        for part in parts:
+            inner = trace_dataset(self.t, self.index, part, trace.source)
+            if inner.source is None:
+                self.note(
+                    part,
+                    f"input {code(part)} of Dataset.zip not sharded ({inner.problem}): shard it "
+                    f"after its source, like the other inputs",
+                )
+                found.append(None)
+                continue
+            found.append(self.source(inner))
+        if all(f == "script" for f in found):
+            return "script"
+        if all(f is not None for f in found):
+            return "converter"
+        return None
+
+    # -- where the evaluation data branches off ------------------------------------------------
+
+    def _shared_until(self, chain: list[cst.CSTNode]) -> int:
+        """The position of the last name in ``chain`` whose value the evaluation data (another
+        split of it, ``adapt``) also comes from; -1 when there is none."""
+        last = -1
+        for i, step in enumerate(chain):
+            if isinstance(step, cst.Name) and self._branches(step):
+                last = i
+        return last
+
+    def _branches(self, name: cst.Name) -> bool:
+        binding = self.index.reaching(name.value, name)
+        if binding is None:
+            return False
+        for use in self.index.loads_of(name.value, binding.scope):
+            if use is name or self.index.reaching(name.value, use) is not binding:
+                continue
+            if self._splits_or_adapts(use, 0):
+                return True
+        return False
+
+    def _splits_or_adapts(self, node: cst.CSTNode, depth: int) -> bool:
+        """``node`` (a use of a dataset) is split (``.take``/``.skip``) or reaches ``adapt``."""
+        parent = self.t.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            if parent.attr.value in _SPLITS:
+                return True
+            call = self.t.parent(parent)
+            if isinstance(call, cst.Call) and call.func is parent and depth < 8:
+                return self._splits_or_adapts(call, depth + 1)  # ds.map(...).adapt? follow on
+            return False
+        if isinstance(parent, cst.Arg):
+            call = self.t.parent(parent)
+            return (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "adapt"
+            )
+        if isinstance(parent, cst.Assign) and depth < 8:  # text = ds.map(...); layer.adapt(text)
+            targets = [t.target for t in parent.targets]
+            if len(targets) == 1 and isinstance(targets[0], cst.Name):
+                name = targets[0].value
+                for use in self.index.loads_of(name, self.index.scope(parent)):
+                    binding = self.index.reaching(name, use)
+                    if binding is not None and binding.stmt is parent and self._adapted(use):
+                        return True
+        return False
+
+    def _adapted(self, use: cst.CSTNode) -> bool:
+        parent = self.t.parent(use)
+        call = self.t.parent(parent) if isinstance(parent, cst.Arg) else None
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "adapt"
+        )
+
+    def _reorders(self, step: cst.CSTNode) -> bool:
+        """A step whose order differs between workers: ``shuffle`` without a seed."""
+        if _method(step) != "shuffle" or not isinstance(step, cst.Call):
+            return False
+        return arg_named(step, "seed", 1) is None
+
+    # -- Keras utilities that batch by themselves -------------------------------------------
+
+    def _batched_in_order(self, trace: DatasetTrace) -> bool:
+        """A batching utility whose batches come in the same order on every worker:
+        ``shuffle=False``, a ``seed``, or ``timeseries_dataset_from_array`` (unshuffled unless
+        asked)."""
+        source = trace.source
+        assert source is not None
+        if not trace.problem or not trace.problem.endswith("shuffles and batches by itself"):
+            return False
+        if "make_csv_dataset" in trace.source_name:
+            return False
+        shuffle = arg_named(source, "shuffle")
+        seed = arg_named(source, "seed")
+        default_off = trace.source_name.endswith("timeseries_dataset_from_array")
+        if seed is not None and code(seed.value) != "None":
+            return True
+        if shuffle is None:
+            return default_off
+        return code(shuffle.value) == "False"
+
+    # -- helpers that build the training and the test data -------------------------------------
+
+    def _shared_helper(
+        self, trace: DatasetTrace, anchor: cst.CSTNode
+    ) -> tuple[cst.FunctionDef, cst.Call] | None:
+        """The function called several times that the shard would land in."""
+        ancestors = self.t.ancestors(anchor)
+        for function, call, count in trace.functions:
+            if count > 1 and function in ancestors:
+                return function, call
+        return None
+
+    def _helper_arguments(
+        self,
+        trace: DatasetTrace,
+        helper: tuple[cst.FunctionDef, cst.Call],
+        chain: list[cst.CSTNode],
+        position: int,
+    ) -> str | None:
+        """``def make(x, y): return from_tensor_slices((x, y))...`` called for the training and
+        the test data: the training call's arrays are split instead (``make(sdp.shard(x), ...)``),
+        which is the same as a shard right after the source."""
+        function, call = helper
+        assert trace.source is not None
+        name = function.name.value
+        arrays = self._source_arguments(trace.source, function, call)
+        takes = [s for s in chain if _method(s) in ("take", "skip")]
+        if trace.source_name != "tensorflow.data.Dataset.from_tensor_slices" or position >= 0 or (
+            arrays is None or takes
+        ):
+            self.note(
+                call,
+                f"training data not sharded: {name}() builds the training and the evaluation "
+                f"data; shard the training dataset it returns before its shuffle/batch (e.g. pass "
+                f"{self.sdp}.shard(x) for its arrays)",
+            )
+            return None
+        assert arrays is not None
+        if all(_split_already(self.t, cst.Arg(a)) for a in arrays):
+            return "script"  # make(sdp.shard(x), sdp.shard(y)) already
+        for arg in arrays:
+            if not _split_already(self.t, cst.Arg(arg)):
+                self.plan.arrays[arg] = name
+        return "converter"
+
+    def _source_arguments(
+        self, source: cst.Call, function: cst.FunctionDef, call: cst.Call
+    ) -> list[cst.BaseExpression] | None:
+        """The arguments of ``call`` that ``source``'s data comes from, when its data is made of
+        the function's parameters only and they are arrays at ``call``."""
+        if not source.args:
+            return None
+        value = source.args[0].value
+        names: list[cst.Name] = []
+        parts = [e.value for e in value.elements] if isinstance(
+            value, (cst.Tuple, cst.List)
+        ) else [value]
+        for part in parts:
+            if not isinstance(part, cst.Name):
+                return None
+            binding = self.index.reaching(part.value, part)
+            if binding is None or binding.kind != "param" or binding.stmt is not function:
+                return None
+            names.append(part)
+        found: list[cst.BaseExpression] = []
+        for part in names:
+            arg = next(
+                (a for a in call.args
+                 if (p := param_for_arg(function, call, a)) is not None
+                 and p.name.value == part.value),
+                None,
+            )
+            if arg is None or not (
+                holds_arrays(self.t, arg.value, call) or _split_already(self.t, arg)
+            ):
+                return None
+            found.append(arg.value)
+        return found
+
+    def sequence_order(self, cls: cst.ClassDef) -> None:
+        """A Sequence that shuffles its indices without a seed: the workers' batches overlap."""
+        for call in m.findall(cls, m.Call()):
+            assert isinstance(call, cst.Call)
+            if self.t.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
+                                "random.shuffle"):
+                self.note(
+                    call,
+                    f"{cls.name.value} reorders its batches without a seed, differently on each "
+                    f"worker, so the workers' batches overlap: seed it the same on every worker "
+                    f"(e.g. np.random.default_rng(seed + epoch))",
+                )
+                return
+
+    # -- reports -------------------------------------------------------------------------------
+
+    def _note_order(self, source: cst.Call, name: str) -> None:
+        """Sources that shuffle differently on each worker make overlapping shards."""
+        if name.endswith("list_files"):
+            shuffle = arg_named(source, "shuffle", 1)
+            seed = arg_named(source, "seed", 2)
+            if seed is None and not (shuffle is not None and code(shuffle.value) == "False"):
+                self.note(
+                    source,
+                    "list_files shuffles the file names differently on each worker: pass "
+                    "shuffle=False (or the same seed everywhere) so that the shards do not overlap",
+                )
+        elif name == "tensorflow_datasets.load":
+            shuffle = arg_named(source, "shuffle_files")
+            if shuffle is not None and code(shuffle.value) != "False":
+                self.note(
+                    source,
+                    "tfds.load(shuffle_files=True) reads the files in a different order on each "
+                    "worker: pass shuffle_files=False or a read_config with a fixed shuffle_seed "
+                    "so that the shards do not overlap",
+                )
+
+    def _evened(self, step: cst.CSTNode) -> bool:
+        """``.apply(sdp.shard)``: the runtime's shard."""
+        return (
+            _method(step) == "apply"
+            and isinstance(step, cst.Call)
+            and len(step.args) == 1
+            and self.t.refers_to(step.args[0].value, f"{self.t.state.runtime_module}.shard")
+        )

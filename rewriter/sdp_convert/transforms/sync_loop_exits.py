@@ -1,0 +1,130 @@
+"""Leave a TensorFlow training loop on every worker at the same step: rank 0 decides.
+
+Before::
+
+    for episode in range(1000):
+        loss = train_step(...)
+        running_reward = 0.05 * episode_reward + 0.95 * running_reward
+        if running_reward > 195:
+            break
+
+After::
+
+    for episode in range(1000):
+        loss = train_step(...)
+        running_reward = 0.05 * episode_reward + 0.95 * running_reward
+        if sdp.broadcast_object(bool(running_reward > 195), root_rank=0):
+            break
+
+Why: a condition computed from what each worker saw (its loss, its validation metric, its
+episodes' rewards, an early-stopping patience counter) holds on one worker before the others.
+That worker leaves the loop; the others go on to the next step and wait in its gradient allreduce
+for a partner that never comes, until the collective times out. Rank 0's decision, broadcast, is
+the same on every worker, so they all break (or all go on) together; on one process it is the
+condition itself. Conditions that read only loop counters, constants and configuration
+(``if step >= max_steps``) are the same everywhere and stay as they are.
+
+A ``while`` loop whose own condition differs between workers (``while not done``) is reported, not
+rewritten: forcing rank 0's answer would make the others step an environment that has finished.
+Keras ``fit`` needs none of this: ``EarlyStopping`` sees the metrics ``MetricAverageCallback``
+averaged (``wrap_keras_fit`` puts it first), so every worker stops at the same epoch.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..base import Transform
+from ..program.datasets import in_keras_train_step
+from ..program.flow import decided_per_rank
+from ..program.syntax import code
+from ..program.training import is_tf_function, training_facts
+
+
+class SyncLoopExits(Transform):
+    DESCRIPTION = "Training-loop exits decided on one worker become rank 0's decision for all."
+    FRAMEWORKS = frozenset({"tensorflow"})
+
+    def prepare(self, module: cst.Module) -> None:
+        self.tests: set[cst.BaseExpression] = set()
+        broadcast = f"{self.state.runtime_module}.broadcast_object"
+        done: set[int] = set()
+        for site in training_facts(self).sites:
+            for loop in site.loops:
+                if id(loop) in done or in_keras_train_step(self, loop):
+                    continue
+                done.add(id(loop))
+                function = self.enclosing_function(loop)
+                traced = function is not None and is_tf_function(self, function)
+                if isinstance(loop, cst.While) and decided_per_rank(self, loop.test):
+                    self.record(
+                        loop,
+                        f"`while {code(loop.test)}` may end on one worker before the others, "
+                        f"which then wait for it in the gradient allreduce: make the condition "
+                        f"the same on every worker (e.g. {self.sdp}.broadcast_object("
+                        f"bool(...), root_rank=0)) or run a fixed number of steps",
+                        manual=True,
+                    )
+                for exit_stmt in self._exits(loop):
+                    for test in self._tests(exit_stmt, loop):
+                        if isinstance(test, cst.Call) and self.refers_to(test.func, broadcast):
+                            continue  # rank 0's already
+                        if test in self.tests or not decided_per_rank(self, test):
+                            continue
+                        if traced:
+                            self.record(
+                                test,
+                                f"`if {code(test)}` decides on each worker alone when to leave "
+                                f"this loop (inside a tf.function): make it the same on every "
+                                f"worker",
+                                manual=True,
+                            )
+                            continue
+                        self.tests.add(test)
+        if self.tests:
+            self.add_runtime_import()
+
+    def _exits(self, loop: cst.For | cst.While) -> list[cst.CSTNode]:
+        """``break`` statements that leave ``loop``, and ``return`` statements inside it."""
+        found: list[cst.CSTNode] = []
+
+        def walk(node: cst.CSTNode, nested: bool) -> None:
+            for child in node.children:
+                if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                    continue
+                if (isinstance(child, cst.Break) and not nested) or isinstance(child, cst.Return):
+                    found.append(child)
+                inner = nested or (isinstance(child, (cst.For, cst.While)) and child is not loop)
+                walk(child, inner)
+
+        walk(loop.body, False)
+        return found
+
+    def _tests(self, node: cst.CSTNode, loop: cst.CSTNode) -> list[cst.BaseExpression]:
+        """The ``if`` tests between ``node`` and ``loop`` (innermost first)."""
+        tests = []
+        for parent in self.ancestors(node):
+            if parent is loop:
+                break
+            if isinstance(parent, cst.If):
+                tests.append(parent.test)
+        return tests
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node.test not in self.tests:
+            return updated_node
+        test = updated_node.test.with_changes(lpar=[], rpar=[])
+        decided = cst.Call(func=cst.Name("bool"), args=[cst.Arg(test)])
+        wrapped = cst.parse_expression(f"{self.sdp}.broadcast_object(_, root_rank=0)")
+        assert isinstance(wrapped, cst.Call)
+        wrapped = wrapped.with_changes(
+            args=[wrapped.args[0].with_changes(value=decided), *wrapped.args[1:]]
+        )
+        self.record(
+            original_node.test,
+            f"`if {code(original_node.test)}` -> rank 0's decision "
+            f"({self.sdp}.broadcast_object): it reads values that differ between workers, and a "
+            f"worker leaving the training loop alone would leave the others waiting in a "
+            f"collective",
+        )
+        return updated_node.with_changes(test=wrapped)
