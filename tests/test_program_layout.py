@@ -48,3 +48,12 @@ def test_a_transform_with_a_matcher_decorated_hook_is_refused_when_defined(decor
             @decorate(m)
             def on_call(self, original_node, updated_node):
                 return updated_node
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_a_transform_module_stays_small(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= 450, (
+        f"{path.name} has {lines} lines: a transform holds its policy only; move the analysis it "
+        "needs to sdp_convert.program"
+    )

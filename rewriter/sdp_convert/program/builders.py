@@ -9,6 +9,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
 from .index import imported_names
+from .scopes import names_in
 
 _MAX_LINE = 99
 
@@ -69,3 +70,24 @@ def runs_right_before(t: Transform, call: cst.Call, stmt: cst.CSTNode) -> bool:
         if isinstance(parent, cst.BooleanOperation):
             return False
     return False
+
+
+def fresh_name(
+    t: Transform, taken: dict[cst.CSTNode, set[str]], name: str, scope: cst.CSTNode
+) -> str:
+    """``name``, or ``name_2``, ...: not yet a name in ``scope`` (a function, class, module),
+    and reserved there (``taken`` caches the names per scope for one transform).
+
+    Every identifier read or written in ``scope`` counts (a global read there must not be
+    shadowed); at module level that is every identifier of the file.
+    """
+    names = taken.get(scope)
+    if names is None:
+        names = taken[scope] = names_in(t, scope)
+    candidate, n = name, 2
+    while candidate in names:
+        candidate, n = f"{name}_{n}", n + 1
+    names.add(candidate)
+    if scope is not t.module:
+        taken.setdefault(t.module, names_in(t, t.module)).add(candidate)
+    return candidate

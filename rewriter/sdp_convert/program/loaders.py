@@ -143,3 +143,14 @@ def _assigned_dict(t: Transform, assignment: Binding) -> cst.Dict | None:
     ):
         return assign.value
     return None
+
+
+def loader_base_name(binding: Binding | None) -> str:
+    """``train_loader`` -> ``train``; ``loader`` -> ``loader``; unknown -> ``train``."""
+    if binding is None:
+        return "train"
+    name = binding.attr if binding.cls is not None else binding.name
+    for suffix in ("_dataloader", "_loader"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name

@@ -393,3 +393,16 @@ def untrained_models(
             ):
                 yield name, binding
             break
+
+
+def model_bindings(
+    t: Transform, target: str, scope: Scope, owner: cst.ClassDef | None
+) -> list[Binding]:
+    """Where the model ``target`` is assigned: the name in ``scope``, or ``self.<attr>`` in the
+    methods of ``owner``."""
+    index = file_index(t)
+    if owner is None:
+        return index.bindings_of(target, scope)
+    return [
+        b for b in index.attribute_bindings.get(target, []) if owner_class(t, b.stmt) is owner
+    ]

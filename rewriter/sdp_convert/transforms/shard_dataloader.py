@@ -65,13 +65,12 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..base import Transform
-from ..program.builders import statement, torch_spelling
+from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
-from ..program.loaders import LOADERS, kwargs_literal
+from ..program.loaders import LOADERS, kwargs_literal, loader_base_name
 from ..program.scopes import (
     Binding,
     assigned_binding,
-    names_in,
     training_loops,
 )
 from ..program.sharding import has_distributed_sampler, loader_args, loader_problem, training_data
@@ -180,12 +179,12 @@ class ShardDataLoader(Transform):
         stmt = self.enclosing_statement(call)
         assert dataset is not None and stmt is not None
 
-        names = _loader_base(named)
+        names = loader_base_name(named)
         local_scope = self.enclosing_function(stmt) or self.module
         if own is not None and own.cls is not None:
-            sampler_code = "self." + self._unique(names + "_sampler", own.cls)
+            sampler_code = "self." + fresh_name(self, self._taken, names + "_sampler", own.cls)
         else:
-            sampler_code = self._unique(names + "_sampler", local_scope)
+            sampler_code = fresh_name(self, self._taken, names + "_sampler", local_scope)
         plan = _Plan(call=call, sampler=sampler_code)
 
         shuffle = self._shuffle(call, args, plan)
@@ -198,7 +197,7 @@ class ShardDataLoader(Transform):
         new_statements: list[cst.BaseStatement] = []
         dataset_code = self.module.code_for_node(dataset.value)
         if not is_simple_reference(dataset.value):
-            plan.dataset_name = self._unique(names + "_dataset", local_scope)
+            plan.dataset_name = fresh_name(self, self._taken, names + "_dataset", local_scope)
             plan.dataset_arg = dataset_index
             new_statements.append(cst.parse_statement(f"{plan.dataset_name} = {dataset_code}\n"))
             dataset_code = plan.dataset_name
@@ -339,25 +338,6 @@ class ShardDataLoader(Transform):
                 return True
         return False
 
-    # -- small questions ------------------------------------------------------------------------
-
-    def _unique(self, name: str, scope: cst.CSTNode) -> str:
-        """``name``, or ``name_2``, ... : not yet a name in ``scope`` (a function, class, module).
-
-        Every identifier read or written in ``scope`` counts (a global read there must not be
-        shadowed); at module level that is every identifier of the file.
-        """
-        taken = self._taken.get(scope)
-        if taken is None:
-            taken = self._taken[scope] = names_in(self, scope)
-        candidate, n = name, 2
-        while candidate in taken:
-            candidate, n = f"{name}_{n}", n + 1
-        taken.add(candidate)
-        if scope is not self.module:
-            self._taken.setdefault(self.module, names_in(self, self.module)).add(candidate)
-        return candidate
-
     # -- the rewrite ----------------------------------------------------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
@@ -433,19 +413,3 @@ def _arg(call: cst.Call, index: int | None) -> cst.Arg | None:
 
 def _may_shuffle(code: str) -> bool:
     return code not in ("False", "None", "0")
-
-
-def _loader_base(binding: Binding | None) -> str:
-    """``train_loader`` -> ``train``; ``loader`` -> ``loader``; unknown -> ``train``."""
-    if binding is None:
-        return "train"
-    name = binding.attr if binding.cls is not None else binding.name
-    for suffix in ("_dataloader", "_loader"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-# -- value flow: generic helpers (also used by guard_rank0_writes; candidates for base.py) -----
-
-

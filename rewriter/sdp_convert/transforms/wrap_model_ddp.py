@@ -69,6 +69,7 @@ from ..program.models import (
     freezes,
     is_plain_object,
     is_wrapper,
+    model_bindings,
     model_creation,
     model_expression,
     models_from_backward,
@@ -80,6 +81,7 @@ from ..program.models import (
     user_methods_in_training,
 )
 from ..program.optimizers import optimizer_class, params_argument
+from ..program.scopes import uses as reads_of
 from ..program.syntax import arg_named, code
 
 Scope = cst.FunctionDef | cst.ClassDef | None
@@ -113,7 +115,6 @@ class WrapModelDdp(Transform):
         # original DataParallel call nested in an expression -> replaced by its module argument
         self.unwrap: set[cst.Call] = set()
         self.models: dict[tuple[str, int], _Model] = {}
-        self._attribute_uses: dict[str, list[cst.Attribute]] | None = None
         self.state.facts.wrapped_models = []
         if self.calls_to("sdp_runtime.torch.DistributedOptimizer"):
             return  # the optimizer averages the gradients already; DDP would do it twice
@@ -279,7 +280,7 @@ class WrapModelDdp(Transform):
     def _plan(self, model: _Model) -> None:
         if model.wrapped:
             return
-        same = self._bindings(model)
+        same = model_bindings(self, model.target, model.scope, model.owner)
         first = self.enclosing_statement(model.creation.stmt)
         if first is None:
             return
@@ -375,30 +376,13 @@ class WrapModelDdp(Transform):
                     f"DistributedDataParallel in every branch (or after they join)", manual=True)
         return first
 
-    def _bindings(self, model: _Model) -> list[Binding]:
-        if model.owner is None:
-            return self.index.bindings_of(model.target, model.scope)
-        return [
-            b for b in self.index.attribute_bindings.get(model.target, [])
-            if owner_class(self, b.stmt) is model.owner
-        ]
-
     def _uses(self, model: _Model) -> list[cst.CSTNode]:
         """Loads of the model: ``model`` names of its scope, or ``self.model`` in its class."""
         if model.owner is None:
             return list(self.index.loads_of(model.target, model.scope))
-        if self._attribute_uses is None:
-            self._attribute_uses = {}
-            for node in self.state.info.parents:
-                if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and (
-                    node.value.value == "self"
-                ):
-                    self._attribute_uses.setdefault(f"self.{node.attr.value}", []).append(node)
-        return [
-            a for a in self._attribute_uses.get(model.target, [])
-            if owner_class(self, a) is model.owner
-            and not isinstance(self.parent(a), cst.AssignTarget)
-        ]
+        attr = model.target.split(".", 1)[1]
+        held = Binding(attr, None, "attribute", model.owner, cls=model.owner, attr=attr)
+        return [a for a in reads_of(self, held) if owner_class(self, a) is model.owner]
 
     def _first_uses(
         self,
