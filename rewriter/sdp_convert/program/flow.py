@@ -236,8 +236,8 @@ def origin(
             if back is None or back.value is None:
                 return None
             container, where = back.value, back.at or where
-        element = _element_for(container, key)
-        return Origin(element, where) if element is not None else None
+        picked = _element_for(container, key)
+        return Origin(picked, where) if picked is not None else None
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
         binding = index.reaching(expr.func.value, expr)
         if binding is not None and isinstance(binding.stmt, cst.FunctionDef):

@@ -590,7 +590,7 @@ def imported_names(transform: Transform) -> list[tuple[str, set[str], cst.CSTNod
     scope = transform.get_metadata(ScopeProvider, transform.module, None)
     if scope is None:
         return []
-    found = []
+    found: list[tuple[str, set[str], cst.CSTNode]] = []
     for assignment in scope.assignments:
         node = getattr(assignment, "node", None)
         if isinstance(node, (cst.Import, cst.ImportFrom)):
