@@ -22,8 +22,9 @@ rank, or they all pile onto GPU 0. ``torch.cuda.set_device`` right after ``init(
 only explicit indices (``"cuda:1"``, ``.cuda(0)``, ``torch.device("cuda", 0)``, ``device=0``,
 an integer variable used as a GPU, also through a function's parameter or ``self.<attr>``, as
 in ``device = 0`` handed to a ``Trainer`` that calls ``model.to(gpu_id)``) are rewritten. No
-``set_device`` is added where the script already calls one (its index becomes the local rank). A script that uses several GPUs in one
-process (model parallel) and one that sets ``CUDA_VISIBLE_DEVICES`` itself get a manual note.
+``set_device`` is added where the script already calls one (its index becomes the local rank).
+A script that uses several GPUs in one process (model parallel) and one that sets
+``CUDA_VISIBLE_DEVICES`` itself get a manual note.
 """
 
 from __future__ import annotations
