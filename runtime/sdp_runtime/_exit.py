@@ -53,6 +53,9 @@ _COMMUNICATION_HINTS = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
     "nccl", "gloo", "timed out", "timeout", "process group", "processgroup", "communicationerror",
 )
+#: A peer's end of the connection went away: the error follows from that peer's exit even when
+#: the peer left no record (killed by SIGKILL, out of memory).
+_PEER_GONE_HINTS = ("connection closed by peer", "connection reset by peer", "broken pipe")
 
 
 @dataclass
@@ -178,8 +181,7 @@ def _post(job: _Job) -> None:
         "error": summary,
         "collectives": tracker.started,
         "time": time.time(),
-        # a communication error after a peer had left follows from that peer's exit
-        "caused_by_peer": bool(job.failure) and peers_left and _is_communication(summary),
+        "caused_by_peer": bool(job.failure) and follows_from_peer(summary, peers_left),
     }
     with contextlib.suppress(Exception):
         job.store.set(f"{job.prefix}/exit/{job.rank}", json.dumps(record))
@@ -265,6 +267,16 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
             reason = explain(tracker.current)
             if reason and reason not in str(error):
                 print(f"sdp_runtime: {reason}", file=sys.stderr, flush=True)
+
+
+def follows_from_peer(summary: str, peers_left: bool) -> bool:
+    """Whether a failure (its first line) only followed from another rank's exit: a communication
+    error after a peer had posted its exit, or one whose peer hung up (a peer killed by SIGKILL
+    posts nothing). The launcher names such failures only when no rank failed on its own."""
+    low = summary.lower()
+    return _is_communication(summary) and (
+        peers_left or any(hint in low for hint in _PEER_GONE_HINTS)
+    )
 
 
 def _is_communication(summary: str) -> bool:

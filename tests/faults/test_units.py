@@ -39,6 +39,25 @@ def test_a_killed_rank_without_a_record_wins_over_follow_on_errors():
     assert first_failure(failures, reports)[:3] == (3, "killed by signal SIGKILL", 137)
 
 
+@pytest.mark.parametrize(
+    ("summary", "peers_left", "follows"),
+    [
+        # The peer was SIGKILLed mid-allreduce: no exit record, but Gloo says it hung up.
+        ("CommunicationError: allreduce failed on rank 0 of 2: another process probably died "
+         "... Cause: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer",
+         False, True),
+        ("RuntimeError: Connection closed by peer", False, True),
+        ("CommunicationError: allreduce failed: timed out", True, True),
+        ("CommunicationError: allreduce failed: timed out", False, False),  # maybe its own
+        ("ValueError: bad batch", True, False),  # its own error, whatever the peers did
+    ],
+)
+def test_which_failures_only_follow_from_a_peer(summary, peers_left, follows):
+    from sdp_runtime._exit import follows_from_peer
+
+    assert follows_from_peer(summary, peers_left) is follows
+
+
 def test_a_rank_torchrun_stopped_with_sigterm_is_never_named_first():
     # torchrun's own timestamp is whole seconds: it may read earlier than the real failure's
     failures = {0: Failure(-signal.SIGTERM, timestamp=100), 1: Failure(1)}
