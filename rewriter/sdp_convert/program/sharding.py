@@ -35,8 +35,8 @@ from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwarg
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .scopes import training_loops
-from .syntax import arg_named, is_none, is_simple_reference, mentions_size
-from .tfshards import tf_training_data
+from .syntax import arg_named, is_none, is_simple_reference
+from .tfshards import split_already, tf_training_data
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
 _POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
@@ -164,11 +164,7 @@ def fit_arrays(t: Transform, fit: cst.Call, flow: bool = False) -> tuple[str, cs
     for keyword in keywords:
         arg = get(fit, keyword)
         assert arg is not None
-        if isinstance(arg.value, cst.Subscript) and mentions_size(t, arg.value):
-            return "sharded", None
-        if isinstance(arg.value, cst.Call) and t.refers_to(
-            arg.value.func, f"{t.state.runtime_module}.shard"
-        ):
+        if split_already(t, arg):
             return "sharded", None
         for value in reaching_values(index, arg.value, fit):
             if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):

@@ -158,7 +158,7 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
     for fit in keras_fit_calls(transform):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
         inputs = fit_inputs_to_split(transform, fit)
-        if x is None or (inputs is None and not _split_already(transform, x)):
+        if x is None or (inputs is None and not split_already(transform, x)):
             continue
         # Split by wrap_keras_fit's sdp.shard, or by the script already.
         plan.uses.append(TrainingData(fit, "converter" if inputs else "script"))
@@ -197,7 +197,7 @@ def fit_inputs_to_split(transform: Transform, fit: cst.Call) -> tuple[list[str],
     if x is None:
         return None
     if y is None and keras_sequence(transform, x.value, fit) is not None:
-        return None if _split_already(transform, x) else (["x"], True)
+        return None if split_already(transform, x) else (["x"], True)
     if y is None and not holds_arrays(transform, x.value, fit):
         return None
     keywords = ["x"] if y is None else ["x", "y"]
@@ -205,12 +205,12 @@ def fit_inputs_to_split(transform: Transform, fit: cst.Call) -> tuple[list[str],
         keywords.append("sample_weight")
     for keyword in keywords:
         arg = fit_arg(fit, keyword)
-        if arg is None or _split_already(transform, arg):
+        if arg is None or split_already(transform, arg):
             return None
     return keywords, False
 
 
-def _split_already(transform: Transform, arg: cst.Arg) -> bool:
+def split_already(transform: Transform, arg: cst.Arg) -> bool:
     """``x[sdp.rank()::sdp.size()]`` or ``sdp.shard(x)``."""
     if isinstance(arg.value, cst.Subscript) and mentions_size(transform, arg.value):
         return True
@@ -479,10 +479,10 @@ class _Planner:
             )
             return None
         assert arrays is not None
-        if all(_split_already(self.t, cst.Arg(a)) for a in arrays):
+        if all(split_already(self.t, cst.Arg(a)) for a in arrays):
             return "script"  # make(sdp.shard(x), sdp.shard(y)) already
         for arg in arrays:
-            if not _split_already(self.t, cst.Arg(arg)):
+            if not split_already(self.t, cst.Arg(arg)):
                 self.plan.arrays[arg] = name
         return "converter"
 
@@ -514,7 +514,7 @@ class _Planner:
                 None,
             )
             if arg is None or not (
-                holds_arrays(self.t, arg.value, call) or _split_already(self.t, arg)
+                holds_arrays(self.t, arg.value, call) or split_already(self.t, arg)
             ):
                 return None
             found.append(arg.value)
