@@ -220,18 +220,11 @@ class GuardRank0Writes(Transform):
             self._guard_statement(call, f"{what} runs on rank 0 only")
             return
         unit, barrier = deletion_unit(self, stmt)
-        if barrier:
-            message = (
-                f"{what} runs on rank 0 only, then {self.sdp}.barrier(): no rank uses the path "
-                "before the deletion is done"
-            )
-        else:
-            message = (
-                f"{what} runs on rank 0 only; no barrier after it (the ranks may not all get "
-                "there): if other ranks use the path, make them wait for the deletion "
-                f"({self.sdp}.barrier() where every rank passes)"
-            )
-        self._add("guard", unit, unit, call, message)
+        self._add("guard", unit, unit, call, f"{what} runs on rank 0 only" + (
+            f", then {self.sdp}.barrier(): no rank uses the path before the deletion is done"
+            if barrier else "; no barrier after it (the ranks may not all get there): if other "
+            f"ranks use the path, make them wait ({self.sdp}.barrier() where every rank passes)"
+        ))
         self._by_node[unit].barrier |= barrier
 
     def _guard_statement(self, node: cst.CSTNode, message: str) -> None:
