@@ -914,6 +914,7 @@ def test_a_frozen_encoder_is_not_wrapped_and_the_report_says_why():
         encoder = Encoder()
         for p in encoder.parameters():
             p.requires_grad = False
+        sdp.broadcast_parameters(encoder.state_dict(), root_rank=0)
         head = nn.Linear(16, 3)
         head = sdp.DistributedDataParallel(head)
         optimizer = torch.optim.SGD(list(encoder.parameters()) + list(head.parameters()), lr=0.1)
@@ -927,7 +928,8 @@ def test_a_frozen_encoder_is_not_wrapped_and_the_report_says_why():
     assert changes(result, manual=False)[0] == (
         5,
         "every parameter of encoder is frozen (requires_grad False): not wrapped in "
-        "sdp.DistributedDataParallel, it has no gradient to average",
+        "sdp.DistributedDataParallel (no gradient to average); "
+        "sdp.broadcast_parameters(encoder.state_dict(), root_rank=0) instead",
     )
 
 
@@ -951,6 +953,11 @@ def test_a_feature_extractor_only_run_under_no_grad_is_not_wrapped():
     )
     out = result.output.decode()
     assert "backbone = sdp.DistributedDataParallel" not in out
+    # Its weights are rank 0's on every rank all the same (it may be randomly initialised).
+    assert (
+        "backbone = Backbone().eval()\n"
+        "sdp.broadcast_parameters(backbone.state_dict(), root_rank=0)\n" in out
+    )
     assert "head = sdp.DistributedDataParallel(head)" in out
     assert any("backbone only runs under torch.no_grad()" in m for m in messages(result, ONLY))
 

@@ -6,7 +6,9 @@ frozen at its creation's level (``model.requires_grad_(False)``, or ``for p in
 model.parameters(): p.requires_grad = False`` with nothing unfreezing anything in the file), or
 the model is only ever run under ``torch.no_grad()``/``torch.inference_mode()`` and otherwise only
 asked ``nn.Module`` questions (``.eval()``, ``.to(device)``, ``.parameters()``): a fixed feature
-extractor. DistributedDataParallel refuses such a module, and it needs no gradient averaging.
+extractor. DistributedDataParallel refuses such a module, and it needs no gradient averaging;
+its weights must still be rank 0's everywhere (``broadcast_already`` says whether the file
+broadcasts them).
 
 ``sets_weights`` answers for ``initialize_weights(model)``: a call of this file's function that
 changes the weights in place (``nn.init.*``, ``.apply``, ``.load_state_dict``, ``.copy_``) and
@@ -64,6 +66,18 @@ def not_trained(t: Transform, target: str, scope: Scope, creation: cst.CSTNode
     if calls and all(_without_grad(t, c) for c in calls):
         return calls[0], f"{target} only runs under torch.no_grad() (a fixed feature extractor)"
     return None
+
+
+#: The runtime's broadcast of a module's state (what a model that is not wrapped gets).
+BROADCASTS = ("sdp_runtime.torch.broadcast_parameters",)
+
+
+def broadcast_already(t: Transform, target: str) -> bool:
+    """``sdp.broadcast_parameters(<target>.state_dict(), ...)`` is in the file."""
+    return any(
+        call.args and any(n.value == target for n in m.findall(call.args[0].value, m.Name()))
+        for call in t.calls_to(*BROADCASTS)
+    )
 
 
 def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.CSTNode

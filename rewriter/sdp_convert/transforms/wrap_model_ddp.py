@@ -37,8 +37,9 @@ Each such model (a GAN has two) is wrapped right after the last statement that c
 ``load_state_dict``, a helper of this file that only initialises them:
 ``initialize_weights(model)``) before it is first trained, and before ``torch.compile``; the
 optimizer keeps working on the same parameters either way. A model that gets no gradient (every
-parameter frozen, or only run under ``torch.no_grad()``: ``program.model_setup``) is not wrapped,
-and the report says why. A model whose
+parameter frozen, or only run under ``torch.no_grad()``: ``program.model_setup``) is not wrapped
+(DDP refuses it) but gets ``sdp.broadcast_parameters(model.state_dict(), root_rank=0)`` there
+instead, so that every rank runs rank 0's weights; the report says why. A model whose
 outputs are partly discarded (``validity, _, _ = D(x)``) gets ``find_unused_parameters=True``.
 ``nn.DataParallel`` is removed (one process per GPU) and the model wrapped instead. A model that
 is already wrapped (``sdp``'s or torch's DDP) is left alone.
@@ -61,7 +62,12 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.index import Binding, FileIndex, file_index
-from ..program.model_setup import not_trained, sets_weights, training_starts
+from ..program.model_setup import (
+    broadcast_already,
+    not_trained,
+    sets_weights,
+    training_starts,
+)
 from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
@@ -286,9 +292,7 @@ class WrapModelDdp(Transform):
             return
         frozen = None if model.owner else not_trained(
             self, model.target, model.scope, model.creation.stmt)
-        if frozen is not None:
-            self.record(frozen[0], f"{frozen[1]}: not wrapped in {self.sdp}."
-                        "DistributedDataParallel, it has no gradient to average")
+        if frozen is not None and broadcast_already(self, model.target):
             return
         same = model_bindings(self, model.target, model.scope, model.owner)
         first = self.enclosing_statement(model.creation.stmt)
@@ -343,6 +347,12 @@ class WrapModelDdp(Transform):
         anchor = max(candidates, key=order) if candidates else first
 
         self.add_runtime_import()
+        if frozen is not None:  # no DDP (no gradient), but every rank runs rank 0's weights
+            sync = f"{self.sdp}.broadcast_parameters({model.target}.state_dict(), root_rank=0)"
+            self.insert_after(anchor, cst.parse_statement(sync + "\n"))
+            self.record(frozen[0], f"{frozen[1]}: not wrapped in {self.sdp}.DistributedData"
+                        f"Parallel (no gradient to average); {sync} instead")
+            return
         unused = discarded_outputs(self, model.target, model.scope) if model.owner is None else None
         extra = ", find_unused_parameters=True" if unused is not None else ""
         wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
