@@ -251,6 +251,17 @@ def optimised_input(t: Transform) -> cst.CSTNode | None:
     return found
 
 
+def input_optimisation(t: Transform) -> cst.CSTNode | None:
+    """The tensor the optimizers train (``optimised_input``) when nothing else feeds training: no
+    DataLoader, and loops that read the same tensors every step (neural style transfer). Weights
+    kept as plain tensors and trained on batches are not this."""
+    tensor = optimised_input(t)
+    if tensor is None or training_loaders(t):
+        return None
+    loops = [loop for loop in training_loops(t) if isinstance(loop, (cst.For, cst.While))]
+    return tensor if loops and _without_source(t, loops).kind == "full batch" else None
+
+
 def _torch(t: Transform) -> DataSharding:
     env = environment_call(t)
     if env is not None:

@@ -24,11 +24,11 @@ the file as a whole where those loops are not known): with unsharded data every 
 same gradient and a scaled rate would step N times too far, so the rate stays and a manual note
 says to scale it once the data is split (full-batch and reinforcement-learning scripts are named
 as such). A file that trains one model on a sharded loader and fits another on the full batch
-gets the first rate scaled only. Learning rates the converter cannot follow get a manual note: ``max_lr``/``base_lr`` of
-OneCycleLR and CyclicLR (they set the rate themselves), absolute floors (``eta_min``, ``min_lr``,
-``swa_lr``), writes into ``param_groups``, an ``lr`` hidden in ``**kwargs``, and LBFGS. Schedulers
-that multiply the rate (StepLR, LambdaLR, ...) keep working on the scaled one. An ``lr`` that
-already involves the world size is left alone.
+gets the first rate scaled only. Learning rates the converter cannot follow get a manual note:
+``max_lr``/``base_lr`` of OneCycleLR and CyclicLR (they set the rate themselves), absolute floors
+(``eta_min``, ``min_lr``, ``swa_lr``), writes into ``param_groups``, an ``lr`` hidden in
+``**kwargs``, and LBFGS. Schedulers that multiply the rate (StepLR, LambdaLR, ...) keep working
+on the scaled one. An ``lr`` that already involves the world size is left alone.
 """
 
 from __future__ import annotations
