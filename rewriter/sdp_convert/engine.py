@@ -27,6 +27,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 from .analysis import FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
+from .formatting import format_changed
 from .pipeline import PIPELINE
 from .program.sharding import input_optimisation
 
@@ -60,6 +61,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
     data = source.encode("utf-8") if isinstance(source, str) else source
     result = _convert_once(data, options)
     if result.changed:
+        result.output = format_changed(data, result.output, options.line_length)
         try:
             # A vanilla script's conversion goes through the same transforms again, which must
             # find nothing to do (a user's later run leaves any sdp_runtime script alone).

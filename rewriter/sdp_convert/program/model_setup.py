@@ -75,7 +75,10 @@ BROADCASTS = ("sdp_runtime.torch.broadcast_parameters",)
 def broadcast_already(t: Transform, target: str) -> bool:
     """``sdp.broadcast_parameters(<target>.state_dict(), ...)`` is in the file."""
     return any(
-        call.args and any(n.value == target for n in m.findall(call.args[0].value, m.Name()))
+        call.args and any(
+            isinstance(n, cst.Name) and n.value == target
+            for n in m.findall(call.args[0].value, m.Name())
+        )
         for call in t.calls_to(*BROADCASTS)
     )
 
@@ -106,7 +109,7 @@ def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.C
 def _freezes_each(loop: cst.For) -> bool:
     """``for p in m.parameters(): p.requires_grad = False`` (or ``requires_grad_(False)``), the
     freeze unconditional in the loop's body."""
-    target = loop.target
+    target: cst.BaseExpression = loop.target
     if isinstance(target, cst.Tuple) and len(target.elements) == 2:
         target = target.elements[1].value
     if not isinstance(target, cst.Name) or not isinstance(loop.body, cst.IndentedBlock):
