@@ -72,3 +72,13 @@ def test_no_barrier_where_the_ranks_may_not_all_get():
         "if os.path.exists('d'):\n    shutil.rmtree('d')\n    gone = True\nprint(gone)\n",
         "shutil.rmtree('d')",
     ) == ("shutil.rmtree('d')", False)
+
+
+def test_no_barrier_in_a_function_called_in_a_loop():
+    source = (
+        "def rotate(path):\n    if os.path.exists(path):\n        os.remove(path)\n"
+        "for epoch in range(3):\n    if improved:\n        rotate('best.pt')\n"
+    )
+    assert _unit(source, "os.remove(path)") == ("if os.path.exists(path):", False)
+    once = "def clean():\n    shutil.rmtree('d')\nclean()\n"
+    assert _unit(once, "shutil.rmtree('d')") == ("shutil.rmtree('d')", True)

@@ -10,8 +10,8 @@ may follow it. A deletion under a test or a loop that reads the file system
 with that test or loop: another rank would read the file system while rank 0 deletes and could take
 the other branch, or loop over fewer files. The barrier (every rank waits until the deletion is
 done, so no rank reads or writes the path before it) may follow only where every rank gets to it
-the same way: not inside a loop, an ``except`` or a ``finally`` of the same function, nor under a
-file-system test that could not go to rank 0 with it.
+the same way: not inside a loop, an ``except`` or a ``finally`` (of its function, or around a call
+of its function), nor under a file-system test that could not go to rank 0 with it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .scopes import assigned_values, binding_of, uses
+from .scopes import assigned_values, binding_of, callers, uses
 from .syntax import target_names
 
 #: Calls deleting a file or a directory tree.
@@ -122,7 +122,10 @@ def deletion_unit(t: Transform, stmt: cst.BaseStatement) -> tuple[cst.BaseStatem
     uniform = True
     child: cst.CSTNode = stmt
     for parent in t.ancestors(stmt):
-        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Module)):
+        if isinstance(parent, cst.FunctionDef):
+            uniform = uniform and _called_alike(t, parent, 0)
+            break
+        if isinstance(parent, (cst.ClassDef, cst.Lambda, cst.Module)):
             break
         header = _header(parent, child)
         if header is not None and reads_file_system(t, header):
@@ -134,6 +137,22 @@ def deletion_unit(t: Transform, stmt: cst.BaseStatement) -> tuple[cst.BaseStatem
             uniform = False
         child = parent
     return unit, uniform
+
+
+def _called_alike(t: Transform, function: cst.FunctionDef, depth: int) -> bool:
+    """Every call of ``function`` (and of the functions calling it) is outside loops, ``except``
+    and ``finally``: where it runs, every rank runs it the same number of times."""
+    if depth > 3:
+        return False
+    for call in callers(t, function):
+        for parent in t.ancestors(call):
+            if isinstance(parent, (cst.For, cst.While, cst.ExceptHandler, cst.Finally, cst.Lambda)):
+                return False
+            if isinstance(parent, cst.FunctionDef):
+                if not _called_alike(t, parent, depth + 1):
+                    return False
+                break
+    return True
 
 
 def _header(compound: cst.CSTNode, child: cst.CSTNode) -> cst.CSTNode | None:
