@@ -5,7 +5,7 @@ two callbacks, ``callbacks = [...] if sdp.rank() == 0 else [...]``). Where a cha
 longer than the file's line length, black lays out that line at that length (its line ranges,
 ``lines=``, black >= 24.1), keeping the script's quotes (no string normalisation); changed lines
 that fit stay as the converter wrote them. Black is given the statement holding the line alone
-(dedented, at the line length less its indentation), not the whole file: about 2 ms a statement
+(dedented, at the line length less its indentation), not the whole file: about 5 ms a statement
 instead of about 70 ms a file for black's parse. Every line the converter did not change stays
 byte for byte: that is checked, and where black would touch one (or refuses the code), the long
 line stays as it is; so does a long compound-statement header (``with ... as f:``). A
