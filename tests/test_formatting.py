@@ -158,3 +158,15 @@ def test_a_long_argument_the_converter_adds_to_the_users_call_is_laid_out_alone(
     assert all(len(line) <= 88 for line in output.splitlines())
     # The user's quotes stay single: black normalises no string.
     assert "x = np.zeros((64, 4), dtype='float32')\n" in output
+
+
+@pytest.mark.slow
+def test_stdin_takes_the_line_length_of_the_current_directory(tmp_path: Path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pyproject.toml").write_text("[tool.ruff]\nline-length = 60\n")
+    proc = subprocess.run(
+        [SDP_CONVERT, "-"], input=SCRIPT, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "optimizer = torch.optim.SGD(\n    model.parameters(),\n" in proc.stdout
