@@ -159,9 +159,18 @@ def _black(
     except Exception:  # noqa: BLE001 - black refusing the code must not fail the conversion
         return None
     new = laid_out.splitlines(keepends=True)
-    if not _only_within(snippet, new, changed):
+    if not _only_within(snippet, new, changed) or not _same_code("".join(snippet), laid_out):
         return None
     return [indent + line if line.strip() else line for line in new]
+
+
+def _same_code(before: str, after: str) -> bool:
+    """The two layouts are the same program (black's own safety check, which ``format_str``
+    skips)."""
+    try:
+        return ast.dump(ast.parse(before)) == ast.dump(ast.parse(after))
+    except SyntaxError:
+        return False
 
 
 def _only_within(old: list[str], new: list[str], allowed: set[int]) -> bool:
