@@ -66,3 +66,23 @@ def test_importing_the_package_loads_no_converter():
                          timeout=60)
     assert out.stdout.split() == ["False", sdp_convert.__version__]
     assert set(sdp_convert.__all__) >= {"convert", "ConvertResult", "Change", "ConversionError"}
+
+
+def test_line_length_lays_out_the_changed_lines_at_that_width():
+    from sdp_convert import convert
+
+    source = (
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, "
+        "weight_decay=5e-4)\n"
+        "for x in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4))):\n"
+        "    model(x[0]).sum().backward()\n"
+        "    optimizer.step()\n"
+    )
+    wide = convert(source, line_length=120).text
+    narrow = convert(source, line_length=88).text
+    assert "optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * sdp.size()," in wide
+    assert "optimizer = torch.optim.SGD(\n    model.parameters()," in narrow
+    with pytest.raises(ValueError, match="line_length"):
+        convert(source, line_length=0)

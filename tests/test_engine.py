@@ -134,3 +134,22 @@ def test_a_result_that_would_change_again_leaves_the_file_alone_with_a_note(monk
     assert result.output == source and not result.changed
     (note,) = result.changes
     assert note.manual and note.message.startswith("not converted: converting the result again")
+
+
+def test_a_script_that_optimises_an_input_tensor_is_left_as_it_is_with_a_note():
+    # Neural style transfer trains the image: nothing to split between processes.
+    source = (
+        "import torch\n"
+        "cnn = make_cnn()\n"
+        "image = torch.rand(1, 3, 8, 8).requires_grad_(True)\n"
+        "optimizer = torch.optim.Adam([image], lr=0.02)\n"
+        "for step in range(10):\n"
+        "    optimizer.zero_grad()\n"
+        "    cnn(image).sum().backward()\n"
+        "    optimizer.step()\n"
+        "torch.save(image, 'out.pt')\n"
+    )
+    result = convert(source)
+    assert result.output == source.encode()
+    assert [(c.line, c.manual) for c in result.changes] == [(4, True)]
+    assert "not converted: the optimizer trains image, an input tensor" in result.changes[0].message

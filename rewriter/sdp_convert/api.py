@@ -63,6 +63,7 @@ def convert(
     only: Iterable[str] = (),
     skip: Iterable[str] = (),
     notebook: bool = False,
+    line_length: int = 88,
 ) -> ConvertResult:
     """Convert one Python source (or, with ``notebook=True``, one ``.ipynb`` document).
 
@@ -74,6 +75,8 @@ def convert(
             ``print``, through ``sdp.rank0_print``) or ``"none"``.
         only, skip: transform names (``sdp-convert --list-transforms``) to run only / leave out.
         notebook: ``source`` is a Jupyter notebook (JSON); its code cells are converted.
+        line_length: changed lines longer than this are laid out by black (the CLI reads it
+            from the file's ``pyproject.toml``).
 
     Raises ``ConversionError`` (``.message``, ``.line``, ``.col``) for a source that cannot be
     converted (a syntax error, an undecodable file), and ``ValueError`` for a bad argument.
@@ -93,13 +96,15 @@ def convert(
         raise ValueError(f"rank0_output must be progress, all or none, not {rank0_output!r}")
     if framework not in ("auto", "torch", "tensorflow"):
         raise ValueError(f"framework must be auto, torch or tensorflow, not {framework!r}")
+    if isinstance(line_length, bool) or not isinstance(line_length, int) or line_length < 1:
+        raise ValueError(f"line_length must be a whole number of at least 1, not {line_length!r}")
     only_names, skip_names = frozenset(only), frozenset(skip)
     unknown = (only_names | skip_names) - {t.NAME for t in PIPELINE}
     if unknown:
         raise ValueError(f"unknown transform {', '.join(sorted(unknown))}")
     options = Options(lr_scaling=lr_scaling, framework=framework,  # type: ignore[arg-type]
                       rank0_output=rank0_output,  # type: ignore[arg-type]
-                      only=only_names, skip=skip_names)
+                      only=only_names, skip=skip_names, line_length=line_length)
     data = source.encode("utf-8") if isinstance(source, str) else source
     result = convert_bytes(data, "source.ipynb" if notebook else "source.py", options)
     return ConvertResult(data, result.output, tuple(result.changes), result.info.label,

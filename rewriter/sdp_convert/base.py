@@ -60,6 +60,9 @@ class Options:
     #: Run the transforms on a script that uses sdp_runtime already (normally left alone): the
     #: engine's check that a conversion is a fixed point, and tests of the same.
     recheck: bool = False
+    #: The file's own line length (``formatting.line_length_for``): changed lines longer than
+    #: this are formatted with black (``formatting.format_changed``).
+    line_length: int = 88
     #: The file of this run that imports this one and runs it in torch.multiprocessing workers
     #: sharing one model (Hogwild, ``siblings``): this file is then parallel already.
     parallel_importer: str = ""

@@ -27,7 +27,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 from .analysis import FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
+from .formatting import format_changed
 from .pipeline import PIPELINE
+from .program.sharding import input_optimisation
 
 __all__ = ["Options", "Result", "convert"]
 
@@ -59,6 +61,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
     data = source.encode("utf-8") if isinstance(source, str) else source
     result = _convert_once(data, options)
     if result.changed:
+        result.output = format_changed(data, result.output, options.line_length)
         try:
             # A vanilla script's conversion goes through the same transforms again, which must
             # find nothing to do (a user's later run leaves any sdp_runtime script alone).
@@ -184,6 +187,9 @@ def _convert_once(data: bytes, options: Options) -> Result:
     transforms = [cls(context, state) for cls in selected]
     for transform in transforms:
         transform.metadata = metadata  # type: ignore[assignment]  # one resolution for all
+    refused = _not_data_parallel(transforms[0], module)
+    if refused:
+        return Result(data, data, info, refused)
     for transform in transforms:
         transform.prepare(module)
 
@@ -213,6 +219,23 @@ def _convert_once(data: bytes, options: Options) -> Result:
         # Edits without a report would be a silent change; refuse rather than hide it.
         raise ConversionError("internal error: a transform changed code without reporting it")
     return Result(data, output, info, changes)
+
+
+def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
+    """A note for a torch script whose optimizers train input tensors, not a model, on no data
+    (``program.sharding.input_optimisation``: neural style transfer optimises an image): not
+    data-parallel as written, so left as it is."""
+    if t.state.info.framework != "torch" or not t.state.info.convertible:
+        return []
+    tensor = input_optimisation(t)
+    if tensor is None:
+        return []
+    name = module.code_for_node(tensor)
+    return _positions(module, [(tensor, "sdp_convert", (
+        f"not converted: the optimizer trains {name}, an input tensor, not a model's parameters "
+        "(as style transfer does): there is no data to split between processes, every rank "
+        "would compute the same thing; run it on one process"
+    ), True)])
 
 
 def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:

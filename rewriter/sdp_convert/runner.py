@@ -17,6 +17,7 @@ from typing import Literal
 from .base import Options
 from .changes import ConversionError
 from .files import Excluder, Skip, is_ignored_by_git, read_source, walk, write_atomic
+from .formatting import line_length_for
 from .report import FileOutcome
 from .siblings import hogwild_imports
 
@@ -252,10 +253,11 @@ def run_jobs(
     importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
 
     def config_of(job: Job) -> Config:
-        importer = importers.get(job.src)
-        if importer is None:
-            return config
-        return replace(config, options=replace(config.options, parallel_importer=importer))
+        importer = importers.get(job.src, config.options.parallel_importer)
+        options = replace(
+            config.options, parallel_importer=importer, line_length=line_length_for(job.src)
+        )
+        return replace(config, options=options)
 
     with _Stop() as stop:
         if workers <= 1 or len(jobs) <= 1:
@@ -323,8 +325,9 @@ def convert_stdin(config: Config, name: str = "-", excluded: bool = False) -> Fi
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
         return FileOutcome(name, "skipped", message=f"{shown}: excluded")
+    options = replace(config.options, line_length=line_length_for(None if name == "-" else name))
     try:
-        result = convert_bytes(data, name, config.options)
+        result = convert_bytes(data, name, options)
     except ConversionError as err:
         sys.stdout.buffer.write(data if config.mode == "write" else b"")
         return FileOutcome(name, "failed", message=err.format(shown))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import libcst.matchers as m
-from sdp_convert.program.sharding import loader_problem, training_data
+from sdp_convert.program.sharding import input_optimisation, loader_problem, training_data
 
 from .helpers import find, probe
 
@@ -113,3 +113,19 @@ def test_data_drawn_anew_every_step_is_not_full_batch():
         TORCH_HEAD + "for step in range(10):\n"
         "    model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n"
     ) == (False, "not found")
+
+
+def test_an_input_optimised_on_no_data_is_not_data_parallel():
+    style = (
+        "import torch\nimage = torch.rand(1, 3, 8, 8).requires_grad_(True)\n"
+        "opt = torch.optim.Adam([image], lr=0.02)\n"
+        "for step in range(10):\n    cnn(image).sum().backward()\n    opt.step()\n"
+    )
+    t = probe(style)
+    assert t.module.code_for_node(input_optimisation(t)) == "image"
+    # Weights kept as plain tensors, trained on batches: data-parallel.
+    batches = style.replace("for step in range(10):", "for x in batches:")
+    assert input_optimisation(probe(batches)) is None
+    # A model's parameters: not an input.
+    model = style.replace("[image]", "cnn.parameters()")
+    assert input_optimisation(probe(model)) is None

@@ -566,3 +566,205 @@ def test_writes_into_a_temporary_directory_of_the_process_stay_on_every_rank():
         "guard_rank0_writes",
     )
     assert "rank() == 0" not in result.output.decode()
+
+
+# -- deletions: rank 0 deletes, every rank waits for it -------------------------------------------
+
+
+def test_deletion_under_an_existence_test_goes_to_rank0_with_it_then_a_barrier():
+    # dragen1860 conv_train.py: checkpoint.restore on another rank must not find the old files.
+    result = check_transformed(
+        HEAD
+        + """\
+import os
+import shutil
+
+MODEL_DIR = "/tmp/mnist"
+
+
+def apply_clean():
+    if os.path.exists(MODEL_DIR):
+        print("Removing existing model dir")
+        shutil.rmtree(MODEL_DIR)
+
+
+apply_clean()
+os.makedirs(MODEL_DIR)
+""",
+        HEAD
+        + """\
+import os
+import shutil
+
+MODEL_DIR = "/tmp/mnist"
+
+
+def apply_clean():
+    if sdp.rank() == 0:
+        if os.path.exists(MODEL_DIR):
+            print("Removing existing model dir")
+            shutil.rmtree(MODEL_DIR)
+    sdp.barrier()
+
+
+apply_clean()
+os.makedirs(MODEL_DIR)
+""",
+        ONLY,
+    )
+    assert any("then sdp.barrier()" in m for m in messages(result, ONLY, manual=False))
+
+
+def test_consecutive_deletions_share_one_guard_and_one_barrier():
+    check_transformed(
+        HEAD
+        + """\
+import glob
+import os
+import shutil
+from pathlib import Path
+
+shutil.rmtree("logs", ignore_errors=True)
+for f in glob.glob("ckpt/*.pt"):
+    os.remove(f)
+Path("stale.lock").unlink(missing_ok=True)
+os.rmdir("empty")
+print("clean")
+""",
+        HEAD
+        + """\
+import glob
+import os
+import shutil
+from pathlib import Path
+
+if sdp.rank() == 0:
+    shutil.rmtree("logs", ignore_errors=True)
+    for f in glob.glob("ckpt/*.pt"):
+        os.remove(f)
+    Path("stale.lock").unlink(missing_ok=True)
+    os.rmdir("empty")
+sdp.barrier()
+print("clean")
+""",
+        ONLY,
+    )
+
+
+def test_tf_gfile_rmtree_is_guarded_with_a_barrier():
+    check_transformed(
+        """\
+import tensorflow as tf
+import sdp_runtime.tensorflow as sdp
+
+sdp.init()
+model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+opt = tf.keras.optimizers.SGD(0.1)
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(model(tf.ones((1, 2))))
+opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+if tf.io.gfile.exists("/tmp/model"):
+    tf.io.gfile.rmtree("/tmp/model")
+tf.io.gfile.remove("/tmp/old.index")
+""",
+        """\
+import tensorflow as tf
+import sdp_runtime.tensorflow as sdp
+
+sdp.init()
+model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+opt = tf.keras.optimizers.SGD(0.1)
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(model(tf.ones((1, 2))))
+opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+if sdp.rank() == 0:
+    if tf.io.gfile.exists("/tmp/model"):
+        tf.io.gfile.rmtree("/tmp/model")
+    tf.io.gfile.remove("/tmp/old.index")
+sdp.barrier()
+""",
+        ONLY,
+    )
+
+
+def test_deletion_in_a_loop_gets_no_barrier_the_ranks_may_not_all_get_there():
+    result = check_transformed(
+        HEAD
+        + """\
+import os
+
+for epoch in range(3):
+    if epoch > 0 and os.path.exists(f"ckpt{epoch - 1}.pt"):
+        os.remove(f"ckpt{epoch - 1}.pt")
+""",
+        HEAD
+        + """\
+import os
+
+for epoch in range(3):
+    if sdp.rank() == 0:
+        if epoch > 0 and os.path.exists(f"ckpt{epoch - 1}.pt"):
+            os.remove(f"ckpt{epoch - 1}.pt")
+""",
+        ONLY,
+    )
+    assert any("no barrier" in m for m in messages(result, ONLY, manual=False))
+
+
+def test_existence_test_that_binds_a_name_used_later_stays_and_the_deletion_alone_is_guarded():
+    # ``found`` is read after the ``if``: the test cannot go to rank 0, so no barrier either
+    # (another rank could skip the branch and never reach it).
+    check_transformed(
+        HEAD
+        + """\
+import os
+
+found = False
+if os.path.exists("old.pt"):
+    os.remove("old.pt")
+    found = True
+print(found)
+""",
+        HEAD
+        + """\
+import os
+
+found = False
+if os.path.exists("old.pt"):
+    if sdp.rank() == 0:
+        os.remove("old.pt")
+    found = True
+print(found)
+""",
+        ONLY,
+    )
+
+
+def test_deletions_in_a_private_temporary_directory_stay_on_every_rank():
+    check_noop(
+        HEAD
+        + """\
+import shutil
+import tempfile
+from pathlib import Path
+
+tmp = tempfile.mkdtemp()
+(Path(tmp) / "x.pt").unlink()
+shutil.rmtree(tmp)
+""",
+        ONLY,
+    )
+
+
+def test_deletion_already_on_rank0_is_left_alone():
+    check_noop(
+        HEAD
+        + """\
+import shutil
+
+if sdp.rank() == 0:
+    shutil.rmtree("logs")
+sdp.barrier()
+""",
+        ONLY,
+    )

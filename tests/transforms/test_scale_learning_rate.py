@@ -422,3 +422,51 @@ def test_other_libraries_optimizers_are_not_touched():
         """,
         only=ONLY,
     )
+
+
+def test_only_the_optimizer_whose_loop_reads_sharded_data_is_scaled():
+    # A classifier trained on a DataLoader, then a calibration layer fitted on the same held-out
+    # tensors at every step: scaling the second rate would step N times too far.
+    result = run(
+        """\
+        import torch
+
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
+            opt.step()
+        calibration_opt = torch.optim.SGD(calibration.parameters(), lr=0.01)
+        for step in range(50):
+            calibration(val_logits).sum().backward()
+            calibration_opt.step()
+        """,
+        ONLY,
+    )
+    out = result.output.decode()
+    assert "opt = torch.optim.SGD(model.parameters(), lr=0.1 * sdp.size())" in out
+    assert "calibration_opt = torch.optim.SGD(calibration.parameters(), lr=0.01)\n" in out
+    assert messages(result, ONLY, manual=True) == [
+        "SGD: 0.01 left as it is: full-batch training, every rank sees the same data; scale it "
+        "by sdp.size() once each rank trains on its own part of the data"
+    ]
+
+
+def test_a_scheduler_of_an_unscaled_optimizer_asks_nothing():
+    result = run(
+        """\
+        import torch
+
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in torch.utils.data.DataLoader(data):
+            model(x).sum().backward()
+            opt.step()
+        head_opt = torch.optim.SGD(head.parameters(), lr=0.01)
+        sched = torch.optim.lr_scheduler.OneCycleLR(head_opt, max_lr=0.1, total_steps=50)
+        for step in range(50):
+            head(features).sum().backward()
+            head_opt.step()
+            sched.step()
+        """,
+        ONLY,
+    )
+    assert not any("OneCycleLR" in m for m in messages(result, ONLY))

@@ -883,3 +883,156 @@ def test_a_model_whose_outputs_are_partly_discarded_looks_for_unused_parameters(
         ONLY,
     )
     assert "D = sdp.DistributedDataParallel(D)\n" in plain.output.decode()
+
+
+# -- models that get no gradient, and weights set up after construction ---------------------------
+
+
+def test_a_frozen_encoder_is_not_wrapped_and_the_report_says_why():
+    result = check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+
+        encoder = Encoder()
+        for p in encoder.parameters():
+            p.requires_grad = False
+        head = nn.Linear(16, 3)
+        optimizer = torch.optim.SGD(list(encoder.parameters()) + list(head.parameters()), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(head(encoder(x)), y).backward()
+            optimizer.step()
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        encoder = Encoder()
+        for p in encoder.parameters():
+            p.requires_grad = False
+        sdp.broadcast_parameters(encoder.state_dict(), root_rank=0)
+        head = nn.Linear(16, 3)
+        head = sdp.DistributedDataParallel(head)
+        optimizer = torch.optim.SGD(list(encoder.parameters()) + list(head.parameters()), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(head(encoder(x)), y).backward()
+            optimizer.step()
+        """,
+        ONLY,
+    )
+    assert changes(result, manual=False)[0] == (
+        5,
+        "every parameter of encoder is frozen (requires_grad False): not wrapped in "
+        "sdp.DistributedDataParallel (no gradient to average); "
+        "sdp.broadcast_parameters(encoder.state_dict(), root_rank=0) instead",
+    )
+
+
+def test_a_feature_extractor_only_run_under_no_grad_is_not_wrapped():
+    result = run(
+        """\
+        import torch
+        import torch.nn as nn
+
+        backbone = Backbone().eval()
+        head = nn.Linear(16, 3)
+        optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()])
+        for x, y in loader:
+            with torch.no_grad():
+                feats = backbone(x)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(head(feats), y).backward()
+            optimizer.step()
+        """,
+        ONLY,
+    )
+    out = result.output.decode()
+    assert "backbone = sdp.DistributedDataParallel" not in out
+    # Its weights are rank 0's on every rank all the same (it may be randomly initialised).
+    assert (
+        "backbone = Backbone().eval()\n"
+        "sdp.broadcast_parameters(backbone.state_dict(), root_rank=0)\n" in out
+    )
+    assert "head = sdp.DistributedDataParallel(head)" in out
+    assert any("backbone only runs under torch.no_grad()" in m for m in messages(result, ONLY))
+
+
+def test_the_wrap_comes_after_a_helper_that_initialises_the_weights_and_after_loading_them():
+    check_transformed(
+        """\
+        import torch
+        import torch.nn as nn
+
+
+        def initialize_weights(model):
+            for m in model.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+
+
+        model = Net()
+        initialize_weights(model)
+        model.apply(init_fn)
+        model.load_state_dict(torch.load("pretrained.pt"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        """\
+        import torch
+        import torch.nn as nn
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+
+        def initialize_weights(model):
+            for m in model.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+
+
+        model = Net()
+        initialize_weights(model)
+        model.apply(init_fn)
+        model.load_state_dict(torch.load("pretrained.pt"))
+        model = sdp.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        ONLY,
+    )
+
+
+def test_a_helper_that_trains_or_runs_the_model_still_ends_the_setup():
+    result = run(
+        """\
+        import torch
+
+
+        def warm_up(model):
+            model(torch.ones(1, 2))
+
+
+        model = Net()
+        warm_up(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        ONLY,
+    )
+    out = result.output.decode()
+    assert "model = Net()\nmodel = sdp.DistributedDataParallel(model)\nwarm_up(model)" in out

@@ -139,6 +139,8 @@ def writes_private_temp(t: Transform, call: cst.Call, framework: str) -> bool:
         arg = argument(call, *where)
         return arg is not None and is_private_temp(t, arg.value)
     positional = [a for a in call.args if a.keyword is None and not a.star]
+    if not positional and isinstance(call.func, cst.Attribute):
+        return is_private_temp(t, call.func.value)  # ``(Path(tmp) / "x").unlink()``
     # shutil.copy(src, dst), os.remove(path), model.save(path): the destination comes last.
     return bool(positional) and is_private_temp(t, positional[-1].value)
 

@@ -35,6 +35,7 @@ from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwarg
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .scopes import training_loops
+from .steps import stepping_loops
 from .syntax import arg_named, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
 
@@ -202,6 +203,32 @@ def training_data(t: Transform) -> DataSharding:
     return facts.data_sharding
 
 
+def optimizer_data(t: Transform, call: cst.Call) -> DataSharding:
+    """Whether the data of the loops that step the torch optimizer ``call`` makes is split:
+    the loaders feeding those loops (``program.steps.stepping_loops``), or, when no loader feeds
+    them, what they read instead (full batch, batches made by hand). The file's answer
+    (``training_data``) where those loops are not known, and for environments and optimised
+    inputs, which concern every optimizer of the file."""
+    whole = training_data(t)
+    if whole.kind in ("environment", "input"):
+        return whole
+    loops = stepping_loops(t, call)
+    if loops is None:
+        return whole
+    loaders = [
+        c for c in t.calls_to(*LOADERS) if any(s.loop in loops for s in loader_sites(t, c)[0])
+    ]
+    if not loaders:
+        return _without_source(t, [lp for lp in loops if isinstance(lp, (cst.For, cst.While))])
+    will = enabled(t, "shard_dataloader")
+    for loader in loaders:
+        if not has_distributed_sampler(t, loader) and (
+            not will or loader_problem(t, loader) is not None
+        ):
+            return DataSharding(False, "not sharded", loader)
+    return DataSharding(True, "sharded")
+
+
 def optimised_input(t: Transform) -> cst.CSTNode | None:
     """The tensor an optimizer trains when no optimizer trains a model's parameters
     (``Adam([input_img])``: neural style transfer optimises an image)."""
@@ -222,6 +249,17 @@ def optimised_input(t: Transform) -> cst.CSTNode | None:
             return None
         found = found or literal.elements[0].value
     return found
+
+
+def input_optimisation(t: Transform) -> cst.CSTNode | None:
+    """The tensor the optimizers train (``optimised_input``) when nothing else feeds training: no
+    DataLoader, and loops that read the same tensors every step (neural style transfer). Weights
+    kept as plain tensors and trained on batches are not this."""
+    tensor = optimised_input(t)
+    if tensor is None or training_loaders(t):
+        return None
+    loops = [loop for loop in training_loops(t) if isinstance(loop, (cst.For, cst.While))]
+    return tensor if loops and _without_source(t, loops).kind == "full batch" else None
 
 
 def _torch(t: Transform) -> DataSharding:

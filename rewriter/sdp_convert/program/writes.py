@@ -10,6 +10,7 @@ from .scopes import assigned_values
 
 # Calls that write a file, with where their destination is (positional index, keyword) when it
 # may be an in-memory buffer. Generic Python here; frameworks add theirs in FRAMEWORK_WRITES.
+# Deletions (``shutil.rmtree``, ``os.remove``, ...) are ``program.deletions``'s.
 WRITES: dict[str, tuple[int, str] | None] = {
     "json.dump": (1, "fp"),
     "pickle.dump": (1, "file"),
@@ -22,9 +23,6 @@ WRITES: dict[str, tuple[int, str] | None] = {
     "shutil.copyfile": None,
     "shutil.copytree": None,
     "shutil.move": None,
-    "shutil.rmtree": None,
-    "os.remove": None,
-    "os.unlink": None,
     "os.rename": None,
     "os.replace": None,
     "matplotlib.pyplot.savefig": (0, "fname"),

@@ -24,12 +24,17 @@ TensorBoard events). Rank 0 writes; the others skip. Checkpoints stay loadable b
 script because the runtime's DistributedDataParallel state dict has no ``module.`` prefix.
 
 What counts as a write: the calls in ``WRITES`` (generic Python: json/pickle/yaml dumps to a
-stream, numpy saves, shutil copies/moves/rmtree, os.remove/rename/replace, matplotlib's savefig,
+stream, numpy saves, shutil copies/moves, os.rename/replace, matplotlib's savefig,
 image/audio writers, wandb/mlflow logging, pandas ``to_csv``-style and ``Path.write_text``-style
 methods, ``save`` of a PIL image) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
 ``torchvision.utils.save_image``), and ``open`` in a writing mode. Reads, ``print``, logging
 and ``os.makedirs`` stay on every rank (``allow_existing_dirs`` makes the latter race-free).
 Saves into an ``io.BytesIO`` are not file writes and stay too.
+
+Deletions (``program.deletions``: ``shutil.rmtree``, ``os.remove``, ``tf.io.gfile.rmtree``,
+``Path.unlink``, ...) run on rank 0 with the file-system test or loop around them, then every rank
+waits at ``sdp.barrier()`` (one after consecutive deletions), unless the ranks may not all get
+there (in a loop, an ``except``): then no barrier, and the report says so.
 
 Handles (``open(..., "w")`` and ``SummaryWriter(...)`` assigned to a name or ``self.<attr>``)
 become ``None`` on the other ranks, and every statement using them is guarded, followed into this
@@ -58,6 +63,13 @@ import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
+from ..program.deletions import (
+    DELETIONS,
+    deletion_unit,
+    is_deletion,
+    next_statement,
+    path_deletions,
+)
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
 from ..program.ranks import only_called_on_rank0, rank0_only, runs_collectives
 from ..program.readback import writes_private_temp
@@ -95,6 +107,7 @@ class _Action:
     node: cst.CSTNode  # the statement, Assign/AnnAssign, or WithItem
     anchor: cst.CSTNode  # the statement the edit is in (to find nesting)
     records: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    barrier: bool = False  # a deletion: every rank waits for it (``sdp.barrier()`` after)
 
 
 class GuardRank0Writes(Transform):
@@ -118,6 +131,7 @@ class GuardRank0Writes(Transform):
         for method in METHOD_WRITES:
             candidates += [c for c in self.method_calls(method) if c.args]
         candidates += pil_saves(self)
+        candidates += self.calls_to(*DELETIONS) + path_deletions(self)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
         order = node_order(self)
@@ -194,7 +208,24 @@ class GuardRank0Writes(Transform):
                     f"{what} on rank 0 only ({binding.code} is None on the other ranks)",
                 )
                 return
+        if is_deletion(self, call):
+            self._deletion(call, what)
+            return
         self._guard_statement(call, f"{what} runs on rank 0 only")
+
+    def _deletion(self, call: cst.Call, what: str) -> None:
+        """Rank 0 deletes (with the file-system test or loop around it), the others wait."""
+        stmt = self.enclosing_statement(call)
+        if stmt is None or why_not_guardable(self, call, stmt) is not None:
+            self._guard_statement(call, f"{what} runs on rank 0 only")
+            return
+        unit, barrier = deletion_unit(self, stmt)
+        self._add("guard", unit, unit, call, f"{what} runs on rank 0 only" + (
+            f", then {self.sdp}.barrier(): no rank uses the path before the deletion is done"
+            if barrier else "; no barrier after it (the ranks may not all get there): if other "
+            f"ranks use the path, make them wait ({self.sdp}.barrier() where every rank passes)"
+        ))
+        self._by_node[unit].barrier |= barrier
 
     def _guard_statement(self, node: cst.CSTNode, message: str) -> None:
         """Guard the statement holding ``node`` if that is safe, else note it."""
@@ -341,11 +372,15 @@ class GuardRank0Writes(Transform):
 
     def _apply(self) -> None:
         guarded = {a.node for a in self._actions if a.kind == "guard"} | self.state.edits.guarded
+        # Deletions one after another share one guard and one barrier, after the last of them.
+        waits = {id(a.node) for a in self._actions if a.barrier}
         for action in self._actions:
             if any(p in guarded for p in self.ancestors(action.anchor)):
                 continue  # inside a statement guarded whole
             if action.kind == "guard":
                 self.guard_rank0(action.node)
+                if action.barrier and id(next_statement(self, action.node)) not in waits:
+                    self.insert_after(action.node, cst.parse_statement(f"{self.sdp}.barrier()\n"))
             elif action.kind == "ifexp":
                 self._ifexp.add(action.node)
             else:

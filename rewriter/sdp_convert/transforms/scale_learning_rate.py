@@ -18,15 +18,17 @@ linear scaling rule (Goyal et al.) keeps the single-GPU script's progress per sa
 the learning rate by N. ``Options.lr_scaling`` picks ``"linear"`` (``* sdp.size()``), ``"sqrt"``
 (``* sdp.size() ** 0.5``) or ``"none"``. The keyword or positional ``lr``, the ``"lr"`` of each
 parameter group given as a literal, and an omitted ``lr`` (written out with torch's default) are
-scaled, but only where the training data is split between the ranks (``program.sharding``: a
-DataLoader with, or getting, a DistributedSampler): with unsharded data every rank averages the
+scaled, but only where the data of the loops that step that optimizer is split between the
+ranks (``program.sharding.optimizer_data``: a DataLoader with, or getting, a DistributedSampler;
+the file as a whole where those loops are not known): with unsharded data every rank averages the
 same gradient and a scaled rate would step N times too far, so the rate stays and a manual note
 says to scale it once the data is split (full-batch and reinforcement-learning scripts are named
-as such). Learning rates the converter cannot follow get a manual note: ``max_lr``/``base_lr`` of
-OneCycleLR and CyclicLR (they set the rate themselves), absolute floors (``eta_min``, ``min_lr``,
-``swa_lr``), writes into ``param_groups``, an ``lr`` hidden in ``**kwargs``, and LBFGS. Schedulers
-that multiply the rate (StepLR, LambdaLR, ...) keep working on the scaled one. An ``lr`` that
-already involves the world size is left alone.
+as such). A file that trains one model on a sharded loader and fits another on the full batch
+gets the first rate scaled only. Learning rates the converter cannot follow get a manual note:
+``max_lr``/``base_lr`` of OneCycleLR and CyclicLR (they set the rate themselves), absolute floors
+(``eta_min``, ``min_lr``, ``swa_lr``), writes into ``param_groups``, an ``lr`` hidden in
+``**kwargs``, and LBFGS. Schedulers that multiply the rate (StepLR, LambdaLR, ...) keep working
+on the scaled one. An ``lr`` that already involves the world size is left alone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import libcst as cst
 from ..base import Transform
 from ..program.index import FileIndex, file_index, reaching_values
 from ..program.optimizers import _SCHEDULER_MODULES, optimizer_class, params_argument
-from ..program.sharding import training_data
+from ..program.sharding import optimizer_data
 from ..program.syntax import arg_named, code, insert_keyword, mentions, size_factor, times_size
 
 #: torch 2.13's defaults (torch/optim/*.py), written out when a script leaves lr out.
@@ -104,19 +106,24 @@ class ScaleLearningRate(Transform):
         if self.mode == "none":
             return
         self.index = file_index(self)
-        data = training_data(self)
-        if not data.sharded:
-            self.mode = "none"  # nothing below scales, nor asks a person to
-            for call in self.calls_to("torch.optim", prefix=True):
-                cls = optimizer_class(self, call)
-                if cls is not None:
-                    self._unscaled(call, cls, data.kind)
-            return
+        # Each optimizer by the data of the loops that step it: a file may train one model on
+        # sharded batches and fine-tune another on the full batch.
+        scaled = False
         for call in self.calls_to("torch.optim", prefix=True):
             cls = optimizer_class(self, call)
-            if cls is not None:
+            if cls is None:
+                continue
+            data = optimizer_data(self, call)
+            if data.sharded:
+                scaled = True
                 self._optimizer(call, cls)
             else:
+                self._unscaled(call, cls, data.kind)
+        if not scaled:
+            self.mode = "none"  # nothing below scales, nor asks a person to
+            return
+        for call in self.calls_to("torch.optim", prefix=True):
+            if optimizer_class(self, call) is None and self._scheduled_scaled(call):
                 self._scheduler(call)
         for call in self.method_calls("add_param_group"):
             if call.args:
@@ -209,6 +216,15 @@ class ScaleLearningRate(Transform):
             "has an absolute learning rate"
         )
         self.record(call, f"{name} {sets} {what}: scale it by {self.factor}", manual=True)
+
+    def _scheduled_scaled(self, scheduler: cst.Call) -> bool:
+        """The optimizer a scheduler drives had its rate scaled (or is not known)."""
+        arg = arg_named(scheduler, "optimizer", 0)
+        made = [
+            v for v in (reaching_values(self.index, arg.value) if arg is not None else ())
+            if isinstance(v, cst.Call) and optimizer_class(self, v) is not None
+        ]
+        return not made or any(optimizer_data(self, v).sharded for v in made)
 
     # -- writes while training ----------------------------------------------------------------
 

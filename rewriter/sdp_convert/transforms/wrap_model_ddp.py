@@ -33,8 +33,13 @@ optimizer gets, followed through variables, function arguments and factories
 (``build_optimizer(model.parameters())``, ``model = build_model(cfg)``), local, module-level or
 ``self.<attr>``; with no optimizer in sight, a module whose output feeds ``loss.backward()``.
 Each such model (a GAN has two) is wrapped right after the last statement that creates, moves
-(``.to``, ``.cuda()``, ...) or freezes it before it is first trained, and before
-``torch.compile``; the optimizer keeps working on the same parameters either way. A model whose
+(``.to``, ``.cuda()``, ...), freezes or sets its weights (``model.apply(init_fn)``,
+``load_state_dict``, a helper of this file that only initialises them:
+``initialize_weights(model)``) before it is first trained, and before ``torch.compile``; the
+optimizer keeps working on the same parameters either way. A model that gets no gradient (every
+parameter frozen, or only run under ``torch.no_grad()``: ``program.model_setup``) is not wrapped
+(DDP refuses it) but gets ``sdp.broadcast_parameters(model.state_dict(), root_rank=0)`` there
+instead, so that every rank runs rank 0's weights; the report says why. A model whose
 outputs are partly discarded (``validity, _, _ = D(x)``) gets ``find_unused_parameters=True``.
 ``nn.DataParallel`` is removed (one process per GPU) and the model wrapped instead. A model that
 is already wrapped (``sdp``'s or torch's DDP) is left alone.
@@ -50,7 +55,6 @@ manual notes too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -58,6 +62,12 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.index import Binding, FileIndex, file_index
+from ..program.model_setup import (
+    broadcast_already,
+    not_trained,
+    sets_weights,
+    training_starts,
+)
 from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
@@ -280,6 +290,10 @@ class WrapModelDdp(Transform):
     def _plan(self, model: _Model) -> None:
         if model.wrapped:
             return
+        frozen = None if model.owner else not_trained(
+            self, model.target, model.scope, model.creation.stmt)
+        if frozen is not None and broadcast_already(self, model.target):
+            return
         same = model_bindings(self, model.target, model.scope, model.owner)
         first = self.enclosing_statement(model.creation.stmt)
         if first is None:
@@ -308,13 +322,13 @@ class WrapModelDdp(Transform):
             if b.value is not None and not is_wrapper(self, b.value)
             and (stmt := level(b.stmt)) is not None and order(stmt) > start
         ]
-        end = min([*later, *self._first_uses(model, level, order, start)], default=1 << 62)
+        uses = self._uses(model)
+        end = min([*later, *training_starts(self, uses, level, order, start)], default=1 << 62)
 
         setup: list[cst.BaseStatement] = [first]
         for b in same:  # ``model = nn.DataParallel(model)`` and the like, where they stand
             if b.value is not None and is_wrapper(self, b.value, DATA_PARALLEL):
                 setup.extend(filter(None, [level(b.stmt)]))
-        uses = self._uses(model)
         for use in uses:
             parent = self.parent(use)
             call = self.parent(parent) if parent is not None else None
@@ -322,7 +336,8 @@ class WrapModelDdp(Transform):
                 isinstance(parent, cst.Attribute) and parent.value is use
                 and parent.attr.value in SETUP_METHODS
                 and isinstance(call, cst.Call) and call.func is parent
-            ):
+            ) or (isinstance(call, cst.Call) and isinstance(parent, cst.Arg)
+                  and sets_weights(self, call)):  # ``initialize_weights(model)``
                 setup.extend(filter(None, [level(call)]))
             else:
                 stmt = level(use)
@@ -332,6 +347,12 @@ class WrapModelDdp(Transform):
         anchor = max(candidates, key=order) if candidates else first
 
         self.add_runtime_import()
+        if frozen is not None:  # no DDP (no gradient), but every rank runs rank 0's weights
+            sync = f"{self.sdp}.broadcast_parameters({model.target}.state_dict(), root_rank=0)"
+            self.insert_after(anchor, cst.parse_statement(sync + "\n"))
+            self.record(frozen[0], f"{frozen[1]}: not wrapped in {self.sdp}.DistributedData"
+                        f"Parallel (no gradient to average); {sync} instead")
+            return
         unused = discarded_outputs(self, model.target, model.scope) if model.owner is None else None
         extra = ", find_unused_parameters=True" if unused is not None else ""
         wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
@@ -383,30 +404,6 @@ class WrapModelDdp(Transform):
         attr = model.target.split(".", 1)[1]
         held = Binding(attr, None, "attribute", model.owner, cls=model.owner, attr=attr)
         return [a for a in reads_of(self, held) if owner_class(self, a) is model.owner]
-
-    def _first_uses(
-        self,
-        model: _Model,
-        level: Callable[[cst.CSTNode], cst.BaseStatement | None],
-        order: Callable[[cst.CSTNode], int],
-        start: int,
-    ) -> Iterator[int]:
-        """Where training may begin: a call of the model, a ``backward()``/``step()``, or a call
-        of a function of this file (it may train), each at the model's block level."""
-        triggers: list[cst.CSTNode] = [
-            *self.method_calls("backward"),
-            *self.method_calls("step"),
-        ]
-        for name in self.index.functions:
-            triggers.extend(self.index.calls_by_name.get(name, ()))
-        for use in self._uses(model):
-            parent = self.parent(use)
-            if isinstance(parent, cst.Call) and parent.func is use:
-                triggers.append(parent)
-        for node in triggers:
-            stmt = level(node)
-            if stmt is not None and order(stmt) > start:
-                yield order(stmt)
 
     # -- notes --------------------------------------------------------------------------------
 

@@ -1,0 +1,206 @@
+"""Before a torch model trains: whether it trains at all, which helper calls only set its weights
+up, and where its training may begin.
+
+``not_trained`` says why a model gets no gradient, when that can be shown: every parameter is
+frozen at its creation's level (``model.requires_grad_(False)``, or ``for p in
+model.parameters(): p.requires_grad = False`` with nothing unfreezing anything in the file), or
+the model is only ever run under ``torch.no_grad()``/``torch.inference_mode()`` and otherwise only
+asked ``nn.Module`` questions (``.eval()``, ``.to(device)``, ``.parameters()``): a fixed feature
+extractor. DistributedDataParallel refuses such a module, and it needs no gradient averaging;
+its weights must still be rank 0's everywhere (``broadcast_already`` says whether the file
+broadcasts them).
+
+``sets_weights`` answers for ``initialize_weights(model)``: a call of this file's function that
+changes the weights in place (``nn.init.*``, ``.apply``, ``.load_state_dict``, ``.copy_``) and
+neither trains nor runs the model: a step of setting it up, like ``model.apply(init_fn)``.
+
+``training_starts`` gives where training may begin after the model is made, at the level of the
+model's block: a call of the model, a ``backward()``/``step()``, or a call of one of this file's
+functions (it may train) other than the ones that only set weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..base import Transform
+from .index import Scope, file_index
+from .models import MODULE_API
+from .scopes import callee, training_calls
+
+#: Context managers and decorators under which no gradient is recorded.
+NO_GRAD = ("torch.no_grad", "torch.inference_mode")
+
+#: Methods that change a module's weights in place.
+_IN_PLACE = frozenset({
+    "apply", "load_state_dict", "copy_", "fill_", "zero_", "normal_", "uniform_",
+    "requires_grad_", "constant_", "xavier_uniform_", "xavier_normal_", "kaiming_normal_",
+    "kaiming_uniform_", "orthogonal_", "trunc_normal_",
+})
+
+
+def not_trained(t: Transform, target: str, scope: Scope, creation: cst.CSTNode
+                ) -> tuple[cst.CSTNode, str] | None:
+    """``(where, why)`` when the model ``target`` (a name of ``scope``, created by the statement
+    ``creation``) gets no gradient; None when it may (see the module docstring)."""
+    index = file_index(t)
+    # Every read of the name, in nested functions too (a global model read in ``train()``).
+    found = {id(r): r for b in index.bindings_of(target, scope) for r in index.uses(b)}
+    loads = sorted(found.values(), key=lambda n: index.order.get(id(n), 0))
+    frozen = _frozen_at(t, target, loads, creation)
+    if frozen is not None:
+        return frozen, f"every parameter of {target} is frozen (requires_grad False)"
+    calls = []
+    for load in loads:
+        parent = t.parent(load)
+        if isinstance(parent, cst.Call) and parent.func is load:
+            calls.append(parent)
+        elif not (
+            isinstance(parent, cst.Attribute) and parent.value is load
+            and parent.attr.value in MODULE_API - {"forward"}
+        ):
+            return None  # handed on, returned, or a method of its own: not followed
+    if calls and all(_without_grad(t, c) for c in calls):
+        return calls[0], f"{target} only runs under torch.no_grad() (a fixed feature extractor)"
+    return None
+
+
+#: The runtime's broadcast of a module's state (what a model that is not wrapped gets).
+BROADCASTS = ("sdp_runtime.torch.broadcast_parameters",)
+
+
+def broadcast_already(t: Transform, target: str) -> bool:
+    """``sdp.broadcast_parameters(<target>.state_dict(), ...)`` is in the file."""
+    return any(
+        call.args and any(
+            isinstance(n, cst.Name) and n.value == target
+            for n in m.findall(call.args[0].value, m.Name())
+        )
+        for call in t.calls_to(*BROADCASTS)
+    )
+
+
+def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.CSTNode
+               ) -> cst.CSTNode | None:
+    """The statement freezing every parameter of ``target`` in the block of ``creation``."""
+    if _unfreezes(t):
+        return None
+    made = t.enclosing_statement(creation)
+    block = t.parent(made) if made is not None else None
+    for load in loads:
+        stmt = t.enclosing_statement(load)
+        if stmt is None or t.parent(stmt) is not block:
+            continue
+        if m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call(
+            func=m.Attribute(value=m.Name(target), attr=m.Name("requires_grad_")),
+            args=[m.Arg(m.Name("False"))],
+        ))])):
+            return stmt
+        if isinstance(stmt, cst.For) and m.matches(stmt.iter, m.Call(func=m.Attribute(
+            value=m.Name(target), attr=m.Name("parameters") | m.Name("named_parameters"),
+        ))) and _freezes_each(stmt):
+            return stmt
+    return None
+
+
+def _freezes_each(loop: cst.For) -> bool:
+    """``for p in m.parameters(): p.requires_grad = False`` (or ``requires_grad_(False)``), the
+    freeze unconditional in the loop's body."""
+    target: cst.BaseExpression = loop.target
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        target = target.elements[1].value
+    if not isinstance(target, cst.Name) or not isinstance(loop.body, cst.IndentedBlock):
+        return False
+    name = target.value
+    assign = m.Assign(
+        targets=[m.AssignTarget(m.Attribute(value=m.Name(name), attr=m.Name("requires_grad")))],
+        value=m.Name("False"),
+    )
+    call = m.Expr(m.Call(func=m.Attribute(value=m.Name(name), attr=m.Name("requires_grad_")),
+                         args=[m.Arg(m.Name("False"))]))
+    return any(
+        m.matches(stmt, m.SimpleStatementLine(body=[assign | call])) for stmt in loop.body.body
+    )
+
+
+def _unfreezes(t: Transform) -> bool:
+    """Anything in the file may set ``requires_grad`` back on."""
+    for node in m.findall(t.module, m.Assign(targets=[m.AssignTarget(
+        m.Attribute(attr=m.Name("requires_grad"))
+    )])):
+        assert isinstance(node, cst.Assign)
+        if not m.matches(node.value, m.Name("False")):
+            return True
+    for call in t.method_calls("requires_grad_"):
+        if not (call.args and m.matches(call.args[0].value, m.Name("False"))):
+            return True
+    return False
+
+
+def _without_grad(t: Transform, call: cst.Call) -> bool:
+    """``call`` runs under ``with torch.no_grad():`` or in a function decorated with it."""
+    for parent in t.ancestors(call):
+        if isinstance(parent, cst.With) and any(
+            isinstance(item.item, cst.Call) and t.refers_to(item.item.func, *NO_GRAD)
+            for item in parent.items
+        ):
+            return True
+        if isinstance(parent, cst.FunctionDef):
+            return any(
+                t.refers_to(d.decorator.func if isinstance(d.decorator, cst.Call)
+                            else d.decorator, *NO_GRAD)
+                for d in parent.decorators
+            )
+        if isinstance(parent, cst.Lambda):
+            return False
+    return False
+
+
+def sets_weights(t: Transform, call: cst.Call) -> bool:
+    """``call`` calls a function of this file that only changes weights in place (see the
+    module docstring)."""
+    function = callee(t, call)
+    if function is None or call in training_calls(t):
+        return False
+    params = {p.name.value for p in function.params.params}
+    changes = False
+    for inner in m.findall(function.body, m.Call()):
+        assert isinstance(inner, cst.Call)
+        func = inner.func
+        if isinstance(func, cst.Name) and func.value in params:
+            return False  # runs the model
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            return False
+        if callee(t, inner) is not None:
+            return False  # another function of the file: not followed
+        if t.refers_to(func, "torch.nn.init", prefix=True) or (
+            isinstance(func, cst.Attribute) and func.attr.value in _IN_PLACE
+        ):
+            changes = True
+    return changes
+
+
+def training_starts(
+    t: Transform,
+    uses: list[cst.CSTNode],
+    level: Callable[[cst.CSTNode], cst.BaseStatement | None],
+    order: Callable[[cst.CSTNode], int],
+    start: int,
+) -> Iterator[int]:
+    """Where training may begin after ``start`` (see the module docstring), as orders of
+    statements at the model's block level (``level``)."""
+    triggers: list[cst.CSTNode] = [*t.method_calls("backward"), *t.method_calls("step")]
+    index = file_index(t)
+    for name in index.functions:
+        triggers.extend(c for c in index.calls_by_name.get(name, ()) if not sets_weights(t, c))
+    for use in uses:
+        parent = t.parent(use)
+        if isinstance(parent, cst.Call) and parent.func is use:
+            triggers.append(parent)
+    for node in triggers:
+        stmt = level(node)
+        if stmt is not None and order(stmt) > start:
+            yield order(stmt)
