@@ -28,6 +28,7 @@ from .analysis import FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .pipeline import PIPELINE
+from .program.project import Export, training_results
 
 __all__ = ["Options", "Result", "convert"]
 
@@ -40,6 +41,11 @@ class Result:
     output: bytes
     info: FileInfo
     changes: list[Change] = field(default_factory=list)
+    #: Project mode: loaders this file shards for another module (``program.project.Export``).
+    exports: list[Export] = field(default_factory=list)
+    #: Project mode: the other files whose contents this conversion depends on (through
+    #: ``Options.project``); a result cache must key on them too. Empty for a file on its own.
+    reads: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -71,7 +77,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # The transforms saw the program differently in their own output (a name they
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
-            return Result(data, data, result.info, [_unstable(data)])
+            return Result(data, data, result.info, [_unstable(data)], reads=result.reads)
     return result
 
 
@@ -151,7 +157,15 @@ def _check_syntax(data: bytes) -> None:
 
 
 def _convert_once(data: bytes, options: Options) -> Result:
-    if not worth_parsing(data):
+    result = _convert_one(data, options)
+    if options.project is not None:
+        result.reads = options.project.reads
+    return result
+
+
+def _convert_one(data: bytes, options: Options) -> Result:
+    serves = options.project is not None and options.project.serves_importers
+    if not serves and not worth_parsing(data):
         # Cheap path: nothing here can be a training script, so it is left alone byte for byte;
         # CPython's own parser (many times faster than libcst's) still reports broken files.
         _check_syntax(data)
@@ -168,10 +182,16 @@ def _convert_once(data: bytes, options: Options) -> Result:
             "module (Hogwild)"
         )
 
+    # A module that builds another module's training data but trains nothing itself gets only
+    # the edits that data needs (a sampler): no init(), no guards, nothing at import time.
+    library = serves and not info.convertible and info.vanilla and not info.training
     selected = [
         cls
         for cls in PIPELINE
-        if cls.applies_to(info)
+        if (
+            cls.applies_to(info)
+            or (library and cls.SERVES_IMPORTERS and info.framework in cls.FRAMEWORKS)
+        )
         and (not options.only or cls.NAME in options.only)
         and cls.NAME not in options.skip
     ]
@@ -206,13 +226,27 @@ def _convert_once(data: bytes, options: Options) -> Result:
         if not any(not manual for *_, manual in state.records):
             new_module = module
     changes = _positions(module, state.records)
+    exports = _exports(module, state)
     output = new_module.bytes if state.records or state.edits else data
     if new_module is module:
         output = data
     if output != data and not any(not c.manual for c in changes):
         # Edits without a report would be a silent change; refuse rather than hide it.
         raise ConversionError("internal error: a transform changed code without reporting it")
-    return Result(data, output, info, changes)
+    return Result(data, output, info, changes, exports)
+
+
+def _exports(module: cst.Module, state: FileState) -> list[Export]:
+    """Where the loaders sharded for other modules are built (their lines, for the reports)."""
+    if not state.facts.exports:
+        return []
+    lines = _positions(module, [(call, "", str(i), False) for i, (call, *_) in
+                                enumerate(state.facts.exports)])
+    where = {int(c.message): c.line for c in lines}
+    return [
+        Export(function, index, where.get(i, 1), shuffles)
+        for i, (_call, function, index, shuffles) in enumerate(state.facts.exports)
+    ]
 
 
 def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:
@@ -513,3 +547,56 @@ class _Traversal(cst.CSTTransformer):
         stmts = [first.with_changes(leading_lines=()), *stmts[1:]]
         test = cst.parse_expression(f"{self.state.runtime_alias}.rank() == 0")
         return cst.If(test=test, body=cst.IndentedBlock(body=stmts), leading_lines=leading)
+
+
+@dataclass(frozen=True)
+class ProjectCall:
+    """A call of a function another module of the project defines, in a training script, whose
+    result (at ``index`` of the tuple it returns; None: the whole value) feeds a training loop."""
+
+    callee: str  # the qualified name this file spells it by (``data.get_loaders``)
+    target: object  # what the project resolved it to (``(path, function)``)
+    index: int | None
+    line: int
+
+
+class _Probe(Transform):
+    """A transform that changes nothing: a handle on the program layer of one file."""
+
+    DESCRIPTION = "project probe"
+
+
+def project_calls(
+    source: bytes, options: Options, resolve: Callable[[str], object | None]
+) -> list[ProjectCall]:
+    """The calls of a PyTorch training script into functions of other project modules (``resolve``
+    maps a qualified name to one, or None) whose results feed its training loops."""
+    if not worth_parsing(source):
+        return []
+    try:
+        module = _parse(source)
+    except ConversionError:
+        return []
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    metadata = wrapper.resolve_many(_Probe.get_inherited_dependencies())
+    info = detect(module, metadata, options.framework, False)
+    if not info.convertible or info.framework != "torch" or options.parallel_importer:
+        return []
+    state = FileState(info=info, options=options, module=module)
+    probe = _Probe(CodemodContext(wrapper=wrapper), state)
+    probe.metadata = metadata  # type: ignore[assignment]
+    found: list[tuple[cst.Call, str, object, int | None]] = []
+    for qualified, calls in info.calls.items():
+        target = resolve(qualified)
+        if target is None:
+            continue
+        for call in calls:
+            found += [(call, qualified, target, i) for i, _ in training_results(probe, call)]
+    where = {
+        int(c.message): c.line
+        for c in _positions(module, [(c, "", str(i), False) for i, (c, *_) in enumerate(found)])
+    }
+    return [
+        ProjectCall(qualified, target, index, where.get(i, 1))
+        for i, (_call, qualified, target, index) in enumerate(found)
+    ]

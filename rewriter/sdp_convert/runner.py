@@ -250,12 +250,17 @@ def run_jobs(
     """
     outcomes: list[FileOutcome] = []
     importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
+    # Project mode: the files of the run and their neighbours are one program (``projects``).
+    from .projects import project_options
+
+    projects = project_options([(job.src, job.display) for job in jobs], config.options)
 
     def config_of(job: Job) -> Config:
         importer = importers.get(job.src)
-        if importer is None:
-            return config
-        return replace(config, options=replace(config.options, parallel_importer=importer))
+        options = projects.get(job.src.resolve(), config.options)
+        if importer is not None:
+            options = replace(options, parallel_importer=importer)
+        return config if options is config.options else replace(config, options=options)
 
     with _Stop() as stop:
         if workers <= 1 or len(jobs) <= 1:

@@ -1,0 +1,116 @@
+"""Project mode: the files of one run, and the Python files next to them, are one program.
+
+Before any file is converted, the run asks every PyTorch training script which functions of the
+other modules feed its training loops (``engine.project_calls``, imports resolved by
+``program.project.Project``), converts the modules that build those loaders with that fact
+(``LoaderFeed``: the DataLoader gets its sampler where it is built, "used by main.py:38"), and
+hands the training script what that conversion did (``ShardedSource``: set_epoch in its epoch
+loop, its learning rate scaled). Every file is then converted with its ``ModuleFacts`` in
+``Options.project``, in any order and in any worker process.
+
+Files next to the given ones (the same folder, the packages in it, and the package a file is in)
+are read, never written: a file given alone converts as before, understood with its neighbours. A
+loader whose module is only read is not sharded in this run, and the training script says so
+rather than scaling its learning rate for data that stays whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .base import Options
+from .changes import ConversionError
+from .engine import convert, project_calls
+from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
+
+#: At most this many neighbouring files are read (a file in a huge folder stays on its own).
+MAX_NEIGHBOURS = 500
+#: Larger files are not read as neighbours (generated code, data).
+MAX_BYTES = 1_000_000
+
+
+def neighbours(paths: Sequence[Path]) -> list[Path]:
+    """Python files next to ``paths``: their folders, the packages in those folders, and the
+    package each file belongs to (up to its top package's folder)."""
+    roots: set[Path] = set()
+    for path in paths:
+        folder = path.parent
+        while (folder / "__init__.py").is_file() and folder.parent != folder:
+            folder = folder.parent
+        roots.add(folder)
+    found: list[Path] = []
+    for root in sorted(roots):
+        for folder, dirs, files in os.walk(root):
+            here = Path(folder)
+            dirs[:] = sorted(d for d in dirs if (here / d / "__init__.py").is_file())
+            found += [here / f for f in sorted(files) if f.endswith(".py")]
+            if len(found) > MAX_NEIGHBOURS:
+                return []
+    return found
+
+
+def project_options(
+    files: Sequence[tuple[Path, str]], options: Options
+) -> dict[Path, Options]:
+    """``(path, display name)`` of the files this run converts -> the options to convert each
+    with (``Options.project`` filled in). Files that cannot be read are left to the run."""
+    written = {path.resolve(): display for path, display in files if path.suffix == ".py"}
+    shown = dict(written)
+    for path in neighbours([p for p, _ in files if p.suffix == ".py"]):
+        shown.setdefault(path.resolve(), str(path))
+    contents: dict[Path, bytes] = {}
+    for path in shown:
+        try:
+            if path.is_symlink() or path.stat().st_size > MAX_BYTES:
+                continue
+            contents[path] = path.read_bytes()
+        except OSError:
+            continue
+    if len(contents) < 2:
+        return {}
+    project = Project(contents)
+
+    # Which project functions feed which training loops.
+    feeds: dict[Path, list[LoaderFeed]] = {}
+    wanted: dict[Path, list[tuple[str, Path, str, int | None]]] = {}
+    for path, data in contents.items():
+        for call in project_calls(data, options, lambda q, p=path: project.resolve(p, q)):
+            producer, function = call.target  # type: ignore[misc]
+            if producer == path:
+                continue
+            feed = LoaderFeed(function, call.index, f"{shown[path]}:{call.line}")
+            if feed not in feeds.setdefault(producer, []):
+                feeds[producer].append(feed)
+            wanted.setdefault(path, []).append((call.callee, producer, function, call.index))
+
+    # What the modules that build those loaders do with them.
+    exports: dict[Path, dict[tuple[str, int | None], tuple[int, bool]]] = {}
+    for producer, its_feeds in feeds.items():
+        facts = ModuleFacts(feeds=tuple(its_feeds))
+        try:
+            result = convert(contents[producer], replace(options, project=facts))
+        except ConversionError:
+            continue
+        exports[producer] = {(e.function, e.index): (e.line, e.shuffles) for e in result.exports}
+
+    chosen: dict[Path, Options] = {}
+    for path in written:
+        if path not in contents:
+            continue
+        sources = []
+        for callee, producer, function, index in wanted.get(path, ()):
+            line, shuffles = exports.get(producer, {}).get((function, index), (0, False))
+            if not line:
+                continue  # not sharded there (that module's report says why)
+            source = ShardedSource(
+                callee, index, f"{shown[producer]}:{line}", shuffles, sharded=producer in written
+            )
+            if source not in sources:
+                sources.append(source)
+        reads = tuple(sorted(shown[p] for p in contents if p != path))
+        facts = ModuleFacts(tuple(feeds.get(path, ())), tuple(sources), reads)
+        chosen[path] = replace(options, project=facts)
+    return chosen
