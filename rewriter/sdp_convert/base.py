@@ -122,8 +122,9 @@ class Facts:
     #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
     sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
     #: Loaders this module shards (or finds sharded) for another module of the project:
-    #: (the DataLoader call, function returning it, index in the returned tuple, shuffles).
-    exports: list[tuple[cst.Call, str, int | None, bool]] = field(default_factory=list)
+    #: (the DataLoader call, function returning it, index in the returned tuple, shuffles,
+    #: sharded already).
+    exports: list[tuple[cst.Call, str, int | None, bool, bool]] = field(default_factory=list)
 
 
 @dataclass

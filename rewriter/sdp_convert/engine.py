@@ -184,7 +184,10 @@ def _convert_one(data: bytes, options: Options) -> Result:
 
     # A module that builds another module's training data but trains nothing itself gets only
     # the edits that data needs (a sampler): no init(), no guards, nothing at import time.
-    library = serves and not info.convertible and info.vanilla and not info.training
+    # (Converted already, it uses sdp_runtime: its loaders are then reported as sharded.)
+    library = serves and not info.training and not info.excluded and info.origin in (
+        "vanilla", "sdp"
+    )
     selected = [
         cls
         for cls in PIPELINE
@@ -244,8 +247,8 @@ def _exports(module: cst.Module, state: FileState) -> list[Export]:
                                 enumerate(state.facts.exports)])
     where = {int(c.message): c.line for c in lines}
     return [
-        Export(function, index, where.get(i, 1), shuffles)
-        for i, (_call, function, index, shuffles) in enumerate(state.facts.exports)
+        Export(function, index, where.get(i, 1), shuffles, already)
+        for i, (_call, function, index, shuffles, already) in enumerate(state.facts.exports)
     ]
 
 

@@ -94,7 +94,9 @@ def project_options(
             result = convert(contents[producer], replace(options, project=facts))
         except ConversionError:
             continue
-        exports[producer] = {(e.function, e.index): (e.line, e.shuffles) for e in result.exports}
+        exports[producer] = {
+            (e.function, e.index): (e.line, e.shuffles, e.already) for e in result.exports
+        }
 
     chosen: dict[Path, Options] = {}
     for path in written:
@@ -102,12 +104,13 @@ def project_options(
             continue
         sources = []
         for callee, producer, function, index in wanted.get(path, ()):
-            line, shuffles = exports.get(producer, {}).get((function, index), (0, False))
+            line, shuffles, already = exports.get(producer, {}).get(
+                (function, index), (0, False, False)
+            )
             if not line:
                 continue  # not sharded there (that module's report says why)
-            source = ShardedSource(
-                callee, index, f"{shown[producer]}:{line}", shuffles, sharded=producer in written
-            )
+            sharded = already or producer in written
+            source = ShardedSource(callee, index, f"{shown[producer]}:{line}", shuffles, sharded)
             if source not in sources:
                 sources.append(source)
         reads = tuple(sorted(shown[p] for p in contents if p != path))

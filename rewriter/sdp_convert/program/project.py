@@ -84,6 +84,8 @@ class Export:
     index: int | None
     line: int
     shuffles: bool
+    #: It had its DistributedSampler before this conversion.
+    already: bool = False
 
 
 # -- import resolution -------------------------------------------------------------------------
@@ -303,6 +305,52 @@ def sourced_calls(t: Transform) -> list[tuple[cst.Call, ShardedSource]]:
         for call in t.calls_to(source.callee):
             found.append((call, source))
     return found
+
+
+@dataclass
+class ImportedLoaders:
+    """This module's view of the loaders other modules build for its training loops."""
+
+    #: Some feed a training loop here.
+    feeds: bool = False
+    #: Calls whose loaders the other module does not shard in this run (it is only read).
+    unsharded: list[tuple[cst.Call, ShardedSource]] = field(default_factory=list)
+    #: ``(epoch loop, "train_loader.sampler.set_epoch(epoch)", source)`` still to write.
+    set_epochs: list[tuple[cst.For, str, ShardedSource]] = field(default_factory=list)
+
+
+def imported_loaders(t: Transform) -> ImportedLoaders:
+    """Which loaders built elsewhere feed this file's training, and where their ``set_epoch``
+    goes (first in the epoch loop; none where that loop calls it already, or with no shuffle)."""
+    found = ImportedLoaders()
+    done: set[tuple[int, str]] = set()
+    for call, source in sourced_calls(t):
+        if not feeds_training(t, call, source.index):
+            continue
+        found.feeds = True
+        if not source.sharded:
+            found.unsharded.append((call, source))
+            continue
+        receivers = epoch_receivers(t, call, source.index) if source.shuffles else []
+        for loop, receiver, _site in receivers:
+            target = loop.target
+            if (id(loop), receiver) in done or not isinstance(loop.body, cst.IndentedBlock):
+                continue
+            done.add((id(loop), receiver))
+            if not isinstance(target, cst.Name) or _sets_epoch(t, loop, receiver):
+                continue
+            found.set_epochs.append((loop, f"{receiver}.set_epoch({target.value})", source))
+    return found
+
+
+def _sets_epoch(t: Transform, loop: cst.For, receiver: str) -> bool:
+    for call in t.method_calls("set_epoch"):
+        assert isinstance(call.func, cst.Attribute)
+        if t.module.code_for_node(call.func.value) == receiver and any(
+            a is loop for a in t.ancestors(call)
+        ):
+            return True
+    return False
 
 
 def epoch_receivers(

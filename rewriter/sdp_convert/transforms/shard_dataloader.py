@@ -68,13 +68,7 @@ from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
 from ..program.loaders import LOADERS, kwargs_literal, loader_base_name
-from ..program.project import (
-    epoch_receivers,
-    feeds_training,
-    returned_feed,
-    single_process_fallback,
-    sourced_calls,
-)
+from ..program.project import imported_loaders, returned_feed, single_process_fallback
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -150,33 +144,16 @@ class ShardDataLoader(Transform):
     def _imported(self) -> bool:
         """Loaders built (and sharded) in another module of the project: ``set_epoch`` in this
         module's epoch loop. Whether any feeds training (then no "no DataLoader" note)."""
-        found = False
-        done: set[tuple[int, str]] = set()
-        for call, source in sourced_calls(self):
-            if not feeds_training(self, call, source.index):
-                continue
-            found = True
-            if not source.sharded:
-                self.record(call, f"{source.callee}() returns a loader built in {source.at} that "
-                            "feeds training here; it is sharded only if that module is converted "
-                            "in the same run: convert both together (or the directory)",
-                            manual=True)
-                continue
-            for loop, receiver, _site in epoch_receivers(self, call, source.index):
-                if (id(loop), receiver) in done or not source.shuffles:
-                    continue
-                done.add((id(loop), receiver))
-                if self._loop_sets_epoch(loop, receiver):
-                    continue
-                if not isinstance(loop.body, cst.IndentedBlock):
-                    continue
-                target = loop.target
-                assert isinstance(target, cst.Name)
-                set_epoch = f"{receiver}.set_epoch({target.value})"
-                self.insert_before(loop.body.body[0], cst.parse_statement(set_epoch + "\n"))
-                self.record(loop, f"call {set_epoch} at the start of each epoch (its "
-                            f"DistributedSampler is added where the loader is built, {source.at})")
-        return found
+        imported = imported_loaders(self)
+        for call, source in imported.unsharded:
+            self.record(call, f"{source.callee}() returns a loader built in {source.at} that "
+                        "feeds training here; it is sharded only if that module is converted in "
+                        "the same run: convert both together (or the directory)", manual=True)
+        for loop, set_epoch, source in imported.set_epochs:
+            self.insert_before(loop.body.body[0], cst.parse_statement(set_epoch + "\n"))
+            self.record(loop, f"call {set_epoch} at the start of each epoch (its "
+                        f"DistributedSampler is added where the loader is built, {source.at})")
+        return imported.feeds
 
     def _environment(self, node: cst.CSTNode) -> None:
         self.record(
@@ -194,6 +171,9 @@ class ShardDataLoader(Transform):
         """Plan the change of one DataLoader call; whether it is a training loader (or handled)."""
         args = loader_args(call)
         if has_distributed_sampler(self, call):
+            feed = returned_feed(self, call)
+            if feed is not None:
+                self.state.facts.exports.append((call, feed.function, feed.index, True, True))
             return True  # sharded already (by us or by hand)
         own = assigned_binding(self, call)
         all_sites, flow = loader_sites(self, call)
@@ -260,7 +240,7 @@ class ShardDataLoader(Transform):
         epochs = self._set_epochs(sites, own, plan, stmt, flow) if _may_shuffle(shuffle) else []
         if feed is not None:
             self.state.facts.exports.append((call, feed.function, feed.index,
-                                             _may_shuffle(shuffle)))
+                                             _may_shuffle(shuffle), False))
 
         # Apply: everything is decided, now edit and report.
         if isinstance(stmt, cst.SimpleStatementLine) and stmt.leading_lines:
