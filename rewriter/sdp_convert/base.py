@@ -163,9 +163,10 @@ class Transform(VisitorBasedCodemodCommand):
     FRAMEWORKS: ClassVar[frozenset[str]] = frozenset()
     #: The public name: the transform module's name (set by ``__init_subclass__``).
     NAME: ClassVar[str] = ""
-    #: Runs also on a module with no training code of its own that builds another module's
-    #: training data (project mode, ``program.project``); the others run only on scripts.
-    SERVES_IMPORTERS: ClassVar[bool] = False
+    #: Project mode (``program.project``): also runs on a module with no training code of its
+    #: own that builds another module's training data (``"data"``), or that is the entry point
+    #: running another module's training code (``"entry"``); otherwise only on training scripts.
+    PROJECT_ROLES: ClassVar[frozenset[str]] = frozenset()
 
     # Parents come from ``FileInfo.parents`` (see ``parent``), not ParentNodeProvider: same map,
     # a fraction of the cost. A transform that needs more metadata declares it and gets it.

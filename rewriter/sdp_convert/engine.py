@@ -164,8 +164,8 @@ def _convert_once(data: bytes, options: Options) -> Result:
 
 
 def _convert_one(data: bytes, options: Options) -> Result:
-    serves = options.project is not None and options.project.serves_importers
-    if not serves and not worth_parsing(data):
+    roles = options.project.roles if options.project is not None else frozenset()
+    if not roles and not worth_parsing(data):
         # Cheap path: nothing here can be a training script, so it is left alone byte for byte;
         # CPython's own parser (many times faster than libcst's) still reports broken files.
         _check_syntax(data)
@@ -183,18 +183,20 @@ def _convert_one(data: bytes, options: Options) -> Result:
         )
 
     # A module that builds another module's training data but trains nothing itself gets only
-    # the edits that data needs (a sampler): no init(), no guards, nothing at import time.
+    # the edits that data needs (a sampler): no init(), no guards, nothing at import time. The
+    # entry point that runs another module's training code gets init() (and GPU pinning).
     # (Converted already, it uses sdp_runtime: its loaders are then reported as sharded.)
-    library = serves and not info.training and not info.excluded and info.origin in (
-        "vanilla", "sdp"
-    )
+    if roles and not info.training and not info.excluded and info.origin in ("vanilla", "sdp"):
+        assert options.project is not None
+        if info.framework is None and options.project.framework in ("torch", "tensorflow"):
+            info.framework = options.project.framework  # type: ignore[assignment]
+    else:
+        roles = frozenset()
     selected = [
         cls
         for cls in PIPELINE
-        if (
-            cls.applies_to(info)
-            or (library and cls.SERVES_IMPORTERS and info.framework in cls.FRAMEWORKS)
-        )
+        if cls.applies_to(info)
+        or (roles & cls.PROJECT_ROLES and info.framework in cls.FRAMEWORKS)
         and (not options.only or cls.NAME in options.only)
         and cls.NAME not in options.skip
     ]
@@ -563,28 +565,45 @@ class ProjectCall:
     line: int
 
 
+@dataclass(frozen=True)
+class ModuleProbe:
+    """What the project run needs to know of one module before converting any."""
+
+    calls: tuple[ProjectCall, ...] = ()
+    framework: str | None = None
+    #: Single-process training code that nothing in the file runs (a ``Trainer`` module).
+    library: bool = False
+    #: A single-process training script (it trains, and runs its training code).
+    script: bool = False
+
+
 class _Probe(Transform):
     """A transform that changes nothing: a handle on the program layer of one file."""
 
     DESCRIPTION = "project probe"
 
 
-def project_calls(
+def probe_module(
     source: bytes, options: Options, resolve: Callable[[str], object | None]
-) -> list[ProjectCall]:
-    """The calls of a PyTorch training script into functions of other project modules (``resolve``
-    maps a qualified name to one, or None) whose results feed its training loops."""
+) -> ModuleProbe:
+    """Classify a module, and find the calls of a PyTorch training script into functions of
+    other project modules (``resolve`` maps a qualified name to one, or None) whose results
+    feed its training loops."""
     if not worth_parsing(source):
-        return []
+        return ModuleProbe()
     try:
         module = _parse(source)
     except ConversionError:
-        return []
+        return ModuleProbe()
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     metadata = wrapper.resolve_many(_Probe.get_inherited_dependencies())
     info = detect(module, metadata, options.framework, False)
-    if not info.convertible or info.framework != "torch" or options.parallel_importer:
-        return []
+    if not info.convertible or options.parallel_importer:
+        return ModuleProbe(framework=info.framework)
+    if not info.entry_point:
+        return ModuleProbe(framework=info.framework, library=True)
+    if info.framework != "torch":
+        return ModuleProbe(framework=info.framework, script=True)
     state = FileState(info=info, options=options, module=module)
     probe = _Probe(CodemodContext(wrapper=wrapper), state)
     probe.metadata = metadata  # type: ignore[assignment]
@@ -599,7 +618,8 @@ def project_calls(
         int(c.message): c.line
         for c in _positions(module, [(c, "", str(i), False) for i, (c, *_) in enumerate(found)])
     }
-    return [
+    calls_found = tuple(
         ProjectCall(qualified, target, index, where.get(i, 1))
         for i, (_call, qualified, target, index) in enumerate(found)
-    ]
+    )
+    return ModuleProbe(calls_found, info.framework, script=True)

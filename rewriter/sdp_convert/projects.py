@@ -16,6 +16,7 @@ rather than scaling its learning rate for data that stays whole.
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from .base import Options
 from .changes import ConversionError
-from .engine import convert, project_calls
+from .engine import ModuleProbe, convert, probe_module
 from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
 
 #: At most this many neighbouring files are read (a file in a huge folder stays on its own).
@@ -33,8 +34,9 @@ MAX_BYTES = 1_000_000
 
 
 def neighbours(paths: Sequence[Path]) -> list[Path]:
-    """Python files next to ``paths``: their folders, the packages in those folders, and the
-    package each file belongs to (up to its top package's folder)."""
+    """Python files next to ``paths``: their folders, the packages in those folders (and in a
+    ``src/`` folder there), and the package each file belongs to (up to its top package's
+    folder)."""
     roots: set[Path] = set()
     for path in paths:
         folder = path.parent
@@ -45,7 +47,10 @@ def neighbours(paths: Sequence[Path]) -> list[Path]:
     for root in sorted(roots):
         for folder, dirs, files in os.walk(root):
             here = Path(folder)
-            dirs[:] = sorted(d for d in dirs if (here / d / "__init__.py").is_file())
+            dirs[:] = sorted(
+                d for d in dirs
+                if (here / d / "__init__.py").is_file() or (here == root and d == "src")
+            )
             found += [here / f for f in sorted(files) if f.endswith(".py")]
             if len(found) > MAX_NEIGHBOURS:
                 return []
@@ -73,11 +78,27 @@ def project_options(
         return {}
     project = Project(contents)
 
+    probes: dict[Path, ModuleProbe] = {
+        path: probe_module(data, options, lambda q, p=path: project.resolve(p, q))
+        for path, data in contents.items()
+    }
+    # Which entry points run the training code of which modules (init() goes there). Both are
+    # converted in this run, or neither changes for the other (the module keeps its note).
+    starts: dict[Path, list[Path]] = {}
+    for path, data in contents.items():
+        if path in written and not probes[path].script and not probes[path].library:
+            for target in _runs(project, path, data):
+                if (
+                    probes[target].library and target in written
+                    and target not in starts.setdefault(path, [])
+                ):
+                    starts[path].append(target)
+
     # Which project functions feed which training loops.
     feeds: dict[Path, list[LoaderFeed]] = {}
     wanted: dict[Path, list[tuple[str, Path, str, int | None]]] = {}
-    for path, data in contents.items():
-        for call in project_calls(data, options, lambda q, p=path: project.resolve(p, q)):
+    for path, probe in probes.items():
+        for call in probe.calls:
             producer, function = call.target  # type: ignore[misc]
             if producer == path:
                 continue
@@ -114,6 +135,47 @@ def project_options(
             if source not in sources:
                 sources.append(source)
         reads = tuple(sorted(shown[p] for p in contents if p != path))
-        facts = ModuleFacts(tuple(feeds.get(path, ())), tuple(sources), reads)
+        runs = starts.get(path, [])
+        facts = ModuleFacts(
+            tuple(feeds.get(path, ())), tuple(sources), reads,
+            starts=tuple(shown[p] for p in runs),
+            started_by=tuple(shown[p] for p, its in starts.items() if path in its),
+            framework=probes[runs[0]].framework if runs else None,
+        )
         chosen[path] = replace(options, project=facts)
     return chosen
+
+
+def _runs(project: Project, path: Path, data: bytes) -> list[Path]:
+    """The project modules an entry point (``if __name__ == "__main__":``) imports names from."""
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return []
+    if not any(_is_main_guard(stmt) for stmt in tree.body):
+        return []
+    found: list[Path] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            prefix = "." * node.level + (node.module + "." if node.module else "")
+            names = [prefix + alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name + ".__module__" for alias in node.names]
+        for name in names:
+            target = project.resolve(path, name) or project.module_file(path, name)
+            if target is not None:
+                found.append(target if isinstance(target, Path) else target[0])
+    return found
+
+
+def _is_main_guard(stmt: ast.stmt) -> bool:
+    test = stmt.test if isinstance(stmt, ast.If) else None
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )

@@ -69,11 +69,19 @@ class ModuleFacts:
     sources: tuple[ShardedSource, ...] = ()
     #: The other files whose contents these facts were computed from (for a result cache).
     reads: tuple[str, ...] = ()
+    #: An entry point: the training modules (library modules, no entry point of their own) it
+    #: imports and runs; ``sdp.init()`` goes here.
+    starts: tuple[str, ...] = ()
+    #: A training module without an entry point: the entry points that run it (and initialise).
+    started_by: tuple[str, ...] = ()
+    #: The framework of the training modules an entry point runs.
+    framework: str | None = None
 
     @property
-    def serves_importers(self) -> bool:
-        """A module without training code of its own that builds another module's data."""
-        return bool(self.feeds)
+    def roles(self) -> frozenset[str]:
+        """What this module does for the others, though it trains nothing itself."""
+        return frozenset(
+            {"data"} if self.feeds else set()) | ({"entry"} if self.starts else set())
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,14 @@ class Project:
         """The file and top-level name that ``qualified`` (as ``path`` spells it) refers to."""
         absolute = self._absolute(path, qualified)
         return self._lookup(absolute, 0) if absolute else None
+
+    def module_file(self, path: Path, qualified: str) -> Path | None:
+        """The file of the module ``qualified`` names (``pkg.trainer.__module__`` or
+        ``.trainer.__module__``: the suffix marks a module, not a name in it)."""
+        absolute = self._absolute(path, qualified.removesuffix(".__module__"))
+        if absolute is None:
+            return None
+        return self._modules.get(absolute) or self._modules.get(absolute + ".__init__")
 
     def _absolute(self, path: Path, qualified: str) -> str | None:
         level = len(qualified) - len(qualified.lstrip("."))

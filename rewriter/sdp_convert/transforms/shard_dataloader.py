@@ -97,7 +97,7 @@ class ShardDataLoader(Transform):
         "Give the training DataLoader a DistributedSampler, and call set_epoch each epoch."
     )
     FRAMEWORKS = frozenset({"torch"})
-    SERVES_IMPORTERS = True
+    PROJECT_ROLES = frozenset({"data"})
 
     def prepare(self, module: cst.Module) -> None:
         self._plans: dict[cst.Call, _Plan] = {}
