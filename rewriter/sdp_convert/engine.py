@@ -195,8 +195,10 @@ def _convert_one(data: bytes, options: Options) -> Result:
     selected = [
         cls
         for cls in PIPELINE
-        if cls.applies_to(info)
-        or (roles & cls.PROJECT_ROLES and info.framework in cls.FRAMEWORKS)
+        if (
+            cls.applies_to(info)
+            or (roles & cls.PROJECT_ROLES and info.framework in cls.FRAMEWORKS)
+        )
         and (not options.only or cls.NAME in options.only)
         and cls.NAME not in options.skip
     ]
