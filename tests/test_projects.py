@@ -104,3 +104,55 @@ def test_converting_the_expected_project_again_changes_nothing(case: Path, tmp_p
     tree = expected_tree(case, tmp_path)
     done = sdp_convert(tree, "--check", ".")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+TORCH = FIXTURES / "torch_main_data_model"
+
+
+def test_diff_shows_every_touched_file_and_check_fails_writing_nothing(tmp_path: Path):
+    tree = tmp_path / "project"
+    shutil.copytree(TORCH / "input", tree)
+    done = sdp_convert(tree, "--check", "--diff", ".")
+    assert done.returncode == 1
+    assert "--- a/data.py\n+++ b/data.py\n" in done.stdout
+    assert "--- a/main.py\n+++ b/main.py\n" in done.stdout
+    assert "model.py" not in done.stdout
+    assert sources(tree) == sources(TORCH / "input")
+    assert "data.py:19:20: [shard_dataloader] give train_loader a DistributedSampler" in done.stderr
+    assert "(used by main.py:38)" in done.stderr
+
+
+def test_files_given_together_are_one_project_as_pre_commit_passes_them(tmp_path: Path):
+    tree = tmp_path / "project"
+    shutil.copytree(TORCH / "input", tree)
+    done = sdp_convert(tree, "main.py", "data.py", "model.py")
+    assert done.returncode == 0, done.stderr
+    for name, content in sources(TORCH / "expected").items():
+        assert (tree / name).read_bytes() == content
+
+
+def test_a_file_given_alone_reads_its_neighbours_and_writes_only_itself(tmp_path: Path):
+    tree = tmp_path / "project"
+    shutil.copytree(TORCH / "input", tree)
+    # The data module alone: its loader feeds main.py's training loop, so it is sharded, and it
+    # still works for main.py as it is (no init there: the sampler DataLoader would make).
+    done = sdp_convert(tree, "data.py")
+    assert done.returncode == 0, done.stderr
+    assert (tree / "data.py").read_bytes() == (TORCH / "expected" / "data.py").read_bytes()
+    assert (tree / "main.py").read_bytes() == (TORCH / "input" / "main.py").read_bytes()
+    # Then the script alone: its loaders are sharded where they are built now.
+    done = sdp_convert(tree, "main.py")
+    assert done.returncode == 0, done.stderr
+    assert (tree / "main.py").read_bytes() == (TORCH / "expected" / "main.py").read_bytes()
+
+
+def test_the_script_alone_does_not_scale_for_data_left_whole(tmp_path: Path):
+    tree = tmp_path / "project"
+    shutil.copytree(TORCH / "input", tree)
+    done = sdp_convert(tree, "main.py")
+    assert done.returncode == 0, done.stderr
+    text = (tree / "main.py").read_text()
+    assert "sdp.size()" not in text and "set_epoch" not in text
+    assert "main.py:38:33: [shard_dataloader] (manual) data.get_loaders() returns a loader built " \
+        "in data.py:19" in done.stderr
+    assert (tree / "data.py").read_bytes() == (TORCH / "input" / "data.py").read_bytes()
