@@ -577,6 +577,8 @@ class ModuleProbe:
     library: bool = False
     #: A single-process training script (it trains, and runs its training code).
     script: bool = False
+    #: A script's calls, by qualified name as it spells them.
+    called: tuple[str, ...] = ()
 
 
 class _Probe(Transform):
@@ -605,7 +607,7 @@ def probe_module(
     if not info.entry_point:
         return ModuleProbe(framework=info.framework, library=True)
     if info.framework != "torch":
-        return ModuleProbe(framework=info.framework, script=True)
+        return ModuleProbe(framework=info.framework, script=True, called=tuple(info.calls))
     state = FileState(info=info, options=options, module=module)
     probe = _Probe(CodemodContext(wrapper=wrapper), state)
     probe.metadata = metadata  # type: ignore[assignment]
@@ -624,4 +626,4 @@ def probe_module(
         ProjectCall(qualified, target, index, where.get(i, 1))
         for i, (_call, qualified, target, index) in enumerate(found)
     )
-    return ModuleProbe(calls_found, info.framework, script=True)
+    return ModuleProbe(calls_found, info.framework, script=True, called=tuple(info.calls))

@@ -219,3 +219,37 @@ def test_the_training_script_sets_the_epoch_and_scales_the_rate():
     unshuffled = ModuleFacts(sources=(ShardedSource("data.get_loaders", 0, "data.py:6", False),))
     out = convert(MAIN, Options(project=unshuffled)).output.decode()
     assert "set_epoch" not in out and "lr=0.1 * sdp.size()" in out
+
+
+def test_keras_callback_classes_that_write_files(tmp_path: Path):
+    files = tree(tmp_path, {"callbacks.py": """
+        import json
+        import tensorflow as tf
+
+        class Logger(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                with open("log.jsonl", "a") as f:
+                    f.write(json.dumps(logs))
+
+        class Saver(tf.keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                self.model.save("final.keras")
+
+        class Reader(tf.keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                with open("config.json") as f:
+                    self.config = json.load(f)
+
+        class Printer(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                print(epoch)
+
+        class NotACallback:
+            def save(self):
+                open("x", "w")
+    """})
+    project = Project(files)
+    path = tmp_path / "callbacks.py"
+    found = {n for n in ("Logger", "Saver", "Reader", "Printer", "NotACallback", "Missing")
+             if project.writing_callback(path, n)}
+    assert found == {"Logger", "Saver"}

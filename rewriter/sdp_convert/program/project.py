@@ -76,6 +76,9 @@ class ModuleFacts:
     started_by: tuple[str, ...] = ()
     #: The framework of the training modules an entry point runs.
     framework: str | None = None
+    #: Keras callbacks other modules define that write files (qualified names as this module
+    #: spells them): like ModelCheckpoint, this script adds them on rank 0 only.
+    rank0_callbacks: tuple[str, ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:
@@ -175,6 +178,16 @@ class Project:
                 return None  # assigned some other way: not followed
         return None
 
+    def writing_callback(self, path: Path, name: str) -> bool:
+        """Whether ``name`` is a Keras callback class of ``path`` that writes files (it opens a
+        file to write or append, or saves: ``open(p, "a")``, ``model.save(...)``, ...)."""
+        tree = self._tree(path)
+        cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
+                   None) if tree is not None else None
+        if cls is None or not any(_name_of(b).endswith("Callback") for b in cls.bases):
+            return False
+        return any(_writes(node) for node in ast.walk(cls))
+
     def _tree(self, path: Path) -> ast.Module | None:
         if path not in self._trees:
             try:
@@ -182,6 +195,29 @@ class Project:
             except (SyntaxError, ValueError):
                 self._trees[path] = None
         return self._trees[path]
+
+
+#: Methods and functions that write files (``program.writes`` holds the full vocabulary, by
+#: qualified name; a callback class in another module is read with ``ast``, names only).
+_WRITING_CALLS = frozenset({"save", "save_weights", "savez", "savetxt", "to_csv", "dump",
+                            "write_text", "write_bytes", "imwrite", "savefig"})
+
+
+def _name_of(expr: ast.expr) -> str:
+    return expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", "")
+
+
+def _writes(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    name = _name_of(node.func)
+    if name == "open" and isinstance(node.func, ast.Name):
+        modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
+        return any(
+            isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax")
+            for m in modes
+        )
+    return name in _WRITING_CALLS
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:
