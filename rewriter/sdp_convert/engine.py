@@ -590,7 +590,7 @@ class _Probe(Transform):
 def probe_module(
     source: bytes, options: Options, resolve: Callable[[str], object | None]
 ) -> ModuleProbe:
-    """Classify a module, and find the calls of a PyTorch training script into functions of
+    """Classify a module, and find the calls of a training script into functions of
     other project modules (``resolve`` maps a qualified name to one, or None) whose results
     feed its training loops."""
     if not worth_parsing(source):
@@ -606,8 +606,6 @@ def probe_module(
         return ModuleProbe(framework=info.framework)
     if not info.entry_point:
         return ModuleProbe(framework=info.framework, library=True)
-    if info.framework != "torch":
-        return ModuleProbe(framework=info.framework, script=True, called=tuple(info.calls))
     state = FileState(info=info, options=options, module=module)
     probe = _Probe(CodemodContext(wrapper=wrapper), state)
     probe.metadata = metadata  # type: ignore[assignment]

@@ -272,9 +272,18 @@ def _unpacked(t: Transform, call: cst.Call) -> list[cst.BaseElement] | None:
     return list(target.elements) if isinstance(target, (cst.Tuple, cst.List)) else None
 
 
+def _training_loops(t: Transform) -> set[cst.CSTNode]:
+    """PyTorch: loops around ``backward()``/``step()``; TensorFlow: around the optimizer steps."""
+    if t.state.info.framework == "torch":
+        return training_loops(t)
+    from .training import training_facts  # (tensorflow) builds on this module's neighbours
+
+    return {loop for site in training_facts(t).sites for loop in site.loops}
+
+
 def training_results(t: Transform, call: cst.Call) -> list[tuple[int | None, Site]]:
     """``(index, site)`` for each part of what ``call`` returns that a training loop iterates."""
-    loops = training_loops(t)
+    loops = _training_loops(t)
     target = _unpacked(t, call)
     indices: list[int | None] = list(range(len(target))) if target is not None else [None]
     found = []
@@ -311,6 +320,34 @@ def single_process_fallback(
         f"{sampler} = (\n{step}{call}(\n{step * 2}{', '.join(args)}\n{step})\n"
         f"{step}if {t.sdp}.is_initialized()\n{step}else {fallback}\n)\n"
     )
+
+
+def fed_returns(t: Transform) -> list[tuple[cst.Return, cst.BaseExpression, LoaderFeed]]:
+    """``(return statement, returned value, feed)``: the values this module's functions return
+    for another module's training loops (``index``: that element of a returned tuple)."""
+    facts = module_facts(t)
+    found = []
+    for feed in facts.feeds if facts is not None else ():
+        function = next((s for s in t.module.body if isinstance(s, cst.FunctionDef)
+                         and s.name.value == feed.function), None)
+        for ret in cst.matchers.findall(function, cst.matchers.Return()) if function else ():
+            assert isinstance(ret, cst.Return)
+            value = ret.value
+            if feed.index is not None:
+                elements = value.elements if isinstance(value, cst.Tuple) else ()
+                value = elements[feed.index].value if feed.index < len(elements) else None
+            if value is not None and t.enclosing_function(ret) is function:
+                found.append((ret, value, feed))
+    return found
+
+
+def imported_sites(t: Transform) -> list[tuple[Site, ShardedSource]]:
+    """The loops of this file that iterate data another module builds, and its facts."""
+    return [
+        (site, source)
+        for call, source in sourced_calls(t)
+        for site in result_sites(t, call, source.index)[0]
+    ]
 
 
 def returned_feed(t: Transform, call: cst.Call) -> LoaderFeed | None:
