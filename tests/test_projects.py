@@ -156,3 +156,36 @@ def test_the_script_alone_does_not_scale_for_data_left_whole(tmp_path: Path):
     assert "main.py:38:33: [shard_dataloader] (manual) data.get_loaders() returns a loader built " \
         "in data.py:19" in done.stderr
     assert (tree / "data.py").read_bytes() == (TORCH / "input" / "data.py").read_bytes()
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_project_example_is_what_the_converter_does(tmp_path: Path):
+    text = README.read_text()
+    section = text.split("### Projects: several modules, one program", 1)[1].split("\n### ", 1)[0]
+    diff = section.split("```diff\n", 1)[1].split("```", 1)[0]
+    quoted = section.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    files: dict[str, tuple[list[str], list[str]]] = {}
+    current: tuple[list[str], list[str]] = ([], [])
+    for line in diff.splitlines():
+        if line.startswith("--- a/"):
+            current = files.setdefault(line[len("--- a/"):], ([], []))
+        elif line.startswith(("+++ ", "@@")):
+            continue
+        elif line.startswith("-"):
+            current[0].append(line[1:])
+        elif line.startswith("+"):
+            current[1].append(line[1:])
+        else:
+            current[0].append(line[1:])
+            current[1].append(line[1:])
+    assert sorted(files) == ["data.py", "train.py"]
+    for name, (before, _) in files.items():
+        (tmp_path / name).write_text("\n".join(before) + "\n")
+    done = sdp_convert(tmp_path, ".")
+    assert done.returncode == 0, done.stderr
+    for name, (_, after) in files.items():
+        assert (tmp_path / name).read_text() == "\n".join(after) + "\n", name
+    for line in quoted:
+        assert line in done.stderr.splitlines()
