@@ -119,7 +119,7 @@ def test_diff_shows_every_touched_file_and_check_fails_writing_nothing(tmp_path:
     assert "model.py" not in done.stdout
     assert sources(tree) == sources(TORCH / "input")
     assert "data.py:19:20: [shard_dataloader] give train_loader a DistributedSampler" in done.stderr
-    assert "(used by main.py:38)" in done.stderr
+    assert "(used by main.py:39)" in done.stderr
 
 
 def test_files_given_together_are_one_project_as_pre_commit_passes_them(tmp_path: Path):
@@ -153,7 +153,7 @@ def test_the_script_alone_does_not_scale_for_data_left_whole(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     text = (tree / "main.py").read_text()
     assert "sdp.size()" not in text and "set_epoch" not in text
-    assert "main.py:38:33: [shard_dataloader] (manual) data.get_loaders() returns a loader built " \
+    assert "main.py:39:33: [shard_dataloader] (manual) data.get_loaders() returns a loader built " \
         "in data.py:19" in done.stderr
     assert (tree / "data.py").read_bytes() == (TORCH / "input" / "data.py").read_bytes()
 

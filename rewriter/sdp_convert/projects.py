@@ -136,17 +136,17 @@ def project_options(
                 sources.append(source)
         reads = tuple(sorted(shown[p] for p in contents if p != path))
         runs = starts.get(path, [])
-        writers = tuple(
-            q for q in probes[path].called
-            if (target := project.resolve(path, q)) is not None and target[0] != path
-            and project.writing_callback(*target)
-        )
+        targets = [(q, t) for q in probes[path].called
+                   if (t := project.resolve(path, q)) is not None and t[0] != path]
+        callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
+        writers = tuple(q for q, t in targets if project.writing_function(*t))
         facts = ModuleFacts(
             tuple(feeds.get(path, ())), tuple(sources), reads,
             starts=tuple(shown[p] for p in runs),
             started_by=tuple(shown[p] for p, its in starts.items() if path in its),
             framework=probes[runs[0]].framework if runs else None,
-            rank0_callbacks=writers,
+            rank0_callbacks=callbacks,
+            writers=writers,
         )
         chosen[path] = replace(options, project=facts)
     return chosen

@@ -11,7 +11,8 @@ with ``sdp-convert .`` (every module of it, as a user does) and run as:
 
 and the tests assert that 2 processes at B give 1 process at 2B (exactly against the converted
 project's own sampler when shuffled, else against the original), that one converted process
-behaves as the original, and that a module that builds the data (sharded there for ``main.py``)
+behaves as the original, that every file is written by rank 0 only (a helper of another module
+that saves included), and that a module that builds the data (sharded there for ``main.py``)
 still gives a single-process importer, which never calls ``sdp.init()``, the original batches.
 """
 
@@ -34,6 +35,7 @@ from .harness import (
     load_state,
     run,
     start,
+    writers,
 )
 
 pytestmark = pytest.mark.slow
@@ -82,7 +84,9 @@ class ProjectRuns:
             args, env = spec.command_line(spec.batch * factor, spec.lr * factor)
             cmd = ([sys.executable, ENTRY] if processes == 1
                    else [SDP_RUN, "-n", str(processes), ENTRY]) + args
-            started.append((name, run_dir, start(cmd, run_dir, env, timeout=spec.timeout)))
+            audit = base / f"{name}.audit"
+            proc = start(cmd, run_dir, env, audit_dir=audit, timeout=spec.timeout)
+            started.append((name, run_dir, proc))
         finish(*(proc for _, _, proc in started))
         for name, run_dir, _ in started:
             self.done[(spec.name, name)] = run_dir
@@ -148,3 +152,13 @@ def test_a_single_process_importer_gets_the_original_batches(case: Path, tmp_pat
         outputs.append(proc.output)
     assert outputs[0] == outputs[1], f"original:\n{outputs[0]}\nconverted:\n{outputs[1]}"
     assert "sdp.is_initialized()" in (converted / f"{module.replace('.', '/')}.py").read_text()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_only_rank0_writes_files(spec: Spec, project_runs: ProjectRuns):
+    two = project_runs.get(spec, "converted_2p")
+    who = writers(two.parent / "converted_2p.audit")
+    for out in spec.outputs:
+        assert who.get(out.file) == ["0"], f"{out.file} written by ranks {who.get(out.file)}"
+    others = {path: ranks for path, ranks in who.items() if set(ranks) != {"0"}}
+    assert not others, f"files written by processes other than rank 0: {others}"

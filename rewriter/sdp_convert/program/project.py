@@ -79,6 +79,9 @@ class ModuleFacts:
     #: Keras callbacks other modules define that write files (qualified names as this module
     #: spells them): like ModelCheckpoint, this script adds them on rank 0 only.
     rank0_callbacks: tuple[str, ...] = ()
+    #: Functions other modules define that write files (``utils.save_checkpoint``): this
+    #: module's calls of them run on rank 0 only, like ``torch.save``.
+    writers: tuple[str, ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:
@@ -187,6 +190,14 @@ class Project:
         if cls is None or not any(_name_of(b).endswith("Callback") for b in cls.bases):
             return False
         return any(_writes(node) for node in ast.walk(cls))
+
+    def writing_function(self, path: Path, name: str) -> bool:
+        """Whether ``name`` is a module-level function of ``path`` that writes files
+        (``save_checkpoint(model, path)`` around ``torch.save``)."""
+        tree = self._tree(path)
+        function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
+                         and s.name == name), None) if tree is not None else None
+        return function is not None and any(_writes(node) for node in ast.walk(function))
 
     def _tree(self, path: Path) -> ast.Module | None:
         if path not in self._trees:
