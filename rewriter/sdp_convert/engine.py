@@ -581,6 +581,16 @@ class ModuleProbe:
     called: tuple[str, ...] = ()
 
 
+def project_exports(source: bytes, options: Options) -> list[Export]:
+    """What a module's conversion with ``options.project`` does for the other modules: the
+    loaders and datasets it shards for them (one pass: the fixed-point check is the real
+    conversion's)."""
+    try:
+        return _convert_once(source, options).exports
+    except ConversionError:
+        return []
+
+
 class _Probe(Transform):
     """A transform that changes nothing: a handle on the program layer of one file."""
 

@@ -23,8 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .base import Options
-from .changes import ConversionError
-from .engine import ModuleProbe, convert, probe_module
+from .engine import ModuleProbe, probe_module, project_exports
 from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
 
 #: At most this many neighbouring files are read (a file in a huge folder stays on its own).
@@ -40,7 +39,7 @@ def neighbours(paths: Sequence[Path]) -> list[Path]:
     roots: set[Path] = set()
     for path in paths:
         folder = path.parent
-        while (folder / "__init__.py").is_file() and folder.parent != folder:
+        while _is_package(folder) and folder.parent != folder:
             folder = folder.parent
         roots.add(folder)
     found: list[Path] = []
@@ -48,13 +47,20 @@ def neighbours(paths: Sequence[Path]) -> list[Path]:
         for folder, dirs, files in os.walk(root):
             here = Path(folder)
             dirs[:] = sorted(
-                d for d in dirs
-                if (here / d / "__init__.py").is_file() or (here == root and d == "src")
+                d for d in dirs if _is_package(here / d) or (here == root and d == "src")
             )
             found += [here / f for f in sorted(files) if f.endswith(".py")]
             if len(found) > MAX_NEIGHBOURS:
                 return []
     return found
+
+
+def _is_package(folder: Path) -> bool:
+    """A folder with an ``__init__.py`` (one that cannot be read is not: the run says why)."""
+    try:
+        return (folder / "__init__.py").is_file()
+    except OSError:
+        return False
 
 
 def project_options(
@@ -111,13 +117,8 @@ def project_options(
     exports: dict[Path, dict[tuple[str, int | None], tuple[int, bool]]] = {}
     for producer, its_feeds in feeds.items():
         facts = ModuleFacts(feeds=tuple(its_feeds))
-        try:
-            result = convert(contents[producer], replace(options, project=facts))
-        except ConversionError:
-            continue
-        exports[producer] = {
-            (e.function, e.index): (e.line, e.shuffles, e.already) for e in result.exports
-        }
+        found = project_exports(contents[producer], replace(options, project=facts))
+        exports[producer] = {(e.function, e.index): (e.line, e.shuffles, e.already) for e in found}
 
     chosen: dict[Path, Options] = {}
     for path in written:

@@ -240,11 +240,18 @@ def _binds(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t))
 
 
+def _has_init(folder: Path) -> bool:
+    try:
+        return (folder / "__init__.py").is_file()
+    except OSError:  # an unreadable folder
+        return False
+
+
 def module_name(path: Path) -> str:
     """``src/pkg/data.py`` -> ``pkg.data`` when ``src/pkg`` holds an ``__init__.py``."""
     parts = [path.stem] if path.name != "__init__.py" else []
     folder = path.parent
-    while (folder / "__init__.py").is_file() and folder.name:
+    while _has_init(folder) and folder.name:
         parts.insert(0, folder.name)
         folder = folder.parent
     return ".".join(parts) or path.parent.name
