@@ -17,6 +17,7 @@ import re
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
@@ -562,7 +563,7 @@ class ProjectCall:
     result (at ``index`` of the tuple it returns; None: the whole value) feeds a training loop."""
 
     callee: str  # the qualified name this file spells it by (``data.get_loaders``)
-    target: object  # what the project resolved it to (``(path, function)``)
+    target: tuple[Path, str]  # what the project resolved it to: (file, function)
     index: int | None
     line: int
 
@@ -598,7 +599,7 @@ class _Probe(Transform):
 
 
 def probe_module(
-    source: bytes, options: Options, resolve: Callable[[str], object | None]
+    source: bytes, options: Options, resolve: Callable[[str], tuple[Path, str] | None]
 ) -> ModuleProbe:
     """Classify a module, and find the calls of a training script into functions of
     other project modules (``resolve`` maps a qualified name to one, or None) whose results
@@ -619,7 +620,7 @@ def probe_module(
     state = FileState(info=info, options=options, module=module)
     probe = _Probe(CodemodContext(wrapper=wrapper), state)
     probe.metadata = metadata  # type: ignore[assignment]
-    found: list[tuple[cst.Call, str, object, int | None]] = []
+    found: list[tuple[cst.Call, str, tuple[Path, str], int | None]] = []
     for qualified, calls in info.calls.items():
         target = resolve(qualified)
         if target is None:

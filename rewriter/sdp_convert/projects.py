@@ -17,6 +17,7 @@ rather than scaling its learning rate for data that stays whole.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -44,8 +45,8 @@ def neighbours(paths: Sequence[Path]) -> list[Path]:
         roots.add(folder)
     found: list[Path] = []
     for root in sorted(roots):
-        for folder, dirs, files in os.walk(root):
-            here = Path(folder)
+        for walked, dirs, files in os.walk(root):
+            here = Path(walked)
             dirs[:] = sorted(
                 d for d in dirs if _is_package(here / d) or (here == root and d == "src")
             )
@@ -85,7 +86,7 @@ def project_options(
     project = Project(contents)
 
     probes: dict[Path, ModuleProbe] = {
-        path: probe_module(data, options, lambda q, p=path: project.resolve(p, q))
+        path: probe_module(data, options, functools.partial(project.resolve, path))
         for path, data in contents.items()
     }
     # Which entry points run the training code of which modules (init() goes there). Both are
@@ -105,7 +106,7 @@ def project_options(
     wanted: dict[Path, list[tuple[str, Path, str, int | None]]] = {}
     for path, probe in probes.items():
         for call in probe.calls:
-            producer, function = call.target  # type: ignore[misc]
+            producer, function = call.target
             if producer == path:
                 continue
             feed = LoaderFeed(function, call.index, f"{shown[path]}:{call.line}")
@@ -114,7 +115,7 @@ def project_options(
             wanted.setdefault(path, []).append((call.callee, producer, function, call.index))
 
     # What the modules that build those loaders do with them.
-    exports: dict[Path, dict[tuple[str, int | None], tuple[int, bool]]] = {}
+    exports: dict[Path, dict[tuple[str, int | None], tuple[int, bool, bool]]] = {}
     for producer, its_feeds in feeds.items():
         facts = ModuleFacts(feeds=tuple(its_feeds))
         found = project_exports(contents[producer], replace(options, project=facts))
