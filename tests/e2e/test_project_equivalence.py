@@ -1,7 +1,8 @@
 """Converted PyTorch projects train data-parallel correctly: run them (DESIGN.md, "Equivalence").
 
 For every ``fixtures/projects/<case>/`` with an ``e2e.json`` (the schema of
-``test_torch_equivalence``; the entry point is ``main.py``), the ``input/`` tree is converted
+``test_torch_equivalence``; the entry point is ``main.py``; outputs are torch state dicts or, for
+the TensorFlow and Keras projects, ``.npz``/``.h5`` weights), the ``input/`` tree is converted
 with ``sdp-convert .`` (every module of it, as a user does) and run as:
 
 * ``original_2b``: the original project, one process, batch 2B, lr 2*lr;
@@ -18,6 +19,7 @@ still gives a single-process importer, which never calls ``sdp.init()``, the ori
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -32,18 +34,27 @@ from .harness import (
     assert_state_close,
     assert_state_similar,
     finish,
-    load_state,
+    load_weights,
     run,
     start,
     writers,
 )
 
-pytestmark = pytest.mark.slow
+#: All runs of a case start together on the first test that needs one (TensorFlow: ~5 processes
+#: that import it at once).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
+HAS_TF = importlib.util.find_spec("tensorflow") is not None
 CASES = sorted(p for p in (FIXTURES / "projects").glob("*/") if (p / "e2e.json").is_file())
-SPECS = [Spec.load(c) for c in CASES]
-IDS = [s.name for s in SPECS]
+#: TensorFlow and Keras projects (``tf_*``, ``keras_*``) run only where TensorFlow is installed.
+SPECS = [
+    pytest.param(spec, id=spec.name, marks=pytest.mark.skipif(
+        spec.case.name.startswith(("tf_", "keras_")) and not HAS_TF,
+        reason="tensorflow is not installed"))
+    for spec in (Spec.load(c) for c in CASES)
+]
 ENTRY = "main.py"
+
 
 
 def convert_tree(case: Path, dest: Path) -> Path:
@@ -97,27 +108,27 @@ def project_runs(tmp_path_factory: pytest.TempPathFactory) -> ProjectRuns:
     return ProjectRuns(tmp_path_factory.mktemp("e2e_projects"))
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+@pytest.mark.parametrize("spec", SPECS)
 def test_two_processes_match_one_process_at_double_batch(spec: Spec, project_runs: ProjectRuns):
     two = project_runs.get(spec, "converted_2p")
     for out in spec.outputs:
-        got = load_state(two, out)
+        got = load_weights(two, out)
         what = f"{spec.name} {out.file}"
-        original = load_state(project_runs.get(spec, "original_2b"), out)
+        original = load_weights(project_runs.get(spec, "original_2b"), out)
         if spec.shuffle:
-            same_sampler = load_state(project_runs.get(spec, "converted_1p_2b"), out)
+            same_sampler = load_weights(project_runs.get(spec, "converted_1p_2b"), out)
             assert_state_close(got, same_sampler, f"{what}: 2 processes x B vs 1 process x 2B")
             assert_state_similar(got, original, f"{what} vs the original")
         else:
             assert_state_close(got, original, f"{what}: 2 processes x B vs the original at 2B")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+@pytest.mark.parametrize("spec", SPECS)
 def test_one_converted_process_behaves_as_the_original(spec: Spec, project_runs: ProjectRuns):
     one = project_runs.get(spec, "converted_1p")
     original = project_runs.get(spec, "original_1p")
     for out in spec.outputs:
-        got, want = load_state(one, out), load_state(original, out)
+        got, want = load_weights(one, out), load_weights(original, out)
         if spec.shuffle:
             assert_state_similar(got, want, f"{spec.name} {out.file}")
         else:
@@ -154,11 +165,11 @@ def test_a_single_process_importer_gets_the_original_batches(case: Path, tmp_pat
     assert "sdp.is_initialized()" in (converted / f"{module.replace('.', '/')}.py").read_text()
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+@pytest.mark.parametrize("spec", SPECS)
 def test_only_rank0_writes_files(spec: Spec, project_runs: ProjectRuns):
     two = project_runs.get(spec, "converted_2p")
     who = writers(two.parent / "converted_2p.audit")
-    for out in spec.outputs:
-        assert who.get(out.file) == ["0"], f"{out.file} written by ranks {who.get(out.file)}"
+    for path in [*(o.file for o in spec.outputs), *spec.writes]:
+        assert who.get(path) == ["0"], f"{path} written by ranks {who.get(path)}"
     others = {path: ranks for path, ranks in who.items() if set(ranks) != {"0"}}
     assert not others, f"files written by processes other than rank 0: {others}"
