@@ -85,16 +85,25 @@ def project_options(
         return {}
     project = Project(contents)
 
+    # Only the modules that import others of the project, and those they import, are analysed
+    # (with libcst): in a folder of independent scripts nothing is.
+    imported = {path: _imported(project, path) for path in contents}
+    related = {p for p, targets in imported.items() if targets} | {
+        t for targets in imported.values() for t in targets
+    }
     probes: dict[Path, ModuleProbe] = {
         path: probe_module(data, options, functools.partial(project.resolve, path))
+        if path in related else ModuleProbe()
         for path, data in contents.items()
     }
     # Which entry points run the training code of which modules (init() goes there). Both are
     # converted in this run, or neither changes for the other (the module keeps its note).
     starts: dict[Path, list[Path]] = {}
-    for path, data in contents.items():
+    for path in contents:
         if path in written and not probes[path].script and not probes[path].library:
-            for target in _runs(project, path, data):
+            tree = project.tree(path)
+            guarded = tree is not None and any(_is_main_guard(stmt) for stmt in tree.body)
+            for target in imported[path] if guarded else ():
                 if (
                     probes[target].library and target in written
                     and target not in starts.setdefault(path, [])
@@ -154,13 +163,10 @@ def project_options(
     return chosen
 
 
-def _runs(project: Project, path: Path, data: bytes) -> list[Path]:
-    """The project modules an entry point (``if __name__ == "__main__":``) imports names from."""
-    try:
-        tree = ast.parse(data)
-    except (SyntaxError, ValueError):
-        return []
-    if not any(_is_main_guard(stmt) for stmt in tree.body):
+def _imported(project: Project, path: Path) -> list[Path]:
+    """The other project modules ``path`` imports (or imports names from)."""
+    tree = project.tree(path)
+    if tree is None:
         return []
     found: list[Path] = []
     for node in ast.walk(tree):
@@ -172,8 +178,9 @@ def _runs(project: Project, path: Path, data: bytes) -> list[Path]:
             names = [alias.name + ".__module__" for alias in node.names]
         for name in names:
             target = project.resolve(path, name) or project.module_file(path, name)
-            if target is not None:
-                found.append(target if isinstance(target, Path) else target[0])
+            module = target if isinstance(target, Path) or target is None else target[0]
+            if module is not None and module != path and module not in found:
+                found.append(module)
     return found
 
 

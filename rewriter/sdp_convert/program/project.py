@@ -164,7 +164,7 @@ class Project:
         return None
 
     def _definition(self, module: Path, name: str, depth: int) -> tuple[Path, str] | None:
-        tree = self._tree(module)
+        tree = self.tree(module)
         if tree is None:
             return None
         for stmt in reversed(tree.body):  # the last top-level binding wins
@@ -184,7 +184,7 @@ class Project:
     def writing_callback(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a Keras callback class of ``path`` that writes files (it opens a
         file to write or append, or saves: ``open(p, "a")``, ``model.save(...)``, ...)."""
-        tree = self._tree(path)
+        tree = self.tree(path)
         cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
                    None) if tree is not None else None
         if cls is None or not any(_name_of(b).endswith("Callback") for b in cls.bases):
@@ -194,12 +194,13 @@ class Project:
     def writing_function(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a module-level function of ``path`` that writes files
         (``save_checkpoint(model, path)`` around ``torch.save``)."""
-        tree = self._tree(path)
+        tree = self.tree(path)
         function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
                          and s.name == name), None) if tree is not None else None
         return function is not None and any(_writes(node) for node in ast.walk(function))
 
-    def _tree(self, path: Path) -> ast.Module | None:
+    def tree(self, path: Path) -> ast.Module | None:
+        """The ``ast`` of a file (parsed once; None if it does not parse)."""
         if path not in self._trees:
             try:
                 self._trees[path] = ast.parse(self.files[path])
