@@ -253,3 +253,21 @@ def test_keras_callback_classes_that_write_files(tmp_path: Path):
     found = {n for n in ("Logger", "Saver", "Reader", "Printer", "NotACallback", "Missing")
              if project.writing_callback(path, n)}
     assert found == {"Logger", "Saver"}
+
+
+def test_a_learning_rate_from_a_config_module_is_scaled_once_where_the_optimizer_is_built(
+    tmp_path: Path,
+):
+    main = MAIN.replace("import data\n", "import config\nimport data\n").replace(
+        "lr=0.1", "lr=config.LR"
+    )
+    tree(tmp_path, {"data.py": DATA, "main.py": main, "config.py": "LR = 0.1\nBATCH = 16\n"})
+    files = [(tmp_path / n, n) for n in ("config.py", "data.py", "main.py")]
+    chosen = project_options(files, Options())
+    converted = {
+        name: convert((tmp_path / name).read_bytes(), chosen[(tmp_path / name).resolve()])
+        for name in ("config.py", "main.py")
+    }
+    assert not converted["config.py"].changed
+    assert converted["main.py"].output.decode().count("sdp.size()") == 1
+    assert "lr=config.LR * sdp.size()" in converted["main.py"].output.decode()
