@@ -341,6 +341,20 @@ def single_process_fallback(
     )
 
 
+def imported_data(t: Transform, loops: set[cst.CSTNode] | None = None) -> cst.Call | bool:
+    """Loaders built in other modules that feed ``loops`` (default: every training loop of the
+    file): False if none does; True if all are sharded where they are built (in this run, or
+    already); else the first call whose loader is not."""
+    loops = _training_loops(t) if loops is None else loops
+    found: cst.Call | bool = False
+    for call, source in sourced_calls(t):
+        if any(s.loop in loops for s in result_sites(t, call, source.index)[0]):
+            if not source.sharded:
+                return call
+            found = True
+    return found
+
+
 def fed_returns(t: Transform) -> list[tuple[cst.Return, cst.BaseExpression, LoaderFeed]]:
     """``(return statement, returned value, feed)``: the values this module's functions return
     for another module's training loops (``index``: that element of a returned tuple)."""

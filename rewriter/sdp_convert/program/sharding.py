@@ -34,7 +34,7 @@ from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
-from .project import feeds_training, sourced_calls
+from .project import imported_data
 from .scopes import training_loops
 from .syntax import arg_named, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
@@ -234,16 +234,15 @@ def _torch(t: Transform) -> DataSharding:
         return DataSharding(False, "input", tensor)
     loaders = training_loaders(t)
     # Loaders another module of the project builds (and shards there, in this run).
-    imported = [(c, s) for c, s in sourced_calls(t) if feeds_training(t, c, s.index)]
+    imported = imported_data(t)
+    if isinstance(imported, cst.Call):
+        return DataSharding(False, "not sharded", imported)
     if loaders or imported:
         will = enabled(t, "shard_dataloader")
         for call in loaders:
             if has_distributed_sampler(t, call):
                 continue
             if not will or loader_problem(t, call) is not None:
-                return DataSharding(False, "not sharded", call)
-        for call, source in imported:
-            if not source.sharded:
                 return DataSharding(False, "not sharded", call)
         return DataSharding(True, "sharded")
     loops = [loop for loop in training_loops(t) if isinstance(loop, (cst.For, cst.While))]

@@ -113,9 +113,8 @@ class GuardRank0Writes(Transform):
         self._problems: list[str] = []
         framework = self.state.info.framework or ""
         self._writes = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
-        # Project mode: functions of other modules that write (guarded here, at the call site).
-        self._writes.update(dict.fromkeys(self.state.options.project.writers)
-                            if self.state.options.project else {})
+        # Project mode: other modules' functions that write (guarded here, at the call site).
+        self._writes.update(dict.fromkeys(getattr(self.state.options.project, "writers", ())))
         self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()))
 
         candidates: list[cst.Call] = []
