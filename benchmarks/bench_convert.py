@@ -1,7 +1,9 @@
 """Converter speed: sdp-convert against libcst's parse-only floor, start-up, memory, -j scaling.
 
 Corpus: every ``fixtures/*/*/input.py`` plus generated variants of realistic ~200-line PyTorch
-and Keras training scripts, at least 50 files. Printed as a table and written, with the machine,
+and Keras training scripts, at least 50 files. Project mode: a generated 20-module tree (5
+experiments of train/data/models/utils modules), converted file by file and as one project.
+Printed as a table and written, with the machine,
 to ``benchmarks/results/convert.md``.
 
 Usage: ``.venv/bin/python benchmarks/bench_convert.py [--variants N] [--repeats R]``
@@ -204,6 +206,105 @@ def corpus(tmp: Path, variants: int) -> list[Path]:
     return paths
 
 
+PROJECT_DATA = '''\
+"""Loaders of experiment {k}."""
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from utils_{k} import seeded
+
+
+def get_loaders(batch_size=32):
+    seeded({k})
+    train = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
+    test = TensorDataset(torch.randn(128, 16), torch.randn(128, 1))
+    return (DataLoader(train, batch_size=batch_size, shuffle=True),
+            DataLoader(test, batch_size=batch_size))
+'''
+PROJECT_MODEL = '''\
+"""Model of experiment {k}."""
+import torch.nn as nn
+
+
+def build_model(width=32):
+    return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 1))
+'''
+PROJECT_UTILS = '''\
+"""Helpers of experiment {k}."""
+import random
+
+
+def seeded(seed):
+    random.seed(seed)
+    return seed
+
+
+def average(values):
+    return sum(values) / max(len(values), 1)
+'''
+PROJECT_TRAIN = '''\
+"""Train experiment {k}."""
+import torch
+import torch.nn.functional as F
+
+import data_{k}
+from models_{k} import build_model
+from utils_{k} import average
+
+
+def main():
+    train_loader, test_loader = data_{k}.get_loaders(32)
+    model = build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(2):
+        losses = []
+        for x, y in train_loader:
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        print(epoch, average(losses))
+    torch.save(model.state_dict(), "model_{k}.pt")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def project_tree(root: Path, experiments: int = 5) -> list[Path]:
+    """A project of 4 modules per experiment (train, data, models, utils): 20 for 5."""
+    root.mkdir(parents=True)
+    paths = []
+    for k in range(experiments):
+        for name, template in (("train", PROJECT_TRAIN), ("data", PROJECT_DATA),
+                               ("models", PROJECT_MODEL), ("utils", PROJECT_UTILS)):
+            path = root / f"{name}_{k}.py"
+            path.write_text(template.format(k=k))
+            paths.append(path)
+    return paths
+
+
+def project_mode(paths: list[Path], repeats: int) -> tuple[float, float, int, int]:
+    """In-process, one core: every file converted alone (no project) against the same files as
+    one project (``projects.project_options``, then each file with its facts). Also how many
+    files each changes."""
+    from sdp_convert.projects import project_options
+
+    options = Options()
+    sources = {p: p.read_bytes() for p in paths}
+
+    def alone() -> int:
+        return sum(convert(s, options).changed for s in sources.values())
+
+    def together() -> int:
+        chosen = project_options([(p, p.name) for p in paths], options)
+        return sum(convert(s, chosen[p.resolve()]).changed for p, s in sources.items())
+
+    return timed(alone, repeats), timed(together, repeats), alone(), together()
+
+
 def timed(fn, repeats: int) -> float:
     samples = []
     for _ in range(repeats):
@@ -246,6 +347,8 @@ def main() -> int:
         peak_kib = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
         double = statistics.median(run_cli(["--check", "-q", "-j", "2", str(tmp / "corpus")])
                                    for _ in range(args.repeats))
+        tree = project_tree(tmp / "project")
+        per_file, as_project, changed_alone, changed_project = project_mode(tree, args.repeats)
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -271,6 +374,10 @@ def main() -> int:
         ("directory mode -j 1 (wall)", f"{single:.2f} s", ""),
         ("directory mode -j 2 (wall)", f"{double:.2f} s", f"speed-up {single / double:.2f}x"),
         ("peak memory of one sdp-convert -j 1 process", f"{peak_kib / 1024:.0f} MiB", ""),
+        (f"{len(tree)}-module project, each file alone (files changed: {changed_alone})",
+         f"{per_file * 1000:.0f} ms", "1.00x"),
+        (f"{len(tree)}-module project, project mode: analysis + conversion (files changed: "
+         f"{changed_project})", f"{as_project * 1000:.0f} ms", f"{as_project / per_file:.2f}x"),
     ]
     table = ["| measure | value | ratio |", "| --- | ---: | ---: |",
              *[f"| {a} | {b} | {c} |" for a, b, c in rows]]

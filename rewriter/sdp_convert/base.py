@@ -41,6 +41,7 @@ from .analysis import FileInfo, canonical_name
 
 if TYPE_CHECKING:
     from .program.index import FileIndex
+    from .program.project import ModuleFacts
     from .program.sharding import DataSharding
     from .program.training import TrainingFacts
 
@@ -66,6 +67,10 @@ class Options:
     #: The file of this run that imports this one and runs it in torch.multiprocessing workers
     #: sharing one model (Hogwild, ``siblings``): this file is then parallel already.
     parallel_importer: str = ""
+    #: What the other modules of the project say about this one (``program.project``): loaders
+    #: it builds for another module's training loop, loaders built elsewhere that it iterates.
+    #: None: the file is converted on its own.
+    project: ModuleFacts | None = None
 
 
 @dataclass
@@ -119,6 +124,10 @@ class Facts:
     tf_shards: object | None = None
     #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
     sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
+    #: Loaders this module shards (or finds sharded) for another module of the project:
+    #: (the DataLoader call, function returning it, index in the returned tuple, shuffles,
+    #: sharded already).
+    exports: list[tuple[cst.Call, str, int | None, bool, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -157,6 +166,10 @@ class Transform(VisitorBasedCodemodCommand):
     FRAMEWORKS: ClassVar[frozenset[str]] = frozenset()
     #: The public name: the transform module's name (set by ``__init_subclass__``).
     NAME: ClassVar[str] = ""
+    #: Project mode (``program.project``): also runs on a module with no training code of its
+    #: own that builds another module's training data (``"data"``), or that is the entry point
+    #: running another module's training code (``"entry"``); otherwise only on training scripts.
+    PROJECT_ROLES: ClassVar[frozenset[str]] = frozenset()
 
     # Parents come from ``FileInfo.parents`` (see ``parent``), not ParentNodeProvider: same map,
     # a fraction of the cost. A transform that needs more metadata declares it and gets it.

@@ -17,6 +17,7 @@ import re
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
@@ -29,6 +30,7 @@ from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .formatting import format_changed
 from .pipeline import PIPELINE
+from .program.project import Export, training_results
 from .program.sharding import input_optimisation
 
 __all__ = ["Options", "Result", "convert"]
@@ -42,6 +44,11 @@ class Result:
     output: bytes
     info: FileInfo
     changes: list[Change] = field(default_factory=list)
+    #: Project mode: loaders this file shards for another module (``program.project.Export``).
+    exports: list[Export] = field(default_factory=list)
+    #: Project mode: the other files whose contents this conversion depends on (through
+    #: ``Options.project``); a result cache must key on them too. Empty for a file on its own.
+    reads: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -74,7 +81,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # The transforms saw the program differently in their own output (a name they
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
-            return Result(data, data, result.info, [_unstable(data)])
+            return Result(data, data, result.info, [_unstable(data)], reads=result.reads)
     return result
 
 
@@ -154,7 +161,15 @@ def _check_syntax(data: bytes) -> None:
 
 
 def _convert_once(data: bytes, options: Options) -> Result:
-    if not worth_parsing(data):
+    result = _convert_one(data, options)
+    if options.project is not None:
+        result.reads = options.project.reads
+    return result
+
+
+def _convert_one(data: bytes, options: Options) -> Result:
+    roles = options.project.roles if options.project is not None else frozenset()
+    if not roles and not worth_parsing(data):
         # Cheap path: nothing here can be a training script, so it is left alone byte for byte;
         # CPython's own parser (many times faster than libcst's) still reports broken files.
         _check_syntax(data)
@@ -171,10 +186,23 @@ def _convert_once(data: bytes, options: Options) -> Result:
             "module (Hogwild)"
         )
 
+    # A module that builds another module's training data but trains nothing itself gets only
+    # the edits that data needs (a sampler): no init(), no guards, nothing at import time. The
+    # entry point that runs another module's training code gets init() (and GPU pinning).
+    # (Converted already, it uses sdp_runtime: its loaders are then reported as sharded.)
+    if roles and not info.training and not info.excluded and info.origin in ("vanilla", "sdp"):
+        assert options.project is not None
+        if info.framework is None and options.project.framework in ("torch", "tensorflow"):
+            info.framework = options.project.framework  # type: ignore[assignment]
+    else:
+        roles = frozenset()
     selected = [
         cls
         for cls in PIPELINE
-        if cls.applies_to(info)
+        if (
+            cls.applies_to(info)
+            or (roles & cls.PROJECT_ROLES and info.framework in cls.FRAMEWORKS)
+        )
         and (not options.only or cls.NAME in options.only)
         and cls.NAME not in options.skip
     ]
@@ -212,13 +240,27 @@ def _convert_once(data: bytes, options: Options) -> Result:
         if not any(not manual for *_, manual in state.records):
             new_module = module
     changes = _positions(module, state.records)
+    exports = _exports(module, state)
     output = new_module.bytes if state.records or state.edits else data
     if new_module is module:
         output = data
     if output != data and not any(not c.manual for c in changes):
         # Edits without a report would be a silent change; refuse rather than hide it.
         raise ConversionError("internal error: a transform changed code without reporting it")
-    return Result(data, output, info, changes)
+    return Result(data, output, info, changes, exports)
+
+
+def _exports(module: cst.Module, state: FileState) -> list[Export]:
+    """Where the loaders sharded for other modules are built (their lines, for the reports)."""
+    if not state.facts.exports:
+        return []
+    lines = _positions(module, [(call, "", str(i), False) for i, (call, *_) in
+                                enumerate(state.facts.exports)])
+    where = {int(c.message): c.line for c in lines}
+    return [
+        Export(function, index, where.get(i, 1), shuffles, already)
+        for i, (_call, function, index, shuffles, already) in enumerate(state.facts.exports)
+    ]
 
 
 def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
@@ -536,3 +578,84 @@ class _Traversal(cst.CSTTransformer):
         stmts = [first.with_changes(leading_lines=()), *stmts[1:]]
         test = cst.parse_expression(f"{self.state.runtime_alias}.rank() == 0")
         return cst.If(test=test, body=cst.IndentedBlock(body=stmts), leading_lines=leading)
+
+
+@dataclass(frozen=True)
+class ProjectCall:
+    """A call of a function another module of the project defines, in a training script, whose
+    result (at ``index`` of the tuple it returns; None: the whole value) feeds a training loop."""
+
+    callee: str  # the qualified name this file spells it by (``data.get_loaders``)
+    target: tuple[Path, str]  # what the project resolved it to: (file, function)
+    index: int | None
+    line: int
+
+
+@dataclass(frozen=True)
+class ModuleProbe:
+    """What the project run needs to know of one module before converting any."""
+
+    calls: tuple[ProjectCall, ...] = ()
+    framework: str | None = None
+    #: Single-process training code that nothing in the file runs (a ``Trainer`` module).
+    library: bool = False
+    #: A single-process training script (it trains, and runs its training code).
+    script: bool = False
+    #: A script's calls, by qualified name as it spells them.
+    called: tuple[str, ...] = ()
+
+
+def project_exports(source: bytes, options: Options) -> list[Export]:
+    """What a module's conversion with ``options.project`` does for the other modules: the
+    loaders and datasets it shards for them (one pass: the fixed-point check is the real
+    conversion's)."""
+    try:
+        return _convert_once(source, options).exports
+    except ConversionError:
+        return []
+
+
+class _Probe(Transform):
+    """A transform that changes nothing: a handle on the program layer of one file."""
+
+    DESCRIPTION = "project probe"
+
+
+def probe_module(
+    source: bytes, options: Options, resolve: Callable[[str], tuple[Path, str] | None]
+) -> ModuleProbe:
+    """Classify a module, and find the calls of a training script into functions of
+    other project modules (``resolve`` maps a qualified name to one, or None) whose results
+    feed its training loops."""
+    if not worth_parsing(source):
+        return ModuleProbe()
+    try:
+        module = _parse(source)
+    except ConversionError:
+        return ModuleProbe()
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    metadata = wrapper.resolve_many(_Probe.get_inherited_dependencies())
+    info = detect(module, metadata, options.framework, False)
+    if not info.convertible or options.parallel_importer:
+        return ModuleProbe(framework=info.framework)
+    if not info.entry_point:
+        return ModuleProbe(framework=info.framework, library=True)
+    state = FileState(info=info, options=options, module=module)
+    probe = _Probe(CodemodContext(wrapper=wrapper), state)
+    probe.metadata = metadata  # type: ignore[assignment]
+    found: list[tuple[cst.Call, str, tuple[Path, str], int | None]] = []
+    for qualified, calls in info.calls.items():
+        target = resolve(qualified)
+        if target is None:
+            continue
+        for call in calls:
+            found += [(call, qualified, target, i) for i, _ in training_results(probe, call)]
+    where = {
+        int(c.message): c.line
+        for c in _positions(module, [(c, "", str(i), False) for i, (c, *_) in enumerate(found)])
+    }
+    calls_found = tuple(
+        ProjectCall(qualified, target, index, where.get(i, 1))
+        for i, (_call, qualified, target, index) in enumerate(found)
+    )
+    return ModuleProbe(calls_found, info.framework, script=True, called=tuple(info.calls))

@@ -251,12 +251,15 @@ def run_jobs(
     """
     outcomes: list[FileOutcome] = []
     importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
+    # Project mode: the files of the run and their neighbours are one program (``projects``).
+    from .projects import project_options
+
+    projects = project_options([(job.src, job.display) for job in jobs], config.options)
 
     def config_of(job: Job) -> Config:
         importer = importers.get(job.src, config.options.parallel_importer)
-        options = replace(
-            config.options, parallel_importer=importer, line_length=line_length_for(job.src)
-        )
+        options = projects.get(job.src.resolve(), config.options)
+        options = replace(options, parallel_importer=importer, line_length=line_length_for(job.src))
         return replace(config, options=options)
 
     with _Stop() as stop:

@@ -6,8 +6,10 @@ passed; see ``workers/``. TF takes 2-3 s to import, so checks are batched per pr
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +155,26 @@ def test_broadcast_callback_lazily_built_models_end_equal_on_two_ranks(tmp_path:
     for name in LAZY_CHECKS[:-1]:
         for a, b in zip(first["weights"][name], second["weights"][name], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+_WITHOUT_INIT = """
+import numpy as np
+import tensorflow as tf
+import sdp_runtime.tensorflow as sdp
+
+x = np.arange(10, dtype="float32")
+ds = tf.data.Dataset.from_tensor_slices(x)
+assert sdp.shard(ds) is ds
+assert sdp.shard(x) is x
+assert not sdp.is_initialized()
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_shard_without_init_returns_the_data_itself() -> None:
+    # A data module the converter sharded (project mode), imported by an evaluation script that
+    # never calls init(): one process reads all of it, as before the conversion.
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_INIT], capture_output=True, text=True,
+                          timeout=100, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -16,6 +16,7 @@ from ..base import Transform
 from .flow import origin
 from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
+from .project import fed_returns
 from .scopes import callers, param_for_arg
 from .syntax import arg_named, code
 from .training import training_facts
@@ -271,6 +272,8 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
             )
         ):
             uses.append((fit, [Candidate(x.value)]))
+    # Project mode: datasets this module returns for another module's training loop.
+    uses += [(ret, [Candidate(value)]) for ret, value, _feed in fed_returns(transform)]
     return uses
 
 

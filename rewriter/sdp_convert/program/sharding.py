@@ -34,6 +34,7 @@ from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
+from .project import imported_data
 from .scopes import training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, is_none, is_simple_reference
@@ -218,7 +219,11 @@ def optimizer_data(t: Transform, call: cst.Call) -> DataSharding:
     loaders = [
         c for c in t.calls_to(*LOADERS) if any(s.loop in loops for s in loader_sites(t, c)[0])
     ]
-    if not loaders:
+    # Loaders another module of the project builds for these loops (sharded there, or not).
+    imported = imported_data(t, set(loops))
+    if isinstance(imported, cst.Call):
+        return DataSharding(False, "not sharded", imported)
+    if not loaders and not imported:
         return _without_source(t, [lp for lp in loops if isinstance(lp, (cst.For, cst.While))])
     will = enabled(t, "shard_dataloader")
     for loader in loaders:
@@ -270,7 +275,11 @@ def _torch(t: Transform) -> DataSharding:
     if tensor is not None:
         return DataSharding(False, "input", tensor)
     loaders = training_loaders(t)
-    if loaders:
+    # Loaders another module of the project builds (and shards there, in this run).
+    imported = imported_data(t)
+    if isinstance(imported, cst.Call):
+        return DataSharding(False, "not sharded", imported)
+    if loaders or imported:
         will = enabled(t, "shard_dataloader")
         for call in loaders:
             if has_distributed_sampler(t, call):

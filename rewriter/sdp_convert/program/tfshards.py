@@ -54,6 +54,7 @@ from .datasets import (
 from .index import FileIndex, file_index
 from .keras import fit_arg, keras_fit_calls
 from .permutations import unseeded_orders
+from .project import fed_returns, imported_sites
 from .scopes import param_for_arg
 from .syntax import arg_named, code, mentions_size
 
@@ -140,9 +141,20 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
         return facts.tf_shards
     planner = _Planner(transform)
     plan = planner.plan
+    fed = {id(ret): (value, feed) for ret, value, feed in fed_returns(transform)}
+    imported = imported_sites(transform)
     for where, candidates in training_dataset_uses(transform):
         traces = [(c, trace_dataset(transform, planner.index, c.expr)) for c in candidates]
         usable = [(c, t) for c, t in traces if t.source is not None]
+        source = next((s for site, s in imported if site.loop is where
+                       or where in transform.ancestors(site.loop)), None)
+        if not usable and source is not None:  # built in another module, sharded there
+            plan.uses.append(TrainingData(where, "converter" if source.sharded else None))
+            if not source.sharded:
+                planner.note(where, f"training data from {source.callee}(), built in "
+                             f"{source.at}: it is sharded only if that module is converted in "
+                             "the same run: convert both together (or the directory)")
+            continue
         if not usable:
             why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
             planner.note(
@@ -153,7 +165,17 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
             plan.uses.append(TrainingData(where, None, traces[0][1] if traces else None))
             continue
         trace = usable[0][1]
+        before = set(plan.anchors)
         plan.uses.append(TrainingData(where, planner.source(trace), trace, usable))
+        if id(where) in fed:  # a dataset returned for another module's training loop
+            _, feed = fed[id(where)]
+            for anchor in set(plan.anchors) - before:
+                plan.anchors[anchor] += f" (used by {feed.used_by})"
+            if plan.uses[-1].sharded and trace.source is not None:
+                transform.state.facts.exports.append((
+                    trace.source, feed.function, feed.index, False,
+                    plan.uses[-1].sharded_by == "script",
+                ))
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(transform):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")

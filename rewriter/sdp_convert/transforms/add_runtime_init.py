@@ -40,6 +40,7 @@ from ..program.syntax import end_of_import_block, first_import_block_end
 class AddRuntimeInit(Transform):
     DESCRIPTION = "Import sdp_runtime and call init() once, after the file's imports."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    PROJECT_ROLES = frozenset({"entry"})
 
     def prepare(self, module: cst.Module) -> None:
         self.anchor: cst.BaseStatement | None = None
@@ -48,8 +49,11 @@ class AddRuntimeInit(Transform):
         if self.calls_to(f"{self.state.runtime_module}.init"):
             self.already = True
             return
+        project = self.state.options.project
         if not self.state.info.entry_point:
             self.already = True
+            if project is not None and project.started_by:
+                return  # the entry point that runs this module's training code initialises
             self.record(
                 module,
                 f"no sdp.init() added: nothing in this module runs its training code (it is "
@@ -95,9 +99,14 @@ class AddRuntimeInit(Transform):
             self.insert_after(self.anchor, runtime, init)
         else:
             self.insert_after(self.anchor, init)
+        runs = (
+            f" (it runs the training code of {', '.join(project.starts)})"
+            if (project := self.state.options.project) is not None and project.starts
+            else ""
+        )
         self.record(
             self.anchor,
-            f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init()",
+            f"import {self.state.runtime_module} as {self.sdp} and call {self.sdp}.init(){runs}",
         )
         return updated_node
 

@@ -27,7 +27,9 @@ What counts as a write: the calls in ``WRITES`` (generic Python: json/pickle/yam
 stream, numpy saves, shutil copies/moves, os.rename/replace, matplotlib's savefig,
 image/audio writers, wandb/mlflow logging, pandas ``to_csv``-style and ``Path.write_text``-style
 methods, ``save`` of a PIL image) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
-``torchvision.utils.save_image``), and ``open`` in a writing mode. Reads, ``print``, logging
+``torchvision.utils.save_image``), ``open`` in a writing mode, and in project mode the
+functions of other modules that write (``utils.save_checkpoint(...)``: guarded at the call, the
+helper's module stays as it is for its other callers). Reads, ``print``, logging
 and ``os.makedirs`` stay on every rank (``allow_existing_dirs`` makes the latter race-free).
 Saves into an ``io.BytesIO`` are not file writes and stay too.
 
@@ -124,6 +126,8 @@ class GuardRank0Writes(Transform):
         self._problems: list[str] = []
         framework = self.state.info.framework or ""
         self._writes = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
+        # Project mode: other modules' functions that write (guarded here, at the call site).
+        self._writes.update(dict.fromkeys(getattr(self.state.options.project, "writers", ())))
         self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()))
 
         candidates: list[cst.Call] = []

@@ -55,6 +55,7 @@ _ENV_WRITERS = ("os.environ.setdefault", "os.environ.update", "os.putenv")
 class PinGpuDevice(Transform):
     DESCRIPTION = "Pin each process to the GPU of its local rank; hard-coded GPU indices follow."
     FRAMEWORKS = frozenset({"torch"})
+    PROJECT_ROLES = frozenset({"entry"})
 
     def prepare(self, module: cst.Module) -> None:
         self.index: FileIndex = file_index(self)

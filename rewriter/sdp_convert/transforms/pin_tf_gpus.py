@@ -62,6 +62,7 @@ _SET_VISIBLE = (
 class PinTfGpus(Transform):
     DESCRIPTION = "Make each worker see only the GPU of its local rank (with memory growth)."
     FRAMEWORKS = frozenset({"tensorflow"})
+    PROJECT_ROLES = frozenset({"entry"})
 
     def prepare(self, module: cst.Module) -> None:
         self.adapt: dict[cst.CSTNode, cst.CSTNode] = {}  # original index node -> the call

@@ -68,6 +68,7 @@ from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
 from ..program.loaders import LOADERS, kwargs_literal, loader_base_name
+from ..program.project import imported_loaders, returned_feed, single_process_fallback
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -96,6 +97,7 @@ class ShardDataLoader(Transform):
         "Give the training DataLoader a DistributedSampler, and call set_epoch each epoch."
     )
     FRAMEWORKS = frozenset({"torch"})
+    PROJECT_ROLES = frozenset({"data"})
 
     def prepare(self, module: cst.Module) -> None:
         self._plans: dict[cst.Call, _Plan] = {}
@@ -107,6 +109,7 @@ class ShardDataLoader(Transform):
         handled = False
         for call in loaders:
             handled = self._handle(call) or handled
+        handled = self._imported() or handled
         backward = self.method_calls("backward")
         if not handled and backward:
             data = training_data(self)
@@ -138,6 +141,20 @@ class ShardDataLoader(Transform):
                     manual=True,
                 )
 
+    def _imported(self) -> bool:
+        """Loaders built (and sharded) in another module of the project: ``set_epoch`` in this
+        module's epoch loop. Whether any feeds training (then no "no DataLoader" note)."""
+        imported = imported_loaders(self)
+        for call, source in imported.unsharded:
+            self.record(call, f"{source.callee}() returns a loader built in {source.at} that "
+                        "feeds training here; it is sharded only if that module is converted in "
+                        "the same run: convert both together (or the directory)", manual=True)
+        for loop, set_epoch, source in imported.set_epochs:
+            self.insert_before(loop.body.body[0], cst.parse_statement(set_epoch + "\n"))
+            self.record(loop, f"call {set_epoch} at the start of each epoch (its "
+                        f"DistributedSampler is added where the loader is built, {source.at})")
+        return imported.feeds
+
     def _environment(self, node: cst.CSTNode) -> None:
         self.record(
             node,
@@ -154,12 +171,17 @@ class ShardDataLoader(Transform):
         """Plan the change of one DataLoader call; whether it is a training loader (or handled)."""
         args = loader_args(call)
         if has_distributed_sampler(self, call):
+            feed = returned_feed(self, call)
+            if feed is not None:
+                self.state.facts.exports.append((call, feed.function, feed.index, True, True))
             return True  # sharded already (by us or by hand)
         own = assigned_binding(self, call)
         all_sites, flow = loader_sites(self, call)
         sites = [s for s in all_sites if s.loop in self._training_loops]
-        if not sites:
+        feed = returned_feed(self, call) if not sites else None
+        if not sites and feed is None:
             return False  # evaluation, or not iterated where we can see it
+        used_by = f" (used by {feed.used_by})" if feed is not None else ""
         label = own.code if own else "this DataLoader"
         returned = isinstance(self.parent(call), cst.Return)
         factory = self.enclosing_function(call) if returned else None
@@ -168,7 +190,9 @@ class ShardDataLoader(Transform):
         named = own or next((s.binding for s in sites if s.binding and not s.trail), None)
 
         def manual(reason: str) -> bool:
-            self.record(call, f"{label} feeds training but is not sharded: {reason}", manual=True)
+            self.record(
+                call, f"{label} feeds training but is not sharded: {reason}{used_by}", manual=True
+            )
             return True
 
         problem = loader_problem(self, call)
@@ -202,20 +226,21 @@ class ShardDataLoader(Transform):
             new_statements.append(cst.parse_statement(f"{plan.dataset_name} = {dataset_code}\n"))
             dataset_code = plan.dataset_name
         torch = torch_spelling(self)
-        new_statements.append(
-            statement(
-                self,
-                f"{sampler_code} = {torch}.utils.data.distributed.DistributedSampler(",
-                [
-                    dataset_code,
-                    f"num_replicas={self.sdp}.size()",
-                    f"rank={self.sdp}.rank()",
-                    f"shuffle={shuffle}",
-                ],
-                stmt,
-            )
-        )
+        sampler_args = [dataset_code, f"num_replicas={self.sdp}.size()", f"rank={self.sdp}.rank()",
+                        f"shuffle={shuffle}"]
+        head = f"{sampler_code} = {torch}.utils.data.distributed.DistributedSampler("
+        if feed is not None and not self.state.info.training:
+            # A module other code imports too: without init() (a single-process importer) the
+            # loader keeps the sampler DataLoader itself would have made.
+            new_statements.append(single_process_fallback(
+                self, sampler_code, head.split(" = ", 1)[1][:-1], sampler_args, shuffle
+            ))
+        else:
+            new_statements.append(statement(self, head, sampler_args, stmt))
         epochs = self._set_epochs(sites, own, plan, stmt, flow) if _may_shuffle(shuffle) else []
+        if feed is not None:
+            self.state.facts.exports.append((call, feed.function, feed.index,
+                                             _may_shuffle(shuffle), False))
 
         # Apply: everything is decided, now edit and report.
         if isinstance(stmt, cst.SimpleStatementLine) and stmt.leading_lines:
@@ -236,7 +261,7 @@ class ShardDataLoader(Transform):
         self.record(
             call,
             f"give {label} a DistributedSampler ({sampler_code}, shuffle={shuffle}) so that each "
-            f"rank reads its own shard{hoisted}",
+            f"rank reads its own shard{hoisted}{used_by}",
         )
         for loop, set_epoch in epochs:
             target = loop if loop is not None else call
@@ -244,7 +269,10 @@ class ShardDataLoader(Transform):
                 target,
                 f"call {self.module.code_for_node(set_epoch).strip()} at the start of each epoch",
             )
-        if _may_shuffle(shuffle) and not epochs and not self.method_calls("set_epoch"):
+        if (
+            _may_shuffle(shuffle) and not epochs and not self.method_calls("set_epoch")
+            and feed is None  # the importer's epoch loop calls it
+        ):
             holder = named.code if named is not None else "loader"
             receiver = sampler_code if own is not None else f"{holder}.sampler"
             self.record(

@@ -90,6 +90,7 @@ def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> s
 class ShardTfDataset(Transform):
     DESCRIPTION = "Shard the training tf.data dataset by worker, right after its source."
     FRAMEWORKS = frozenset({"tensorflow"})
+    PROJECT_ROLES = frozenset({"data"})
 
     def prepare(self, module: cst.Module) -> None:
         #: step counts of loops that pull batches with next(): range call or comparison -> the

@@ -30,7 +30,8 @@ Why, step by step:
   metrics so that ``EarlyStopping``, ``ReduceLROnPlateau`` and checkpoints decide the same on every
   worker. Both go first, so that later callbacks see averaged metrics.
 * Callbacks that write files (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``,
-  ``BackupAndRestore``, ...) run on rank 0 only, wherever the list is built (a literal in ``fit``, a
+  ``BackupAndRestore``, ..., and a project module's callback class that writes,
+  ``Options.project``) run on rank 0 only, wherever the list is built (a literal in ``fit``, a
   variable, ``callbacks.append``); ``verbose`` keeps its value on rank 0 and is 0 elsewhere.
 * ``steps_per_epoch`` is divided by the number of workers: each worker's shard has 1/N of the
   batches. ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
@@ -84,6 +85,8 @@ _RANK0_CALLBACKS = frozenset(
     {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
      "RemoteMonitor"}
 )
+_RANK0_QNAMES = tuple(f"{module}.callbacks.{name}" for name in sorted(_RANK0_CALLBACKS)
+                      for module in ("tensorflow.keras", "keras", "tf_keras"))
 
 
 class WrapKerasFit(Transform):
@@ -340,8 +343,11 @@ class WrapKerasFit(Transform):
     def _rank0_callback(
         self, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
     ) -> str | None:
+        project = self.state.options.project  # its modules' writing callbacks count too
         for value in reaching_values(index, expr, at):
             if isinstance(value, cst.Call):
+                if project and self.refers_to(value.func, *project.rank0_callbacks):
+                    return code(value.func)
                 for name in keras_names(self, value.func):
                     if (
                         name.startswith("keras.callbacks.")
@@ -351,18 +357,14 @@ class WrapKerasFit(Transform):
         return None
 
     def _plan_rank0_callbacks(self, index: FileIndex) -> None:
-        for name in _RANK0_CALLBACKS:
-            for qname in (f"tensorflow.keras.callbacks.{name}", f"keras.callbacks.{name}",
-                          f"tf_keras.callbacks.{name}"):
-                for call in self.calls_to(qname):
-                    if name == "BackupAndRestore":
-                        self.record(
-                            call,
-                            "BackupAndRestore runs on rank 0 only: to resume, every worker must "
-                            "restore the same backup (e.g. restore on all, write on rank 0)",
-                            manual=True,
-                        )
-                    self._place(index, call)
+        project = self.state.options.project  # writing callbacks of the project's modules
+        for qname in (*_RANK0_QNAMES, *(project.rank0_callbacks if project else ())):
+            for call in self.calls_to(qname):
+                if qname.endswith(".BackupAndRestore"):
+                    self.record(call, "BackupAndRestore runs on rank 0 only: to resume, every "
+                                "worker must restore the same backup (e.g. restore on all, write "
+                                "on rank 0)", manual=True)
+                self._place(index, call)
 
     def _place(self, index: FileIndex, call: cst.Call) -> None:
         """Find where the callback joins a list, and plan to keep it there on rank 0 only."""

@@ -64,12 +64,16 @@ def shard(data: Any, *, sync_every: int = DEFAULT_SYNC_EVERY) -> Any:
             two agreements on whether any rank still has data.
 
     Returns:
-        The same kind of object: a dataset, or arrays with ``ceil(n / size)`` rows.
+        The same kind of object: a dataset, or arrays with ``ceil(n / size)`` rows. Without
+        ``init()`` (a module the converter sharded, imported by a one-process program such as an
+        evaluation script), ``data`` itself: one process reads all of it.
 
     Example:
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard).shuffle(1000)
         >>> model.fit(sdp.shard(x_train), sdp.shard(y_train), batch_size=32)
     """
+    if not _comm.is_initialized():
+        return data
     n, r = _comm.size(), _comm.rank()
     if n == 1:
         return data

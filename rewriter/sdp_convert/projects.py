@@ -1,0 +1,196 @@
+"""Project mode: the files of one run, and the Python files next to them, are one program.
+
+Before any file is converted, the run asks every PyTorch training script which functions of the
+other modules feed its training loops (``engine.project_calls``, imports resolved by
+``program.project.Project``), converts the modules that build those loaders with that fact
+(``LoaderFeed``: the DataLoader gets its sampler where it is built, "used by main.py:38"), and
+hands the training script what that conversion did (``ShardedSource``: set_epoch in its epoch
+loop, its learning rate scaled). Every file is then converted with its ``ModuleFacts`` in
+``Options.project``, in any order and in any worker process.
+
+Files next to the given ones (the same folder, the packages in it, and the package a file is in)
+are read, never written: a file given alone converts as before, understood with its neighbours. A
+loader whose module is only read is not sharded in this run, and the training script says so
+rather than scaling its learning rate for data that stays whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .base import Options
+from .engine import ModuleProbe, probe_module, project_exports
+from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
+
+#: At most this many neighbouring files are read (a file in a huge folder stays on its own).
+MAX_NEIGHBOURS = 500
+#: Larger files are not read as neighbours (generated code, data).
+MAX_BYTES = 1_000_000
+
+
+def neighbours(paths: Sequence[Path]) -> list[Path]:
+    """Python files next to ``paths``: their folders, the packages in those folders (and in a
+    ``src/`` folder there), and the package each file belongs to (up to its top package's
+    folder)."""
+    roots: set[Path] = set()
+    for path in paths:
+        folder = path.parent
+        while _is_package(folder) and folder.parent != folder:
+            folder = folder.parent
+        roots.add(folder)
+    found: list[Path] = []
+    for root in sorted(roots):
+        for walked, dirs, files in os.walk(root):
+            here = Path(walked)
+            dirs[:] = sorted(
+                d for d in dirs if _is_package(here / d) or (here == root and d == "src")
+            )
+            found += [here / f for f in sorted(files) if f.endswith(".py")]
+            if len(found) > MAX_NEIGHBOURS:
+                return []
+    return found
+
+
+def _is_package(folder: Path) -> bool:
+    """A folder with an ``__init__.py`` (one that cannot be read is not: the run says why)."""
+    try:
+        return (folder / "__init__.py").is_file()
+    except OSError:
+        return False
+
+
+def project_options(
+    files: Sequence[tuple[Path, str]], options: Options
+) -> dict[Path, Options]:
+    """``(path, display name)`` of the files this run converts -> the options to convert each
+    with (``Options.project`` filled in). Files that cannot be read are left to the run."""
+    written = {path.resolve(): display for path, display in files if path.suffix == ".py"}
+    shown = dict(written)
+    for path in neighbours([p for p, _ in files if p.suffix == ".py"]):
+        shown.setdefault(path.resolve(), str(path))
+    contents: dict[Path, bytes] = {}
+    for path in shown:
+        try:
+            if path.is_symlink() or path.stat().st_size > MAX_BYTES:
+                continue
+            contents[path] = path.read_bytes()
+        except OSError:
+            continue
+    if len(contents) < 2:
+        return {}
+    project = Project(contents)
+
+    # Only the modules that import others of the project, and those they import, are analysed
+    # (with libcst): in a folder of independent scripts nothing is.
+    imported = {path: _imported(project, path) for path in contents}
+    related = {p for p, targets in imported.items() if targets} | {
+        t for targets in imported.values() for t in targets
+    }
+    probes: dict[Path, ModuleProbe] = {
+        path: probe_module(data, options, functools.partial(project.resolve, path))
+        if path in related else ModuleProbe()
+        for path, data in contents.items()
+    }
+    # Which entry points run the training code of which modules (init() goes there). Both are
+    # converted in this run, or neither changes for the other (the module keeps its note).
+    starts: dict[Path, list[Path]] = {}
+    for path in contents:
+        if path in written and not probes[path].script and not probes[path].library:
+            tree = project.tree(path)
+            guarded = tree is not None and any(_is_main_guard(stmt) for stmt in tree.body)
+            for target in imported[path] if guarded else ():
+                if (
+                    probes[target].library and target in written
+                    and target not in starts.setdefault(path, [])
+                ):
+                    starts[path].append(target)
+
+    # Which project functions feed which training loops.
+    feeds: dict[Path, list[LoaderFeed]] = {}
+    wanted: dict[Path, list[tuple[str, Path, str, int | None]]] = {}
+    for path, probe in probes.items():
+        for call in probe.calls:
+            producer, function = call.target
+            if producer == path:
+                continue
+            feed = LoaderFeed(function, call.index, f"{shown[path]}:{call.line}")
+            if feed not in feeds.setdefault(producer, []):
+                feeds[producer].append(feed)
+            wanted.setdefault(path, []).append((call.callee, producer, function, call.index))
+
+    # What the modules that build those loaders do with them.
+    exports: dict[Path, dict[tuple[str, int | None], tuple[int, bool, bool]]] = {}
+    for producer, its_feeds in feeds.items():
+        facts = ModuleFacts(feeds=tuple(its_feeds))
+        found = project_exports(contents[producer], replace(options, project=facts))
+        exports[producer] = {(e.function, e.index): (e.line, e.shuffles, e.already) for e in found}
+
+    chosen: dict[Path, Options] = {}
+    for path in written:
+        if path not in contents:
+            continue
+        sources = []
+        for callee, producer, function, index in wanted.get(path, ()):
+            line, shuffles, already = exports.get(producer, {}).get(
+                (function, index), (0, False, False)
+            )
+            if not line:
+                continue  # not sharded there (that module's report says why)
+            sharded = already or producer in written
+            source = ShardedSource(callee, index, f"{shown[producer]}:{line}", shuffles, sharded)
+            if source not in sources:
+                sources.append(source)
+        reads = tuple(sorted(shown[p] for p in contents if p != path))
+        runs = starts.get(path, [])
+        targets = [(q, t) for q in probes[path].called
+                   if (t := project.resolve(path, q)) is not None and t[0] != path]
+        callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
+        writers = tuple(q for q, t in targets if project.writing_function(*t))
+        facts = ModuleFacts(
+            tuple(feeds.get(path, ())), tuple(sources), reads,
+            starts=tuple(shown[p] for p in runs),
+            started_by=tuple(shown[p] for p, its in starts.items() if path in its),
+            framework=probes[runs[0]].framework if runs else None,
+            rank0_callbacks=callbacks,
+            writers=writers,
+        )
+        chosen[path] = replace(options, project=facts)
+    return chosen
+
+
+def _imported(project: Project, path: Path) -> list[Path]:
+    """The other project modules ``path`` imports (or imports names from)."""
+    tree = project.tree(path)
+    if tree is None:
+        return []
+    found: list[Path] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            prefix = "." * node.level + (node.module + "." if node.module else "")
+            names = [prefix + alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name + ".__module__" for alias in node.names]
+        for name in names:
+            target = project.resolve(path, name) or project.module_file(path, name)
+            module = target if isinstance(target, Path) or target is None else target[0]
+            if module is not None and module != path and module not in found:
+                found.append(module)
+    return found
+
+
+def _is_main_guard(stmt: ast.stmt) -> bool:
+    test = stmt.test if isinstance(stmt, ast.If) else None
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )

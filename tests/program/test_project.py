@@ -1,0 +1,273 @@
+"""program.project: imports between the modules of one run, and what one module's conversion
+learns from the others (the run's side is sdp_convert.projects)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import libcst.matchers as m
+import pytest
+from sdp_convert.base import Options
+from sdp_convert.engine import convert
+from sdp_convert.program.project import (
+    LoaderFeed,
+    ModuleFacts,
+    Project,
+    ShardedSource,
+    module_name,
+    returned_by,
+    training_results,
+)
+from sdp_convert.projects import neighbours, project_options
+
+from .helpers import find, probe
+
+
+def tree(root: Path, files: dict[str, str]) -> dict[Path, bytes]:
+    found = {}
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        found[path] = path.read_bytes()
+    return found
+
+
+# -- import resolution -----------------------------------------------------------------------------
+
+
+def test_module_names_follow_packages_src_layout_included(tmp_path: Path):
+    files = tree(tmp_path, {"main.py": "", "src/pkg/__init__.py": "", "src/pkg/data.py": "",
+                            "src/pkg/sub/__init__.py": "", "src/pkg/sub/x.py": ""})
+    names = {p.relative_to(tmp_path).as_posix(): module_name(p) for p in files}
+    assert names == {"main.py": "main", "src/pkg/__init__.py": "pkg", "src/pkg/data.py": "pkg.data",
+                     "src/pkg/sub/__init__.py": "pkg.sub", "src/pkg/sub/x.py": "pkg.sub.x"}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Project, Path]:
+    files = tree(tmp_path, {
+        "main.py": "",
+        "data.py": "def get_loaders(): pass\nloaders = None\n",
+        "src/pkg/__init__.py": "from .trainer import Trainer\nfrom .data import build as make\n",
+        "src/pkg/trainer.py": "class Trainer: pass\n",
+        "src/pkg/data.py": "def build(): pass\n",
+    })
+    return Project(files), tmp_path
+
+
+@pytest.mark.parametrize(("spelled", "where", "want"), [
+    ("data.get_loaders", "main.py", ("data.py", "get_loaders")),  # import data / from data ...
+    ("pkg.trainer.Trainer", "main.py", ("src/pkg/trainer.py", "Trainer")),  # absolute, src/
+    ("pkg.Trainer", "main.py", ("src/pkg/trainer.py", "Trainer")),  # re-exported by __init__
+    ("pkg.make", "main.py", ("src/pkg/data.py", "build")),  # re-exported under another name
+    (".data.build", "src/pkg/trainer.py", ("src/pkg/data.py", "build")),  # from .data import
+    (".Trainer", "src/pkg/data.py", ("src/pkg/trainer.py", "Trainer")),  # from . import Trainer
+])
+def test_qualified_names_resolve_to_their_definitions(project, spelled, where, want):
+    found, root = project
+    target = found.resolve(root / where, spelled)
+    assert target is not None
+    assert (target[0].relative_to(root).as_posix(), target[1]) == want
+
+
+@pytest.mark.parametrize(("spelled", "where"), [
+    ("data.loaders", "main.py"),  # a variable, not a function: not followed
+    ("data.missing", "main.py"),
+    ("torch.utils.data.DataLoader", "main.py"),  # not a project module
+    ("...too.far", "src/pkg/data.py"),  # above the top package
+])
+def test_what_is_not_a_project_definition_resolves_to_nothing(project, spelled, where):
+    found, root = project
+    assert found.resolve(root / where, spelled) is None
+
+
+def test_two_files_that_would_be_the_same_module_resolve_to_neither(tmp_path: Path):
+    files = tree(tmp_path, {"a/data.py": "def f(): pass\n", "b/data.py": "def f(): pass\n"})
+    assert Project(files).resolve(tmp_path / "a" / "main.py", "data.f") is None
+
+
+def test_neighbours_are_the_folder_its_packages_and_src(tmp_path: Path):
+    tree(tmp_path, {"main.py": "", "data.py": "", "notes/x.py": "", "src/pkg/__init__.py": "",
+                    "src/pkg/t.py": "", "pkg2/__init__.py": "", "pkg2/m.py": ""})
+    found = {p.relative_to(tmp_path).as_posix() for p in neighbours([tmp_path / "main.py"])}
+    assert found == {"main.py", "data.py", "src/pkg/__init__.py", "src/pkg/t.py",
+                     "pkg2/__init__.py", "pkg2/m.py"}
+
+
+# -- one module's questions ------------------------------------------------------------------------
+
+
+def test_what_a_call_returns_is_followed_to_the_training_loop_element_by_element():
+    t = probe("""
+        import data
+        import torch
+        def main():
+            train_loader, test_loader = data.get_loaders(32)
+            for epoch in range(3):
+                for x, y in train_loader:
+                    loss = model(x).sum()
+                    loss.backward()
+                    opt.step()
+            for x, y in test_loader:
+                print(x)
+    """)
+    call = find(t, m.Call(func=m.Attribute(attr=m.Name("get_loaders"))))
+    assert isinstance(call, cst.Call)
+    assert [index for index, _ in training_results(t, call)] == [0]
+
+
+def test_a_loader_returned_directly_or_through_a_name_or_in_a_tuple():
+    t = probe("""
+        from torch.utils.data import DataLoader
+        def one(ds):
+            return DataLoader(ds)
+        def two(ds, other):
+            train = DataLoader(ds, shuffle=True)
+            return train, DataLoader(other)
+        class Data:
+            def loader(self, ds):
+                return DataLoader(ds)
+    """)
+    calls = [n for n in m.findall(t.module, m.Call(func=m.Name("DataLoader")))
+             if isinstance(n, cst.Call)]
+    assert [returned_by(t, c) for c in calls] == [
+        [("one", None)], [("two", 0)], [("two", 1)], [],  # a method is not a module function
+    ]
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+DATA = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def get_loaders(batch_size):
+    train_set = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
+    test_loader = DataLoader(train_set, batch_size=batch_size)
+    return train_loader, test_loader
+"""
+MAIN = """\
+import torch
+import data
+
+def main():
+    train_loader, test_loader = data.get_loaders(16)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in train_loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_the_run_gives_each_module_the_facts_of_the_other(tmp_path: Path):
+    tree(tmp_path, {"data.py": DATA, "main.py": MAIN, "notes.py": "x = 1\n"})
+    chosen = project_options([(tmp_path / "data.py", "data.py"), (tmp_path / "main.py", "main.py")],
+                             Options())
+    data_facts = chosen[(tmp_path / "data.py").resolve()].project
+    main_facts = chosen[(tmp_path / "main.py").resolve()].project
+    assert data_facts is not None and main_facts is not None
+    assert data_facts.feeds == (LoaderFeed("get_loaders", 0, "main.py:5"),)
+    assert main_facts.sources == (ShardedSource("data.get_loaders", 0, "data.py:6", True),)
+    # Both read every other file of the project (a neighbour too): a cache keys on them.
+    assert data_facts.reads == (str(tmp_path / "notes.py"), "main.py")
+
+
+def test_a_module_given_alone_is_read_not_written(tmp_path: Path):
+    tree(tmp_path, {"data.py": DATA, "main.py": MAIN})
+    chosen = project_options([(tmp_path / "main.py", "main.py")], Options())
+    facts = chosen[(tmp_path / "main.py").resolve()].project
+    assert facts is not None and not facts.sources[0].sharded
+    result = convert(MAIN, chosen[(tmp_path / "main.py").resolve()])
+    notes = [c.message for c in result.changes if c.manual]
+    assert any("sharded only if that module is converted in the same run" in n for n in notes)
+    assert "sdp.size()" not in result.output.decode()  # learning rate not scaled
+    assert result.reads == facts.reads
+
+
+def test_a_data_module_gets_a_sampler_that_works_without_init_and_no_init():
+    facts = ModuleFacts(feeds=(LoaderFeed("get_loaders", 0, "main.py:5"),))
+    result = convert(DATA, Options(project=facts))
+    out = result.output.decode()
+    assert "sdp.init()" not in out
+    assert "if sdp.is_initialized()\n        else torch.utils.data.RandomSampler(train_set)" in out
+    assert "DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)" in out
+    assert "test_loader = DataLoader(train_set, batch_size=batch_size)" in out
+    assert [c.format("data.py") for c in result.changes] == [
+        "data.py:6:20: [shard_dataloader] give train_loader a DistributedSampler (train_sampler, "
+        "shuffle=True) so that each rank reads its own shard (used by main.py:5)"
+    ]
+    assert [(e.function, e.index, e.line) for e in result.exports] == [("get_loaders", 0, 6)]
+    # Without the fact, the module trains nothing: left alone.
+    assert not convert(DATA, Options()).changed
+
+
+def test_the_training_script_sets_the_epoch_and_scales_the_rate():
+    facts = ModuleFacts(sources=(ShardedSource("data.get_loaders", 0, "data.py:6", True),))
+    out = convert(MAIN, Options(project=facts)).output.decode()
+    assert "    for epoch in range(2):\n        train_loader.sampler.set_epoch(epoch)\n" in out
+    assert "lr=0.1 * sdp.size()" in out
+    unshuffled = ModuleFacts(sources=(ShardedSource("data.get_loaders", 0, "data.py:6", False),))
+    out = convert(MAIN, Options(project=unshuffled)).output.decode()
+    assert "set_epoch" not in out and "lr=0.1 * sdp.size()" in out
+
+
+def test_keras_callback_classes_that_write_files(tmp_path: Path):
+    files = tree(tmp_path, {"callbacks.py": """
+        import json
+        import tensorflow as tf
+
+        class Logger(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                with open("log.jsonl", "a") as f:
+                    f.write(json.dumps(logs))
+
+        class Saver(tf.keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                self.model.save("final.keras")
+
+        class Reader(tf.keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                with open("config.json") as f:
+                    self.config = json.load(f)
+
+        class Printer(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                print(epoch)
+
+        class NotACallback:
+            def save(self):
+                open("x", "w")
+    """})
+    project = Project(files)
+    path = tmp_path / "callbacks.py"
+    found = {n for n in ("Logger", "Saver", "Reader", "Printer", "NotACallback", "Missing")
+             if project.writing_callback(path, n)}
+    assert found == {"Logger", "Saver"}
+
+
+def test_a_learning_rate_from_a_config_module_is_scaled_once_where_the_optimizer_is_built(
+    tmp_path: Path,
+):
+    main = MAIN.replace("import data\n", "import config\nimport data\n").replace(
+        "lr=0.1", "lr=config.LR"
+    )
+    tree(tmp_path, {"data.py": DATA, "main.py": main, "config.py": "LR = 0.1\nBATCH = 16\n"})
+    files = [(tmp_path / n, n) for n in ("config.py", "data.py", "main.py")]
+    chosen = project_options(files, Options())
+    converted = {
+        name: convert((tmp_path / name).read_bytes(), chosen[(tmp_path / name).resolve()])
+        for name in ("config.py", "main.py")
+    }
+    assert not converted["config.py"].changed
+    assert converted["main.py"].output.decode().count("sdp.size()") == 1
+    assert "lr=config.LR * sdp.size()" in converted["main.py"].output.decode()
