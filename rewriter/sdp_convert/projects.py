@@ -103,7 +103,7 @@ def project_options(
         if path in written and not probes[path].script and not probes[path].library:
             tree = project.tree(path)
             guarded = tree is not None and any(_is_main_guard(stmt) for stmt in tree.body)
-            for target in imported[path] if guarded else ():
+            for target in _reachable(imported, path) if guarded else ():
                 if (
                     probes[target].library and target in written
                     and target not in starts.setdefault(path, [])
@@ -161,6 +161,20 @@ def project_options(
         )
         chosen[path] = replace(options, project=facts)
     return chosen
+
+
+def _reachable(imported: dict[Path, list[Path]], path: Path) -> list[Path]:
+    """The project modules ``path`` imports, directly or through other project modules
+    (``main`` -> ``runner`` -> ``trainer``): an entry point runs the training code of each."""
+    found: list[Path] = []
+    todo = list(imported.get(path, ()))
+    while todo:
+        module = todo.pop(0)
+        if module == path or module in found:
+            continue
+        found.append(module)
+        todo.extend(imported.get(module, ()))
+    return found
 
 
 def _imported(project: Project, path: Path) -> list[Path]:

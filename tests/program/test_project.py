@@ -271,3 +271,61 @@ def test_a_learning_rate_from_a_config_module_is_scaled_once_where_the_optimizer
     assert not converted["config.py"].changed
     assert converted["main.py"].output.decode().count("sdp.size()") == 1
     assert "lr=config.LR * sdp.size()" in converted["main.py"].output.decode()
+
+
+CHAIN_TRAINER = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, model, lr):
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        self.loader = DataLoader(data, batch_size=8, shuffle=True)
+
+    def fit(self, epochs):
+        for _ in range(epochs):
+            for x, y in self.loader:
+                self.optimizer.zero_grad()
+                torch.nn.functional.mse_loss(self.model(x), y).backward()
+                self.optimizer.step()
+"""
+
+CHAIN_RUNNER = """\
+import torch
+
+from trainer import Trainer
+
+
+def run(epochs):
+    Trainer(torch.nn.Linear(4, 1), 0.1).fit(epochs)
+"""
+
+CHAIN_MAIN = """\
+import torch
+
+from runner import run
+
+if __name__ == "__main__":
+    run(2)
+"""
+
+
+def test_an_entry_point_initialises_for_training_code_it_reaches_through_another_module(
+    tmp_path: Path,
+):
+    """main -> runner -> trainer: main runs trainer's training code through runner, so main gets
+    init(), and trainer gets no 'nothing runs this module' note."""
+    tree(tmp_path, {"trainer.py": CHAIN_TRAINER, "runner.py": CHAIN_RUNNER, "main.py": CHAIN_MAIN})
+    files = [(tmp_path / name, name) for name in ("main.py", "runner.py", "trainer.py")]
+    chosen = project_options(files, Options())
+    main = chosen[(tmp_path / "main.py").resolve()]
+    trainer = chosen[(tmp_path / "trainer.py").resolve()]
+    assert main.project is not None and main.project.starts == ("trainer.py",)
+    assert trainer.project is not None and trainer.project.started_by == ("main.py",)
+    assert "sdp.init()" in convert(CHAIN_MAIN, main).output.decode()
+    converted = convert(CHAIN_TRAINER, trainer)
+    assert "DistributedSampler" in converted.output.decode()
+    assert not [c for c in converted.changes if c.transform == "add_runtime_init"]
