@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from .base import Options
+from .cache import Cache, Entry
 from .changes import ConversionError
 from .files import Excluder, Skip, is_ignored_by_git, read_source, walk, write_atomic
+from .options import Options
 from .report import FileOutcome
 from .siblings import hogwild_imports
 
@@ -37,6 +38,8 @@ class Config:
     options: Options
     mode: Mode = "write"
     diff: bool = False
+    #: Remember results in this directory (``cache``); None: no cache.
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,12 +138,41 @@ def convert_bytes(data: bytes, name: str, options: Options):  # -> engine.Result
     return convert(data, options)
 
 
-def process(job: Job, config: Config) -> FileOutcome:
-    """Convert one file and write it if asked. Never raises: failures become outcomes."""
+def convert_cached(
+    data: bytes, name: str, config: Config, cached_only: bool = False
+) -> tuple[Entry | None, bool]:
+    """What converting ``data`` gives, from the cache when it knows (then True), else from the
+    engine (and remembered); with ``cached_only``, ``(None, False)`` when the cache does not
+    know. Raises ``ConversionError`` as the engine does."""
+    cache = Cache(config.cache_dir) if config.cache_dir else None
+    key = cache.key(data, name, config.options) if cache is not None else ""
+    if cache is not None:
+        entry = cache.get(key, data)
+        if entry is not None:
+            return entry, True
+    if cached_only:
+        return None, False
+    result = convert_bytes(data, name, config.options)
+    entry = Entry(result.changed, result.output, result.info.label, result.info.reason,
+                  tuple(result.changes))
+    if cache is not None:
+        cache.put(key, entry)
+    return entry, False
+
+
+def process(job: Job, config: Config, cached_only: bool = False) -> FileOutcome | None:
+    """Convert one file and write it if asked. Never raises: failures become outcomes.
+
+    ``cached_only``: answer only from the cache; None when it does not know the file.
+    """
     try:
         data = read_source(job.src)
-        result = convert_bytes(data, job.src.name, config.options)
+        result, hit = convert_cached(data, job.src.name, config, cached_only)
+        if result is None:
+            return None
     except Skip as why:
+        if cached_only:
+            return None
         outcome = FileOutcome(job.display, "skipped", message=f"{job.display}: {why}")
         if config.mode == "write" and job.dest is not None and job.dest != job.src:
             try:
@@ -151,6 +183,8 @@ def process(job: Job, config: Config) -> FileOutcome:
             outcome.written = True
         return outcome
     except ConversionError as err:
+        if cached_only:
+            return None
         return FileOutcome(job.display, "failed", message=err.format(job.display))
     except RecursionError:
         return FileOutcome(job.display, "failed", message=f"{job.display}: nested too deeply")
@@ -160,8 +194,9 @@ def process(job: Job, config: Config) -> FileOutcome:
 
     status = "converted" if result.changed else "unchanged"
     outcome = FileOutcome(
-        job.display, status, result.info.label, result.info.reason, result.changes
+        job.display, status, result.kind, result.reason, list(result.changes)
     )
+    outcome.computed = not hit
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
     if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):
@@ -262,32 +297,78 @@ def run_jobs(
             for job in jobs:
                 if stop.signum:
                     break
-                outcomes.append(process(job, config_of(job)))
+                outcomes.append(process(job, config_of(job)))  # type: ignore[arg-type]
                 if on_done:
                     on_done(outcomes[-1])
         else:
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                     initializer=_ignore_sigint) as pool:
-                futures: list[Future[FileOutcome]] = [
-                    pool.submit(process, job, config_of(job)) for job in jobs
-                ]
-                for future in futures:
-                    while not future.done() and not stop.signum:
-                        wait_futures([future], timeout=0.1)
+            # What the cache knows is answered here: workers are started for the rest only
+            # (a warm run starts none).
+            known: dict[int, FileOutcome] = {}
+            if config.cache_dir:
+                for i, job in enumerate(jobs):
                     if stop.signum:
                         break
-                    outcomes.append(future.result())
-                    if on_done:
-                        on_done(outcomes[-1])
-                if stop.signum:
-                    for future in futures:
-                        future.cancel()
-                    wait_futures(futures)
-                    # Files being converted when the signal came were finished: count them too.
-                    outcomes = [f.result() for f in futures if f.done() and not f.cancelled()]
+                    outcome = process(job, config_of(job), cached_only=True)
+                    if outcome is not None:
+                        known[i] = outcome
+            todo = [i for i in range(len(jobs)) if i not in known]
+            if not todo or stop.signum:
+                outcomes = [known[i] for i in sorted(known)]
+                if on_done:
+                    for outcome in outcomes:
+                        on_done(outcome)
+            else:
+                outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done)
+    if config.cache_dir and any(o.computed for o in outcomes):
+        # The bound is kept here, once per run, not by each worker after each file.
+        Cache(config.cache_dir).prune(estimate=True)
     if stop.signum:
         raise Interrupted(stop.signum, outcomes)
     return outcomes
+
+
+def _run_pool(
+    jobs: Sequence[Job],
+    todo: list[int],
+    known: dict[int, FileOutcome],
+    config_of: Callable[[Job], Config],
+    workers: int,
+    stop: _Stop,
+    on_done: Callable[[FileOutcome], None] | None,
+) -> list[FileOutcome]:
+    """Convert ``jobs[i]`` for ``i`` in ``todo`` in worker processes; the outcomes of all jobs
+    (those in ``known`` already) in job order, or those finished when a signal came."""
+    outcomes: list[FileOutcome] = []
+    with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
+                             initializer=_ignore_sigint) as pool:
+        futures: dict[int, Future[FileOutcome | None]] = {
+            i: pool.submit(process, jobs[i], config_of(jobs[i])) for i in todo
+        }
+        for i in range(len(jobs)):
+            future = futures.get(i)
+            while future is not None and not future.done() and not stop.signum:
+                wait_futures([future], timeout=0.1)
+            if stop.signum:
+                break
+            outcome = known[i] if future is None else future.result()
+            assert outcome is not None
+            outcomes.append(outcome)
+            if on_done:
+                on_done(outcome)
+        if stop.signum:
+            for future in futures.values():
+                future.cancel()
+            wait_futures(list(futures.values()))
+            # Files being converted when the signal came were finished: count them too.
+            outcomes = [
+                o for i in range(len(jobs))
+                if (o := known.get(i) if i not in futures else _finished(futures[i])) is not None
+            ]
+    return outcomes
+
+
+def _finished(future: Future[FileOutcome | None]) -> FileOutcome | None:
+    return future.result() if future.done() and not future.cancelled() else None
 
 
 def copy_files(copies: Iterable[tuple[Path, Path]]) -> list[FileOutcome]:
@@ -324,12 +405,13 @@ def convert_stdin(config: Config, name: str = "-", excluded: bool = False) -> Fi
             sys.stdout.flush()
         return FileOutcome(name, "skipped", message=f"{shown}: excluded")
     try:
-        result = convert_bytes(data, name, config.options)
+        result, _ = convert_cached(data, name, config)
+        assert result is not None
     except ConversionError as err:
         sys.stdout.buffer.write(data if config.mode == "write" else b"")
         return FileOutcome(name, "failed", message=err.format(shown))
     status = "converted" if result.changed else "unchanged"
-    outcome = FileOutcome(name, status, result.info.label, result.info.reason, result.changes)
+    outcome = FileOutcome(name, status, result.kind, result.reason, list(result.changes))
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, name)
     if config.mode == "write":
