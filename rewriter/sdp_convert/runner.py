@@ -16,7 +16,15 @@ from typing import Literal
 
 from .cache import Cache, Entry
 from .changes import ConversionError
-from .files import Excluder, Skip, is_ignored_by_git, read_source, walk, write_atomic
+from .files import (
+    Excluder,
+    Skip,
+    forget_gitignores,
+    is_ignored_by_git,
+    read_source,
+    walk,
+    write_atomic,
+)
 from .options import Options
 from .report import FileOutcome
 from .siblings import hogwild_imports
@@ -81,6 +89,7 @@ def plan(
     paths: Sequence[str], output: str | None, selection: Selection = Selection()
 ) -> tuple[list[Job], list[tuple[Path, Path]], list[FileOutcome]]:
     """Turn PATH arguments into jobs, plain files to copy (for ``-o DIR``), and early outcomes."""
+    forget_gitignores()
     jobs: list[Job] = []
     copies: list[tuple[Path, Path]] = []
     early: list[FileOutcome] = []
