@@ -148,13 +148,23 @@ def convert_bytes(data: bytes, name: str, options: Options):  # -> engine.Result
 
 
 def convert_cached(
-    data: bytes, name: str, config: Config, cached_only: bool = False
+    data: bytes,
+    name: str,
+    config: Config,
+    cached_only: bool = False,
+    deps: Sequence[str | bytes] = (),
 ) -> tuple[Entry | None, bool]:
     """What converting ``data`` gives, from the cache when it knows (then True), else from the
     engine (and remembered); with ``cached_only``, ``(None, False)`` when the cache does not
-    know. Raises ``ConversionError`` as the engine does."""
+    know. Raises ``ConversionError`` as the engine does.
+
+    ``deps``: digests of everything outside ``data`` and ``config.options`` that the conversion
+    reads (other modules' contents, in a project); see ``cache``. A conversion that reads another
+    file must pass it here, or the cache would answer with a result computed before that file
+    changed.
+    """
     cache = Cache(config.cache_dir) if config.cache_dir else None
-    key = cache.key(data, name, config.options) if cache is not None else ""
+    key = cache.key(data, name, config.options, deps) if cache is not None else ""
     if cache is not None:
         entry = cache.get(key, data)
         if entry is not None:
