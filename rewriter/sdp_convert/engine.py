@@ -17,6 +17,7 @@ import re
 import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import libcst as cst
 from libcst._metadata_dependent import LazyValue
@@ -220,10 +221,10 @@ def _convert_once(data: bytes, options: Options) -> Result:
     return Result(data, output, info, changes)
 
 
-def _resolve(wrapper: MetadataWrapper) -> dict[object, Mapping[cst.CSTNode, object]]:
+def _resolve(wrapper: MetadataWrapper) -> dict[Any, Mapping[cst.CSTNode, object]]:
     """The metadata the transforms declare, resolved once; qualified names lazily (below)."""
     deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
-    metadata: dict[object, Mapping[cst.CSTNode, object]] = dict(
+    metadata: dict[Any, Mapping[cst.CSTNode, object]] = dict(
         wrapper.resolve_many(deps - {QualifiedNameProvider} | {ScopeProvider})
     )
     metadata[QualifiedNameProvider] = _LazyQualifiedNames(metadata[ScopeProvider])
