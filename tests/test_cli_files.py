@@ -215,8 +215,8 @@ def test_in_place_write_keeps_the_owner(tmp_path):
 def test_ctrl_c_in_a_tree_lists_the_files_already_written(tmp_path, jobs):
     tree = tmp_path / "tree"
     names = [f"t{i:03d}.py" for i in range(80)]
-    for name in names:
-        write(tree / name, TRAIN)
+    for name in names:  # each its own content: the cache would answer for copies at once
+        write(tree / name, f"# {name}\n{TRAIN}")
     write(tree / "notes.py", NOT_TRAINING)
     proc = subprocess.Popen([SDP_CONVERT, "-j", jobs, str(tree)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

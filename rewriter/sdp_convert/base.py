@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
@@ -38,39 +38,12 @@ from libcst.metadata import (
 )
 
 from .analysis import FileInfo, canonical_name
+from .options import LrScaling, Options  # noqa: F401 - re-exported (the public names)
 
 if TYPE_CHECKING:
     from .program.index import FileIndex
-    from .program.project import ModuleFacts
     from .program.sharding import DataSharding
     from .program.training import TrainingFacts
-
-LrScaling = Literal["linear", "sqrt", "none"]
-
-
-@dataclass(frozen=True)
-class Options:
-    """What the user asked for. ``only``/``skip`` hold transform names."""
-
-    lr_scaling: LrScaling = "linear"
-    framework: Literal["auto", "torch", "tensorflow"] = "auto"
-    #: What prints on rank 0 only: progress bars (tqdm), also ``print`` calls ("all"), or nothing.
-    rank0_output: Literal["progress", "all", "none"] = "progress"
-    only: frozenset[str] = frozenset()
-    skip: frozenset[str] = frozenset()
-    #: Run the transforms on a script that uses sdp_runtime already (normally left alone): the
-    #: engine's check that a conversion is a fixed point, and tests of the same.
-    recheck: bool = False
-    #: The file's own line length (``formatting.line_length_for``): changed lines longer than
-    #: this are formatted with black (``formatting.format_changed``).
-    line_length: int = 88
-    #: The file of this run that imports this one and runs it in torch.multiprocessing workers
-    #: sharing one model (Hogwild, ``siblings``): this file is then parallel already.
-    parallel_importer: str = ""
-    #: What the other modules of the project say about this one (``program.project``): loaders
-    #: it builds for another module's training loop, loaders built elsewhere that it iterates.
-    #: None: the file is converted on its own.
-    project: ModuleFacts | None = None
 
 
 @dataclass

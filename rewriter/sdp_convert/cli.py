@@ -171,6 +171,13 @@ def convert_cmd(
         typer.Option("-j", "--jobs", min=1, show_default=False,
                      help="Parallel processes [default: all cores]."),
     ] = None,
+    cache: Annotated[
+        bool | None,
+        typer.Option("--cache/--no-cache", show_default=False,
+                     help="Remember each file's result by its content, in the user cache "
+                     "directory ($SDP_CONVERT_CACHE_DIR overrides), so that an unchanged file is "
+                     "not converted again [default: yes]."),
+    ] = None,
     config_file: Annotated[
         str | None,
         typer.Option("--config", metavar="FILE",
@@ -188,16 +195,16 @@ def convert_cmd(
     ] = None,
 ) -> None:
     """Convert single-GPU training scripts into data-parallel ones that call sdp_runtime."""
-    from .pipeline import PIPELINE
-
     if list_transforms:
+        from .pipeline import PIPELINE
+
         width = max(len(t.NAME) for t in PIPELINE)
         for t in PIPELINE:
             frameworks = ",".join(sorted(t.FRAMEWORKS)) or "-"
             typer.echo(f"{t.NAME:<{width}}  {frameworks:<16}  {t.DESCRIPTION}")
         raise typer.Exit(EXIT_OK)
-    known = {t.NAME: t for t in PIPELINE}
     if explain is not None:
+        known = _transforms()
         if explain not in known:
             raise typer.BadParameter(f"unknown transform {explain} (see --list-transforms)",
                                      param_hint="--explain")
@@ -222,14 +229,17 @@ def convert_cmd(
     only_names = _names(only) if only else frozenset(cfg.get("only", ()))
     skip_names = _names(skip) | frozenset(cfg.get("skip", ()))
     for flag, names in (("--only", only_names), ("--skip", skip_names)):
-        unknown = sorted(names - known.keys())
+        # The transforms (and libcst with them) are loaded only to check names given: a run
+        # answered by the cache does not load them at all.
+        unknown = sorted(names - _transforms().keys()) if names else []
         if unknown:
             raise typer.BadParameter(
                 f"unknown transform {', '.join(unknown)} (see --list-transforms)", param_hint=flag
             )
 
-    from .base import Options
+    from .cache import default_dir
     from .files import Excluder
+    from .options import Options
     from .report import render, summary_line
     from .runner import (
         Config,
@@ -259,7 +269,11 @@ def convert_cmd(
         copy_other_files=copy_other_files,
     )
     mode = "check" if check else "diff" if diff else "write"
-    run_config = Config(options=options, mode=mode, diff=diff)  # type: ignore[arg-type]
+    use_cache = cache if cache is not None else cfg.get("cache", True)
+    run_config = Config(
+        options=options, mode=mode, diff=diff,  # type: ignore[arg-type]
+        cache_dir=str(default_dir()) if use_cache else None,
+    )
 
     if paths == ["-"]:
         name = stdin_filename or "-"
@@ -312,6 +326,12 @@ def convert_cmd(
     if check and any(o.status == "converted" for o in outcomes):
         raise typer.Exit(EXIT_CHANGES)
     raise typer.Exit(EXIT_OK)
+
+
+def _transforms() -> dict[str, Any]:
+    from .pipeline import PIPELINE
+
+    return {t.NAME: t for t in PIPELINE}
 
 
 def _explanation(transform: Any) -> str:

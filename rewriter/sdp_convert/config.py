@@ -33,6 +33,7 @@ KEYS: dict[str, type] = {
     "force-exclude": bool,
     "respect-gitignore": bool,
     "jobs": int,
+    "cache": bool,
 }
 CHOICES = {
     "lr-scaling": ("linear", "sqrt", "none"),

@@ -15,15 +15,22 @@ import functools
 import io
 import re
 import tokenize
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
+from libcst._metadata_dependent import LazyValue
 from libcst._nodes.internal import CodegenState
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
+from libcst.metadata import (
+    MetadataWrapper,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
 
 from .analysis import FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
@@ -176,8 +183,7 @@ def _convert_one(data: bytes, options: Options) -> Result:
         return Result(data, data, FileInfo(reason="no training step"))
     module = _parse(data)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    transforms_deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
-    metadata = wrapper.resolve_many(transforms_deps)
+    metadata = _resolve(wrapper)
     info = detect(module, metadata, options.framework, options.recheck)
     if options.parallel_importer and info.origin == "vanilla":
         info.origin = "distributed"
@@ -278,6 +284,47 @@ def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
         "(as style transfer does): there is no data to split between processes, every rank "
         "would compute the same thing; run it on one process"
     ), True)])
+
+
+def _resolve(wrapper: MetadataWrapper) -> dict[Any, Mapping[cst.CSTNode, object]]:
+    """The metadata the transforms declare, resolved once; qualified names lazily (below)."""
+    deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
+    metadata: dict[Any, Mapping[cst.CSTNode, object]] = dict(
+        wrapper.resolve_many(deps - {QualifiedNameProvider} | {ScopeProvider})
+    )
+    metadata[QualifiedNameProvider] = _LazyQualifiedNames(metadata[ScopeProvider])
+    return metadata
+
+
+class _LazyQualifiedNames(Mapping[cst.CSTNode, object]):
+    """``QualifiedNameProvider``'s answers, asked of the scopes node by node on first use.
+
+    libcst's provider walks the whole tree once more (about 1.7x the parse) to give every node a
+    lazy ``scope.get_qualified_names_for(node)``; the transforms ask for a few hundred nodes.
+    Same answer per node (the same call on the same scope), without that walk. Every node of
+    the tree has a scope; a node outside it has none, and ``get`` gives the default, as
+    libcst's map does.
+    """
+
+    def __init__(self, scopes: Mapping[cst.CSTNode, object]) -> None:
+        self._scopes = scopes
+        self._names: dict[cst.CSTNode, object] = {}
+
+    def __getitem__(self, node: cst.CSTNode) -> object:
+        found = self._names.get(node)
+        if found is None:
+            scope = self._scopes[node]  # KeyError outside the tree, as libcst's map
+            found = self._names[node] = (
+                LazyValue(functools.partial(scope.get_qualified_names_for, node))  # type: ignore[attr-defined]
+                if scope else set()
+            )
+        return found
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(self._scopes)
+
+    def __len__(self) -> int:
+        return len(self._scopes)
 
 
 def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:
@@ -634,7 +681,7 @@ def probe_module(
     except ConversionError:
         return ModuleProbe()
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    metadata = wrapper.resolve_many(_Probe.get_inherited_dependencies())
+    metadata = _resolve(wrapper)
     info = detect(module, metadata, options.framework, False)
     if not info.convertible or options.parallel_importer:
         return ModuleProbe(framework=info.framework)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import stat
 import tempfile
@@ -193,8 +194,18 @@ def _is_virtualenv(directory: Path) -> bool:
 def is_ignored_by_git(path: Path) -> bool:
     """Whether ``.gitignore`` rules of the work tree around ``path`` ignore it (or a parent)."""
     path = path.absolute()
-    rules = _gitignore_above(path.parent).below(path.parent)
-    return rules.ignored(path, os.path.isdir(path))
+    return _rules_in(path.parent).ignored(path, os.path.isdir(path))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rules_in(directory: Path) -> _GitIgnore:
+    # Read once per directory and run: pre-commit names every file, often 1,000s in a few folders.
+    return _gitignore_above(directory).below(directory)
+
+
+def forget_gitignores() -> None:
+    """Read ``.gitignore`` files afresh from now on (a new run in the same process)."""
+    _rules_in.cache_clear()
 
 
 def walk(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,42 +25,7 @@ from pathlib import Path
 from .base import Options
 from .engine import ModuleProbe, probe_module, project_exports
 from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
-
-#: At most this many neighbouring files are read (a file in a huge folder stays on its own).
-MAX_NEIGHBOURS = 500
-#: Larger files are not read as neighbours (generated code, data).
-MAX_BYTES = 1_000_000
-
-
-def neighbours(paths: Sequence[Path]) -> list[Path]:
-    """Python files next to ``paths``: their folders, the packages in those folders (and in a
-    ``src/`` folder there), and the package each file belongs to (up to its top package's
-    folder)."""
-    roots: set[Path] = set()
-    for path in paths:
-        folder = path.parent
-        while _is_package(folder) and folder.parent != folder:
-            folder = folder.parent
-        roots.add(folder)
-    found: list[Path] = []
-    for root in sorted(roots):
-        for walked, dirs, files in os.walk(root):
-            here = Path(walked)
-            dirs[:] = sorted(
-                d for d in dirs if _is_package(here / d) or (here == root and d == "src")
-            )
-            found += [here / f for f in sorted(files) if f.endswith(".py")]
-            if len(found) > MAX_NEIGHBOURS:
-                return []
-    return found
-
-
-def _is_package(folder: Path) -> bool:
-    """A folder with an ``__init__.py`` (one that cannot be read is not: the run says why)."""
-    try:
-        return (folder / "__init__.py").is_file()
-    except OSError:
-        return False
+from .siblings import read_project
 
 
 def project_options(
@@ -69,18 +33,7 @@ def project_options(
 ) -> dict[Path, Options]:
     """``(path, display name)`` of the files this run converts -> the options to convert each
     with (``Options.project`` filled in). Files that cannot be read are left to the run."""
-    written = {path.resolve(): display for path, display in files if path.suffix == ".py"}
-    shown = dict(written)
-    for path in neighbours([p for p, _ in files if p.suffix == ".py"]):
-        shown.setdefault(path.resolve(), str(path))
-    contents: dict[Path, bytes] = {}
-    for path in shown:
-        try:
-            if path.is_symlink() or path.stat().st_size > MAX_BYTES:
-                continue
-            contents[path] = path.read_bytes()
-        except OSError:
-            continue
+    written, shown, contents = read_project(files)
     if len(contents) < 2:
         return {}
     project = Project(contents)

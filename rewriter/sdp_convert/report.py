@@ -31,6 +31,8 @@ class FileOutcome:
     diff: str = ""
     #: The result was written (in place or under ``-o``).
     written: bool = False
+    #: The engine converted the file in this run (not answered by the cache).
+    computed: bool = False
 
     @property
     def manual_count(self) -> int:

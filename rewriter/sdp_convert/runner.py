@@ -14,12 +14,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from .base import Options
+from .cache import Cache, Entry
 from .changes import ConversionError
-from .files import Excluder, Skip, is_ignored_by_git, read_source, walk, write_atomic
+from .files import (
+    Excluder,
+    Skip,
+    forget_gitignores,
+    is_ignored_by_git,
+    read_source,
+    walk,
+    write_atomic,
+)
 from .formatting import line_length_for
+from .options import Options
 from .report import FileOutcome
-from .siblings import hogwild_imports
+from .siblings import hogwild_imports, project_digest
 
 Mode = Literal["write", "check", "diff"]
 
@@ -38,6 +47,8 @@ class Config:
     options: Options
     mode: Mode = "write"
     diff: bool = False
+    #: Remember results in this directory (``cache``); None: no cache.
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ def plan(
     paths: Sequence[str], output: str | None, selection: Selection = Selection()
 ) -> tuple[list[Job], list[tuple[Path, Path]], list[FileOutcome]]:
     """Turn PATH arguments into jobs, plain files to copy (for ``-o DIR``), and early outcomes."""
+    forget_gitignores()
     jobs: list[Job] = []
     copies: list[tuple[Path, Path]] = []
     early: list[FileOutcome] = []
@@ -136,12 +148,62 @@ def convert_bytes(data: bytes, name: str, options: Options):  # -> engine.Result
     return convert(data, options)
 
 
-def process(job: Job, config: Config) -> FileOutcome:
-    """Convert one file and write it if asked. Never raises: failures become outcomes."""
+def convert_cached(
+    data: bytes,
+    name: str,
+    config: Config,
+    cached_only: bool = False,
+    deps: Sequence[str | bytes] = (),
+) -> tuple[Entry | None, bool]:
+    """What converting ``data`` gives, from the cache when it knows (then True), else from the
+    engine (and remembered); with ``cached_only``, ``(None, False)`` when the cache does not
+    know. Raises ``ConversionError`` as the engine does.
+
+    ``deps``: digests of everything outside ``data`` and ``config.options`` that the conversion
+    reads (other modules' contents, in a project); see ``cache``. A conversion that reads another
+    file must pass it here, or the cache would answer with a result computed before that file
+    changed.
+    """
+    cache = Cache(config.cache_dir) if config.cache_dir else None
+    key = cache.key(data, name, config.options, deps) if cache is not None else ""
+    if cache is not None:
+        entry = cache.get(key, data)
+        if entry is not None:
+            return entry, True
+    if cached_only:
+        return None, False
+    try:
+        result = convert_bytes(data, name, config.options)
+    except ConversionError as err:
+        if cache is not None:
+            cache.put(key, Entry(False, data, "", "", (), (err.message, err.line, err.col)))
+        raise
+    entry = Entry(result.changed, result.output, result.info.label, result.info.reason,
+                  tuple(result.changes))
+    if cache is not None:
+        cache.put(key, entry)
+    return entry, False
+
+
+def process(
+    job: Job, config: Config, cached_only: bool = False, deps: Sequence[str] = ()
+) -> FileOutcome | None:
+    """Convert one file and write it if asked. Never raises: failures become outcomes.
+
+    ``cached_only``: answer only from the cache; None when it does not know the file.
+    ``deps``: what else the conversion reads, for the cache's key (``convert_cached``).
+    """
     try:
         data = read_source(job.src)
-        result = convert_bytes(data, job.src.name, config.options)
+        result, hit = convert_cached(data, job.src.name, config, cached_only, deps)
+        if result is None:
+            return None
+        if result.error is not None:
+            return FileOutcome(job.display, "failed",
+                               message=ConversionError(*result.error).format(job.display))
     except Skip as why:
+        if cached_only:
+            return None
         outcome = FileOutcome(job.display, "skipped", message=f"{job.display}: {why}")
         if config.mode == "write" and job.dest is not None and job.dest != job.src:
             try:
@@ -152,6 +214,8 @@ def process(job: Job, config: Config) -> FileOutcome:
             outcome.written = True
         return outcome
     except ConversionError as err:
+        if cached_only:
+            return None
         return FileOutcome(job.display, "failed", message=err.format(job.display))
     except RecursionError:
         return FileOutcome(job.display, "failed", message=f"{job.display}: nested too deeply")
@@ -161,8 +225,9 @@ def process(job: Job, config: Config) -> FileOutcome:
 
     status = "converted" if result.changed else "unchanged"
     outcome = FileOutcome(
-        job.display, status, result.info.label, result.info.reason, result.changes
+        job.display, status, result.kind, result.reason, list(result.changes)
     )
+    outcome.computed = not hit
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
     if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):
@@ -252,47 +317,102 @@ def run_jobs(
     outcomes: list[FileOutcome] = []
     importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
     # Project mode: the files of the run and their neighbours are one program (``projects``).
-    from .projects import project_options
+    # The cache keys each file on a digest of all of them (no parsing); the program is planned
+    # (libcst) only when some file is not answered from the cache.
+    files = [(job.src, job.display) for job in jobs]
+    deps = (digest,) if config.cache_dir and (digest := project_digest(files)) else ()
+    planned: dict[Path, Options] | None = None
 
-    projects = project_options([(job.src, job.display) for job in jobs], config.options)
-
-    def config_of(job: Job) -> Config:
+    def config_of(job: Job, plan: bool = True) -> Config:
+        """The file's options; with ``plan``, its project facts too (not part of its key)."""
+        nonlocal planned
         importer = importers.get(job.src, config.options.parallel_importer)
-        options = projects.get(job.src.resolve(), config.options)
-        options = replace(options, parallel_importer=importer, line_length=line_length_for(job.src))
+        options = replace(
+            config.options, parallel_importer=importer, line_length=line_length_for(job.src)
+        )
+        if plan:
+            if planned is None:
+                from .projects import project_options
+
+                planned = project_options(files, config.options)
+            if (facts := planned.get(job.src.resolve())) is not None:
+                options = replace(options, project=facts.project)
         return replace(config, options=options)
 
     with _Stop() as stop:
-        if workers <= 1 or len(jobs) <= 1:
-            for job in jobs:
+        # What the cache knows is answered here: the rest is converted (in workers: a warm run
+        # starts none).
+        known: dict[int, FileOutcome] = {}
+        if config.cache_dir:
+            for i, job in enumerate(jobs):
                 if stop.signum:
                     break
-                outcomes.append(process(job, config_of(job)))
-                if on_done:
-                    on_done(outcomes[-1])
-        else:
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                     initializer=_ignore_sigint) as pool:
-                futures: list[Future[FileOutcome]] = [
-                    pool.submit(process, job, config_of(job)) for job in jobs
-                ]
-                for future in futures:
-                    while not future.done() and not stop.signum:
-                        wait_futures([future], timeout=0.1)
-                    if stop.signum:
-                        break
-                    outcomes.append(future.result())
-                    if on_done:
-                        on_done(outcomes[-1])
+                outcome = process(job, config_of(job, plan=False), cached_only=True, deps=deps)
+                if outcome is not None:
+                    known[i] = outcome
+        todo = [i for i in range(len(jobs)) if i not in known]
+        if workers <= 1 or len(todo) <= 1:
+            for i, job in enumerate(jobs):
                 if stop.signum:
-                    for future in futures:
-                        future.cancel()
-                    wait_futures(futures)
-                    # Files being converted when the signal came were finished: count them too.
-                    outcomes = [f.result() for f in futures if f.done() and not f.cancelled()]
+                    break
+                outcome = known.get(i) or process(job, config_of(job), deps=deps)
+                assert outcome is not None
+                outcomes.append(outcome)
+                if on_done:
+                    on_done(outcome)
+        else:
+            outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done, deps)
+    if config.cache_dir and any(o.computed for o in outcomes):
+        # The bound is kept here, once per run, not by each worker after each file.
+        Cache(config.cache_dir).prune(estimate=True)
     if stop.signum:
         raise Interrupted(stop.signum, outcomes)
     return outcomes
+
+
+def _run_pool(
+    jobs: Sequence[Job],
+    todo: list[int],
+    known: dict[int, FileOutcome],
+    config_of: Callable[[Job], Config],
+    workers: int,
+    stop: _Stop,
+    on_done: Callable[[FileOutcome], None] | None,
+    deps: Sequence[str] = (),
+) -> list[FileOutcome]:
+    """Convert ``jobs[i]`` for ``i`` in ``todo`` in worker processes; the outcomes of all jobs
+    (those in ``known`` already) in job order, or those finished when a signal came."""
+    outcomes: list[FileOutcome] = []
+    with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
+                             initializer=_ignore_sigint) as pool:
+        futures: dict[int, Future[FileOutcome | None]] = {
+            i: pool.submit(process, jobs[i], config_of(jobs[i]), False, deps) for i in todo
+        }
+        for i in range(len(jobs)):
+            future = futures.get(i)
+            while future is not None and not future.done() and not stop.signum:
+                wait_futures([future], timeout=0.1)
+            if stop.signum:
+                break
+            outcome = known[i] if future is None else future.result()
+            assert outcome is not None
+            outcomes.append(outcome)
+            if on_done:
+                on_done(outcome)
+        if stop.signum:
+            for future in futures.values():
+                future.cancel()
+            wait_futures(list(futures.values()))
+            # Files being converted when the signal came were finished: count them too.
+            outcomes = [
+                o for i in range(len(jobs))
+                if (o := known.get(i) if i not in futures else _finished(futures[i])) is not None
+            ]
+    return outcomes
+
+
+def _finished(future: Future[FileOutcome | None]) -> FileOutcome | None:
+    return future.result() if future.done() and not future.cancelled() else None
 
 
 def copy_files(copies: Iterable[tuple[Path, Path]]) -> list[FileOutcome]:
@@ -330,12 +450,15 @@ def convert_stdin(config: Config, name: str = "-", excluded: bool = False) -> Fi
         return FileOutcome(name, "skipped", message=f"{shown}: excluded")
     options = replace(config.options, line_length=line_length_for(None if name == "-" else name))
     try:
-        result = convert_bytes(data, name, options)
+        result, _ = convert_cached(data, name, replace(config, options=options))
+        assert result is not None
+        if result.error is not None:
+            raise ConversionError(*result.error)
     except ConversionError as err:
         sys.stdout.buffer.write(data if config.mode == "write" else b"")
         return FileOutcome(name, "failed", message=err.format(shown))
     status = "converted" if result.changed else "unchanged"
-    outcome = FileOutcome(name, status, result.info.label, result.info.reason, result.changes)
+    outcome = FileOutcome(name, status, result.kind, result.reason, list(result.changes))
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, name)
     if config.mode == "write":

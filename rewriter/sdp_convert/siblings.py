@@ -1,4 +1,5 @@
-"""What the other files of one run say about a file: modules a Hogwild program imports.
+"""What the other files of one run say about a file: modules a Hogwild program imports; which
+files make up the run's project, and a digest of them (without parsing anything).
 
 ``main.py`` of the Hogwild example starts ``torch.multiprocessing`` workers over one model in
 shared memory and runs ``train()`` from ``train.py`` in each of them. ``main.py`` alone shows the
@@ -11,6 +12,8 @@ parallelises with ``torch.multiprocessing`` and ``share_memory()``, is left unch
 from __future__ import annotations
 
 import ast
+import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,3 +66,76 @@ def _local_imports(tree: ast.Module) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level in (0, 1):
             names.add(node.module.split(".")[0])
     return names
+
+
+#: At most this many neighbouring files are read (a file in a huge folder stays on its own).
+MAX_NEIGHBOURS = 500
+#: Larger files are not read as neighbours (generated code, data).
+MAX_BYTES = 1_000_000
+
+
+def neighbours(paths: Sequence[Path]) -> list[Path]:
+    """Python files next to ``paths``: their folders, the packages in those folders (and in a
+    ``src/`` folder there), and the package each file belongs to (up to its top package's
+    folder)."""
+    roots: set[Path] = set()
+    for path in paths:
+        folder = path.parent
+        while _is_package(folder) and folder.parent != folder:
+            folder = folder.parent
+        roots.add(folder)
+    found: list[Path] = []
+    for root in sorted(roots):
+        for walked, dirs, files in os.walk(root):
+            here = Path(walked)
+            dirs[:] = sorted(
+                d for d in dirs if _is_package(here / d) or (here == root and d == "src")
+            )
+            found += [here / f for f in sorted(files) if f.endswith(".py")]
+            if len(found) > MAX_NEIGHBOURS:
+                return []
+    return found
+
+
+def _is_package(folder: Path) -> bool:
+    """A folder with an ``__init__.py`` (one that cannot be read is not: the run says why)."""
+    try:
+        return (folder / "__init__.py").is_file()
+    except OSError:
+        return False
+
+
+def read_project(
+    files: Sequence[tuple[Path, str]],
+) -> tuple[dict[Path, str], dict[Path, str], dict[Path, bytes]]:
+    """The project of a run (``projects``): ``(written, shown, contents)``: the run's own Python
+    files (resolved path -> display name), those and their ``neighbours`` (-> the name reports
+    give them), and the contents of every one that can be read (not a link, not too large)."""
+    written = {path.resolve(): display for path, display in files if path.suffix == ".py"}
+    shown = dict(written)
+    for path in neighbours([p for p, _ in files if p.suffix == ".py"]):
+        shown.setdefault(path.resolve(), str(path))
+    contents: dict[Path, bytes] = {}
+    for path in shown:
+        try:
+            if path.is_symlink() or path.stat().st_size > MAX_BYTES:
+                continue
+            contents[path] = path.read_bytes()
+        except OSError:
+            continue
+    return written, shown, contents
+
+
+def project_digest(files: Sequence[tuple[Path, str]]) -> str:
+    """A digest of everything project mode reads for the run's ``files``: which files are
+    converted, the names reports give them, and the contents of those and their neighbours.
+    A cached conversion is valid only while it is unchanged (``cache``: it goes into the key's
+    ``deps``). Empty when there is no project (fewer than two readable Python files)."""
+    written, shown, contents = read_project(files)
+    if len(contents) < 2:
+        return ""
+    digest = hashlib.sha256()
+    for path in sorted(contents):
+        own = hashlib.sha256(contents[path]).hexdigest()
+        digest.update(f"{path}\0{shown[path]}\0{path in written}\0{own}\n".encode())
+    return digest.hexdigest()

@@ -20,7 +20,8 @@ from sdp_convert.program.project import (
     returned_by,
     training_results,
 )
-from sdp_convert.projects import neighbours, project_options
+from sdp_convert.projects import project_options
+from sdp_convert.siblings import neighbours
 
 from .helpers import find, probe
 

@@ -1,0 +1,281 @@
+"""The result cache (``sdp_convert.cache``), through the real command line and through its API.
+
+Each test gets its own empty cache directory (``conftest.py`` sets ``SDP_CONVERT_CACHE_DIR``);
+the subprocesses started here inherit it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+
+import pytest
+from sdp_convert.cache import Cache, Entry, code_identity, options_key
+from sdp_convert.changes import Change
+from sdp_convert.options import Options
+
+from .test_cli import NOT_TRAINING, SDP_CONVERT, TRAIN, UNSHARDED, sdp, write
+
+
+def cache_dir() -> Path:
+    return Path(os.environ["SDP_CONVERT_CACHE_DIR"])
+
+
+def entries() -> list[Path]:
+    return [p for p in cache_dir().rglob("*") if p.is_file()]
+
+
+def tree(root: Path) -> Path:
+    write(root / "train.py", TRAIN)
+    write(root / "unsharded.py", UNSHARDED)  # unchanged... or converted, with a manual note
+    write(root / "notes.py", NOT_TRAINING)
+    write(root / "broken.py", "import torch\ndef f(:\n")
+    return root
+
+
+def seen(out: subprocess.CompletedProcess) -> tuple[int, bytes, bytes]:
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_a_warm_run_reports_exactly_what_a_cold_run_reports(tmp_path):
+    src = tree(tmp_path / "src")
+    for args in (["--check", "--diff"], ["--report", "-", "--report-format", "json", "--check"],
+                 ["--diff", "--report", "-", "--report-format", "github"]):
+        cold = sdp(*args, str(src))
+        assert entries(), "nothing was remembered"
+        warm = sdp(*args, str(src))
+        assert seen(warm) == seen(cold), args
+    assert b"(manual)" in cold.stderr or b'"manual": true' in cold.stdout
+    report = json.loads(sdp("--check", "--report", "-", "--report-format", "json",
+                            str(src)).stdout)
+    assert {f["path"].rsplit("/", 1)[1]: f["status"] for f in report["files"]} == {
+        "broken.py": "failed", "notes.py": "unchanged", "train.py": "converted",
+        "unsharded.py": report["files"][3]["status"],
+    }
+    with_no_cache = sdp("--check", "--diff", "--no-cache", str(src))
+    assert seen(with_no_cache) == seen(sdp("--check", "--diff", str(src)))
+
+
+def test_a_warm_run_does_not_load_the_converter(tmp_path):
+    src = tree(tmp_path / "src")
+    sdp("--check", str(src))
+    probe = (
+        "import sys\nfrom sdp_convert.cli import main\n"
+        f"code = main(['--check', '-q', {str(src)!r}])\n"
+        "print(code, 'libcst' in sys.modules, 'sdp_convert.engine' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    # broken.py is remembered with its syntax error: nothing needs the converter.
+    assert out.stdout.split() == ["2", "False", "False"], out.stderr
+
+
+def test_an_edit_between_runs_is_seen(tmp_path):
+    script = write(tmp_path / "train.py", NOT_TRAINING)
+    assert sdp("--check", str(script)).returncode == 0
+    write(script, TRAIN)
+    out = sdp("--check", str(script))
+    assert out.returncode == 1 and b"[wrap_model_ddp]" in out.stderr
+    # Same size, same modification time, different content: still seen (content is the key).
+    before = script.stat()
+    write(script, TRAIN.replace("lr=0.1", "lr=0.2"))
+    os.utime(script, ns=(before.st_atime_ns, before.st_mtime_ns))
+    out = sdp("--diff", str(script))
+    assert b"lr=0.2 * sdp.size()" in out.stdout
+
+
+def test_options_that_change_the_output_are_in_the_key(tmp_path):
+    script = write(tmp_path / "train.py", TRAIN)
+    linear = sdp("--diff", str(script)).stdout
+    none = sdp("--diff", "--lr-scaling", "none", str(script)).stdout
+    assert b"sdp.size()" in linear and b"lr=0.1 * sdp.size()" not in none
+    assert sdp("--diff", "--skip", "wrap_model_ddp", str(script)).stdout.count(
+        b"DistributedDataParallel") == 0
+
+
+def test_writing_from_a_cached_result_writes_the_conversion(tmp_path):
+    fresh = write(tmp_path / "fresh" / "train.py", TRAIN)
+    assert sdp("--no-cache", str(fresh)).returncode == 0
+    assert not entries()
+    script = write(tmp_path / "cached" / "train.py", TRAIN)
+    assert sdp("--check", str(script)).returncode == 1  # remembered, not written
+    assert script.read_text() == TRAIN
+    out = sdp(str(script))
+    assert out.returncode == 0 and b"[wrap_model_ddp]" in out.stderr
+    assert script.read_bytes() == fresh.read_bytes()
+    # The written file is converted once more (a new content), and found to be a fixed point.
+    assert sdp("--check", str(script)).returncode == 0
+
+
+def test_cache_false_in_the_configuration_turns_it_off(tmp_path):
+    write(tmp_path / "pyproject.toml", "[tool.sdp-convert]\ncache = false\n")
+    script = write(tmp_path / "train.py", TRAIN)
+    assert sdp("--check", str(script)).returncode == 1
+    assert not entries()
+    assert sdp("--check", "--cache", str(script)).returncode == 1
+    assert entries()
+    write(tmp_path / "pyproject.toml", "[tool.sdp-convert]\ncache = 'no'\n")
+    out = sdp("--check", str(script))
+    assert out.returncode == 2 and b"cache: must be true or false" in out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_concurrent_parallel_runs_share_the_cache_safely(tmp_path):
+    src = tmp_path / "src"
+    for i in range(12):
+        write(src / f"t{i:02d}.py", f"# script {i}\n{TRAIN}")
+        write(src / f"u{i:02d}.py", f"# script {i}\n{UNSHARDED}")
+        write(src / f"n{i:02d}.py", f"# module {i}\n{NOT_TRAINING}")
+    expected = seen(sdp("--check", "--diff", "--no-cache", "-j", "1", str(src)))
+    args = [SDP_CONVERT, "--check", "--diff", "-j", "2", str(src)]
+    runs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)]
+    results = []
+    for proc in runs:
+        out, err = proc.communicate(timeout=240)
+        results.append((proc.returncode, out, err))
+    assert results == [expected, expected]
+    assert len(entries()) == 36
+    assert not [p for p in entries() if p.name.startswith(".")], "temporary files left"
+    assert seen(sdp("--check", "--diff", "-j", "2", str(src))) == expected
+
+
+def test_a_damaged_entry_is_recomputed(tmp_path):
+    script = write(tmp_path / "train.py", TRAIN)
+    cold = seen(sdp("--check", "--diff", str(script)))
+    (entry,) = entries()
+    entry.write_bytes(entry.read_bytes()[:40])
+    assert seen(sdp("--check", "--diff", str(script))) == cold
+    entry.write_bytes(b"")
+    assert seen(sdp("--check", "--diff", str(script))) == cold
+
+
+def test_stdin_is_answered_from_the_cache_too(tmp_path):
+    first = sdp("-", stdin=TRAIN.encode())
+    assert len(entries()) == 1
+    assert seen(sdp("-", stdin=TRAIN.encode())) == seen(first)
+
+
+# -- the key --------------------------------------------------------------------------------
+
+
+def _other_value(field: dataclasses.Field, value: object) -> object:
+    """A value of the field's type different from ``value``."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, str):
+        hint = typing.get_type_hints(Options, localns={"ModuleFacts": object})[field.name]
+        choices = [c for c in typing.get_args(hint) if c != value]
+        return choices[0] if choices else value + "x"
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, frozenset):
+        return value | {"wrap_model_ddp"}
+    raise AssertionError(f"Options.{field.name}: teach this test a value of its type")
+
+
+def test_every_option_field_is_in_the_key():
+    cache = Cache("unused")
+    base = Options()
+    key = cache.key(b"x = 1\n", "a.py", base)
+    for field in dataclasses.fields(Options):
+        if not field.metadata.get("cache_key", True):
+            # Facts derived from other files (project mode): the runner keys on those files.
+            assert field.name == "project" and field.name not in options_key(base)
+            continue
+        other = dataclasses.replace(base, **{field.name: _other_value(
+            field, getattr(base, field.name))})
+        assert field.name in options_key(other)
+        assert cache.key(b"x = 1\n", "a.py", other) != key, field.name
+
+
+def test_content_name_and_dependency_digests_are_in_the_key():
+    cache = Cache("unused")
+    key = cache.key(b"x = 1\n", "a.py", Options())
+    assert cache.key(b"x = 2\n", "a.py", Options()) != key
+    assert cache.key(b"x = 1\n", "a.ipynb", Options()) != key
+    assert cache.key(b"x = 1\n", "b.py", Options()) == key  # content, not path
+    with_dep = cache.key(b"x = 1\n", "a.py", Options(), deps=["digest-of-data.py"])
+    assert with_dep != key
+    assert cache.key(b"x = 1\n", "a.py", Options(), deps=["digest-of-data.py-edited"]) != with_dep
+
+
+def test_a_changed_converter_file_changes_the_code_identity(tmp_path):
+    package = tmp_path / "sdp_convert"
+    write(package / "transforms" / "wrap_model_ddp.py", "A = 1\n")
+    write(package / "engine.py", "B = 2\n")
+    first = code_identity(str(package))
+    code_identity.cache_clear()
+    assert code_identity(str(package)) == first  # stable while nothing changes
+    code_identity.cache_clear()
+    transform = package / "transforms" / "wrap_model_ddp.py"
+    transform.write_text("A = 3\n")  # same size
+    os.utime(transform, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    assert code_identity(str(package)) != first
+    code_identity.cache_clear()
+    assert code_identity() != first  # the real package: another set of files
+
+
+def test_an_edited_transform_is_not_answered_from_the_cache(tmp_path):
+    """An editable install whose code changes between runs (same version string)."""
+    import sdp_convert
+
+    package = tmp_path / "pkg"
+    shutil.copytree(Path(sdp_convert.__file__).parent, package / "sdp_convert",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    script = write(tmp_path / "train.py", TRAIN)
+    env = {**os.environ, "PYTHONPATH": str(package)}
+    run = [sys.executable, "-m", "sdp_convert", "--check", str(script)]
+    first = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env)
+    assert first.returncode == 1 and "[wrap_model_ddp]" in first.stderr
+    transform = package / "sdp_convert" / "transforms" / "wrap_model_ddp.py"
+    text = transform.read_text()
+    assert 'FRAMEWORKS = frozenset({"torch"})' in text
+    transform.write_text(text.replace('FRAMEWORKS = frozenset({"torch"})',
+                                      "FRAMEWORKS = frozenset()"))
+    second = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env)
+    assert second.returncode == 1 and "[wrap_model_ddp]" not in second.stderr, second.stderr
+
+
+def test_the_cache_is_bounded(tmp_path):
+    cache = Cache(tmp_path / "c", max_entries=20, max_bytes=10_000)
+    entry = Entry(False, b"", "torch", "", (Change(1, 1, "t", "m"),))
+    keys = [cache.key(f"x = {i}\n".encode(), "a.py", Options()) for i in range(30)]
+    for i, key in enumerate(keys):
+        assert cache.put(key, entry)
+        stamp = 1_000_000_000 + i
+        os.utime(cache.dir / key[:2] / key, (stamp, stamp))
+    assert cache.prune() == 14  # down to 80% of the bound, oldest first
+    kept = {p.name for p in (tmp_path / "c").rglob("*") if p.is_file()}
+    assert kept == set(keys[14:])
+    assert cache.get(keys[-1], b"x = 29\n") == dataclasses.replace(entry, output=b"x = 29\n")
+    assert cache.get(keys[0], b"x = 0\n") is None
+    big = Cache(tmp_path / "c", max_entries=1000, max_bytes=200)
+    assert big.prune() > 0
+    assert sum(p.stat().st_size for p in (tmp_path / "c").rglob("*") if p.is_file()) <= 160
+
+
+PROJECT = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "torch_main_data_model"
+
+
+def test_a_project_file_is_not_answered_from_the_cache_after_a_module_it_reads_changed(tmp_path):
+    """main.py given alone reads data.py (project mode): data.py's loader is not sharded in this
+    run, so main.py's rate stays with a note. Once data.py has its sampler (converted), main.py
+    alone is converted fully: main.py's bytes did not change, the cache must still not answer."""
+    src = tmp_path / "proj"
+    shutil.copytree(PROJECT / "input", src)
+    before = sdp("--diff", "main.py", cwd=src)
+    assert b"lr=args.lr * sdp.size()" not in before.stdout and b"(manual)" in before.stderr
+    assert seen(sdp("--diff", "main.py", cwd=src)) == seen(before)  # warm: the same answer
+    assert entries()
+    shutil.copy(PROJECT / "expected" / "data.py", src / "data.py")
+    after = sdp("--diff", "main.py", cwd=src)
+    assert seen(after) == seen(sdp("--diff", "--no-cache", "main.py", cwd=src))
+    assert b"sdp.size()" in after.stdout and seen(after) != seen(before)
