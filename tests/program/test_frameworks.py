@@ -8,7 +8,7 @@ import pytest
 from sdp_convert.program.datasets import trace_dataset, training_dataset_uses
 from sdp_convert.program.index import file_index, reaching_values
 from sdp_convert.program.keras import keras_fit_calls, keras_name, optimizer_class
-from sdp_convert.program.loaders import is_distributed_sampler, kwargs_literal
+from sdp_convert.program.loaders import is_distributed_sampler, kwargs_literal, sets_epoch
 from sdp_convert.program.optimizers import optimizer_class as torch_optimizer_class
 from sdp_convert.program.training import training_facts
 
@@ -114,3 +114,19 @@ def test_the_training_dataset_is_traced_back_to_its_source():
     assert trace.source is not None
     assert code(t, trace.source) == "tf.data.Dataset.from_tensor_slices((x, y))"
     assert trace.source_name == "tensorflow.data.Dataset.from_tensor_slices"
+
+
+def test_sets_epoch_finds_a_set_epoch_call_on_that_receiver_inside_that_loop():
+    t = probe("""
+        for epoch in range(3):
+            loader.sampler.set_epoch(epoch)
+            for x in loader:
+                pass
+        for epoch in range(3):
+            other.set_epoch(epoch)
+    """)
+    first, second = m.findall(t.module, m.For(iter=m.Call(func=m.Name("range"))))
+    assert sets_epoch(t, first, "loader.sampler")
+    assert not sets_epoch(t, first, "other")  # not in this loop
+    assert sets_epoch(t, second, "other")
+    assert not sets_epoch(t, second, "loader.sampler")

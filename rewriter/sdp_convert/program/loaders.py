@@ -154,3 +154,14 @@ def loader_base_name(binding: Binding | None) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def sets_epoch(t: Transform, loop: cst.For, receiver: str) -> bool:
+    """Whether ``loop`` calls ``<receiver>.set_epoch(...)`` (``receiver`` as code) already."""
+    for call in t.method_calls("set_epoch"):
+        assert isinstance(call.func, cst.Attribute)
+        if t.module.code_for_node(call.func.value) == receiver and any(
+            a is loop for a in t.ancestors(call)
+        ):
+            return True
+    return False

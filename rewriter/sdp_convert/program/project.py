@@ -30,6 +30,7 @@ import libcst as cst
 
 from ..base import Transform
 from .flow import Site, epoch_loop, follow, holds_only, unpacked_target
+from .loaders import sets_epoch
 from .scopes import assigned_binding, binding_of, training_loops, uses
 
 
@@ -459,20 +460,10 @@ def imported_loaders(t: Transform) -> ImportedLoaders:
             if (id(loop), receiver) in done or not isinstance(loop.body, cst.IndentedBlock):
                 continue
             done.add((id(loop), receiver))
-            if not isinstance(target, cst.Name) or _sets_epoch(t, loop, receiver):
+            if not isinstance(target, cst.Name) or sets_epoch(t, loop, receiver):
                 continue
             found.set_epochs.append((loop, f"{receiver}.set_epoch({target.value})", source))
     return found
-
-
-def _sets_epoch(t: Transform, loop: cst.For, receiver: str) -> bool:
-    for call in t.method_calls("set_epoch"):
-        assert isinstance(call.func, cst.Attribute)
-        if t.module.code_for_node(call.func.value) == receiver and any(
-            a is loop for a in t.ancestors(call)
-        ):
-            return True
-    return False
 
 
 def epoch_receivers(

@@ -67,7 +67,7 @@ import libcst as cst
 from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
-from ..program.loaders import LOADERS, kwargs_literal, loader_base_name
+from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
 from ..program.project import imported_loaders, returned_feed, single_process_fallback
 from ..program.scopes import (
     Binding,
@@ -348,7 +348,7 @@ class ShardDataLoader(Transform):
             if inside:
                 receiver = plan.sampler  # the loader is made anew each epoch, right here
             key = (id(loop), receiver)
-            if key in keys or self._loop_sets_epoch(loop, receiver):
+            if key in keys or sets_epoch(self, loop, receiver):
                 continue
             if not inside and not isinstance(loop.body, cst.IndentedBlock):
                 continue
@@ -356,15 +356,6 @@ class ShardDataLoader(Transform):
             set_epoch = cst.parse_statement(f"{receiver}.set_epoch({target.value})\n")
             found.append((None if inside else loop, set_epoch))
         return found
-
-    def _loop_sets_epoch(self, loop: cst.For, receiver: str) -> bool:
-        for call in self.method_calls("set_epoch"):
-            assert isinstance(call.func, cst.Attribute)
-            if self.module.code_for_node(call.func.value) == receiver and any(
-                a is loop for a in self.ancestors(call)
-            ):
-                return True
-        return False
 
     # -- the rewrite ----------------------------------------------------------------------------
 
