@@ -247,6 +247,15 @@ def main():
     if rank == 0:
         with open(RESULT, "w") as f:
             json.dump({"steps_per_s": STEPS / elapsed, "params": params, "loss": loss.item()}, f)
+    # Leave together: a rank that destroys Gloo while its peer still finishes the last
+    # collective can make that peer abort at exit ("terminate called without an active
+    # exception"); a barrier alone does not prevent it, a count in the launcher's store does.
+    dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
+    store.add("bench/left", 1)
+    deadline = time.monotonic() + 10
+    while store.add("bench/left", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.01)
     dist.destroy_process_group()
 
 
