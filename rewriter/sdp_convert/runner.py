@@ -353,9 +353,11 @@ def run_jobs(
         todo = [i for i in range(len(jobs)) if i not in known]
         if workers <= 1 or len(todo) <= 1:
             for i, job in enumerate(jobs):
-                if stop.signum:
-                    break
-                outcome = known.get(i) or process(job, config_of(job), deps=deps)
+                outcome = known.get(i)
+                if outcome is None:
+                    if stop.signum:
+                        continue  # after a signal, only what is done already (and written)
+                    outcome = process(job, config_of(job), deps=deps)
                 assert outcome is not None
                 outcomes.append(outcome)
                 if on_done:
