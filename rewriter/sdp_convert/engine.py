@@ -53,9 +53,6 @@ class Result:
     changes: list[Change] = field(default_factory=list)
     #: Project mode: loaders this file shards for another module (``program.project.Export``).
     exports: list[Export] = field(default_factory=list)
-    #: Project mode: the other files whose contents this conversion depends on (through
-    #: ``Options.project``); a result cache must key on them too. Empty for a file on its own.
-    reads: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -88,7 +85,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # The transforms saw the program differently in their own output (a name they
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
-            return Result(data, data, result.info, [_unstable(data)], reads=result.reads)
+            return Result(data, data, result.info, [_unstable(data)])
     return result
 
 
@@ -168,13 +165,6 @@ def _check_syntax(data: bytes) -> None:
 
 
 def _convert_once(data: bytes, options: Options) -> Result:
-    result = _convert_one(data, options)
-    if options.project is not None:
-        result.reads = options.project.reads
-    return result
-
-
-def _convert_one(data: bytes, options: Options) -> Result:
     roles = options.project.roles if options.project is not None else frozenset()
     if not roles and not worth_parsing(data):
         # Cheap path: nothing here can be a training script, so it is left alone byte for byte;

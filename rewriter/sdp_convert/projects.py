@@ -98,14 +98,13 @@ def project_options(
             source = ShardedSource(callee, index, f"{shown[producer]}:{line}", shuffles, sharded)
             if source not in sources:
                 sources.append(source)
-        reads = tuple(sorted(shown[p] for p in contents if p != path))
         runs = starts.get(path, [])
         targets = [(q, t) for q in probes[path].called
                    if (t := project.resolve(path, q)) is not None and t[0] != path]
         callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
         writers = tuple(q for q, t in targets if project.writing_function(*t))
         facts = ModuleFacts(
-            tuple(feeds.get(path, ())), tuple(sources), reads,
+            tuple(feeds.get(path, ())), tuple(sources),
             starts=tuple(shown[p] for p in runs),
             started_by=tuple(shown[p] for p, its in starts.items() if path in its),
             framework=probes[runs[0]].framework if runs else None,

@@ -68,8 +68,6 @@ class ModuleFacts:
 
     feeds: tuple[LoaderFeed, ...] = ()
     sources: tuple[ShardedSource, ...] = ()
-    #: The other files whose contents these facts were computed from (for a result cache).
-    reads: tuple[str, ...] = ()
     #: An entry point: the training modules (library modules, no entry point of their own) it
     #: imports and runs; ``sdp.init()`` goes here.
     starts: tuple[str, ...] = ()
