@@ -223,7 +223,7 @@ def _convert_once(data: bytes, options: Options) -> Result:
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         # libcst's own import scheduling, without transform_module's deep copy of the tree.
         # Its visit_Module walks the whole tree to read the leading imports only: give it those.
-        adder = AddImportsVisitor(context)
+        adder = _ImportAdder(context)
         leading = _leading_imports(new_module) + _runtime_imports(new_module, state.runtime_module)
         adder.visit_Module(new_module.with_changes(body=leading))
         new_module = adder.leave_Module(new_module, new_module)
@@ -315,6 +315,20 @@ class _LazyQualifiedNames(Mapping[cst.CSTNode, object]):
 
     def __len__(self) -> int:
         return len(self._scopes)
+
+
+class _ImportAdder(AddImportsVisitor):
+    """libcst's ``AddImportsVisitor``, of which the engine calls ``visit_Module`` and
+    ``leave_Module`` once per converted file.
+
+    Its matcher base class searches ``dir()`` of every new instance for ``@visit``/``@leave``
+    decorated methods: some 3,300 attributes of a transformer, about 7 ms, as long as libcst
+    takes to parse a 100-line file. The class has no such method, so an empty ``dir()`` gives
+    the same (empty) answer at no cost; nothing else reads the instance's ``dir()``.
+    """
+
+    def __dir__(self) -> list[str]:
+        return []
 
 
 def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import libcst as cst
 from libcst.metadata import ScopeProvider
@@ -29,6 +30,7 @@ from ..base import Transform
 from .syntax import code
 
 Scope = cst.FunctionDef | cst.ClassDef | None
+N = TypeVar("N", bound=cst.CSTNode)
 
 #: Kinds of ``Binding``: where a name gets a value.
 KINDS = (
@@ -119,6 +121,9 @@ class FileIndex:
     _load_ids: set[int] = field(default_factory=set)
     #: id(read) -> the blocks around it inside its scope.
     read_blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: Every node of the tree by its type, in walk order (``nodes_of``): a file-wide search for
+    #: one kind of node without another walk (``m.findall`` over a module costs about a parse).
+    by_type: dict[type, list[cst.CSTNode]] = field(default_factory=dict)
 
     def scope(self, node: cst.CSTNode) -> Scope:
         return self.scope_of.get(id(node))
@@ -264,6 +269,7 @@ class _Indexer(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.index.order[id(node)] = len(self.index.order)
         self.index.scope_of[id(node)] = self.stack[-1]
+        self.index.by_type.setdefault(type(node), []).append(node)
         self.path.append(node)
         return super().on_visit(node)
 
@@ -561,6 +567,12 @@ def file_index(transform: Transform) -> FileIndex:
         transform.module.visit(indexer)
         facts.index = indexer.finish()
     return facts.index
+
+
+def nodes_of(transform: Transform, kind: type[N]) -> list[N]:
+    """Every ``kind`` node of the file, in file order: ``m.findall(module, kind())`` without a
+    walk of its own (the file's index is built once and shared)."""
+    return file_index(transform).by_type.get(kind, [])  # type: ignore[return-value]
 
 
 def reaching_values(

@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .index import Scope, file_index
+from .index import Scope, file_index, nodes_of
 from .models import MODULE_API
 from .scopes import callee, training_calls
 
@@ -128,11 +128,9 @@ def _freezes_each(loop: cst.For) -> bool:
 
 def _unfreezes(t: Transform) -> bool:
     """Anything in the file may set ``requires_grad`` back on."""
-    for node in m.findall(t.module, m.Assign(targets=[m.AssignTarget(
-        m.Attribute(attr=m.Name("requires_grad"))
-    )])):
-        assert isinstance(node, cst.Assign)
-        if not m.matches(node.value, m.Name("False")):
+    assigns_flag = m.Assign(targets=[m.AssignTarget(m.Attribute(attr=m.Name("requires_grad")))])
+    for node in nodes_of(t, cst.Assign):
+        if m.matches(node, assigns_flag) and not m.matches(node.value, m.Name("False")):
             return True
     for call in t.method_calls("requires_grad_"):
         if not (call.args and m.matches(call.args[0].value, m.Name("False"))):

@@ -45,7 +45,7 @@ import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
-from ..program.index import FileIndex, file_index, imported_names
+from ..program.index import FileIndex, file_index, imported_names, nodes_of
 from ..program.syntax import code, end_of_import_block, first_import_block_end, mentions
 
 _MEMORY_GROWTH = ("tensorflow.config.experimental.set_memory_growth",)
@@ -329,9 +329,10 @@ class PinTfGpus(Transform):
             assert isinstance(func, cst.Attribute)
             if self.refers_to(func.value, "os.environ") and "CUDA_VISIBLE_DEVICES" in code(call):
                 found.append(call)
-        for target in m.findall(self.module, m.AssignTarget(target=m.Subscript())):
-            assert isinstance(target, cst.AssignTarget) and isinstance(target.target, cst.Subscript)
+        for target in nodes_of(self, cst.AssignTarget):
             subscript = target.target
+            if not isinstance(subscript, cst.Subscript):
+                continue
             if self.refers_to(subscript.value, "os.environ") and "CUDA_VISIBLE_DEVICES" in code(
                 subscript
             ):
