@@ -81,8 +81,8 @@ class PrintOnRank0(Transform):
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        others = cst.parse_expression(f"{self.sdp}.rank() != 0")
         if original_node in self._bars:
+            others = cst.parse_expression(f"{self.sdp}.rank() != 0")
             disable = arg_named(updated_node, "disable")
             if disable is None:
                 return add_keyword(updated_node, "disable", others, first=False)
