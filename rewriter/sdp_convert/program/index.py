@@ -13,8 +13,8 @@ same data, and the caller picks the one its question needs:
 
 Scopes are functions, classes and the module (``None``). Comprehension and lambda variables shadow
 the names they bind inside their expression; they are bindings of their own, never in the scope's
-lists. What libcst's own scope analysis still does for us is import resolution (qualified names,
-``imported_names``).
+lists. The same walk collects libcst's view of the scopes (``program.names``), from which the
+qualified names the transforms match on are answered (``FileIndex.names``, ``imported_names``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
 
 from ..base import Transform
+from .names import Collector, QualifiedNames
 from .syntax import code
 
 Scope = cst.FunctionDef | cst.ClassDef | None
@@ -119,6 +119,8 @@ class FileIndex:
     _load_ids: set[int] = field(default_factory=set)
     #: id(read) -> the blocks around it inside its scope.
     read_blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: The qualified names of the file's nodes (what ``QualifiedNameProvider`` would give).
+    names: QualifiedNames | None = None
 
     def scope(self, node: cst.CSTNode) -> Scope:
         return self.scope_of.get(id(node))
@@ -248,9 +250,10 @@ class FileIndex:
 
 
 class _Indexer(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, module: cst.Module) -> None:
         super().__init__()
         self.index = FileIndex()
+        self.names = Collector(module)
         self.stack: list[Scope] = [None]
         self.not_loads: set[int] = set()
         self.pending: list[tuple[Binding, cst.CSTNode, str]] = []  # (binding, anchor, start|end)
@@ -265,10 +268,12 @@ class _Indexer(cst.CSTVisitor):
         self.index.order[id(node)] = len(self.index.order)
         self.index.scope_of[id(node)] = self.stack[-1]
         self.path.append(node)
+        self.names.visit(node, self.path[-2] if len(self.path) > 1 else None)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
+        self.names.leave(original_node)
         self.path.pop()
         self.end[id(original_node)] = len(self.index.order)
 
@@ -540,6 +545,7 @@ class _Indexer(cst.CSTVisitor):
         for table in (self.index.bindings, self.index.augmented, self.index.attribute_bindings):
             for found in table.values():
                 found.sort(key=lambda b: b.order)
+        self.index.names = self.names.finish()
         return self.index
 
 
@@ -553,13 +559,19 @@ def _target_names(target: cst.BaseExpression) -> Iterator[cst.Name]:
         yield from _target_names(target.value)
 
 
+def index_module(module: cst.Module) -> FileIndex:
+    """Walk ``module`` once: its ``FileIndex``, qualified names included."""
+    indexer = _Indexer(module)
+    module.visit(indexer)
+    return indexer.finish()
+
+
 def file_index(transform: Transform) -> FileIndex:
-    """The file's ``FileIndex``, built once and shared by the transforms."""
+    """The file's ``FileIndex``, built once and shared by the transforms (the engine builds it
+    before detection, which needs the qualified names)."""
     facts = transform.state.facts
     if facts.index is None:
-        indexer = _Indexer()
-        transform.module.visit(indexer)
-        facts.index = indexer.finish()
+        facts.index = index_module(transform.module)
     return facts.index
 
 
@@ -585,15 +597,13 @@ def reaching_values(
 def imported_names(transform: Transform) -> list[tuple[str, set[str], cst.CSTNode]]:
     """Module-level names bound by imports: ``(name, qualified names, import statement)``.
 
-    Import resolution is libcst's (the same analysis ``Transform.qualified_names`` reads), so
-    ``import torch.nn as nn`` and ``from tensorflow import keras`` resolve as Python would."""
-    scope = transform.get_metadata(ScopeProvider, transform.module, None)
-    if scope is None:
-        return []
-    found: list[tuple[str, set[str], cst.CSTNode]] = []
-    for assignment in scope.assignments:
-        node = getattr(assignment, "node", None)
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            names = {q.name for q in scope.get_qualified_names_for(assignment.name)}
-            found.append((assignment.name, names, node))
-    return found
+    The qualified names are the ones ``Transform.qualified_names`` reads (``program.names``,
+    libcst's rules), so ``import torch.nn as nn`` and ``from tensorflow import keras`` resolve
+    as Python would."""
+    names = file_index(transform).names
+    assert names is not None
+    return [
+        (name, {q.name for q in names.module_names(name)}, node)
+        for name, node, imported in names.module_bindings()
+        if imported and node is not None
+    ]
