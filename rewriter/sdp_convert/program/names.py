@@ -49,12 +49,13 @@ _IMPORT, _LOCAL, _BUILTIN = "import", "local", "builtin"
 _LOAD, _STORE, _SKIP = 0, 1, 2  # what a Name is: a read, a binding, or neither (a def's name)
 
 #: Nodes whose end moves their scope's count (libcst's ``_ASSIGNMENT_LIKE_NODES``, less PEP 695).
-_COUNTED = (
+#: Sets of exact types: ``isinstance`` on libcst's ABCs costs more than the rest of a node's visit.
+_COUNTED = frozenset({
     cst.AnnAssign, cst.AsName, cst.Assign, cst.AugAssign, cst.ClassDef, cst.CompFor,
     cst.FunctionDef, cst.Global, cst.Import, cst.ImportFrom, cst.NamedExpr, cst.Nonlocal,
     cst.Parameters, cst.WithItem,
-)
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+})
+_COMPREHENSIONS = frozenset({cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp})
 
 
 class _Binding:
@@ -317,7 +318,7 @@ class Collector:
             for later in opened.pending:
                 later.index += opened.count
             opened.count += opened.elt_count
-        if isinstance(node, _COUNTED) and not (kind is cst.CompFor and opened is not None):
+        if kind in _COUNTED and not (kind is cst.CompFor and opened is not None):
             scope.count += 1  # (not by a comprehension's first ``for``: libcst never leaves it)
         if bump is not None:
             bump.count += 1
@@ -330,6 +331,8 @@ class Collector:
         if scope is None:
             return None, _LOAD, None, None
         kind = type(parent)
+        if kind not in _PARENTS:
+            return scope, role, None, None
         if kind is cst.Attribute:
             return (None if node is parent.attr else scope), _LOAD, None, None  # type: ignore[attr-defined]
         if kind is cst.Subscript:
@@ -400,6 +403,13 @@ _TARGETED: dict[type, str] = {
     cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target",
     cst.NamedExpr: "target", cst.AsName: "name",
 }
+
+
+#: The parents that give a child another scope or role than their own.
+_PARENTS = frozenset({
+    cst.Attribute, cst.Subscript, cst.Arg, cst.Global, cst.Nonlocal, cst.For, cst.CompFor,
+    cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Param, *_TARGETED, *_COMPREHENSIONS,
+})
 
 
 def _is_binding_node(node: cst.CSTNode, binding: _Binding) -> bool:
