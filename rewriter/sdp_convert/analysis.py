@@ -470,7 +470,8 @@ def detect(
     force: Literal["auto", "torch", "tensorflow"] = "auto",
     recheck: bool = False,
 ) -> FileInfo:
-    """Classify ``module``. ``metadata`` must hold ``QualifiedNameProvider``'s resolution."""
+    """Classify ``module``. ``metadata`` must hold qualified names under
+    ``QualifiedNameProvider`` (the engine's come from ``program.names``)."""
     detector = _Detector()
     detector.metadata = metadata  # type: ignore[assignment]  # shared, resolved once
     module.visit(detector)
