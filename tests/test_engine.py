@@ -153,3 +153,27 @@ def test_a_script_that_optimises_an_input_tensor_is_left_as_it_is_with_a_note():
     assert result.output == source.encode()
     assert [(c.line, c.manual) for c in result.changes] == [(4, True)]
     assert "not converted: the optimizer trains image, an input tensor" in result.changes[0].message
+
+
+def test_no_libcst_scope_metadata_is_resolved(monkeypatch):
+    """Qualified names come from ``program.names``: libcst's scope analysis (and the expression
+    contexts it stands on, and its qualified-name walk) never runs, in a conversion with its
+    fixed-point check nor in project mode's probe."""
+    from libcst.metadata import (
+        ExpressionContextProvider,
+        QualifiedNameProvider,
+        ScopeProvider,
+    )
+    from sdp_convert.engine import probe_module
+    from sdp_convert.options import Options
+
+    def visit_Module(self, node):  # the name libcst's batched visit looks for
+        raise AssertionError(f"{type(self).__name__} resolved")
+
+    for provider in (ScopeProvider, ExpressionContextProvider, QualifiedNameProvider):
+        monkeypatch.setattr(provider, "visit_Module", visit_Module)
+    with pytest.raises(AssertionError, match="resolved"):  # the trap works
+        MetadataWrapper(cst.parse_module("x = 1")).resolve(QualifiedNameProvider)
+    source = (_FIXTURES / "torch" / "mnist_basic" / "input.py").read_bytes()
+    assert convert(source).changed
+    assert probe_module(source, Options(), lambda name: None).script

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
@@ -199,7 +199,27 @@ class FileInfo:
         return str(self.framework)
 
 
-class _Detector(cst.CSTVisitor):
+class Visitor(cst.CSTVisitor):
+    """A ``CSTVisitor`` without libcst's per-attribute hooks (``visit_<Node>_<field>``).
+
+    libcst calls ``on_visit_attribute`` and ``on_leave_attribute`` for every field of every
+    node, and each looks up a method by a name built from strings: about a fifth of a walk's
+    cost. The converter's read-only walks define no such method, so they skip the look-ups.
+    """
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+class Detector(Visitor):
+    """What ``detect`` reads of a file, in one walk: the syntax as it goes; what needs qualified
+    names (callees, class bases, ``os.environ[...]``) is noted in walk order and resolved after
+    the walk (``resolve``), so that the walk can be the binding index's own (``index_module``
+    takes it along), whose names are known only once the walk is over."""
+
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
 
     def __init__(self) -> None:
@@ -225,6 +245,8 @@ class _Detector(cst.CSTVisitor):
         self.star_imports: list[str] = []
         self.launcher_reads: list[tuple[str, cst.CSTNode]] = []  # os.environ["LOCAL_RANK"], ...
         self.args_conventions: list[tuple[str, cst.CSTNode]] = []  # args.local_rank, ...
+        #: Nodes whose qualified names are read after the walk, in walk order (``resolve``).
+        self._named: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._stack:
@@ -255,18 +277,23 @@ class _Detector(cst.CSTVisitor):
         if self._depth == 1:
             self.top_classes.add(node.name.value)
         for base in node.bases:
-            resolved = self.get_metadata(QualifiedNameProvider, base.value, set())
-            qualified = {canonical_name(q.name) for q in resolved}
-            self.class_bases.update(qualified)
             dotted = cst.helpers.get_full_name_for_node(base.value) or ""
             if dotted.endswith("TestCase") and node.name.value not in self.test_classes:
                 self.test_classes.append(node.name.value)
-            if any(n.rsplit(".", 1)[-1].startswith("Optimizer") for n in qualified | {dotted}):
-                self.optimizer_classes.add(node)
+        self._named.append(node)
         body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
         if any(isinstance(f, cst.FunctionDef) and f.name.value in ("apply_gradients", "minimize")
                for f in body):
             self.optimizer_classes.add(node)
+
+    def _class_bases(self, node: cst.ClassDef) -> None:
+        for base in node.bases:
+            resolved = self.get_metadata(QualifiedNameProvider, base.value, set())
+            qualified = {canonical_name(q.name) for q in resolved}
+            self.class_bases.update(qualified)
+            dotted = cst.helpers.get_full_name_for_node(base.value) or ""
+            if any(n.rsplit(".", 1)[-1].startswith("Optimizer") for n in qualified | {dotted}):
+                self.optimizer_classes.add(node)
 
     def visit_If(self, node: cst.If) -> None:
         if self._depth == 0 and _is_main_guard(node.test):
@@ -303,9 +330,13 @@ class _Detector(cst.CSTVisitor):
         if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
             key = node.slice[0].slice.value
             if isinstance(key, cst.SimpleString) and key.evaluated_value in _LAUNCHER_VARIABLES:
-                names = self.get_metadata(QualifiedNameProvider, node.value, set())
-                if any(q.name == "os.environ" for q in names):
-                    self.launcher_reads.append((str(key.evaluated_value), node))
+                self._named.append(node)
+
+    def _environ_read(self, node: cst.Subscript) -> None:
+        key = cast(cst.Index, node.slice[0].slice).value
+        names = self.get_metadata(QualifiedNameProvider, node.value, set())
+        if any(q.name == "os.environ" for q in names):
+            self.launcher_reads.append((str(cast(cst.SimpleString, key).evaluated_value), node))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         # args.local_rank, args.distributed: a script's own distributed set-up
@@ -320,6 +351,22 @@ class _Detector(cst.CSTVisitor):
         self.order[id(node)] = len(self.order)
         if self._depth == 0:
             self.module_calls.append(node)
+        self._named.append(node)
+        if isinstance(node.func, cst.Attribute):
+            self.method_calls.setdefault(node.func.attr.value, []).append(node)
+
+    def resolve(self) -> None:
+        """What needs qualified names (``metadata`` set), in the order the walk met it."""
+        for node in self._named:
+            if isinstance(node, cst.Call):
+                self._callee(node)
+            elif isinstance(node, cst.ClassDef):
+                self._class_bases(node)
+            else:
+                self._environ_read(cast(cst.Subscript, node))
+        self._named = []
+
+    def _callee(self, node: cst.Call) -> None:
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
             name = canonical_name(q.name)
             self.calls.setdefault(name, []).append(node)
@@ -329,8 +376,6 @@ class _Detector(cst.CSTVisitor):
                     _LAUNCHER_VARIABLES
                 ):
                     self.launcher_reads.append((str(key.evaluated_value), node))
-        if isinstance(node.func, cst.Attribute):
-            self.method_calls.setdefault(node.func.attr.value, []).append(node)
 
 
 def _imports_under(imports: set[str], package: str) -> bool:
@@ -357,7 +402,7 @@ def _is_main_guard(test: cst.BaseExpression) -> bool:
     return bool(names and strings)
 
 
-def _test_module(detector: _Detector) -> str:
+def _test_module(detector: Detector) -> str:
     """Why the file is a test module, or ``""``."""
     frameworks = sorted(
         f for f in _TEST_FRAMEWORKS
@@ -374,7 +419,7 @@ def _test_module(detector: _Detector) -> str:
     return f"test module: uses {frameworks[0]} and defines {tests}"
 
 
-def _entry_point(detector: _Detector, called: Mapping[str, list[cst.Call]]) -> bool:
+def _entry_point(detector: Detector, called: Mapping[str, list[cst.Call]]) -> bool:
     """Whether anything in the file runs when it is executed as a script (see the docstring)."""
     if detector.main_guard:
         return True
@@ -400,7 +445,7 @@ def _entry_point(detector: _Detector, called: Mapping[str, list[cst.Call]]) -> b
     return False
 
 
-def _package_module(detector: _Detector) -> bool:
+def _package_module(detector: Detector) -> bool:
     """Whether the file is part of a framework: it imports a framework's internals.
 
     A relative import alone does not count: a user's ``myproject/train.py`` with ``from .model
@@ -415,7 +460,7 @@ def _package_module(detector: _Detector) -> bool:
     return False
 
 
-def _only_in_optimizers(detector: _Detector, called: Mapping[str, list[cst.Call]]) -> bool:
+def _only_in_optimizers(detector: Detector, called: Mapping[str, list[cst.Call]]) -> bool:
     """Whether every training call of the file is inside an optimizer class's implementation."""
     if not detector.optimizer_classes:
         return False
@@ -430,7 +475,7 @@ def _only_in_optimizers(detector: _Detector, called: Mapping[str, list[cst.Call]
     return True
 
 
-def _own_distribution(detector: _Detector) -> tuple[str, cst.CSTNode | None] | None:
+def _own_distribution(detector: Detector) -> tuple[str, cst.CSTNode | None] | None:
     """(what, where) when the script is made parallel by its own code (not sdp_runtime's): a
     call into torch.distributed, a DistributedSampler, a launcher's variables or conventions,
     or torch.multiprocessing workers sharing one model (Hogwild)."""
@@ -469,11 +514,16 @@ def detect(
     metadata: Mapping[object, Mapping[cst.CSTNode, object]],
     force: Literal["auto", "torch", "tensorflow"] = "auto",
     recheck: bool = False,
+    detector: Detector | None = None,
 ) -> FileInfo:
-    """Classify ``module``. ``metadata`` must hold ``QualifiedNameProvider``'s resolution."""
-    detector = _Detector()
+    """Classify ``module``. ``metadata`` must hold qualified names under
+    ``QualifiedNameProvider`` (the engine's come from ``program.names``). ``detector``: one that
+    has walked ``module`` already (the engine's rides along the binding index's walk)."""
+    if detector is None:
+        detector = Detector()
+        module.visit(detector)
     detector.metadata = metadata  # type: ignore[assignment]  # shared, resolved once
-    module.visit(detector)
+    detector.resolve()
     imports, called, methods = detector.imports, detector.calls, detector.method_calls
     info = FileInfo(
         imports=imports,

@@ -34,7 +34,6 @@ from libcst.matchers._decorators import (
 from libcst.metadata import (
     QualifiedName,
     QualifiedNameProvider,
-    ScopeProvider,
 )
 
 from .analysis import FileInfo, canonical_name
@@ -145,8 +144,10 @@ class Transform(VisitorBasedCodemodCommand):
     PROJECT_ROLES: ClassVar[frozenset[str]] = frozenset()
 
     # Parents come from ``FileInfo.parents`` (see ``parent``), not ParentNodeProvider: same map,
-    # a fraction of the cost. A transform that needs more metadata declares it and gets it.
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
+    # a fraction of the cost; qualified names from the file's index (``program.names``), not
+    # libcst's scope analysis (declared so that ``get_metadata`` hands them out). A transform
+    # that needs more metadata declares it and gets it.
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -21,22 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import libcst as cst
-from libcst._metadata_dependent import LazyValue
 from libcst._nodes.internal import CodegenState
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import (
-    MetadataWrapper,
-    PositionProvider,
-    QualifiedNameProvider,
-    ScopeProvider,
-)
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from .analysis import FileInfo, detect, worth_parsing
+from .analysis import Detector, FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .formatting import format_changed
 from .pipeline import PIPELINE
+from .program.index import FileIndex, index_module
 from .program.project import Export, training_results
 from .program.sharding import input_optimisation
 
@@ -173,8 +168,10 @@ def _convert_once(data: bytes, options: Options) -> Result:
         return Result(data, data, FileInfo(reason="no training step"))
     module = _parse(data)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    metadata = _resolve(wrapper)
-    info = detect(module, metadata, options.framework, options.recheck)
+    detector = Detector()  # walks along the index's walk
+    index = index_module(module, detector)
+    metadata = _resolve(wrapper, index)
+    info = detect(module, metadata, options.framework, options.recheck, detector)
     if options.parallel_importer and info.origin == "vanilla":
         info.origin = "distributed"
         info.reason = (
@@ -207,7 +204,8 @@ def _convert_once(data: bytes, options: Options) -> Result:
 
     context = CodemodContext(wrapper=wrapper)
     state = FileState(info=info, options=options, module=module)
-    state.runtime_alias = _runtime_alias(module, metadata, state.runtime_module)
+    state.facts.index = index
+    state.runtime_alias = _runtime_alias(index, state.runtime_module)
     transforms = [cls(context, state) for cls in selected]
     for transform in transforms:
         transform.metadata = metadata  # type: ignore[assignment]  # one resolution for all
@@ -276,45 +274,18 @@ def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
     ), True)])
 
 
-def _resolve(wrapper: MetadataWrapper) -> dict[Any, Mapping[cst.CSTNode, object]]:
-    """The metadata the transforms declare, resolved once; qualified names lazily (below)."""
+def _resolve(wrapper: MetadataWrapper, index: FileIndex) -> dict[Any, Mapping[cst.CSTNode, object]]:
+    """The metadata the transforms declare, resolved once. Qualified names are the index's
+    (``program.names``: libcst's answers, without its scope analysis, about three parses a pass),
+    worked out node by node when asked."""
     deps = {dep for cls in PIPELINE for dep in cls.get_inherited_dependencies()}
-    metadata: dict[Any, Mapping[cst.CSTNode, object]] = dict(
-        wrapper.resolve_many(deps - {QualifiedNameProvider} | {ScopeProvider})
+    deps.discard(QualifiedNameProvider)
+    metadata: dict[Any, Mapping[cst.CSTNode, object]] = (
+        dict(wrapper.resolve_many(deps)) if deps else {}
     )
-    metadata[QualifiedNameProvider] = _LazyQualifiedNames(metadata[ScopeProvider])
+    assert index.names is not None
+    metadata[QualifiedNameProvider] = index.names
     return metadata
-
-
-class _LazyQualifiedNames(Mapping[cst.CSTNode, object]):
-    """``QualifiedNameProvider``'s answers, asked of the scopes node by node on first use.
-
-    libcst's provider walks the whole tree once more (about 1.7x the parse) to give every node a
-    lazy ``scope.get_qualified_names_for(node)``; the transforms ask for a few hundred nodes.
-    Same answer per node (the same call on the same scope), without that walk. Every node of
-    the tree has a scope; a node outside it has none, and ``get`` gives the default, as
-    libcst's map does.
-    """
-
-    def __init__(self, scopes: Mapping[cst.CSTNode, object]) -> None:
-        self._scopes = scopes
-        self._names: dict[cst.CSTNode, object] = {}
-
-    def __getitem__(self, node: cst.CSTNode) -> object:
-        found = self._names.get(node)
-        if found is None:
-            scope = self._scopes[node]  # KeyError outside the tree, as libcst's map
-            found = self._names[node] = (
-                LazyValue(functools.partial(scope.get_qualified_names_for, node))  # type: ignore[attr-defined]
-                if scope else set()
-            )
-        return found
-
-    def __iter__(self) -> Iterator[cst.CSTNode]:
-        return iter(self._scopes)
-
-    def __len__(self) -> int:
-        return len(self._scopes)
 
 
 class _ImportAdder(AddImportsVisitor):
@@ -364,17 +335,15 @@ def _runtime_imports(module: cst.Module, runtime_module: str) -> list[cst.BaseSt
     return found
 
 
-def _runtime_alias(module: cst.Module, metadata: object, runtime_module: str) -> str:
+def _runtime_alias(index: FileIndex, runtime_module: str) -> str:
     """The name the runtime is imported as: ``sdp`` unless the file uses that name already."""
-    scopes = metadata[ScopeProvider]  # type: ignore[index]
-    scope = scopes.get(module)
-    for assignment in scope.assignments if scope is not None else ():
-        node = getattr(assignment, "node", None)
-        if isinstance(node, (cst.Import, cst.ImportFrom)) and runtime_module in {
-            q.name for q in scope.get_qualified_names_for(assignment.name)
-        }:
-            return assignment.name
-    taken = {a.name for a in scope.assignments} if scope is not None else set()
+    names = index.names
+    assert names is not None
+    bound = list(names.module_bindings())
+    for name, _node, imported in bound:
+        if imported and runtime_module in {q.name for q in names.module_names(name)}:
+            return name
+    taken = {name for name, _, _ in bound}
     for candidate in ("sdp", "sdp_rt", "sdp_runtime_"):
         if candidate not in taken:
             return candidate
@@ -685,13 +654,16 @@ def probe_module(
     except ConversionError:
         return ModuleProbe()
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    metadata = _resolve(wrapper)
-    info = detect(module, metadata, options.framework, False)
+    detector = Detector()  # walks along the index's walk
+    index = index_module(module, detector)
+    metadata = _resolve(wrapper, index)
+    info = detect(module, metadata, options.framework, False, detector)
     if not info.convertible or options.parallel_importer:
         return ModuleProbe(framework=info.framework)
     if not info.entry_point:
         return ModuleProbe(framework=info.framework, library=True)
     state = FileState(info=info, options=options, module=module)
+    state.facts.index = index
     probe = _Probe(CodemodContext(wrapper=wrapper), state)
     probe.metadata = metadata  # type: ignore[assignment]
     found: list[tuple[cst.Call, str, tuple[Path, str], int | None]] = []

@@ -18,7 +18,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
-from .analysis import FileInfo
+from .analysis import FileInfo, Visitor
 from .base import Transform
 from .program.index import file_index
 from .program.ranks import is_rank_exit
@@ -893,7 +893,7 @@ def _contains(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
     return finder.found
 
 
-class _Finder(cst.CSTVisitor):
+class _Finder(Visitor):
     def __init__(self, node: cst.CSTNode) -> None:
         self.node = node
         self.found = False
@@ -904,7 +904,7 @@ class _Finder(cst.CSTVisitor):
         return not self.found
 
 
-class _MentionFinder(cst.CSTVisitor):
+class _MentionFinder(Visitor):
     """Whether an expression mentions something: a call of a kind, a flag name, a string."""
 
     def __init__(
@@ -932,7 +932,7 @@ class _MentionFinder(cst.CSTVisitor):
         return not self.found
 
 
-class _AssignFinder(cst.CSTVisitor):
+class _AssignFinder(Visitor):
     def __init__(self) -> None:
         self.assignments: list[tuple[list[cst.BaseExpression], cst.BaseExpression]] = []
 
@@ -944,7 +944,7 @@ class _AssignFinder(cst.CSTVisitor):
             self.assignments.append(([node.target], node.value))
 
 
-class _SageMakerFinder(cst.CSTVisitor):
+class _SageMakerFinder(Visitor):
     """``os.environ["SM_MODEL_DIR"]``-style reads and ``current_host == hosts[0]`` tests."""
 
     def __init__(self) -> None:

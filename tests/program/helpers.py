@@ -10,6 +10,8 @@ from libcst.codemod import CodemodContext
 from libcst.metadata import MetadataWrapper
 from sdp_convert.analysis import detect
 from sdp_convert.base import FileState, Options, Transform
+from sdp_convert.engine import _resolve
+from sdp_convert.program.index import index_module
 
 
 class Probe(Transform):
@@ -21,9 +23,11 @@ class Probe(Transform):
 def probe(source: str) -> Probe:
     module = cst.parse_module(textwrap.dedent(source))
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    metadata = wrapper.resolve_many(Probe.get_inherited_dependencies())
+    index = index_module(module)
+    metadata = _resolve(wrapper, index)
     info = detect(module, metadata, "auto", False)
     state = FileState(info=info, options=Options(), module=module)
+    state.facts.index = index
     transform = Probe(CodemodContext(wrapper=wrapper), state)
     transform.metadata = metadata  # type: ignore[assignment]
     return transform

@@ -8,7 +8,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 import pytest
-from libcst.metadata import ScopeProvider
+from libcst.metadata import MetadataWrapper, ScopeProvider
 from sdp_convert.program.index import file_index, imported_names
 from sdp_convert.program.scopes import binding_of, function_references, referents, uses
 
@@ -160,8 +160,8 @@ def test_function_references_and_imported_names():
     assert names == {"nn": {"torch.nn"}, "keras": {"tensorflow.keras"}}
 
 
-def _libcst_referents(t, name: cst.Name) -> set[int] | None:
-    scope = t.get_metadata(ScopeProvider, name, None)
+def _libcst_referents(scopes, name: cst.Name) -> set[int] | None:
+    scope = scopes.get(name)
     if scope is None:
         return None
     accesses = [a for a in scope.accesses[name.value] if a.node is name]
@@ -179,9 +179,10 @@ def test_the_index_agrees_with_libcst_scope_analysis_on_every_fixture(path):
     (libcst ignores the next iteration), an augmented assignment (libcst does not count it), or an
     earlier binding replaced by a later one that runs whenever the read does (libcst keeps all)."""
     t = probe(path.read_text())
+    scopes = MetadataWrapper(t.module, unsafe_skip_copy=True).resolve(ScopeProvider)
     differences = []
     for name in m.findall(t.module, m.Name()):
-        theirs = _libcst_referents(t, name)
+        theirs = _libcst_referents(scopes, name)
         if theirs is None:
             continue
         mine = referents(t, name)

@@ -13,20 +13,21 @@ same data, and the caller picks the one its question needs:
 
 Scopes are functions, classes and the module (``None``). Comprehension and lambda variables shadow
 the names they bind inside their expression; they are bindings of their own, never in the scope's
-lists. What libcst's own scope analysis still does for us is import resolution (qualified names,
-``imported_names``).
+lists. The same walk collects libcst's view of the scopes (``program.names``), from which the
+qualified names the transforms match on are answered (``FileIndex.names``, ``imported_names``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
 
+from ..analysis import Visitor
 from ..base import Transform
+from .names import Collector, QualifiedNames
 from .syntax import code
 
 Scope = cst.FunctionDef | cst.ClassDef | None
@@ -124,6 +125,8 @@ class FileIndex:
     #: Every node of the tree by its type, in walk order (``nodes_of``): a file-wide search for
     #: one kind of node without another walk (``m.findall`` over a module costs about a parse).
     by_type: dict[type, list[cst.CSTNode]] = field(default_factory=dict)
+    #: The qualified names of the file's nodes (what ``QualifiedNameProvider`` would give).
+    names: QualifiedNames | None = None
 
     def scope(self, node: cst.CSTNode) -> Scope:
         return self.scope_of.get(id(node))
@@ -252,10 +255,13 @@ class FileIndex:
         return {name for (scope_id, name) in self.bindings if scope_id == id(scope)}
 
 
-class _Indexer(cst.CSTVisitor):
-    def __init__(self) -> None:
+class _Indexer(Visitor):
+    def __init__(self, module: cst.Module, riders: Sequence[cst.CSTVisitor] = ()) -> None:
         super().__init__()
+        #: Read-only visitors walked along (``index_module``): they see every node.
+        self.riders = riders
         self.index = FileIndex()
+        self.names = Collector(module)
         self.stack: list[Scope] = [None]
         self.not_loads: set[int] = set()
         self.pending: list[tuple[Binding, cst.CSTNode, str]] = []  # (binding, anchor, start|end)
@@ -271,10 +277,21 @@ class _Indexer(cst.CSTVisitor):
         self.index.scope_of[id(node)] = self.stack[-1]
         self.index.by_type.setdefault(type(node), []).append(node)
         self.path.append(node)
-        return super().on_visit(node)
+        self.names.visit(node, self.path[-2] if len(self.path) > 1 else None)
+        for rider in self.riders:
+            rider.on_visit(node)
+        if super().on_visit(node):
+            return True
+        for rider in self.riders:  # an import's names: the index skips them, the riders do not
+            for child in node.children:
+                child.visit(rider)
+        return False
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
+        for rider in self.riders:
+            rider.on_leave(original_node)
         super().on_leave(original_node)
+        self.names.leave(original_node)
         self.path.pop()
         self.end[id(original_node)] = len(self.index.order)
 
@@ -546,6 +563,7 @@ class _Indexer(cst.CSTVisitor):
         for table in (self.index.bindings, self.index.augmented, self.index.attribute_bindings):
             for found in table.values():
                 found.sort(key=lambda b: b.order)
+        self.index.names = self.names.finish()
         return self.index
 
 
@@ -559,13 +577,21 @@ def _target_names(target: cst.BaseExpression) -> Iterator[cst.Name]:
         yield from _target_names(target.value)
 
 
+def index_module(module: cst.Module, *riders: cst.CSTVisitor) -> FileIndex:
+    """Walk ``module`` once: its ``FileIndex``, qualified names included. ``riders``: read-only
+    visitors that walk along (``analysis.Detector``), each seeing every node in walk order, as
+    its own ``module.visit`` would (their ``on_visit`` must not prune: the walk is shared)."""
+    indexer = _Indexer(module, riders)
+    module.visit(indexer)
+    return indexer.finish()
+
+
 def file_index(transform: Transform) -> FileIndex:
-    """The file's ``FileIndex``, built once and shared by the transforms."""
+    """The file's ``FileIndex``, built once and shared by the transforms (the engine builds it
+    before detection, which needs the qualified names)."""
     facts = transform.state.facts
     if facts.index is None:
-        indexer = _Indexer()
-        transform.module.visit(indexer)
-        facts.index = indexer.finish()
+        facts.index = index_module(transform.module)
     return facts.index
 
 
@@ -597,15 +623,13 @@ def reaching_values(
 def imported_names(transform: Transform) -> list[tuple[str, set[str], cst.CSTNode]]:
     """Module-level names bound by imports: ``(name, qualified names, import statement)``.
 
-    Import resolution is libcst's (the same analysis ``Transform.qualified_names`` reads), so
-    ``import torch.nn as nn`` and ``from tensorflow import keras`` resolve as Python would."""
-    scope = transform.get_metadata(ScopeProvider, transform.module, None)
-    if scope is None:
-        return []
-    found: list[tuple[str, set[str], cst.CSTNode]] = []
-    for assignment in scope.assignments:
-        node = getattr(assignment, "node", None)
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            names = {q.name for q in scope.get_qualified_names_for(assignment.name)}
-            found.append((assignment.name, names, node))
-    return found
+    The qualified names are the ones ``Transform.qualified_names`` reads (``program.names``,
+    libcst's rules), so ``import torch.nn as nn`` and ``from tensorflow import keras`` resolve
+    as Python would."""
+    names = file_index(transform).names
+    assert names is not None
+    return [
+        (name, {q.name for q in names.module_names(name)}, node)
+        for name, node, imported in names.module_bindings()
+        if imported and node is not None
+    ]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..analysis import FileInfo
+from ..analysis import FileInfo, Visitor
 from ..base import Transform
 
 #: What each library is called in the note, by the calls and the imports that show it.
@@ -93,7 +93,7 @@ class NoteAlreadyDistributed(Transform):
         )
 
 
-class _ImportFinder(cst.CSTVisitor):
+class _ImportFinder(Visitor):
     """The first import of each of ``packages`` (or of something under it)."""
 
     def __init__(self, packages: tuple[str, ...]) -> None:
