@@ -18,22 +18,26 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from .base import Options
 from .engine import ModuleProbe, probe_module, project_exports
 from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
-from .siblings import read_project
+from .siblings import ProjectFiles, read_project
 
 
 def project_options(
-    files: Sequence[tuple[Path, str]], options: Options
+    files: Sequence[tuple[Path, str]], options: Options, project_files: ProjectFiles | None = None
 ) -> dict[Path, Options]:
     """``(path, display name)`` of the files this run converts -> the options to convert each
-    with (``Options.project`` filled in). Files that cannot be read are left to the run."""
-    written, shown, contents = read_project(files)
+    with (``Options.project`` filled in). Files that cannot be read are left to the run.
+    ``project_files``: what ``siblings.read_project(files)`` gave, if the caller has it."""
+    written, shown, contents = (
+        project_files if project_files is not None else read_project(files)
+    )
     if len(contents) < 2:
         return {}
     project = Project(contents)
@@ -135,7 +139,7 @@ def _imported(project: Project, path: Path) -> list[Path]:
     if tree is None:
         return []
     found: list[Path] = []
-    for node in ast.walk(tree):
+    for node in _statements(tree):
         names: list[str] = []
         if isinstance(node, ast.ImportFrom):
             prefix = "." * node.level + (node.module + "." if node.module else "")
@@ -148,6 +152,20 @@ def _imported(project: Project, path: Path) -> list[Path]:
             if module is not None and module != path and module not in found:
                 found.append(module)
     return found
+
+
+def _statements(tree: ast.Module) -> Iterator[ast.AST]:
+    """The statements of ``tree`` at any depth (with the except clauses and match cases that
+    hold some), in ``ast.walk``'s order: what ``ast.walk`` gives, less the expressions, which
+    never hold a statement (an import) and are most of a module's nodes."""
+    todo: deque[ast.AST] = deque([tree])
+    while todo:
+        node = todo.popleft()
+        todo.extend(
+            child for child in ast.iter_child_nodes(node)
+            if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case))
+        )
+        yield node
 
 
 def _is_main_guard(stmt: ast.stmt) -> bool:

@@ -8,11 +8,9 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .cache import Cache, Entry
 from .changes import ConversionError
@@ -28,7 +26,10 @@ from .files import (
 from .formatting import line_length_for
 from .options import Options
 from .report import FileOutcome
-from .siblings import hogwild_imports, project_digest
+from .siblings import hogwild_imports, project_digest, read_project, resolver
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 Mode = Literal["write", "check", "diff"]
 
@@ -315,13 +316,16 @@ def run_jobs(
     no file is left half-written, and those written are in the outcomes.
     """
     outcomes: list[FileOutcome] = []
-    importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
-    # Project mode: the files of the run and their neighbours are one program (``projects``).
-    # The cache keys each file on a digest of all of them (no parsing); the program is planned
-    # (libcst) only when some file is not answered from the cache.
+    # Project mode: the files of the run and their neighbours are one program (``projects``),
+    # read once here. The cache keys each file on a digest of all of them (no parsing); the
+    # program is planned (libcst) only when some file is not answered from the cache.
     files = [(job.src, job.display) for job in jobs]
-    deps = (digest,) if config.cache_dir and (digest := project_digest(files)) else ()
+    project = read_project(files) if jobs else None
+    contents = project[2] if project is not None else None
+    importers = hogwild_imports([job.src for job in jobs], contents) if len(jobs) > 1 else {}
+    deps = (digest,) if config.cache_dir and (digest := project_digest(files, project)) else ()
     planned: dict[Path, Options] | None = None
+    resolve = resolver()
 
     def config_of(job: Job, plan: bool = True) -> Config:
         """The file's options; with ``plan``, its project facts too (not part of its key)."""
@@ -334,8 +338,8 @@ def run_jobs(
             if planned is None:
                 from .projects import project_options
 
-                planned = project_options(files, config.options)
-            if (facts := planned.get(job.src.resolve())) is not None:
+                planned = project_options(files, config.options, project)
+            if (facts := planned.get(resolve(job.src))) is not None:
                 options = replace(options, project=facts.project)
         return replace(config, options=options)
 
@@ -384,6 +388,9 @@ def _run_pool(
 ) -> list[FileOutcome]:
     """Convert ``jobs[i]`` for ``i`` in ``todo`` in worker processes; the outcomes of all jobs
     (those in ``known`` already) in job order, or those finished when a signal came."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import wait as wait_futures
+
     outcomes: list[FileOutcome] = []
     with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
                              initializer=_ignore_sigint) as pool:
