@@ -173,17 +173,41 @@ def convert_cached(
             return entry, True
     if cached_only:
         return None, False
-    try:
-        result = convert_bytes(data, name, config.options)
-    except ConversionError as err:
-        if cache is not None:
-            cache.put(key, Entry(False, data, "", "", (), (err.message, err.line, err.col)))
-        raise
-    entry = Entry(result.changed, result.output, result.info.label, result.info.reason,
-                  tuple(result.changes))
+    entry = _computed(data, name, config.options)
     if cache is not None:
         cache.put(key, entry)
+        if entry.changed and not deps:
+            _remember_output(cache, entry.output, name, config.options)
+    if entry.error is not None:
+        raise ConversionError(*entry.error)
     return entry, False
+
+
+def _computed(data: bytes, name: str, options: Options) -> Entry:
+    """What the engine gives for ``data``, as a cache entry (a ``ConversionError`` as its
+    ``error``)."""
+    try:
+        result = convert_bytes(data, name, options)
+    except ConversionError as err:
+        return Entry(False, data, "", "", (), (err.message, err.line, err.col))
+    return Entry(result.changed, result.output, result.info.label, result.info.reason,
+                 tuple(result.changes))
+
+
+def _remember_output(cache: Cache, output: bytes, name: str, options: Options) -> None:
+    """Store what converting a conversion's ``output`` gives, so that a later run over the
+    converted file (written in place, or pasted over the original) is answered without parsing.
+
+    The entry is computed, not assumed: the engine's own second pass proves the output a fixed
+    point, but with ``recheck`` (the transforms run again), so its report ("torch") is not a
+    later run's ("already uses sdp_runtime"); one more plain pass gives the later run's. Only
+    outside project mode (no ``deps``): there the key of the converted file holds a digest of
+    its neighbours and of itself, which writing it changes, and its project facts follow from
+    the new contents; a run that is a project records nothing here.
+    """
+    key = cache.key(output, name, options)
+    if cache.get(key, output) is None:
+        cache.put(key, _computed(output, name, options))
 
 
 def process(
