@@ -391,6 +391,10 @@ def run_jobs(
                 if on_done:
                     on_done(outcome)
         else:
+            # Largest first (the outcomes still come in job order): the pool hands out one file
+            # at a time, and a long conversion handed out last would keep one worker busy while
+            # the others have nothing left to do.
+            todo.sort(key=lambda i: -_size(jobs[i].src))
             outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done, deps)
     if config.cache_dir and any(o.computed for o in outcomes):
         # The bound is kept here, once per run, not by each worker after each file.
@@ -398,6 +402,13 @@ def run_jobs(
     if stop.signum:
         raise Interrupted(stop.signum, outcomes)
     return outcomes
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _run_pool(
