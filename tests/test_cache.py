@@ -328,3 +328,25 @@ def test_a_project_file_is_not_answered_from_the_cache_after_a_module_it_reads_c
     after = sdp("--diff", "main.py", cwd=src)
     assert seen(after) == seen(sdp("--diff", "--no-cache", "main.py", cwd=src))
     assert b"sdp.size()" in after.stdout and seen(after) != seen(before)
+
+
+def test_a_failure_converting_the_output_does_not_fail_the_file(tmp_path, monkeypatch):
+    """Remembering the output is an optimisation: if converting the output raised, the file's
+    own outcome stands and nothing is remembered for the output."""
+    from sdp_convert import runner
+
+    script = write(tmp_path / "train.py", TRAIN)
+    real, calls = runner.convert_bytes, []
+
+    def second_call_raises(data, name, options):
+        calls.append(data)
+        if len(calls) == 2:
+            raise RecursionError("deep")
+        return real(data, name, options)
+
+    monkeypatch.setattr(runner, "convert_bytes", second_call_raises)
+    config = runner.Config(Options(), "check", cache_dir=str(cache_dir()))
+    outcome = runner.process(runner.Job(script, "train.py", script), config)
+    assert outcome is not None and outcome.status == "converted", outcome
+    assert len(calls) == 2 and calls[1] != calls[0]
+    assert len(entries()) == 1

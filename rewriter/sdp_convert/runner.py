@@ -206,8 +206,13 @@ def _remember_output(cache: Cache, output: bytes, name: str, options: Options) -
     the new contents; a run that is a project records nothing here.
     """
     key = cache.key(output, name, options)
-    if cache.get(key, output) is None:
-        cache.put(key, _computed(output, name, options))
+    if cache.get(key, output) is not None:
+        return
+    try:
+        entry = _computed(output, name, options)
+    except Exception:  # noqa: BLE001 - an optimisation: the file's own conversion stands
+        return
+    cache.put(key, entry)
 
 
 def process(
