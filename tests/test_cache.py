@@ -150,7 +150,8 @@ def test_concurrent_parallel_runs_share_the_cache_safely(tmp_path):
 def test_a_damaged_entry_is_recomputed(tmp_path):
     script = write(tmp_path / "train.py", TRAIN)
     cold = seen(sdp("--check", "--diff", str(script)))
-    (entry,) = entries()
+    # The script's entry (the other one is its conversion's, "nothing to change").
+    (entry,) = [e for e in entries() if json.loads(e.read_bytes().partition(b"\n")[0])["changed"]]
     entry.write_bytes(entry.read_bytes()[:40])
     assert seen(sdp("--check", "--diff", str(script))) == cold
     entry.write_bytes(b"")
@@ -159,8 +160,56 @@ def test_a_damaged_entry_is_recomputed(tmp_path):
 
 def test_stdin_is_answered_from_the_cache_too(tmp_path):
     first = sdp("-", stdin=TRAIN.encode())
-    assert len(entries()) == 1
+    assert len(entries()) == 2  # the source's, and its conversion's
     assert seen(sdp("-", stdin=TRAIN.encode())) == seen(first)
+    assert seen(sdp("-", stdin=first.stdout)) == seen(sdp("--no-cache", "-", stdin=first.stdout))
+    assert len(entries()) == 2
+
+
+# -- a conversion's output ----------------------------------------------------------------
+
+
+def _check_in_process(*args: str, cwd: Path | None = None) -> tuple[str, bool]:
+    """``main(['--check', *args])`` in a fresh interpreter: (exit code, whether it loaded
+    libcst), with its report on stderr as the command prints it."""
+    probe = (
+        "import sys\nfrom sdp_convert.cli import main\n"
+        f"code = main(['--check', *{list(args)!r}])\n"
+        "print(code, 'libcst' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, cwd=cwd)
+    code, loaded = out.stdout.split()
+    return code, loaded == "True"
+
+
+@pytest.mark.parametrize("first", [[], ["--check"], ["--diff"]], ids=["write", "check", "diff"])
+def test_a_converted_file_is_answered_from_the_cache(tmp_path, first):
+    """A run that converts a file (writing it, or only computing it with --check / --diff)
+    remembers its output as a file with nothing to change: the next run over the converted file
+    reports what a run without the cache reports, without loading the converter."""
+    script = write(tmp_path / "alone" / "train.py", TRAIN)
+    assert sdp(*first, str(script)).returncode == (1 if first == ["--check"] else 0)
+    if first:  # the user converts it later: that run is answered from the cache
+        assert script.read_text() == TRAIN
+        assert sdp("-q", str(script)).returncode == 0
+    assert "sdp_runtime" in script.read_text()
+    assert _check_in_process(str(script)) == ("0", False)
+    args = ("--diff", "--report", "-", "--report-format", "json", str(script))
+    assert seen(sdp("--check", *args)) == seen(sdp("--check", "--no-cache", *args))
+    assert b'"status": "unchanged"' in sdp("--check", *args).stdout
+
+
+def test_in_project_mode_a_converted_file_is_not_remembered(tmp_path):
+    """Files with Python neighbours are a project: a file's key holds a digest of them and of
+    itself, and its facts follow from their contents, which writing it changes. The run over the
+    converted file converts it again (and reports what a run without the cache reports)."""
+    script = write(tmp_path / "proj" / "train.py", TRAIN)
+    write(tmp_path / "proj" / "notes.py", NOT_TRAINING)
+    assert sdp(str(script)).returncode == 0
+    assert len(entries()) == 1
+    assert _check_in_process(str(script)) == ("0", True)
+    assert seen(sdp("--check", str(script))) == seen(sdp("--check", "--no-cache", str(script)))
 
 
 # -- the key --------------------------------------------------------------------------------
@@ -279,3 +328,25 @@ def test_a_project_file_is_not_answered_from_the_cache_after_a_module_it_reads_c
     after = sdp("--diff", "main.py", cwd=src)
     assert seen(after) == seen(sdp("--diff", "--no-cache", "main.py", cwd=src))
     assert b"sdp.size()" in after.stdout and seen(after) != seen(before)
+
+
+def test_a_failure_converting_the_output_does_not_fail_the_file(tmp_path, monkeypatch):
+    """Remembering the output is an optimisation: if converting the output raised, the file's
+    own outcome stands and nothing is remembered for the output."""
+    from sdp_convert import runner
+
+    script = write(tmp_path / "train.py", TRAIN)
+    real, calls = runner.convert_bytes, []
+
+    def second_call_raises(data, name, options):
+        calls.append(data)
+        if len(calls) == 2:
+            raise RecursionError("deep")
+        return real(data, name, options)
+
+    monkeypatch.setattr(runner, "convert_bytes", second_call_raises)
+    config = runner.Config(Options(), "check", cache_dir=str(cache_dir()))
+    outcome = runner.process(runner.Job(script, "train.py", script), config)
+    assert outcome is not None and outcome.status == "converted", outcome
+    assert len(calls) == 2 and calls[1] != calls[0]
+    assert len(entries()) == 1

@@ -189,3 +189,25 @@ def test_the_readme_project_example_is_what_the_converter_does(tmp_path: Path):
         assert (tmp_path / name).read_text() == "\n".join(after) + "\n", name
     for line in quoted:
         assert line in done.stderr.splitlines()
+
+
+def test_imports_are_found_at_any_depth_in_ast_walk_order():
+    """``projects._statements`` (statements only) finds the imports ``ast.walk`` finds, in the
+    same order: the order of a module's project imports is the order of what it reports."""
+    import ast
+
+    from sdp_convert.projects import _statements
+
+    source = (
+        "import a\ntry:\n import b\nexcept E:\n import c\nelse:\n import d\nfinally:\n import e\n"
+        "match x:\n case 1:\n  import f\nwith g:\n import h\nclass C:\n def m(self):\n  import i\n"
+        "async def k():\n async with x:\n  import l\n async for y in z:\n  pass\n else:\n"
+        "  import m\nwhile 1:\n import n\nelse:\n import o\n"
+        "try:\n import p\nexcept* E:\n import q\n"
+        "if t:\n from . import r\nelif u:\n from .s import t\nf = lambda: __import__('u')\n"
+    )
+    imports = (ast.Import, ast.ImportFrom)
+    tree = ast.parse(source)
+    found = [n for n in _statements(tree) if isinstance(n, imports)]
+    assert found == [n for n in ast.walk(tree) if isinstance(n, imports)]
+    assert len(found) == 16

@@ -20,7 +20,10 @@ The entry holds what the user sees: the status (converted or unchanged), the fil
 reason, every report entry (manual notes included), and the converted bytes when they differ,
 so that ``--check``, ``--diff``, the reports and writing give what a fresh conversion gives.
 A file that fails (a syntax error, ...) is remembered with its error (message, line, column), so
-that a warm run over a tree with a broken file still loads no converter.
+that a warm run over a tree with a broken file still loads no converter. A conversion that
+changes a file outside project mode also stores what converting its output gives (nothing to
+change), so that the run after the file was written is answered here too
+(``runner._remember_output``).
 
 Where: ``$SDP_CONVERT_CACHE_DIR`` if set, else the user cache directory (``$XDG_CACHE_HOME``
 or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows), in

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from . import __version__
+from .typer_coercion import Command
 
 EXIT_OK, EXIT_CHANGES, EXIT_FAILED = 0, 1, 2
 
@@ -75,7 +76,7 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(EXIT_FAILED)
 
 
-@app.command()
+@app.command(cls=Command)
 def convert_cmd(
     paths: Annotated[
         list[str] | None,

@@ -8,11 +8,9 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .cache import Cache, Entry
 from .changes import ConversionError
@@ -28,7 +26,10 @@ from .files import (
 from .formatting import line_length_for
 from .options import Options
 from .report import FileOutcome
-from .siblings import hogwild_imports, project_digest
+from .siblings import hogwild_imports, project_digest, read_project, resolver
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 Mode = Literal["write", "check", "diff"]
 
@@ -172,17 +173,46 @@ def convert_cached(
             return entry, True
     if cached_only:
         return None, False
-    try:
-        result = convert_bytes(data, name, config.options)
-    except ConversionError as err:
-        if cache is not None:
-            cache.put(key, Entry(False, data, "", "", (), (err.message, err.line, err.col)))
-        raise
-    entry = Entry(result.changed, result.output, result.info.label, result.info.reason,
-                  tuple(result.changes))
+    entry = _computed(data, name, config.options)
     if cache is not None:
         cache.put(key, entry)
+        if entry.changed and not deps:
+            _remember_output(cache, entry.output, name, config.options)
+    if entry.error is not None:
+        raise ConversionError(*entry.error)
     return entry, False
+
+
+def _computed(data: bytes, name: str, options: Options) -> Entry:
+    """What the engine gives for ``data``, as a cache entry (a ``ConversionError`` as its
+    ``error``)."""
+    try:
+        result = convert_bytes(data, name, options)
+    except ConversionError as err:
+        return Entry(False, data, "", "", (), (err.message, err.line, err.col))
+    return Entry(result.changed, result.output, result.info.label, result.info.reason,
+                 tuple(result.changes))
+
+
+def _remember_output(cache: Cache, output: bytes, name: str, options: Options) -> None:
+    """Store what converting a conversion's ``output`` gives, so that a later run over the
+    converted file (written in place, or pasted over the original) is answered without parsing.
+
+    The entry is computed, not assumed: the engine's own second pass proves the output a fixed
+    point, but with ``recheck`` (the transforms run again), so its report ("torch") is not a
+    later run's ("already uses sdp_runtime"); one more plain pass gives the later run's. Only
+    outside project mode (no ``deps``): there the key of the converted file holds a digest of
+    its neighbours and of itself, which writing it changes, and its project facts follow from
+    the new contents; a run that is a project records nothing here.
+    """
+    key = cache.key(output, name, options)
+    if cache.get(key, output) is not None:
+        return
+    try:
+        entry = _computed(output, name, options)
+    except Exception:  # noqa: BLE001 - an optimisation: the file's own conversion stands
+        return
+    cache.put(key, entry)
 
 
 def process(
@@ -315,13 +345,16 @@ def run_jobs(
     no file is left half-written, and those written are in the outcomes.
     """
     outcomes: list[FileOutcome] = []
-    importers = hogwild_imports([job.src for job in jobs]) if len(jobs) > 1 else {}
-    # Project mode: the files of the run and their neighbours are one program (``projects``).
-    # The cache keys each file on a digest of all of them (no parsing); the program is planned
-    # (libcst) only when some file is not answered from the cache.
+    # Project mode: the files of the run and their neighbours are one program (``projects``),
+    # read once here. The cache keys each file on a digest of all of them (no parsing); the
+    # program is planned (libcst) only when some file is not answered from the cache.
     files = [(job.src, job.display) for job in jobs]
-    deps = (digest,) if config.cache_dir and (digest := project_digest(files)) else ()
+    project = read_project(files) if jobs else None
+    contents = project[2] if project is not None else None
+    importers = hogwild_imports([job.src for job in jobs], contents) if len(jobs) > 1 else {}
+    deps = (digest,) if config.cache_dir and (digest := project_digest(files, project)) else ()
     planned: dict[Path, Options] | None = None
+    resolve = resolver()
 
     def config_of(job: Job, plan: bool = True) -> Config:
         """The file's options; with ``plan``, its project facts too (not part of its key)."""
@@ -334,8 +367,8 @@ def run_jobs(
             if planned is None:
                 from .projects import project_options
 
-                planned = project_options(files, config.options)
-            if (facts := planned.get(job.src.resolve())) is not None:
+                planned = project_options(files, config.options, project)
+            if (facts := planned.get(resolve(job.src))) is not None:
                 options = replace(options, project=facts.project)
         return replace(config, options=options)
 
@@ -363,6 +396,10 @@ def run_jobs(
                 if on_done:
                     on_done(outcome)
         else:
+            # Largest first (the outcomes still come in job order): the pool hands out one file
+            # at a time, and a long conversion handed out last would keep one worker busy while
+            # the others have nothing left to do.
+            todo.sort(key=lambda i: -_size(jobs[i].src))
             outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done, deps)
     if config.cache_dir and any(o.computed for o in outcomes):
         # The bound is kept here, once per run, not by each worker after each file.
@@ -370,6 +407,13 @@ def run_jobs(
     if stop.signum:
         raise Interrupted(stop.signum, outcomes)
     return outcomes
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _run_pool(
@@ -384,6 +428,9 @@ def _run_pool(
 ) -> list[FileOutcome]:
     """Convert ``jobs[i]`` for ``i`` in ``todo`` in worker processes; the outcomes of all jobs
     (those in ``known`` already) in job order, or those finished when a signal came."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import wait as wait_futures
+
     outcomes: list[FileOutcome] = []
     with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
                              initializer=_ignore_sigint) as pool:

@@ -14,19 +14,32 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+#: What ``read_project`` gives: ``(written, shown, contents)``.
+ProjectFiles = tuple[dict[Path, str], dict[Path, str], dict[Path, bytes]]
 
-def hogwild_imports(paths: Sequence[Path]) -> dict[Path, str]:
-    """Sibling module path -> the file (of ``paths``) that imports it and runs Hogwild workers."""
-    wanted = {p.resolve(): p for p in paths}
+
+def hogwild_imports(
+    paths: Sequence[Path], contents: Mapping[Path, bytes] | None = None
+) -> dict[Path, str]:
+    """Sibling module path -> the file (of ``paths``) that imports it and runs Hogwild workers.
+
+    ``contents``: files read already (resolved path -> bytes, as ``read_project`` gives them),
+    not read again."""
+    resolve = resolver()
+    resolved = {p: resolve(p) for p in paths}
+    wanted = {r: p for p, r in resolved.items()}
     found: dict[Path, str] = {}
     for path in paths:
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
+        data = contents.get(resolved[path]) if contents is not None else None
+        if data is None:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
         if b"share_memory" not in data or b"multiprocessing" not in data:
             continue
         try:
@@ -37,7 +50,7 @@ def hogwild_imports(paths: Sequence[Path]) -> dict[Path, str]:
             continue
         for name in _local_imports(tree):
             sibling = (path.parent / f"{name}.py").resolve()
-            if sibling in wanted and sibling != path.resolve():
+            if sibling in wanted and sibling != resolved[path]:
                 found[wanted[sibling]] = str(path)
     return found
 
@@ -74,14 +87,16 @@ MAX_NEIGHBOURS = 500
 MAX_BYTES = 1_000_000
 
 
-def neighbours(paths: Sequence[Path]) -> list[Path]:
+def neighbours(
+    paths: Sequence[Path], is_package: Callable[[Path], bool] | None = None
+) -> list[Path]:
     """Python files next to ``paths``: their folders, the packages in those folders (and in a
     ``src/`` folder there), and the package each file belongs to (up to its top package's
     folder)."""
+    is_package = is_package or _is_package
     roots: set[Path] = set()
-    for path in paths:
-        folder = path.parent
-        while _is_package(folder) and folder.parent != folder:
+    for folder in dict.fromkeys(path.parent for path in paths):  # files share folders
+        while is_package(folder) and folder.parent != folder:
             folder = folder.parent
         roots.add(folder)
     found: list[Path] = []
@@ -89,7 +104,7 @@ def neighbours(paths: Sequence[Path]) -> list[Path]:
         for walked, dirs, files in os.walk(root):
             here = Path(walked)
             dirs[:] = sorted(
-                d for d in dirs if _is_package(here / d) or (here == root and d == "src")
+                d for d in dirs if is_package(here / d) or (here == root and d == "src")
             )
             found += [here / f for f in sorted(files) if f.endswith(".py")]
             if len(found) > MAX_NEIGHBOURS:
@@ -105,20 +120,39 @@ def _is_package(folder: Path) -> bool:
         return False
 
 
-def read_project(
-    files: Sequence[tuple[Path, str]],
-) -> tuple[dict[Path, str], dict[Path, str], dict[Path, bytes]]:
+def resolver() -> Callable[[Path], Path]:
+    """``Path.resolve`` for many files in few folders: each folder is resolved once (a file that
+    is not a symlink resolves to its resolved folder / its name)."""
+    folders: dict[Path, Path] = {}
+
+    def resolve(path: Path) -> Path:
+        if path.name in ("", ".", "..") or os.path.islink(path):
+            return path.resolve()
+        folder = folders.get(path.parent)
+        if folder is None:
+            folder = folders[path.parent] = path.parent.resolve()
+        return folder / path.name
+
+    return resolve
+
+
+def read_project(files: Sequence[tuple[Path, str]]) -> ProjectFiles:
     """The project of a run (``projects``): ``(written, shown, contents)``: the run's own Python
     files (resolved path -> display name), those and their ``neighbours`` (-> the name reports
-    give them), and the contents of every one that can be read (not a link, not too large)."""
-    written = {path.resolve(): display for path, display in files if path.suffix == ".py"}
+    give them), and the contents of every one that can be read (not a link, not too large).
+
+    Each file is read once; a run reads its project once and hands it to ``project_digest``,
+    ``hogwild_imports`` and ``projects.project_options``."""
+    resolve = resolver()
+    written = {resolve(path): display for path, display in files if path.suffix == ".py"}
     shown = dict(written)
-    for path in neighbours([p for p, _ in files if p.suffix == ".py"]):
-        shown.setdefault(path.resolve(), str(path))
+    for path in neighbours([p for p, _ in files if p.suffix == ".py"], _package_test()):
+        shown.setdefault(resolve(path), str(path))
     contents: dict[Path, bytes] = {}
     for path in shown:
         try:
-            if path.is_symlink() or path.stat().st_size > MAX_BYTES:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or st.st_size > MAX_BYTES:
                 continue
             contents[path] = path.read_bytes()
         except OSError:
@@ -126,12 +160,27 @@ def read_project(
     return written, shown, contents
 
 
-def project_digest(files: Sequence[tuple[Path, str]]) -> str:
+def _package_test() -> Callable[[Path], bool]:
+    """``_is_package``, asked once per folder."""
+    known: dict[Path, bool] = {}
+
+    def is_package(folder: Path) -> bool:
+        if folder not in known:
+            known[folder] = _is_package(folder)
+        return known[folder]
+
+    return is_package
+
+
+def project_digest(
+    files: Sequence[tuple[Path, str]], project: ProjectFiles | None = None
+) -> str:
     """A digest of everything project mode reads for the run's ``files``: which files are
     converted, the names reports give them, and the contents of those and their neighbours.
     A cached conversion is valid only while it is unchanged (``cache``: it goes into the key's
-    ``deps``). Empty when there is no project (fewer than two readable Python files)."""
-    written, shown, contents = read_project(files)
+    ``deps``). Empty when there is no project (fewer than two readable Python files).
+    ``project``: what ``read_project(files)`` gave, if the caller has it."""
+    written, shown, contents = project if project is not None else read_project(files)
     if len(contents) < 2:
         return ""
     digest = hashlib.sha256()
