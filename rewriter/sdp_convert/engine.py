@@ -18,7 +18,7 @@ import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
@@ -167,11 +167,7 @@ def _convert_once(data: bytes, options: Options) -> Result:
         _check_syntax(data)
         return Result(data, data, FileInfo(reason="no training step"))
     module = _parse(data)
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    detector = Detector()  # walks along the index's walk
-    index = index_module(module, detector)
-    metadata = _resolve(wrapper, index)
-    info = detect(module, metadata, options.framework, options.recheck, detector)
+    wrapper, index, metadata, info = _read(module, options.framework, options.recheck)
     if options.parallel_importer and info.origin == "vanilla":
         info.origin = "distributed"
         info.reason = (
@@ -272,6 +268,18 @@ def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
         "(as style transfer does): there is no data to split between processes, every rank "
         "would compute the same thing; run it on one process"
     ), True)])
+
+
+def _read(
+    module: cst.Module, force: Literal["auto", "torch", "tensorflow"], recheck: bool
+) -> tuple[MetadataWrapper, FileIndex, dict[Any, Mapping[cst.CSTNode, object]], FileInfo]:
+    """One walk of ``module``: its binding index and qualified names, and what the file is
+    (detection rides along that walk); the metadata the transforms read."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    detector = Detector()
+    index = index_module(module, detector)
+    metadata = _resolve(wrapper, index)
+    return wrapper, index, metadata, detect(module, metadata, force, recheck, detector)
 
 
 def _resolve(wrapper: MetadataWrapper, index: FileIndex) -> dict[Any, Mapping[cst.CSTNode, object]]:
@@ -653,11 +661,7 @@ def probe_module(
         module = _parse(source)
     except ConversionError:
         return ModuleProbe()
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    detector = Detector()  # walks along the index's walk
-    index = index_module(module, detector)
-    metadata = _resolve(wrapper, index)
-    info = detect(module, metadata, options.framework, False, detector)
+    wrapper, index, metadata, info = _read(module, options.framework, False)
     if not info.convertible or options.parallel_importer:
         return ModuleProbe(framework=info.framework)
     if not info.entry_point:
