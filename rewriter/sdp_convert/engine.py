@@ -244,13 +244,18 @@ def _exports(module: cst.Module, state: FileState) -> list[Export]:
     """Where the loaders sharded for other modules are built (their lines, for the reports)."""
     if not state.facts.exports:
         return []
-    lines = _positions(module, [(call, "", str(i), False) for i, (call, *_) in
-                                enumerate(state.facts.exports)])
-    where = {int(c.message): c.line for c in lines}
+    where = _lines(module, [call for call, *_ in state.facts.exports])
     return [
-        Export(function, index, where.get(i, 1), shuffles, already)
+        Export(function, index, where[i], shuffles, already)
         for i, (_call, function, index, shuffles, already) in enumerate(state.facts.exports)
     ]
+
+
+def _lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
+    """The line each of ``nodes`` starts on (1 where it has none), by ``_positions``."""
+    found = _positions(module, [(node, "", str(i), False) for i, node in enumerate(nodes)])
+    where = {int(c.message): c.line for c in found}
+    return [where.get(i, 1) for i in range(len(nodes))]
 
 
 def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
@@ -677,12 +682,9 @@ def probe_module(
             continue
         for call in calls:
             found += [(call, qualified, target, i) for i, _ in training_results(probe, call)]
-    where = {
-        int(c.message): c.line
-        for c in _positions(module, [(c, "", str(i), False) for i, (c, *_) in enumerate(found)])
-    }
+    where = _lines(module, [call for call, *_ in found])
     calls_found = tuple(
-        ProjectCall(qualified, target, index, where.get(i, 1))
+        ProjectCall(qualified, target, index, where[i])
         for i, (_call, qualified, target, index) in enumerate(found)
     )
     return ModuleProbe(calls_found, info.framework, script=True, called=tuple(info.calls))
