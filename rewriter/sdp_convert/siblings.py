@@ -93,7 +93,7 @@ def neighbours(
     """Python files next to ``paths``: their folders, the packages in those folders (and in a
     ``src/`` folder there), and the package each file belongs to (up to its top package's
     folder)."""
-    is_package = is_package or _is_package
+    is_package = is_package or is_package_folder
     roots: set[Path] = set()
     for folder in dict.fromkeys(path.parent for path in paths):  # files share folders
         while is_package(folder) and folder.parent != folder:
@@ -112,7 +112,7 @@ def neighbours(
     return found
 
 
-def _is_package(folder: Path) -> bool:
+def is_package_folder(folder: Path) -> bool:
     """A folder with an ``__init__.py`` (one that cannot be read is not: the run says why)."""
     try:
         return (folder / "__init__.py").is_file()
@@ -161,12 +161,12 @@ def read_project(files: Sequence[tuple[Path, str]]) -> ProjectFiles:
 
 
 def _package_test() -> Callable[[Path], bool]:
-    """``_is_package``, asked once per folder."""
+    """``is_package_folder``, asked once per folder."""
     known: dict[Path, bool] = {}
 
     def is_package(folder: Path) -> bool:
         if folder not in known:
-            known[folder] = _is_package(folder)
+            known[folder] = is_package_folder(folder)
         return known[folder]
 
     return is_package

@@ -28,7 +28,7 @@ import libcst.matchers as m
 
 from ..base import Transform
 from .index import Scope, file_index, nodes_of
-from .models import MODULE_API
+from .models import MODULE_API, PARAMETER_METHODS
 from .scopes import callee, training_calls
 
 #: Context managers and decorators under which no gradient is recorded.
@@ -100,7 +100,7 @@ def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.C
         ))])):
             return stmt
         if isinstance(stmt, cst.For) and m.matches(stmt.iter, m.Call(func=m.Attribute(
-            value=m.Name(target), attr=m.Name("parameters") | m.Name("named_parameters"),
+            value=m.Name(target), attr=PARAMETER_METHODS,
         ))) and _freezes_each(stmt):
             return stmt
     return None

@@ -29,6 +29,7 @@ from pathlib import Path
 import libcst as cst
 
 from ..base import Transform
+from ..siblings import is_package_folder
 from .flow import Site, epoch_loop, follow, holds_only, unpacked_target
 from .loaders import sets_epoch
 from .scopes import assigned_binding, binding_of, training_loops, uses
@@ -240,18 +241,11 @@ def _binds(stmt: ast.stmt, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t))
 
 
-def _has_init(folder: Path) -> bool:
-    try:
-        return (folder / "__init__.py").is_file()
-    except OSError:  # an unreadable folder
-        return False
-
-
 def module_name(path: Path) -> str:
     """``src/pkg/data.py`` -> ``pkg.data`` when ``src/pkg`` holds an ``__init__.py``."""
     parts = [path.stem] if path.name != "__init__.py" else []
     folder = path.parent
-    while _has_init(folder) and folder.name:
+    while is_package_folder(folder) and folder.name:
         parts.insert(0, folder.name)
         folder = folder.parent
     return ".".join(parts) or path.parent.name

@@ -41,7 +41,6 @@ top-level import of TensorFlow.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
