@@ -158,7 +158,8 @@ def convert_cached(
 ) -> tuple[Entry | None, bool]:
     """What converting ``data`` gives, from the cache when it knows (then True), else from the
     engine (and remembered); with ``cached_only``, ``(None, False)`` when the cache does not
-    know. Raises ``ConversionError`` as the engine does.
+    know. A conversion that fails is an entry with its ``error`` (message, line, column), from
+    the engine as from the cache, which remembers failures too.
 
     ``deps``: digests of everything outside ``data`` and ``config.options`` that the conversion
     reads (other modules' contents, in a project); see ``cache``. A conversion that reads another
@@ -178,8 +179,6 @@ def convert_cached(
         cache.put(key, entry)
         if entry.changed and not deps:
             _remember_output(cache, entry.output, name, config.options)
-    if entry.error is not None:
-        raise ConversionError(*entry.error)
     return entry, False
 
 
