@@ -60,6 +60,9 @@ class EditPlan:
     replaced: dict[cst.CSTNode, Sequence[cst.BaseStatement]] = field(default_factory=dict)
     #: Statements run inside ``with <runtime>.rank0_first():`` (consecutive ones share it).
     rank0_first: set[cst.CSTNode] = field(default_factory=set)
+    #: Expressions of the original tree that a transform moved into a statement of their own
+    #: (inserted before theirs): the new statement, which runs them from now on.
+    hoisted: dict[cst.CSTNode, cst.BaseStatement] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(
@@ -272,8 +275,31 @@ class Transform(VisitorBasedCodemodCommand):
         self.state.edits.guarded.add(stmt)
 
     def run_rank0_first(self, stmt: cst.CSTNode) -> None:
-        """Run ``stmt`` on each machine's local rank 0 first (``with sdp.rank0_first():``)."""
+        """Run ``stmt`` on each machine's local rank 0 first (``with sdp.rank0_first():``).
+
+        ``stmt`` is a statement of the original tree or one inserted before one.
+        """
         self.state.edits.rank0_first.add(stmt)
+
+    def hoist(self, expr: cst.CSTNode, stmt: cst.BaseStatement) -> None:
+        """Note that ``stmt``, inserted before the statement of ``expr``, now runs ``expr``
+        (which the transform replaces by a name): edits of what runs ``expr`` go to ``stmt``."""
+        self.state.edits.hoisted[expr] = stmt
+
+    def hoisted_around(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The expression holding ``node`` (or ``node`` itself) that a transform moved into a
+        statement of its own (``hoist``); None where ``node`` stays in its statement."""
+        hoisted = self.state.edits.hoisted
+        if not hoisted:
+            return None
+        if node in hoisted:
+            return node
+        for parent in self.ancestors(node):
+            if parent in hoisted:
+                return parent
+            if isinstance(parent, cst.BaseStatement):
+                return None
+        return None
 
     def replace_statement(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
         self.state.edits.replaced[stmt] = new

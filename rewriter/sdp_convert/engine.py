@@ -80,7 +80,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # The transforms saw the program differently in their own output (a name they
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
-            return Result(data, data, result.info, [_unstable(data)])
+            return Result(data, data, result.info, [_unstable(data, again.changes)])
     return result
 
 
@@ -105,19 +105,25 @@ def _hidden_framework(info: FileInfo) -> list[Change]:
     )]
 
 
-def _unstable(data: bytes) -> Change:
+def _unstable(data: bytes, again: list[Change]) -> Change:
     star = b"import *" in data
-    why = (
-        "names come in through a star import (from ... import *) that the converter cannot "
-        "follow; import what the file uses by name"
-        if star
-        else "the converter reads some names differently once its own edits are in (an unusual "
-        "import or alias); please report it"
-    )
+    if star:
+        why = (
+            "names come in through a star import (from ... import *) that the converter cannot "
+            "follow; import what the file uses by name, then convert again (or convert by hand)"
+        )
+    else:
+        # What the second pass still wanted to do, by transform: the lines are those of the
+        # converted text, which is not written, so they are not given.
+        still = sorted({c.transform for c in again if not c.manual})
+        why = (
+            f"a second pass would still change it ({', '.join(still) or 'its notes'}): a "
+            "converter bug; please report it with the file, and convert by hand meanwhile"
+        )
     return Change(
         1, 1, "sdp_convert",
         f"not converted: converting the result again would change it, so the conversion is not "
-        f"safe: {why}, then convert again (or convert by hand)",
+        f"safe: {why}",
         manual=True,
     )
 
@@ -563,7 +569,13 @@ class _Traversal(cst.CSTTransformer):
                 continue
             if original in edits.before:
                 flush()
-                body.extend(edits.before[original])
+                for inserted in edits.before[original]:
+                    if inserted in edits.rank0_first:  # a statement hoisted out of ``original``
+                        first_run.append(inserted)
+                    else:
+                        flush()
+                        body.append(inserted)
+                flush()
             replacement = list(edits.replaced.get(original, [new]))
             removed_lines: Sequence[cst.EmptyLine] = getattr(new, "leading_lines", [])
             if not replacement and removed_lines:

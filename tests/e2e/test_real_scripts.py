@@ -115,6 +115,9 @@ CASES = [
     Case("pt_cifar_main.py", 32, 0.1, ("--lr", "{lr}", "--batch", "{batch}"),
          weights=(), deterministic=False,
          source=FIXTURES / "torch" / "cifar_best_checkpoint" / "input.py"),
+    # Datasets downloaded inside the DataLoader calls (issue 30, item 1: such files were refused).
+    Case("pt_fashion_inline.py", 32, 0.05, weights=("fashion_cnn.pt",), deterministic=False,
+         source=FIXTURES / "torch" / "fashion_inline_download" / "input.py"),
     Case("pt_large_mlp.py", 8, 0.05, weights=("large_mlp.pt",), equivalent=True, atol=1e-5,
          timeout=200),
     Case("hvd_pt_mnist.py", 16, 0.01, weights=("mnist_hvd.pt",), equivalent=True, horovod=True),

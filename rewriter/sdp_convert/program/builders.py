@@ -58,7 +58,12 @@ def module_spelling(transform: Transform, module_name: str) -> str:
 
 
 def runs_right_before(t: Transform, call: cst.Call, stmt: cst.CSTNode) -> bool:
-    """Statements can be inserted before ``stmt`` and run right before ``call``."""
+    """Statements can be inserted before ``stmt`` and run right before ``call``.
+
+    ``stmt`` may also be an expression around ``call`` that a transform hoisted into a
+    statement of its own: then whether ``call`` runs whenever that expression does."""
+    if call is stmt:
+        return True
     for parent in t.ancestors(call):
         if parent is stmt:
             return True

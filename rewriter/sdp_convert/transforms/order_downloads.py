@@ -60,17 +60,28 @@ class OrderDownloads(Transform):
                     if download is None or is_false(download.value):
                         continue
                 stmt = self.enclosing_statement(call)
-                if stmt is None or stmt in done:
+                # A dataset built inside a call that shard_dataloader moved into a statement of
+                # its own (``train_dataset = MNIST(...)`` before the loader): that statement
+                # downloads now, and is the one to run first on local rank 0.
+                around = self.hoisted_around(call)
+                target = self.state.edits.hoisted[around] if around is not None else stmt
+                if stmt is None or target in done:
                     continue
-                done.add(stmt)
-                self._plan(call, stmt)
+                done.add(target)
+                self._plan(call, stmt, target, around)
 
-    def _plan(self, call: cst.Call, stmt: cst.BaseStatement) -> None:
+    def _plan(
+        self,
+        call: cst.Call,
+        stmt: cst.BaseStatement,
+        target: cst.BaseStatement,
+        around: cst.CSTNode | None,
+    ) -> None:
         if self.is_rank0_guarded(call) or self._inside_rank0_first(stmt):
             return
         what = self.module.code_for_node(call.func)
-        if not isinstance(stmt, cst.SimpleStatementLine) or not runs_right_before(
-            self, call, stmt
+        if not isinstance(target, cst.SimpleStatementLine) or not runs_right_before(
+            self, call, around if around is not None else stmt
         ):
             self.record(
                 call,
@@ -88,7 +99,7 @@ class OrderDownloads(Transform):
             )
             return
         self.add_runtime_import()
-        self.run_rank0_first(stmt)
+        self.run_rank0_first(target)
         self.record(
             call,
             f"{what}(...) downloads on each machine's local rank 0 first, then on the other "

@@ -250,6 +250,8 @@ class ShardDataLoader(Transform):
         for loop, set_epoch in epochs:
             if loop is None:
                 new_statements.append(set_epoch)
+        if plan.dataset_name:
+            self.hoist(dataset.value, new_statements[0])
         self.insert_before(stmt, *new_statements)
         for loop, set_epoch in epochs:
             if loop is not None:
