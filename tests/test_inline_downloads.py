@@ -47,7 +47,8 @@ SPELLINGS = {
     "positional": 'datasets.MNIST("../data", train=True, download=True, transform=t)',
     "full_name": 'torchvision.datasets.MNIST(root="../data", download=True, transform=t)',
     "from_import": 'FashionMNIST("../data", train=True, download=True, transform=t)',
-    "multi_line": 'CIFAR10(\n        "../data",\n        download=True,\n        transform=t,\n    )',
+    "multi_line": 'CIFAR10(\n        "../data",\n        download=True,\n        transform=t,\n'
+                  '    )',
     "nested_subset": 'torch.utils.data.Subset(datasets.MNIST("d", download=True), range(1000))',
     "keyword_dataset": 'dataset=datasets.KMNIST("../data", download=True, transform=t)',
     "hugging_face": '__import__("datasets").load_dataset("imdb", split="train")',
@@ -97,7 +98,7 @@ def _inlined(source: str) -> str | None:
                 call.args[0]
                 for call in ast.walk(tree)
                 if isinstance(call, ast.Call)
-                and (getattr(call.func, "attr", None) or getattr(call.func, "id", None)) == "DataLoader"
+                and "DataLoader" in (getattr(call.func, "attr", None), getattr(call.func, "id", None))
                 and call.args and isinstance(call.args[0], ast.Name) and call.args[0].id == name
             ]
             if len(uses) != 2 or len(loader_args) != 1:
