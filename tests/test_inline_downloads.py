@@ -98,7 +98,7 @@ def _inlined(source: str) -> str | None:
                 call.args[0]
                 for call in ast.walk(tree)
                 if isinstance(call, ast.Call)
-                and "DataLoader" in (getattr(call.func, "attr", None), getattr(call.func, "id", None))
+                and ast.unparse(call.func).endswith("DataLoader")
                 and call.args and isinstance(call.args[0], ast.Name) and call.args[0].id == name
             ]
             if len(uses) != 2 or len(loader_args) != 1:
