@@ -89,7 +89,8 @@ def test_project(case: Path, tmp_path: Path, request: pytest.FixtureRequest):
             pytest.fail("updated (review with git diff): " + ", ".join(updated), pytrace=False)
 
     expected = sources(case / "expected")
-    assert expected, f"{case}: the project converts to nothing"
+    # A project the converter cannot do safely is left alone, with what to do (the contract).
+    assert expected or "(manual)" in report, f"{case}: the project converts to nothing"
     for name, content in expected.items():
         compile(content, str(case / "expected" / name), "exec")
         assert content != before[name], f"{case}/expected/{name} equals the input: delete it"

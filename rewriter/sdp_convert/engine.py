@@ -26,6 +26,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from . import inserted
 from .analysis import Detector, FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
@@ -81,7 +82,21 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
             return Result(data, data, result.info, [_unstable(data, again.changes)])
+        broken = inserted.problems(data, result.output)
+        if broken:
+            # Inserted code that would break the program (a NameError, a deadlock): the file
+            # stays as it was, and the report says where and why.
+            return Result(data, data, result.info, [_breaks(line, why) for line, why in broken])
     return result
+
+
+def _breaks(line: int, why: str) -> Change:
+    return Change(
+        1, 1, "sdp_convert",
+        f"not converted: {why} (line {line} of the conversion, which is not written); "
+        "please report it, and convert this file by hand meanwhile",
+        manual=True,
+    )
 
 
 #: Methods that train: with the framework only behind a star import, the file may be a script.

@@ -27,17 +27,11 @@ def _lines(source: str | list[str]) -> list[str]:
     return text.split("\n")
 
 
-def convert_notebook(data: bytes, options: Options | None = None) -> Result:
-    """Convert an ``.ipynb`` file's bytes; the result's output is the notebook's JSON."""
-    try:
-        nb = json.loads(data.decode("utf-8"))
-        cells = nb["cells"]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise ConversionError(f"not a valid notebook: {err}") from None
-    code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
-    if not code_cells:
-        raise ConversionError("notebook has no code cells")
-
+def _program(
+    cells: list[dict], code_cells: list[int]
+) -> tuple[str, list[tuple[int, int]], list[str]]:
+    """The code cells as one module: its text, (cell index, line in cell) of each of its lines,
+    and the magic lines swapped for placeholder comments."""
     magics: list[str] = []
     program: list[str] = []
     line_to_cell: list[tuple[int, int]] = []  # per program line: (cell index, line in cell)
@@ -54,7 +48,32 @@ def convert_notebook(data: bytes, options: Options | None = None) -> Result:
                 line = indent + _MAGIC.format(len(magics) - 1)
             program.append(line)
             line_to_cell.append((index, n))
-    source = "\n".join(program) + "\n"
+    return "\n".join(program) + "\n", line_to_cell, magics
+
+
+def notebook_program(data: bytes) -> tuple[str, list[tuple[int, int]]] | None:
+    """A notebook's code cells as one module (as ``convert_notebook`` reads them) and the
+    (cell index, line in cell) of each of its lines; None when ``data`` is no notebook."""
+    try:
+        cells = json.loads(data.decode("utf-8"))["cells"]
+        code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
+        source, line_to_cell, _ = _program(cells, code_cells)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return source, line_to_cell
+
+
+def convert_notebook(data: bytes, options: Options | None = None) -> Result:
+    """Convert an ``.ipynb`` file's bytes; the result's output is the notebook's JSON."""
+    try:
+        nb = json.loads(data.decode("utf-8"))
+        cells = nb["cells"]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise ConversionError(f"not a valid notebook: {err}") from None
+    code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
+    if not code_cells:
+        raise ConversionError("notebook has no code cells")
+    source, line_to_cell, magics = _program(cells, code_cells)
     try:
         result = convert(source.encode("utf-8"), options)
     except ConversionError as err:

@@ -61,7 +61,12 @@ def project_options(
     for path in contents:
         if path in written and not probes[path].script and not probes[path].library:
             tree = project.tree(path)
-            guarded = tree is not None and any(_is_main_guard(stmt) for stmt in tree.body)
+            # An entry point: a ``__main__`` block, or a module-level script that calls the
+            # project's functions when it runs (``engine.train(model, loader, ...)``).
+            guarded = tree is not None and (
+                any(_is_main_guard(stmt) for stmt in tree.body)
+                or _calls_project_at_top(project, path, tree)
+            )
             for target in _reachable(imported, path) if guarded else ():
                 if (
                     probes[target].library and target in written
@@ -184,6 +189,37 @@ def _statements(tree: ast.Module) -> Iterator[ast.AST]:
             if name in _BODIES:
                 todo.extend(getattr(node, name))
         yield node
+
+
+def _calls_project_at_top(project: Project, path: Path, tree: ast.Module) -> bool:
+    """Whether module-level code of ``path`` calls a function another project module
+    defines (``engine.train(...)``, or ``train(...)`` after ``from engine import train``)."""
+    local: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module is not None:
+            prefix = "." * stmt.level + stmt.module + "."
+            local.update({a.asname or a.name: prefix + a.name for a in stmt.names})
+        elif isinstance(stmt, ast.Import):
+            local.update({a.asname: a.name for a in stmt.names if a.asname})
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                             ast.ImportFrom)):
+            continue
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Call):
+                continue
+            parts: list[str] = []
+            func: ast.expr = node.func
+            while isinstance(func, ast.Attribute):
+                parts.append(func.attr)
+                func = func.value
+            if not isinstance(func, ast.Name):
+                continue
+            qualified = ".".join([local.get(func.id, func.id), *reversed(parts)])
+            target = project.resolve(path, qualified)
+            if target is not None and target[0] != path:
+                return True
+    return False
 
 
 def _is_main_guard(stmt: ast.stmt) -> bool:

@@ -33,6 +33,13 @@ class FileOutcome:
     written: bool = False
     #: The engine converted the file in this run (not answered by the cache).
     computed: bool = False
+    #: What the conversion gives (written or not), for the whole-program contract; not reported.
+    output: bytes | None = field(default=None, repr=False)
+    #: What was read, where the conversion changed it (lines of notes on ``output`` map back).
+    source: bytes | None = field(default=None, repr=False)
+    #: The contract of the program this file is the entry point of (``contract.EntryResult``'s
+    #: JSON form); None when it is none.
+    contract: dict[str, object] | None = None
 
     @property
     def manual_count(self) -> int:
@@ -97,7 +104,8 @@ def _json(outcomes: Sequence[FileOutcome], check: bool) -> str:
         ],
         "files": [
             {"path": o.path, "status": o.status, "attention": o.needs_attention, "kind": o.kind,
-             "reason": o.reason, "message": o.message}
+             "reason": o.reason, "message": o.message,
+             **({"contract": o.contract} if o.contract is not None else {})}
             for o in outcomes
         ],
         "summary": {

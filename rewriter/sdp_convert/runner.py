@@ -26,7 +26,7 @@ from .files import (
 from .formatting import line_length_for
 from .options import Options
 from .report import FileOutcome
-from .siblings import hogwild_imports, project_digest, read_project, resolver
+from .siblings import ProjectFiles, hogwild_imports, project_digest, read_project, resolver
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -257,6 +257,9 @@ def process(
         job.display, status, result.kind, result.reason, list(result.changes)
     )
     outcome.computed = not hit
+    outcome.output = result.output
+    if result.changed:
+        outcome.source = data
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
     if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):
@@ -400,12 +403,105 @@ def run_jobs(
             # the others have nothing left to do.
             todo.sort(key=lambda i: -_size(jobs[i].src))
             outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done, deps)
+    if project is not None:
+        check_contract(outcomes, project)
     if config.cache_dir and any(o.computed for o in outcomes):
         # The bound is kept here, once per run, not by each worker after each file.
         Cache(config.cache_dir).prune(estimate=True)
     if stop.signum:
         raise Interrupted(stop.signum, outcomes)
     return outcomes
+
+
+def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> None:
+    """The whole-program contract (``contract``) over what the run gives: a manual note at each
+    spot where a program that trains misses a part, and each entry point's parts, on its
+    outcome. Files in the run are read as converted, their neighbours as they are."""
+    from . import contract
+    from .notebook import notebook_program
+    from .program.project import Project
+    from .projects import _imported
+
+    written, shown, contents = project
+    by_display = {o.path: o for o in outcomes}
+    resolve = resolver()
+    texts: dict[Path, bytes] = {}
+    lines_of: dict[Path, list[tuple[int, int]]] = {}
+    outcome_of: dict[Path, FileOutcome] = {}
+    for path, display in written.items():
+        o = by_display.get(display)
+        if o is not None and o.output is not None and o.status in ("converted", "unchanged"):
+            outcome_of[path] = o
+            texts[path] = o.output
+    for path, data in contents.items():
+        texts.setdefault(path, data)
+    for o in outcomes:  # notebooks are not project modules: each is a program of its own
+        if o.path.endswith(".ipynb") and o.output is not None and o.status != "failed":
+            program = notebook_program(o.output)
+            if program is not None:
+                path = resolve(Path(o.path))
+                outcome_of[path] = o
+                texts[path], lines_of[path] = program[0].encode(), program[1]
+    if not any(_may_train(t) for t in texts.values()):
+        return
+    views: dict[Path, contract.ModuleView] = {}
+    for path, text in texts.items():
+        if not _may_train(text) and path not in outcome_of:
+            continue
+        o = outcome_of.get(path)
+        back = (_line_map(text, o.source) if o is not None and o.source is not None
+                and path not in lines_of else None)
+        view = contract.read_module(
+            path, shown.get(path, o.path if o else str(path)), text,
+            o.changes if o else (), in_run=o is not None, notebook=path in lines_of,
+            kind=o.kind if o else "", lines=back)
+        if view is not None:
+            views[path] = view
+    py = {p: t for p, t in texts.items() if p.suffix == ".py"}
+    graph = Project(py)
+    imports = {p: _imported(graph, p) for p in py if p in views}
+    for result in contract.check_program(views, imports):
+        entry = next(p for p, v in views.items() if v.display == result.entry)
+        if entry in outcome_of:
+            outcome_of[entry].contract = result.as_json()
+        for path, notes in result.notes.items():
+            o = outcome_of.get(path)
+            if o is None:  # a neighbour: its note goes to the entry, naming the file
+                o = outcome_of[entry]
+                notes = [replace(n, line=1, col=1, message=f"{views[path].display}:{n.line}: "
+                                 f"{n.message}") for n in notes]
+            elif path in lines_of:
+                notes = [_in_cell(n, lines_of[path]) for n in notes]
+            seen = {(c.line, c.message) for c in o.changes}
+            o.changes.extend(n for n in notes if (n.line, n.message) not in seen)
+            o.changes.sort(key=lambda c: (c.line, c.col))
+
+
+def _line_map(output: bytes, source: bytes) -> Callable[[int], int]:
+    """Line of ``output`` -> the line of ``source`` it comes from (an inserted line: the source
+    line it was inserted before)."""
+    import difflib
+
+    after, before = output.splitlines(), source.splitlines()
+    table: dict[int, int] = {}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, after, before,
+                                                       autojunk=False).get_opcodes():
+        for k in range(i1, i2):
+            table[k + 1] = (j1 + (k - i1) + 1) if tag == "equal" else min(j1 + 1, len(before))
+    return lambda line: table.get(line, line)
+
+
+def _in_cell(note, line_to_cell):  # -> Change
+    cell, line = line_to_cell[min(note.line, len(line_to_cell)) - 1]
+    return replace(note, message=f"cell {cell + 1}, line {line}: {note.message}")
+
+
+#: Words a module that trains (or builds what trains) has somewhere in its text.
+_TRAINING_WORDS = (b"torch", b"tensorflow", b"keras", b"sdp_runtime")
+
+
+def _may_train(text: bytes) -> bool:
+    return any(word in text for word in _TRAINING_WORDS)
 
 
 def _size(path: Path) -> int:

@@ -11,6 +11,7 @@ is only ever called there.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import libcst as cst
@@ -157,3 +158,39 @@ def runs_collectives(t: Transform, body: cst.BaseSuite) -> bool:
     """Whether a block trains or communicates: skipping it on some ranks would hang them."""
     calls = training_calls(t) | set(t.calls_to(*COLLECTIVE_PREFIXES, prefix=True))
     return any(any(p is body for p in t.ancestors(c)) for c in calls)
+
+
+#: Tests whose answer can differ between ranks, read from their code: the rank, and what each
+#: process sees of the file system (``os.path.exists``: rank 0 may have written the file
+#: already, or may be the only one on a machine that sees it).
+_PER_RANK_TEST = re.compile(
+    r"\b((get_)?(local_)?rank|is_(local_)?main_process|exists|isfile|isdir|is_file|is_dir|"
+    r"glob|iglob|listdir|scandir)\s*\("
+)
+
+
+def divergent_condition(t: Transform, node: cst.CSTNode) -> cst.BaseExpression | None:
+    """The test of the innermost ``if``/``while`` (or conditional expression) around ``node``
+    whose answer can differ between ranks, or None: a collective placed there would be entered
+    by some ranks only (deadlock), so none may be."""
+    child: cst.CSTNode = node
+    for parent in t.ancestors(node):
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None  # what calls the function decides; not followed here
+        test = None
+        if isinstance(parent, (cst.If, cst.While)) and child is not parent.test:
+            test = parent.test
+        elif isinstance(parent, cst.IfExp) and child is not parent.test:
+            test = parent.test
+        if test is not None and (
+            _PER_RANK_TEST.search(t.module.code_for_node(test)) or any(
+                _holds_rank(t, n) for n in _names(test))
+        ):
+            return test
+        child = parent
+    return None
+
+
+def _names(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    return [n for n in m.findall(test, m.Name() | m.Attribute())
+            if isinstance(n, (cst.Name, cst.Attribute))]

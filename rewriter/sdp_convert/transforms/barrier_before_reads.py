@@ -39,7 +39,7 @@ import libcst as cst
 
 from ..analysis import FileInfo
 from ..base import Transform
-from ..program.ranks import only_called_on_rank0, rank0_only
+from ..program.ranks import divergent_condition, only_called_on_rank0, rank0_only
 from ..program.readback import (
     METHOD_READS,
     READS,
@@ -94,6 +94,19 @@ class BarrierBeforeReads(Transform):
             if any(isinstance(p, cst.Lambda) for p in self.ancestors(call)):
                 continue
             done.add(id(stmt))
+            test = divergent_condition(self, stmt)
+            if test is not None:
+                # Under ``if not os.path.exists(p): <write> else: <read>``, the ranks that see
+                # the file would wait in the barrier for those that do not: a deadlock.
+                self.record(
+                    call,
+                    f"reads {path}, which rank 0 alone writes, under `"
+                    f"{self.module.code_for_node(test)}`, which can differ between ranks: a "
+                    f"barrier there would deadlock. Write it on rank 0, then call "
+                    f"{self.sdp}.barrier() where every rank passes, then read it",
+                    manual=True,
+                )
+                continue
             barrier = cst.parse_statement(f"{self.sdp}.barrier()\n")
             # The blank lines above the read go above the barrier (its comments stay with it).
             leading = list(getattr(stmt, "leading_lines", ()))
