@@ -167,11 +167,10 @@ class _Reader(ast.NodeVisitor):
         view.torch = "torch" in roots
         view.tensorflow = bool({"tensorflow", "keras"} & roots)
         view.entry = notebook or any(_is_main_guard(s) for s in tree.body) or _runs_calls(tree)
-        for stmt in tree.body:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-                if self.qualified(stmt.value.func).startswith("sdp_runtime.") and \
-                        self.qualified(stmt.value.func).endswith(".init"):
-                    view.init_at_import = True
+        view.init_at_import = any(
+            isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and _is_init(self.qualified(stmt.value.func)) for stmt in tree.body
+        )
         self.visit(tree)
 
     # -- walk -----------------------------------------------------------------------------------

@@ -484,7 +484,7 @@ def _line_map(output: bytes, source: bytes) -> Callable[[int], int]:
 
     after, before = output.splitlines(), source.splitlines()
     table: dict[int, int] = {}
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, after, before,
+    for tag, i1, i2, j1, _j2 in difflib.SequenceMatcher(None, after, before,
                                                        autojunk=False).get_opcodes():
         for k in range(i1, i2):
             table[k + 1] = (j1 + (k - i1) + 1) if tag == "equal" else min(j1 + 1, len(before))

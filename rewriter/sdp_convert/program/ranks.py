@@ -178,9 +178,7 @@ def divergent_condition(t: Transform, node: cst.CSTNode) -> cst.BaseExpression |
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             return None  # what calls the function decides; not followed here
         test = None
-        if isinstance(parent, (cst.If, cst.While)) and child is not parent.test:
-            test = parent.test
-        elif isinstance(parent, cst.IfExp) and child is not parent.test:
+        if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and child is not parent.test:
             test = parent.test
         if test is not None and (
             _PER_RANK_TEST.search(t.module.code_for_node(test)) or any(
