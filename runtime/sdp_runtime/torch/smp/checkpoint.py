@@ -16,14 +16,14 @@ def _partial_path(path: str | os.PathLike[str]) -> str:
     return f"{os.fspath(path)}_{layout.rank % layout.shard_size}"
 
 
-def save(obj: Any, f: str | os.PathLike[str], partial: bool = True, **kwargs: Any) -> None:
+def save(obj: Any, f: str | os.PathLike[str] | Any, partial: bool = True, **kwargs: Any) -> None:
     """``torch.save`` for SMP: ``partial=False`` writes ``f`` once, on rank 0 (a whole state:
     ``model.state_dict()`` loads into the plain model); ``partial=True`` writes this shard's
     ``f_<shard>`` (``_<mp_rank>`` as SMP names it) on the ranks of the first replica only.
 
     Arguments:
         obj: what to save (``{"model_state_dict": model.state_dict(), ...}``).
-        f: the file name.
+        f: the file name (a file object is written once, on rank 0, whatever ``partial``).
         partial: one file per shard (SMP's default) or one file.
         **kwargs: given to ``torch.save`` (``pickle_module``, ``pickle_protocol``).
 
@@ -32,11 +32,11 @@ def save(obj: Any, f: str | os.PathLike[str], partial: bool = True, **kwargs: An
         ...     smp.save({"model_state_dict": model.state_dict()}, "model.pt", partial=False)
     """
     layout = state.layout()
-    if partial:
+    if partial and isinstance(f, (str, os.PathLike)):
         if layout.rank < layout.shard_size:
             torch.save(obj, _partial_path(f), **kwargs)
-    elif layout.rank == 0:
-        torch.save(obj, os.fspath(f), **kwargs)
+    elif layout.rank == 0:  # one file (a file object: always one)
+        torch.save(obj, f if not isinstance(f, (str, os.PathLike)) else os.fspath(f), **kwargs)
 
 
 def load(f: str | os.PathLike[str], map_location: Any = None, partial: bool = True,
