@@ -54,16 +54,16 @@ def init(config: Mapping[str, Any] | None = None) -> None:
     global _config
     if _config is not None:
         return
-    config = _smp_config.read(config)
+    read = _smp_config.read(config)
     basics.init()
-    if config.sharded and _comm.rank() == 0:
+    if read.sharded and _comm.rank() == 0:
         print(
-            f"sdp_runtime.tensorflow.smp: {config.partitions} partition(s) and tensor-parallel "
-            f"degree {config.tensor_parallel_degree} configured; TensorFlow has no FSDP, so the "
+            f"sdp_runtime.tensorflow.smp: {read.partitions} partition(s) and tensor-parallel "
+            f"degree {read.tensor_parallel_degree} configured; TensorFlow has no FSDP, so the "
             "whole model is trained on every process (data parallel)",
             file=sys.stderr,
         )
-    _config = config
+    _config = read
 
 
 def _require(what: str) -> _smp_config.Config:

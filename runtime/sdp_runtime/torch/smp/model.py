@@ -147,8 +147,13 @@ class DistributedModel(nn.Module):
             engine = DistributedDataParallel(module, **options)
         else:
             engine = module
-        self.__dict__["_engine"] = engine  # not a submodule: state dicts keep the module's keys
+        self.__dict__["_sdp_engine"] = engine  # not a submodule: state dicts keep the module's keys
         _model = self
+
+    @property
+    def _engine(self) -> Any:
+        """What runs the forward pass: DDP, the FSDP-sharded module, or the module."""
+        return self.__dict__["_sdp_engine"]
 
     # -- forward and backward
 
@@ -179,7 +184,7 @@ class DistributedModel(nn.Module):
         engine = self._engine
         try:
             if self._fsdp:
-                engine.set_requires_gradient_sync(last)  # type: ignore[operator]
+                engine.set_requires_gradient_sync(last)
                 yield
             elif not last and isinstance(engine, DistributedDataParallel) and engine.communicates:
                 with engine.no_sync():
@@ -189,7 +194,7 @@ class DistributedModel(nn.Module):
         finally:
             self._scale = 1.0
             if self._fsdp and not last:
-                engine.set_requires_gradient_sync(True)  # type: ignore[operator]
+                engine.set_requires_gradient_sync(True)
 
     # -- state
 
