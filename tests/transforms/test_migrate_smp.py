@@ -195,3 +195,44 @@ def test_converted_file_is_left_alone():
     once = migrate(textwrap.dedent(TORCH_SCRIPT) + 'torch.save(model.state_dict(), "m.pt")\n').output.decode()
     again = full(once)
     assert again.output.decode() == once
+
+
+def test_names_imported_from_smp_get_the_module_spelled_in_full():
+    result = migrate(
+        """\
+        import torch
+        from smdistributed.modelparallel.torch import DistributedModel, init, step
+
+        init()
+        model = DistributedModel(torch.nn.Linear(4, 2))
+
+        @step
+        def train_step(model, data):
+            loss = model(data).sum()
+            model.backward(loss)
+            return loss
+
+        for data in torch.ones(2, 4, 4):
+            train_step(model, data)
+            torch.optim.SGD(model.parameters(), lr=0.1).step()
+        torch.save(model.state_dict(), "model.pt")
+        """
+    )
+    out = result.output.decode()
+    assert "from sdp_runtime.torch.smp import DistributedModel, init, step" in out
+    assert "import sdp_runtime.torch.smp\n" in out
+    assert 'sdp_runtime.torch.smp.save(model.state_dict(), "model.pt", partial=False)' in out
+    compile(out, "train.py", "exec")
+
+
+def test_tf_checkpoint_manager_is_noted():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.tensorflow as smp
+
+        smp.init()
+        manager = smp.CheckpointManager(checkpoint, "/opt/ml/checkpoints")
+        """
+    )
+    assert any(n.startswith("smp.CheckpointManager: not provided by sdp_runtime; write a "
+                            "tf.train.Checkpoint") for n in messages(result, manual=True))

@@ -171,8 +171,17 @@ class MigrateSmp(hvd.Migration):
             return self._get_gradients(original_node, updated_node)
         return super().leave_Call(original_node, updated_node)
 
+    def _smp_module(self) -> str:
+        """The file's name for the runtime's SMP module, imported in full when it has none."""
+        if self.alias is not None:
+            return self.alias
+        framework = "torch" if self.state.info.framework == "torch" else "tensorflow"
+        module = f"sdp_runtime.{framework}.smp"
+        self._import_for(module)
+        return module
+
     def _save(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        alias = self._runtime_name()
+        alias = self._smp_module()
         has_partial = any(a.keyword is not None and a.keyword.value == "partial"
                           for a in updated.args)
         args = list(updated.args)
@@ -203,7 +212,7 @@ class MigrateSmp(hvd.Migration):
         return function is not None and id(function) in self._steps
 
     def _get_gradients(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        alias = self._runtime_name()
+        alias = self._smp_module()
         self.record(
             original,
             f"{self.module.code_for_node(original.func)}(...) -> {alias}.get_gradients(...): "
