@@ -196,3 +196,13 @@ def check_sharded_training_with_optimizer_made_before_the_wrap() -> None:
 
 def smp_suite() -> dict[str, str]:
     return run_checks(checks_in(globals()))
+
+
+def single_process_partitioned() -> dict[str, Any]:
+    """``python train.py`` with two partitions configured: one process runs the whole model."""
+    smp.init()
+    model = smp.DistributedModel(_net())
+    raw = state.config().raw or {}
+    return {"configured": raw.get("partitions"), "mp_size": smp.mp_size(),
+            "dp_size": smp.dp_size(), "sharded": model._fsdp,
+            "keys": list(model.state_dict()) == list(_net().state_dict())}

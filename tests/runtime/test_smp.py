@@ -35,6 +35,14 @@ def test_smp_api(suite, check):
         assert outcome[check] == "ok", f"rank {rank}:\n{outcome[check]}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_one_process_with_partitions_configured_runs_the_whole_model(tmp_path):
+    (out,) = results(spawn("_scenarios_smp:single_process_partitioned", 1, tmp_path,
+                           launcher=False, env={"SM_HP_MP_PARAMETERS": '{"partitions": 2}'}))
+    assert out == {"configured": 2, "mp_size": 1, "dp_size": 1, "sharded": False, "keys": True}
+
+
 def test_config_from_sagemaker_environment_and_init_argument():
     env = {"SM_HP_MP_PARAMETERS": '{"pipeline_parallel_degree": 2, "microbatches": 4, "ddp": true}'}
     config = _smp_config.read(None, env)

@@ -7,7 +7,9 @@ See :mod:`sdp_runtime._smp_config` for the configuration keys and the layout. Wi
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +64,8 @@ def init(config: Mapping[str, Any] | None = None) -> None:
             parallelism shards the model with FSDP (see ``DistributedModel``).
 
     Raises:
-        ValueError: a degree does not divide the number of processes.
+        ValueError: a degree does not divide the number of processes (one process alone runs
+            the whole model, whatever the configuration).
 
     Example:
         >>> import sdp_runtime.torch.smp as smp
@@ -74,6 +77,14 @@ def init(config: Mapping[str, Any] | None = None) -> None:
     cfg = _smp_config.read(config)
     if not _comm.is_initialized():
         _comm.init()
+    if _comm.size() == 1 and cfg.sharded:
+        # `python train.py`: one process holds the whole model, whatever SageMaker's job used.
+        print(f"sdp_runtime.torch.smp: one process: the model is not sharded (configured: "
+              f"{cfg.partitions} partition(s), tensor-parallel degree "
+              f"{cfg.tensor_parallel_degree}, sharded data-parallel degree "
+              f"{cfg.sharded_data_parallel_degree})", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, partitions=1, tensor_parallel_degree=1,
+                                  sharded_data_parallel_degree=1)
     layout = _smp_config.Layout(_comm.rank(), _comm.size(), cfg)
     members = {
         CommGroup.WORLD: list(range(layout.size)),
