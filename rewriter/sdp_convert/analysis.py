@@ -35,7 +35,7 @@ import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
 Framework = Literal["torch", "tensorflow"]
-Origin = Literal["vanilla", "horovod", "smddp", "sdp", "distributed"]
+Origin = Literal["vanilla", "horovod", "smddp", "smp", "sdp", "distributed"]
 
 #: Substrings one of which a file must contain to be parsed at all (cheap prefilter).
 FRAMEWORK_MARKERS = (b"torch", b"tensorflow", b"keras", b"horovod", b"smdistributed")
@@ -186,7 +186,7 @@ class FileInfo:
             return f"already distributed ({self.reason})"
         if self.origin == "sdp" and not self.recheck:
             return "already uses sdp_runtime"
-        if self.origin in ("horovod", "smddp"):
+        if self.origin in ("horovod", "smddp", "smp"):
             return f"{self.origin} ({self.framework})"
         if self.excluded.startswith("Keras on the"):
             return f"not converted ({self.excluded})"
@@ -548,11 +548,13 @@ def detect(
         info.framework = "tensorflow" if tf_training and "backward" not in methods else "torch"
 
     # Who distributes it already?
-    for package, framework in (("horovod", None), ("smdistributed.dataparallel", None)):
+    # (SMP last: a script combining SMP with Horovod is an SMP script, its Horovod migrated too.)
+    for package, origin in (("horovod", "horovod"), ("smdistributed.dataparallel", "smddp"),
+                            ("smdistributed.modelparallel", "smp")):
         if _imports_under(imports, package):
-            info.origin = "horovod" if package == "horovod" else "smddp"
+            info.origin = cast(Origin, origin)
             info.reason = package
-            if framework is None and info.framework is None:
+            if info.framework is None:
                 info.framework = "tensorflow" if has_tf else "torch"
     if info.origin == "vanilla":
         for package, label in _DISTRIBUTED_IMPORTS.items():

@@ -192,7 +192,7 @@ class Migration(Transform):
 
     @classmethod
     def applies_to(cls, info: FileInfo) -> bool:
-        return info.origin in ("horovod", "smddp") and any(
+        return info.origin in ("horovod", "smddp", "smp") and any(
             i == cls.ROOT or i.startswith(cls.ROOT + ".") for i in info.imports
         )
 

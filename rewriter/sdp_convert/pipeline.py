@@ -19,6 +19,7 @@ from .transforms import (
     guard_rank0_writes,
     migrate_horovod,
     migrate_smddp,
+    migrate_smp,
     note_already_distributed,
     note_shared_seeds,
     order_downloads,
@@ -75,10 +76,12 @@ PIPELINE: tuple[type[Transform], ...] = (
     print_on_rank0.PrintOnRank0,
     flag_manual_steps.FlagManualSteps,
     note_shared_seeds.NoteSharedSeeds,
-    # Horovod / SMDDP / already distributed files only (the transforms above run on single-process
-    # scripts), so their place here does not matter.
+    # Horovod / SMDDP / SMP / already distributed files only (the transforms above run on
+    # single-process scripts), so their place here does not matter; migrate_smp after
+    # migrate_horovod, which migrates the Horovod half of SMP's hybrid recipe.
     migrate_horovod.MigrateHorovod,
     migrate_smddp.MigrateSmddp,
+    migrate_smp.MigrateSmp,
     note_already_distributed.NoteAlreadyDistributed,
     # Keras 2 spellings, also in the Horovod / SMDDP scripts above (edits calls no one else edits).
     update_keras2_calls.UpdateKeras2Calls,

@@ -1,6 +1,7 @@
-"""Migrated Horovod / SMDDP scripts train data-parallel correctly on sdp_runtime: run them.
+"""Migrated Horovod / SMDDP / SMP scripts train data-parallel correctly on sdp_runtime: run them.
 
-For every ``fixtures/horovod/<case>/`` and ``fixtures/smddp/<case>/`` with an ``e2e.json`` (schema:
+For every ``fixtures/horovod/<case>/``, ``fixtures/smddp/<case>/`` and ``fixtures/smp/<case>/``
+with an ``e2e.json`` (schema:
 ``test_torch_equivalence``), ``input.py`` is converted as a user does (``sdp-convert``, or the
 engine when no command is installed next to this Python) and the *converted* script is run twice:
 
@@ -8,9 +9,10 @@ engine when no command is installed next to this Python) and the *converted* scr
 * ``one``: with plain ``python`` (no launcher: the runtime runs as rank 0 of 1), batch 2B and
   learning rate 2*lr (lr when the script does not scale it by ``size()``: ``"scales_lr": false``).
 
-The original cannot run here (no Horovod, no SageMaker), so the reference is the converted script on
-one process, which is what the original computes on one process once its imports point at the
-runtime. The tests assert that:
+The original cannot run here (no Horovod, no SageMaker), so the reference is the converted script
+on one process, which is what the original computes on one process once its imports point at the
+runtime (SMP cases set ``microbatches`` in ``SM_HP_MP_PARAMETERS``: both runs split every batch;
+``test_smp_fsdp`` compares with runs that do not). The tests assert that:
 
 * 2 processes at B give the weights of 1 process at 2B (``rtol``/``atol`` of ``harness``): the
   gradients are averaged, every rank starts from the same weights and sees its own shard;
@@ -51,7 +53,7 @@ from .harness import (
 
 pytestmark = pytest.mark.slow
 
-SPECS = all_specs("horovod") + all_specs("smddp")
+SPECS = all_specs("horovod") + all_specs("smddp") + all_specs("smp")
 HAS_TF = importlib.util.find_spec("tensorflow") is not None
 
 

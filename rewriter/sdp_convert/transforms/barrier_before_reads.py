@@ -56,9 +56,9 @@ class BarrierBeforeReads(Transform):
 
     @classmethod
     def applies_to(cls, info: FileInfo) -> bool:
-        # Also Horovod / SMDDP scripts: their own ``if hvd.rank() == 0:`` saves read back.
+        # Also Horovod / SMDDP / SMP scripts: their own ``if hvd.rank() == 0:`` saves read back.
         return info.framework in cls.FRAMEWORKS and (
-            info.convertible or info.origin in ("horovod", "smddp")
+            info.convertible or info.origin in ("horovod", "smddp", "smp")
         )
 
     def prepare(self, module: cst.Module) -> None:

@@ -45,9 +45,9 @@ class UpdateKeras2Calls(Transform):
 
     @classmethod
     def applies_to(cls, info: FileInfo) -> bool:
-        # Horovod's and SMDDP's TF2 recipes are Keras 2 code too.
+        # Horovod's, SMDDP's and SMP's TF2 recipes are Keras 2 code too.
         return info.framework in cls.FRAMEWORKS and (
-            info.convertible or info.origin in ("horovod", "smddp")
+            info.convertible or info.origin in ("horovod", "smddp", "smp")
         )
 
     def prepare(self, module: cst.Module) -> None:

@@ -1,0 +1,105 @@
+"""SageMaker model parallelism's PyTorch API (``smdistributed.modelparallel.torch``) on
+sdp_runtime, for ``import sdp_runtime.torch.smp as smp``.
+
+Data parallel by default; a configuration with more than one partition, tensor parallelism or
+sharded data parallelism shards the model with PyTorch FSDP2 (see :mod:`.model`). ``@smp.step``
+splits batches into microbatches as SMP does (see :mod:`.step`).
+"""
+
+from __future__ import annotations
+
+from . import amp
+from .checkpoint import load, save
+from .comm import allgather, barrier, broadcast, recv_from
+from .model import (
+    DistributedModel,
+    DistributedOptimizer,
+    delay_param_initialization,
+    model_creation,
+    partition,
+    tensor_parallelism,
+)
+from .state import (
+    DP_GROUP,
+    MP_GROUP,
+    RDP_GROUP,
+    WORLD,
+    CommGroup,
+    RankType,
+    dp_rank,
+    dp_size,
+    get_dp_group,
+    get_dp_process_group,
+    get_mp_group,
+    get_mp_process_group,
+    get_rdp_process_group,
+    get_world_process_group,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mp_rank,
+    mp_size,
+    pp_rank,
+    pp_size,
+    rank,
+    rdp_rank,
+    rdp_size,
+    size,
+    tp_rank,
+    tp_size,
+)
+from .step import StepOutput, step
+
+
+def is_tracing() -> bool:
+    """False: there is no tracing pass (the model is placed when it is wrapped)."""
+    return False
+
+
+__all__ = [
+    "DP_GROUP",
+    "MP_GROUP",
+    "RDP_GROUP",
+    "WORLD",
+    "CommGroup",
+    "DistributedModel",
+    "DistributedOptimizer",
+    "RankType",
+    "StepOutput",
+    "allgather",
+    "amp",
+    "barrier",
+    "broadcast",
+    "delay_param_initialization",
+    "dp_rank",
+    "dp_size",
+    "get_dp_group",
+    "get_dp_process_group",
+    "get_mp_group",
+    "get_mp_process_group",
+    "get_rdp_process_group",
+    "get_world_process_group",
+    "init",
+    "is_initialized",
+    "is_tracing",
+    "load",
+    "local_rank",
+    "local_size",
+    "model_creation",
+    "mp_rank",
+    "mp_size",
+    "partition",
+    "pp_rank",
+    "pp_size",
+    "rank",
+    "rdp_rank",
+    "rdp_size",
+    "recv_from",
+    "save",
+    "size",
+    "step",
+    "tensor_parallelism",
+    "tp_rank",
+    "tp_size",
+]

@@ -1,0 +1,453 @@
+"""``smp.DistributedModel``, ``smp.DistributedOptimizer`` and ``smp.partition``.
+
+Plain data parallelism (one partition, nothing sharded): the model is wrapped in sdp_runtime's
+``DistributedDataParallel`` (gradients averaged over the data-parallel ranks; on one process the
+model is only called). More than one partition, tensor parallelism or sharded data parallelism:
+the model's parameters are sharded with PyTorch FSDP2 (``fully_shard``) over the ranks of one
+model replica (the MP_GROUP; with several replicas, hybrid sharding: replicated across them).
+Each ``smp.partition(i)`` block becomes one FSDP unit (its parameters gathered together, as one
+pipeline stage would hold them); without partition hints (SMP's auto-partition) the top-level
+children are cut into ``partitions`` consecutive groups of about equal parameter count. Every
+rank of a replica gets the same batch (SMP scripts shard their data by ``dp_rank()``), so the
+result equals data parallelism over the replicas, within float tolerance.
+
+``state_dict()`` is the whole model's, with the plain module's keys (loads into the model without
+SMP); ``local_state_dict()`` is this rank's shard, marked ``_smp_is_partial``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ... import _comm
+from ..ddp import DistributedDataParallel
+from . import state
+
+PARTIAL_KEY = "_smp_is_partial"
+
+_local = threading.local()
+_model: DistributedModel | None = None
+
+
+# -- partition hints ------------------------------------------------------------------------------
+
+def _tag(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+    index = getattr(_local, "partition", None)
+    if index is not None and submodule is not None and not hasattr(submodule, "_smp_partition"):
+        submodule._smp_partition = index  # type: ignore[assignment]
+
+
+_hook_installed = False
+
+
+@contextlib.contextmanager
+def partition(index: int) -> Iterator[None]:
+    """Place the modules created inside the block in partition ``index`` (SMP's manual
+    partitioning). Here a partition is one FSDP unit when the model is sharded; otherwise the
+    block only runs its body.
+
+    Arguments:
+        index: the partition, from 0 to ``partitions - 1``.
+
+    Example:
+        >>> with smp.partition(0):
+        ...     self.encoder = Encoder()
+    """
+    global _hook_installed
+    if not _hook_installed:
+        nn.modules.module.register_module_module_registration_hook(_tag)
+        _hook_installed = True
+    outer = getattr(_local, "partition", None)
+    _local.partition = int(index)
+    try:
+        yield
+    finally:
+        _local.partition = outer
+
+
+@contextlib.contextmanager
+def tensor_parallelism(enabled: bool = True, **config: Any) -> Iterator[None]:
+    """SMP's tensor-parallel block; here the sharding is FSDP's, so it only runs its body."""
+    yield
+
+
+@contextlib.contextmanager
+def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None = None,
+                   **config: Any) -> Iterator[None]:
+    """SMP's model-creation block: creates the model in ``dtype`` when one is given."""
+    previous = torch.get_default_dtype()
+    if dtype is not None and dtype.is_floating_point:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def delay_param_initialization(enabled: bool = True) -> Iterator[None]:
+    """SMP's delayed initialisation; parameters are created at once here."""
+    yield
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+class DistributedModel(nn.Module):
+    """The model, trained data-parallel, or sharded with FSDP when the configuration asks for
+    partitions, tensor parallelism or sharded data parallelism.
+
+    Arguments:
+        module: the model.
+        average_grads_across_microbatches: divide each microbatch's gradient by the number of
+            microbatches (default True; False sums them, for losses summed over the batch).
+        broadcast_buffers, bucket_cap_mb, gradient_as_bucket_view: given to DDP.
+        **ignored: SMP's tracing options (``trace_device``, ...), which mean nothing here.
+
+    Example:
+        >>> model = smp.DistributedModel(Net())
+        >>> @smp.step
+        ... def train_step(model, x, y):
+        ...     loss = F.nll_loss(model(x), y)
+        ...     model.backward(loss)
+        ...     return loss
+    """
+
+    def __init__(self, module: nn.Module, average_grads_across_microbatches: bool = True,
+                 broadcast_buffers: bool = True, bucket_cap_mb: float = 25,
+                 gradient_as_bucket_view: bool = False, **ignored: Any) -> None:
+        global _model
+        super().__init__()
+        layout = state.layout()
+        dev = _comm.device()
+        if dev.type == "cuda":
+            module = module.to(dev)
+        self.module = module
+        self.average_grads_across_microbatches = average_grads_across_microbatches
+        self.partitioned = True
+        self._scale = 1.0
+        self._fsdp = layout.config.sharded and layout.size > 1
+        #: {name: parameter} before sharding, so that an optimizer made earlier can be moved on.
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        if layout.size > 1:
+            _comm.broadcast_(list(module.state_dict().values()), root_rank=0)
+        if self._fsdp:
+            _shard(module, layout)
+            engine: nn.Module = module
+        elif layout.size > 1:
+            options: dict[str, Any] = {"bucket_cap_mb": bucket_cap_mb,
+                                       "gradient_as_bucket_view": gradient_as_bucket_view}
+            if not broadcast_buffers:  # (torch warns that the argument is deprecated)
+                options["broadcast_buffers"] = False
+            engine = DistributedDataParallel(module, **options)
+        else:
+            engine = module
+        self.__dict__["_sdp_engine"] = engine  # not a submodule: state dicts keep the module's keys
+        _model = self
+
+    @property
+    def _engine(self) -> Any:
+        """What runs the forward pass: DDP, the FSDP-sharded module, or the module."""
+        return self.__dict__["_sdp_engine"]
+
+    # -- forward and backward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._engine(*args, **kwargs)
+
+    def backward(self, tensors: Any, grad_tensors: Any = None) -> None:
+        """``torch.autograd.backward`` for a microbatch of a ``@smp.step``: its gradient counts
+        ``1 / microbatches`` (see ``average_grads_across_microbatches``).
+
+        Example:
+            >>> model.backward(loss)
+        """
+        scale = self._scale
+        if scale != 1.0:
+            if grad_tensors is None:
+                tensors = _scaled(tensors, scale)
+            else:
+                grad_tensors = _scaled(grad_tensors, scale)
+        torch.autograd.backward(tensors, grad_tensors)
+
+    @contextlib.contextmanager
+    def microbatch(self, index: int, count: int) -> Iterator[None]:
+        """Run microbatch ``index`` of ``count``: gradients are averaged across processes after
+        the last one only."""
+        last = index == count - 1
+        self._scale = 1.0 / count if self.average_grads_across_microbatches else 1.0
+        engine = self._engine
+        try:
+            if self._fsdp:
+                engine.set_requires_gradient_sync(last)
+                yield
+            elif not last and isinstance(engine, DistributedDataParallel) and engine.communicates:
+                with engine.no_sync():
+                    yield
+            else:
+                yield
+        finally:
+            self._scale = 1.0
+            if self._fsdp and not last:
+                engine.set_requires_gradient_sync(True)
+
+    # -- state
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """The whole model's state with the plain module's keys. Sharded: gathered from the
+        ranks of this replica, which must all call it (as ``if smp.dp_rank() == 0:`` does)."""
+        full = self.module.state_dict(*args, **kwargs)
+        if self._fsdp:
+            for key, value in full.items():
+                if hasattr(value, "full_tensor"):
+                    full[key] = value.full_tensor().detach()
+        return full
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's part of the state (its shards when sharded), marked partial."""
+        local = {k: v.to_local().detach() if hasattr(v, "to_local") else v
+                 for k, v in self.module.state_dict().items()}
+        local[PARTIAL_KEY] = True
+        return local
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> Any:  # type: ignore[override]
+        """Load a whole state (``state_dict()``, or the plain model's), or this rank's
+        ``local_state_dict()``."""
+        values = dict(state_dict)
+        partial = bool(values.pop(PARTIAL_KEY, False))
+        if not self._fsdp:
+            return self.module.load_state_dict(values, strict=strict)
+        own = self.module.state_dict()
+        missing = [k for k in own if k not in values]
+        unexpected = [k for k in values if k not in own]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"DistributedModel.load_state_dict: missing keys {missing}, "
+                               f"unexpected keys {unexpected}")
+        with torch.no_grad():
+            for key, target in own.items():
+                if key not in values:
+                    continue
+                source = torch.as_tensor(values[key])
+                if hasattr(target, "to_local"):
+                    piece = source if partial else _local_piece(source, target)
+                    target.to_local().copy_(piece)
+                else:
+                    target.copy_(source)
+        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def local_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters this rank holds (all of them unless sharded, then its shards)."""
+        return self.module.parameters()
+
+    def local_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.module.named_parameters()
+
+    def local_modules(self) -> Iterator[nn.Module]:
+        return self.module.modules()
+
+    def local_named_modules(self) -> Iterator[tuple[str, nn.Module]]:
+        return self.module.named_modules()
+
+    def local_buffers(self) -> Iterator[torch.Tensor]:
+        return self.module.buffers()
+
+    def local_named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.module.named_buffers()
+
+    def register_post_partition_hook(self, hook: Any) -> Any:
+        """Runs ``hook(model, optimizer)`` at once: the model is placed when it is wrapped."""
+        hook(self, None)
+        return _NoHandle()
+
+    def moved_parameter(self, param: nn.Parameter) -> nn.Parameter:
+        """The parameter that replaced ``param`` when the model was sharded (else ``param``)."""
+        name = self._names.get(id(param))
+        if name is None:
+            return param
+        return self.module.get_parameter(name)
+
+
+class _NoHandle:
+    def remove(self) -> None:
+        pass
+
+
+def _scaled(tensors: Any, scale: float) -> Any:
+    if isinstance(tensors, torch.Tensor):
+        return tensors * scale
+    return [t * scale for t in tensors]
+
+
+def _local_piece(full: torch.Tensor, target: Any) -> torch.Tensor:
+    """This rank's piece of a whole tensor, laid out like the DTensor ``target``."""
+    from torch.distributed.tensor import distribute_tensor
+
+    full = full.to(device=target.device, dtype=target.dtype)
+    return distribute_tensor(full, target.device_mesh, target.placements,
+                             src_data_rank=None).to_local()
+
+
+# -- sharding -------------------------------------------------------------------------------------
+
+def _shard(module: nn.Module, layout: Any) -> None:
+    """``fully_shard`` each partition's modules as one unit, then the whole model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dev = _comm.device().type
+    if layout.replicas > 1:
+        mesh = init_device_mesh(dev, (layout.replicas, layout.shard_size),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(dev, (layout.shard_size,), mesh_dim_names=("shard",))
+    for group in _units(module, layout.config.partitions):
+        fully_shard(group if len(group) > 1 else group[0], mesh=mesh)
+    fully_shard(module, mesh=mesh)
+
+
+def _units(module: nn.Module, partitions: int) -> list[list[nn.Module]]:
+    """The groups of submodules to shard together, innermost first."""
+    depth = {id(m): n.count(".") + 1 for n, m in module.named_modules() if n}
+    tagged: dict[int, list[nn.Module]] = {}
+    for name, sub in module.named_modules():
+        index = getattr(sub, "_smp_partition", None)
+        if not name or index is None or not _has_parameters(sub):
+            continue
+        parent = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+        if getattr(parent, "_smp_partition", None) == index:
+            continue  # inside a module of the same partition: sharded with it
+        tagged.setdefault(index, []).append(sub)
+    if tagged:
+        groups = list(tagged.values())
+        return sorted(groups, key=lambda g: -max(depth[id(m)] for m in g))
+    children = [c for c in module.children() if _has_parameters(c)]
+    if len(children) <= 1:
+        return []
+    if partitions <= 1:
+        return [[c] for c in children]
+    sizes = [sum(p.numel() for p in c.parameters()) for c in children]
+    target = sum(sizes) / partitions
+    groups_auto: list[list[nn.Module]] = [[]]
+    running = 0.0
+    for child, n in zip(children, sizes, strict=True):
+        if groups_auto[-1] and running + n / 2 > target * len(groups_auto) \
+                and len(groups_auto) < partitions:
+            groups_auto.append([])
+        groups_auto[-1].append(child)
+        running += n
+    return [g for g in groups_auto if g]
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def current_model() -> DistributedModel | None:
+    return _model
+
+
+# -- the optimizer --------------------------------------------------------------------------------
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: float = 1.0,
+                         dynamic_loss_scale: bool = False, **kwargs: Any) -> Any:
+    """The optimizer, with ``state_dict()`` for the whole model and ``local_state_dict()``.
+
+    The same object is returned (a learning-rate scheduler keeps working). When the model was
+    sharded after the optimizer was made, its parameters are replaced by the sharded ones.
+
+    Arguments:
+        optimizer: a torch optimizer over the model's parameters.
+        static_loss_scale, dynamic_loss_scale, **kwargs: SMP's FP16 options; use
+            ``smp.amp.GradScaler`` for loss scaling.
+
+    Example:
+        >>> optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters()))
+    """
+    model = _model
+    if model is not None and model._fsdp:
+        for group in optimizer.param_groups:
+            group["params"] = [model.moved_parameter(p) for p in group["params"]]
+    base = type(optimizer)
+    if not getattr(base, "_sdp_smp", False):
+        optimizer.__class__ = type(base.__name__, (base,), {
+            "_sdp_smp": True,
+            "state_dict": _optimizer_state_dict,
+            "load_state_dict": _optimizer_load_state_dict,
+            "local_state_dict": _optimizer_local_state_dict,
+        })
+    return optimizer
+
+
+def _optimizer_state_dict(self: Any) -> dict[str, Any]:
+    """The whole optimizer state (torch's layout: loads into the plain model's optimizer)."""
+    sd = super(type(self), self).state_dict()
+    for values in sd["state"].values():
+        for key, value in values.items():
+            if hasattr(value, "full_tensor"):
+                values[key] = value.full_tensor().detach()
+    return sd
+
+
+def _optimizer_local_state_dict(self: Any) -> dict[str, Any]:
+    sd = super(type(self), self).state_dict()
+    for values in sd["state"].values():
+        for key, value in values.items():
+            if hasattr(value, "to_local"):
+                values[key] = value.to_local().detach()
+    sd[PARTIAL_KEY] = True
+    return sd
+
+
+def _optimizer_load_state_dict(self: Any, state_dict: Mapping[str, Any]) -> None:
+    sd = dict(state_dict)
+    partial = bool(sd.pop(PARTIAL_KEY, False))
+    params = [p for group in self.param_groups for p in group["params"]]
+    if not partial and any(hasattr(p, "device_mesh") for p in params):
+        states = {}
+        for index, values in sd["state"].items():
+            param = params[int(index)]
+            states[index] = {
+                k: _as_dtensor(v, param) if _like_param(v, param) else v
+                for k, v in values.items()
+            }
+        sd["state"] = states
+    elif partial:
+        states = {}
+        for index, values in sd["state"].items():
+            param = params[int(index)]
+            states[index] = {
+                k: _from_local(v, param) if _local_like(v, param) else v
+                for k, v in values.items()
+            }
+        sd["state"] = states
+    super(type(self), self).load_state_dict(sd)
+
+
+def _like_param(value: Any, param: Any) -> bool:
+    return (isinstance(value, torch.Tensor) and hasattr(param, "device_mesh")
+            and tuple(value.shape) == tuple(param.shape))
+
+
+def _local_like(value: Any, param: Any) -> bool:
+    return (isinstance(value, torch.Tensor) and hasattr(param, "device_mesh")
+            and tuple(value.shape) == tuple(param.to_local().shape) and value.dim() > 0)
+
+
+def _as_dtensor(value: torch.Tensor, param: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(_local_piece(value, param), param.device_mesh, param.placements,
+                              run_check=False, shape=param.shape, stride=param.stride())
+
+
+def _from_local(value: torch.Tensor, param: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(value.to(param.device), param.device_mesh, param.placements,
+                              run_check=False, shape=param.shape, stride=param.stride())

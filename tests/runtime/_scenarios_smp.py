@@ -1,0 +1,208 @@
+"""What each rank runs for tests/runtime/test_smp.py (sdp_runtime.torch.smp)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import sdp_runtime.torch.smp as smp
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from sdp_runtime.torch.smp import model as smp_model
+from sdp_runtime.torch.smp import state
+from torch import nn
+
+from ._checks import checks_in, expect_raises, run_checks
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _data(rows: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(rows, 4, generator=g), torch.randint(0, 3, (rows,), generator=g)
+
+
+def _fresh(config: dict[str, Any]) -> None:
+    state.reset()
+    smp.init(config)
+
+
+# -- data parallel (the default configuration) ----------------------------------------------------
+
+def check_data_parallel_rank_queries() -> None:
+    _fresh({"microbatches": 2})
+    assert (smp.mp_rank(), smp.mp_size()) == (0, 1)
+    assert (smp.dp_rank(), smp.dp_size()) == (smp.rank(), smp.size())
+    assert smp.rdp_rank() == smp.rank() and smp.get_mp_group() == [smp.rank()]
+    assert smp.get_dp_group() == list(range(smp.size()))
+    t = torch.tensor([float(smp.rank() + 1)])
+    dist.all_reduce(t, group=smp.get_dp_process_group())
+    assert t.item() == 3.0
+
+
+def check_broadcast_recv_from_allgather_barrier() -> None:
+    if smp.rank() == 0:
+        smp.broadcast({"lr": 0.1}, smp.CommGroup.WORLD)
+        got = {"lr": 0.1}
+    else:
+        got = smp.recv_from(0, smp.RankType.WORLD_RANK)
+    assert got == {"lr": 0.1}
+    assert smp.allgather(smp.rank(), smp.DP_GROUP) == [0, 1]
+    smp.barrier()
+
+
+def check_step_splits_into_microbatches_and_gathers_outputs() -> None:
+    seen: list[int] = []
+
+    @smp.step(non_split_inputs=["scale"])
+    def forward(x, scale, pair):
+        seen.append(x.shape[0])
+        assert pair[0].shape[0] == x.shape[0] and pair[1] == "label"
+        return x * scale, {"sum": x.sum()}, 1.5
+
+    x = torch.arange(8.0).reshape(4, 2)
+    out, parts, number = forward(x, torch.tensor(2.0), (x, "label"))
+    assert seen == [2, 2]
+    assert torch.equal(out.concat(), x * 2)
+    assert out.stack().shape == (2, 2, 2) and len(out.outputs) == 2
+    assert torch.equal(parts["sum"].reduce_sum(), x.sum())
+    assert torch.allclose(parts["sum"].reduce_mean(), x.sum() / 2)
+    assert number.reduce_mean() == 1.5
+    expect_raises(ValueError, lambda: forward(torch.ones(3, 2), torch.tensor(1.0), (x, "label")),
+                  "3 elements along axis 0")
+
+
+def check_microbatched_step_equals_one_plain_step_on_the_whole_data() -> None:
+    model = smp.DistributedModel(_net())
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5))
+    x, y = _data(8)
+
+    @smp.step
+    def train_step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        model.backward(loss)
+        return loss
+
+    mine = slice(4 * smp.rank(), 4 * smp.rank() + 4)
+    loss = train_step(model, x[mine], y[mine]).reduce_mean()
+    optimizer.step()
+    plain = _net()
+    F.cross_entropy(plain(x), y).backward()
+    torch.optim.SGD(plain.parameters(), lr=0.5).step()
+    for key, value in plain.state_dict().items():
+        assert torch.allclose(model.state_dict()[key], value, atol=1e-6), key
+    assert loss.shape == ()
+    assert list(model.state_dict()) == list(plain.state_dict())
+
+
+def check_optimizer_stays_the_same_object_for_schedulers() -> None:
+    model = smp.DistributedModel(_net())
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = smp.DistributedOptimizer(base)
+    assert optimizer is base and isinstance(optimizer, torch.optim.SGD)
+    torch.optim.lr_scheduler.StepLR(optimizer, 1).step()
+    assert "_smp_is_partial" in optimizer.local_state_dict()
+
+
+def check_save_full_once_and_partial_per_shard() -> None:
+    model = smp.DistributedModel(_net())
+    folder = smp.allgather(tempfile.mkdtemp() if smp.rank() == 0 else None)[0]
+    path = os.path.join(folder, "ckpt.pt")
+    smp.save({"model": model.state_dict()}, path, partial=False)
+    smp.save(model.local_state_dict(), path, partial=True)
+    smp.barrier()
+    assert sorted(os.listdir(folder)) == ["ckpt.pt", "ckpt.pt_0"]
+    loaded = smp.load(path, partial=False)
+    plain = _net()
+    plain.load_state_dict(loaded["model"])
+    model.load_state_dict(smp.load(path, partial=True))
+
+
+# -- two partitions: one replica sharded with FSDP ------------------------------------------------
+
+def check_partitioned_rank_queries() -> None:
+    _fresh({"partitions": 2, "microbatches": 2})
+    assert (smp.mp_rank(), smp.mp_size()) == (smp.rank(), 2)
+    assert (smp.dp_rank(), smp.dp_size()) == (0, 1)
+    assert (smp.pp_rank(), smp.pp_size()) == (smp.rank(), 2)
+    assert smp.get_mp_group() == [0, 1] and smp.get_dp_group() == [smp.rank()]
+    assert smp.allgather(smp.rank(), smp.MP_GROUP) == [0, 1]
+    assert smp.allgather("me", smp.DP_GROUP) == ["me"]
+
+
+def check_partition_blocks_become_fsdp_units() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            with smp.partition(0):
+                self.a = nn.Linear(4, 8)
+            with smp.partition(1):
+                self.b = nn.Sequential(nn.ReLU(), nn.Linear(8, 3))
+
+    net = Net()
+    assert (net.a._smp_partition, net.b._smp_partition, net.b[1]._smp_partition) == (0, 1, 1)
+    groups = smp_model._units(net, 2)
+    assert [[id(m) for m in g] for g in groups] == [[id(net.a)], [id(net.b)]]
+
+
+def check_auto_partition_cuts_children_by_parameter_count() -> None:
+    net = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10), nn.Linear(10, 10),
+                        nn.Linear(10, 10))
+    groups = smp_model._units(net, 2)
+    assert [len(g) for g in groups] == [2, 2]
+
+
+def check_sharded_training_with_optimizer_made_before_the_wrap() -> None:
+    net = _net()
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.05)  # before DistributedModel
+    model = smp.DistributedModel(net)
+    optimizer = smp.DistributedOptimizer(optimizer)
+    assert all(hasattr(p, "device_mesh") for g in optimizer.param_groups for p in g["params"])
+    x, y = _data(8)
+
+    @smp.step
+    def train_step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        model.backward(loss)
+        return loss
+
+    for _ in range(3):
+        optimizer.zero_grad()
+        train_step(model, x, y)  # every rank of the replica gets the whole batch
+        optimizer.step()
+    plain = _net()
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=0.05)
+    for _ in range(3):
+        plain_opt.zero_grad()
+        F.cross_entropy(plain(x), y).backward()
+        plain_opt.step()
+    full = model.state_dict()
+    for key, value in plain.state_dict().items():
+        assert torch.allclose(full[key], value, atol=1e-5), key
+    # The optimizer's whole state loads into the plain model's optimizer.
+    again = torch.optim.Adam(_net().parameters(), lr=0.05)
+    again.load_state_dict(optimizer.state_dict())
+    for a, b in zip(again.state.values(), plain_opt.state.values(), strict=True):
+        assert torch.allclose(a["exp_avg"], b["exp_avg"], atol=1e-5)
+    # A whole state dict loads back into the sharded model (each rank keeps its shard).
+    model.load_state_dict(plain.state_dict())
+    assert torch.allclose(model.state_dict()["0.weight"], plain.state_dict()["0.weight"])
+
+
+def smp_suite() -> dict[str, str]:
+    return run_checks(checks_in(globals()))
+
+
+def single_process_partitioned() -> dict[str, Any]:
+    """``python train.py`` with two partitions configured: one process runs the whole model."""
+    smp.init()
+    model = smp.DistributedModel(_net())
+    raw = state.config().raw or {}
+    return {"configured": raw.get("partitions"), "mp_size": smp.mp_size(),
+            "dp_size": smp.dp_size(), "sharded": model._fsdp,
+            "keys": list(model.state_dict()) == list(_net().state_dict())}

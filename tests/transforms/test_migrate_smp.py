@@ -1,0 +1,238 @@
+from __future__ import annotations
+
+import textwrap
+
+from sdp_convert.base import Options
+from sdp_convert.engine import Result, convert
+
+from .helpers import messages
+
+ONLY = "migrate_smp"
+
+
+def migrate(before: str, after: str | None = None, only: frozenset[str] | None = None) -> Result:
+    result = convert(textwrap.dedent(before), Options(only=only or frozenset({ONLY})))
+    if after is not None:
+        assert result.output.decode() == textwrap.dedent(after)
+    return result
+
+
+def full(before: str) -> Result:
+    """The whole pipeline, as ``sdp-convert`` runs it."""
+    return convert(textwrap.dedent(before), Options())
+
+
+TORCH_SCRIPT = """\
+    import smdistributed.modelparallel.torch as smp
+    import torch
+    import torch.nn.functional as F
+
+    smp.init()
+    model = smp.DistributedModel(torch.nn.Linear(4, 2))
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 4)), batch_size=4)
+
+    @smp.step()
+    def train_step(model, data):
+        loss = model(data).sum()
+        model.backward(loss)
+        return loss
+
+    for (data,) in loader:
+        optimizer.zero_grad()
+        loss = train_step(model, data).reduce_mean()
+        optimizer.step()
+    """
+
+
+def test_torch_import_points_at_the_runtime_and_keeps_the_alias():
+    result = migrate(TORCH_SCRIPT)
+    out = result.output.decode()
+    assert out.splitlines()[0] == "import sdp_runtime.torch.smp as smp"
+    assert out.replace("import sdp_runtime.torch.smp as smp", "") == textwrap.dedent(
+        TORCH_SCRIPT
+    ).replace("import smdistributed.modelparallel.torch as smp", "")
+
+
+def test_smp_script_is_detected_as_smp_not_single_gpu():
+    info = full(TORCH_SCRIPT).info
+    assert info.origin == "smp"
+    assert info.framework == "torch"
+    assert not info.convertible
+
+
+def test_smp_script_gets_no_ddp_wrapping_sharding_or_lr_scaling():
+    result = full(TORCH_SCRIPT)
+    out = result.output.decode()
+    assert "DistributedDataParallel" not in out
+    assert "DistributedSampler" not in out
+    assert "lr=0.1" in out and "size()" not in out
+    assert {c.transform for c in result.changes} == {"migrate_smp"}
+    assert not [m for m in messages(result, manual=True)]
+
+
+def test_from_import_and_amp():
+    migrate(
+        """\
+        from smdistributed.modelparallel.torch import DistributedModel, step
+        from smdistributed.modelparallel.torch.amp import GradScaler
+        import smdistributed.modelparallel.torch as smp
+
+        smp.init()
+        scaler = smp.amp.GradScaler()
+        other = GradScaler()
+        """,
+        """\
+        from sdp_runtime.torch.smp import DistributedModel, step
+        from sdp_runtime.torch.smp.amp import GradScaler
+        import sdp_runtime.torch.smp as smp
+
+        smp.init()
+        scaler = smp.amp.GradScaler()
+        other = GradScaler()
+        """,
+    )
+
+
+def test_unsupported_api_gets_a_manual_note_naming_the_call():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.torch as smp
+
+        smp.init()
+        layer = smp.nn.DistributedTransformerLMHead()
+        smp.save_checkpoint("/ckpt", tag="t", model=model)
+        smp.send(obj, 1, smp.RankType.WORLD_RANK)
+        """
+    )
+    notes = messages(result, manual=True)
+    assert any(n.startswith("smp.nn: not provided") for n in notes)
+    assert any(n.startswith("smp.save_checkpoint: not provided") for n in notes)
+    assert any(n.startswith("smp.send: not provided") for n in notes)
+    assert "smdistributed" not in result.output.decode().splitlines()[0]
+
+
+def test_unsupported_name_is_dropped_from_a_from_import_with_a_note():
+    result = migrate(
+        """\
+        from smdistributed.modelparallel.torch import init, save_checkpoint
+
+        init()
+        save_checkpoint("/ckpt", tag="t")
+        """
+    )
+    out = result.output.decode()
+    assert out.splitlines()[0] == "from sdp_runtime.torch.smp import init"
+    assert any("save_checkpoint: not provided by sdp_runtime" in n
+               for n in messages(result, manual=True))
+
+
+def test_unguarded_torch_save_becomes_smp_save_written_once():
+    result = migrate(
+        textwrap.dedent(TORCH_SCRIPT) + 'torch.save(model.state_dict(), "model.pt")\n'
+        'if smp.dp_rank() == 0:\n    torch.save(optimizer.state_dict(), "opt.pt")\n'
+    )
+    out = result.output.decode()
+    assert 'smp.save(model.state_dict(), "model.pt", partial=False)' in out
+    assert 'smp.save(optimizer.state_dict(), "opt.pt", partial=False)' in out
+
+
+def test_state_dict_under_a_rank_test_is_noted():
+    result = migrate(
+        textwrap.dedent(TORCH_SCRIPT) + 'if smp.rank() == 0:\n    smp.save(model.state_dict(), "m.pt", partial=False)\n'
+    )
+    assert any("model.state_dict() under a rank() test" in n for n in messages(result, manual=True))
+
+
+def test_tf_get_gradients_in_a_step_uses_the_runtime_and_partitions_are_noted():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.tensorflow as smp
+        import tensorflow as tf
+
+        smp.init()
+
+        class Model(smp.DistributedModel):
+            def call(self, x):
+                with smp.partition(0):
+                    return self.dense(x)
+
+        @smp.step
+        def forward_backward(images, labels):
+            loss = loss_obj(labels, model(images))
+            return optimizer.get_gradients(loss, model.trainable_variables), loss
+
+        def elsewhere(loss):
+            return optimizer.get_gradients(loss, model.trainable_variables)
+        """
+    )
+    out = result.output.decode()
+    assert "import sdp_runtime.tensorflow.smp as smp" in out
+    assert "return smp.get_gradients(loss, model.trainable_variables), loss" in out
+    assert "    return optimizer.get_gradients(loss, model.trainable_variables)\n" in out
+    assert any(n.startswith("smp.partition(0): TensorFlow has no FSDP")
+               for n in messages(result, manual=True))
+
+
+def test_horovod_hybrid_migrates_both_imports():
+    result = full(
+        """\
+        import horovod.tensorflow as hvd
+        import smdistributed.modelparallel.tensorflow as smp
+        import tensorflow as tf
+
+        smp.init()
+        grads = [hvd.allreduce(g) for g in grads]
+        """
+    )
+    out = result.output.decode()
+    assert "import sdp_runtime.tensorflow as hvd" in out
+    assert "import sdp_runtime.tensorflow.smp as smp" in out
+    assert "smdistributed" not in out and "import horovod" not in out
+
+
+def test_converted_file_is_left_alone():
+    once = migrate(textwrap.dedent(TORCH_SCRIPT) + 'torch.save(model.state_dict(), "m.pt")\n').output.decode()
+    again = full(once)
+    assert again.output.decode() == once
+
+
+def test_names_imported_from_smp_get_the_module_spelled_in_full():
+    result = migrate(
+        """\
+        import torch
+        from smdistributed.modelparallel.torch import DistributedModel, init, step
+
+        init()
+        model = DistributedModel(torch.nn.Linear(4, 2))
+
+        @step
+        def train_step(model, data):
+            loss = model(data).sum()
+            model.backward(loss)
+            return loss
+
+        for data in torch.ones(2, 4, 4):
+            train_step(model, data)
+            torch.optim.SGD(model.parameters(), lr=0.1).step()
+        torch.save(model.state_dict(), "model.pt")
+        """
+    )
+    out = result.output.decode()
+    assert "from sdp_runtime.torch.smp import DistributedModel, init, step" in out
+    assert "import sdp_runtime.torch.smp\n" in out
+    assert 'sdp_runtime.torch.smp.save(model.state_dict(), "model.pt", partial=False)' in out
+    compile(out, "train.py", "exec")
+
+
+def test_tf_checkpoint_manager_is_noted():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.tensorflow as smp
+
+        smp.init()
+        manager = smp.CheckpointManager(checkpoint, "/opt/ml/checkpoints")
+        """
+    )
+    assert any(n.startswith("smp.CheckpointManager: not provided by sdp_runtime; write a "
+                            "tf.train.Checkpoint") for n in messages(result, manual=True))
