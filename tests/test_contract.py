@@ -182,12 +182,18 @@ def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
 
 # -- every golden ---------------------------------------------------------------------------
 
-#: What the contract finds in the goldens beyond what their conversion says: both true.
+#: What the contract finds in the goldens beyond what their conversion says: all true.
 #: torch_elastic trains every rank on the same tensors (``torch.manual_seed(0)`` then
-#: ``randn``), as its Horovod original does; mnist_eight_gpus downloads MNIST on every rank.
+#: ``randn``), as its Horovod original does; mnist_eight_gpus downloads MNIST on every rank;
+#: the Horovod hybrid SMP script downloads MNIST to one path on every rank; the two TensorFlow SMP scripts (SageMaker's own example) give every rank the same batches
+#: (each reads all of MNIST and shuffles it with the same seed): what model parallelism wants
+#: within one replica, but under data parallelism every rank trains on the same data.
 GOLDEN_FINDINGS = {
     "horovod/torch_elastic": ["input.py:36: no split of the training data was found"],
     "smddp/mnist_eight_gpus": ["input.py:38: datasets.MNIST(...) downloads on every rank"],
+    "smp/tf2_horovod_hybrid": ["input.py:10: tf.keras.datasets.mnist.load_data(...) downloads",
+                               "input.py:54: the data trained on here is not split"],
+    "smp/tf2_subclass": ["input.py:58: the data trained on here is not split"],
 }
 CASES = sorted(p for p in FIXTURES.glob("*/*") if p.is_dir() and p.parent.name != "projects")
 

@@ -299,7 +299,9 @@ class _Reader(ast.NodeVisitor):
         if not self.guards:
             if _writes(self, node, name, method):
                 view.writes.append((spot, self.function[-1] if self.function else ""))
-            if not self.rank0_first and _downloads(node, name):
+            if not self.rank0_first and _downloads(node, name) and not any(
+                self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
+            ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
                 view.downloads.append((spot, self.function[-1] if self.function else ""))
         self.generic_visit(node)
 
@@ -308,8 +310,8 @@ class _Reader(ast.NodeVisitor):
 
 
 def _is_wrap(name: str) -> bool:
-    return name.startswith("sdp_runtime.") and (
-        name.endswith("DistributedDataParallel") or name.endswith("DistributedOptimizer")
+    return name.startswith("sdp_runtime.") and name.endswith(
+        ("DistributedDataParallel", "DistributedOptimizer", "DistributedModel")
     )
 
 
@@ -501,7 +503,7 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
     optimizers = [(v, o) for v in reach for o in v.optimizers]
     torch_training = any(v.steps for v in reach) and any(v.backward for v in reach)
     ddp = sum(len(spots) for v in reach for n, spots in v.runtime.items()
-              if n.endswith("DistributedDataParallel"))
+              if n.endswith(("DistributedDataParallel", "DistributedModel")))
     distributed_optimizers = sum(v.distributed_optimizers for v in reach)
     distributed_tapes = sum(v.distributed_tapes for v in reach)
     broadcasts = any(v.broadcasts for v in reach)
