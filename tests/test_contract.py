@@ -185,7 +185,8 @@ def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
 #: What the contract finds in the goldens beyond what their conversion says: all true.
 #: torch_elastic trains every rank on the same tensors (``torch.manual_seed(0)`` then
 #: ``randn``), as its Horovod original does; mnist_eight_gpus downloads MNIST on every rank;
-#: the Horovod hybrid SMP script downloads MNIST to one path on every rank; the two TensorFlow SMP scripts (SageMaker's own example) give every rank the same batches
+#: the Horovod hybrid SMP script downloads MNIST to one path on every rank; the two TensorFlow
+#: SMP scripts (SageMaker's own example) give every rank the same batches
 #: (each reads all of MNIST and shuffles it with the same seed): what model parallelism wants
 #: within one replica, but under data parallelism every rank trains on the same data.
 GOLDEN_FINDINGS = {
