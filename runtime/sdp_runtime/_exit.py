@@ -259,6 +259,10 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         text = f"{kind.__name__}: {lines[0]}" if lines else kind.__name__
         job.failure = (text[:500], "".join(traceback.format_exception(kind, error, tb))[-8000:])
+        # Post now, not at exit: the script's own atexit handlers run before sdp's shutdown,
+        # and torchrun may stop this rank in them when another rank exits first.
+        with contextlib.suppress(Exception):
+            _post(job)
     if job is not None and job.failure is not None and _after_a_peer_failed(job):
         # A follow-on error (this rank's collective failed because a peer failed or vanished
         # first): one line, not a second traceback under the first one. The launcher shows the

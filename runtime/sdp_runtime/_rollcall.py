@@ -87,7 +87,7 @@ class RollCall:
             if self.complete:
                 return
             now = time.monotonic()
-            if now >= next_line:
+            if now >= next_line and now - self._started < self.timeout_s + self.every_s:
                 self.say(self.waiting_line(now - self._started))
                 next_line = now + self.every_s
             self._stop.wait(1.0)
