@@ -41,18 +41,19 @@ class RollCall:
     Arguments:
         endpoint: ``HOST:PORT`` of machine 0.
         nnodes, node_rank, nproc: the job's machines, this one's rank and its processes.
-        timeout_s: how long torchrun waits for the machines.
+        timeout_s: how long torchrun waits for the machines; ``timeout_set``: whether it is
+            SDP_TIMEOUT's (else torchrun's default).
         say: where the lines go (default: stderr).
         every_s: seconds between two waiting lines (the first after ``first_s``).
     """
 
     def __init__(self, endpoint: str, nnodes: int, node_rank: int, nproc: int, timeout_s: float,
                  say: Callable[[str], None] | None = None, every_s: float = 5.0,
-                 first_s: float = 3.0) -> None:
+                 first_s: float = 3.0, timeout_set: bool = True) -> None:
         host, _, port = endpoint.rpartition(":")
         self.endpoint, self.host, self.port = endpoint, host.strip("[]"), int(port)
         self.nnodes, self.node_rank, self.nproc = nnodes, node_rank, nproc
-        self.timeout_s = timeout_s
+        self.timeout_s, self.timeout_set = timeout_s, timeout_set
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.every_s, self.first_s = every_s, first_s
         self.problem: str | None = "not tried yet"  # why the endpoint cannot be reached
@@ -152,7 +153,8 @@ class RollCall:
     def failure_line(self, error: BaseException) -> str:
         """The one line that replaces torchrun's traceback when the machines never all met."""
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        limit = f"within {self.timeout_s:g} s (SDP_TIMEOUT)"
+        limit = f"within {self.timeout_s:g} s " + (
+            "(SDP_TIMEOUT)" if self.timeout_set else "(torchrun's default; SDP_TIMEOUT sets it)")
         if self.complete:
             return f"sdp-run: error: the rendezvous at {self.endpoint} failed: {first}"
         if self.problem is not None or self.missing is None:

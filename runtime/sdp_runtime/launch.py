@@ -12,7 +12,10 @@ them to torchrun's own parser and ``run``, prefixes each output line with the ra
 (``[rank3]: ``), and turns a failed rank into one short message and a non-zero exit status
 (the failing rank's output, traceback included, is shown as it happens; torchrun stops the other
 ranks). torch is imported only when launching, so ``sdp-run --help`` is quick, and a machine
-without torch gets one line naming the extra to install.
+without torch gets one line naming the extra to install. While the machines of a ``--nnodes N``
+job meet, a line every few seconds names the missing ones, and one line ends a job whose
+machines never all came (``_rollcall``); each rank is started through a bootstrap that ends it,
+and what it started, if ``sdp-run`` is killed with SIGKILL (``_lifeline``).
 
 Defaults: on one machine a free port is chosen automatically (torchrun's ``localhost:0``
 rendezvous). Inside a SLURM job step the number of nodes, this node's rank and the rendezvous
@@ -77,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "SDP_BUCKET_MB (default 25) are read by the processes; OMP_NUM_THREADS defaults to the "
         "cores here divided by the processes here. Under SLURM (inside srun, one sdp-run per "
         "node) and SageMaker the node flags default from the environment. Exit status: 0, the "
-        "status of the rank that failed first, 130/143 when stopped by SIGINT/SIGTERM, 2 for a "
-        "usage error.",
+        "status of the rank that failed first, 1 when the machines never all met, 130/143 when "
+        "sdp-run is stopped by SIGINT/SIGTERM, 2 for a usage error.",
     )
     parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
                         metavar="N", help="processes on this machine (default: GPUs here, else "
@@ -431,8 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sdp-run``; returns the exit status.
 
     0 when every rank succeeded; the exit status of the rank that failed first (128 + N when it
-    was killed by signal N) when one failed; 130 / 143 when stopped by SIGINT / SIGTERM; 2 for a
-    usage error or a machine without torch.
+    was killed by signal N) when one failed; 1 when the machines of a ``--nnodes N`` job never
+    all met; 130 / 143 when stopped by SIGINT / SIGTERM; 2 for a usage error or a machine without
+    torch.
 
     Example:
         >>> main(["-n", "2", "train.py"])
@@ -530,8 +534,10 @@ def _roll_call(p: Plan, nproc: int) -> _rollcall.RollCall | None:
     """The thread that says which machine is missing, for a fixed number of machines > 1."""
     if p.nnodes < 2 or p.max_nodes is not None or not p.endpoint:
         return None
-    timeout = rendezvous_timeout(os.environ) or _rollcall.TORCHRUN_DEFAULT_TIMEOUT_S
-    return _rollcall.RollCall(p.endpoint, p.nnodes, p.node_rank, nproc, timeout)
+    timeout = rendezvous_timeout(os.environ)
+    return _rollcall.RollCall(p.endpoint, p.nnodes, p.node_rank, nproc,
+                              timeout or _rollcall.TORCHRUN_DEFAULT_TIMEOUT_S,
+                              timeout_set=timeout is not None)
 
 
 def first_failure(
