@@ -15,7 +15,8 @@ small bootstrap (``python -S -c BOOT``, the standard library only) that
    the ``--no-python`` program): same pid, same process group, same ``sys.argv``.
 
 The watcher is a child of the rank that holds nothing open (its standard streams are
-``/dev/null``). Where pidfds are missing (Linux before 5.3) it looks every half second instead.
+``/dev/null``). Where pidfds are missing (Linux before 5.3, other systems) it looks every half
+second instead (``/proc``, else signal 0).
 """
 
 from __future__ import annotations
@@ -44,15 +45,23 @@ if os.fork() == 0:
             import select
             launcher_gone = fds[0] in select.select(fds, [], [])[0]
         else:
-            def alive(pid):
+            def launcher_alive():
+                if os.path.isdir("/proc/self"):
+                    try:
+                        with open(f"/proc/{launcher}/stat") as f:
+                            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+                    except OSError:
+                        return False
                 try:
-                    with open(f"/proc/{pid}/stat") as f:
-                        return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-                except OSError:
+                    os.kill(launcher, 0)
+                except ProcessLookupError:
                     return False
-            while alive(launcher) and alive(me):
+                except OSError:
+                    pass
+                return True
+            while launcher_alive() and os.getppid() == me:  # the rank: this one's parent
                 time.sleep(0.5)
-            launcher_gone = not alive(launcher)
+            launcher_gone = not launcher_alive()
         if launcher_gone:
             os.killpg(group, signal.SIGKILL)
     finally:
