@@ -3,7 +3,7 @@
 torchrun starts each rank in a session of its own (its process group is the rank's pid) and stops
 a rank by signalling that group; killed with SIGKILL, it signals nothing and its ranks, and the
 processes they started, run on. ``sdp-run`` therefore has torchrun start each rank through a
-small bootstrap (``python -S -c BOOT``, the standard library only) that
+small bootstrap (``python -I -S -c BOOT``, the standard library only) that
 
 1. opens pidfds of ``sdp-run`` (its parent, checked: if ``sdp-run`` is already gone the rank does
    not start) and of itself,
@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-#: The bootstrap, run as ``python -S -c BOOT LAUNCHER_PID COMMAND...``.
+#: The bootstrap, run as ``python -I -S -c BOOT LAUNCHER_PID COMMAND...``.
 BOOT = r"""
 import os, signal, sys, time
 launcher, command = int(sys.argv[1]), sys.argv[2:]
@@ -97,5 +97,6 @@ def wrap(torchrun_argv: Sequence[str], n_script_args: int) -> list[str]:
     else:
         python = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun's own choice
         command = [python, "-u", *(["-m"] if module else []), script]
-    boot = [sys.executable, "-S", "-c", BOOT, str(os.getpid()), *command, *script_args]
+    # -I: no PYTHON* variables, no current folder on sys.path (a signal.py there is not ours)
+    boot = [sys.executable, "-I", "-S", "-c", BOOT, str(os.getpid()), *command, *script_args]
     return [*flags, "--no-python", boot[0], *boot[1:]]

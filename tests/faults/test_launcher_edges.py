@@ -174,3 +174,29 @@ def test_bad_option_values_are_one_line_and_exit_2(tmp_path, argv, env, message)
     lines = out.stderr.splitlines()
     assert lines[0].startswith("usage: sdp-run") and lines[-1] == f"sdp-run: error: {message}"
     assert "Traceback" not in out.stderr
+
+
+def test_each_rank_runs_its_usual_command_behind_the_bootstrap():
+    """torchrun is given the bootstrap as a --no-python program; what it execs is the command
+    torchrun would have run (python -u [-m] SCRIPT ARGS, or the --no-python program)."""
+    import sys
+
+    from sdp_runtime import _lifeline
+    from sdp_runtime.launch import Plan, build_parser, torchrun_args
+
+    def wrapped(*argv: str) -> tuple[list[str], list[str]]:
+        args = build_parser().parse_args(list(argv))
+        out = _lifeline.wrap(torchrun_args(Plan(2, 1, 0, None), args, 2, "/logs"),
+                             len(args.script_args))
+        boot = out.index("-I")
+        assert out[boot - 2:boot + 3] == ["--no-python", sys.executable, "-I", "-S", "-c"]
+        assert out[boot + 3] == _lifeline.BOOT and out[boot + 4] == str(os.getpid())
+        return out[:boot - 2], out[boot + 5:]
+
+    flags, command = wrapped("train.py", "--lr", "1", "--module")  # the script's own flag
+    assert command == [sys.executable, "-u", "train.py", "--lr", "1", "--module"]
+    assert "--module" not in flags and flags[:2] == ["--nproc-per-node", "2"]
+    flags, command = wrapped("-m", "pkg.train", "x")
+    assert command == [sys.executable, "-u", "-m", "pkg.train", "x"] and "--module" not in flags
+    flags, command = wrapped("--no-python", "./job.sh", "--no-python")
+    assert command == ["./job.sh", "--no-python"] and "--no-python" not in flags
