@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import copyreg
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -187,7 +189,10 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             if protocol >= 2:
                 # pickle writes NEWOBJ only after checking ``obj.__class__`` against the class
                 # it names: ``__class__`` answers the wrapped module's class for that one read.
-                self.__dict__["_sdp_pickled_as"] = reduced[1][0]
+                # (Only in this thread, within a second: a caller of __reduce_ex__ other than
+                # pickle, which reads no __class__ after it, leaves nothing behind.)
+                self.__dict__["_sdp_pickled_as"] = (reduced[1][0], threading.get_ident(),
+                                                    time.monotonic())
                 return reduced
             # Protocols 0 and 1 have no NEWOBJ: the same ``object.__new__(cls)`` spelled with
             # the stdlib's reconstructor.
@@ -198,7 +203,11 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # noqa: D105 - see __reduce_ex__
         pickled_as = self.__dict__.pop("_sdp_pickled_as", None)
-        return pickled_as if pickled_as is not None else type(self)
+        if pickled_as is not None:
+            cls, thread, when = pickled_as
+            if thread == threading.get_ident() and time.monotonic() - when < 1.0:
+                return cls  # type: ignore[no-any-return]
+        return type(self)
 
     @__class__.setter
     def __class__(self, value: type) -> None:
