@@ -155,7 +155,8 @@ class RollCall:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         limit = f"within {self.timeout_s:g} s " + (
             "(SDP_TIMEOUT)" if self.timeout_set else "(torchrun's default; SDP_TIMEOUT sets it)")
-        if self.complete:
+        if self.complete or not any(word in first.lower() for word in ("timed out", "timeout")):
+            # not a wait that ran out (the port is taken, the store went away): torch's words
             return f"sdp-run: error: the rendezvous at {self.endpoint} failed: {first}"
         if self.problem is not None or self.missing is None:
             what = self.problem or first

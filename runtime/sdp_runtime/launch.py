@@ -521,8 +521,8 @@ def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
                 print(roll_call.failure_line(error), file=sys.stderr)
             else:
                 first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                print(f"sdp-run: error: the machines did not meet at {p.endpoint}: {first}",
-                      file=sys.stderr)
+                where = f" at {p.endpoint}" if p.endpoint else ""
+                print(f"sdp-run: error: the rendezvous{where} failed: {first}", file=sys.stderr)
             return EXIT_RENDEZVOUS
         finally:
             if roll_call is not None:
