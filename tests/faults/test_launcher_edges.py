@@ -95,6 +95,28 @@ def test_machine_1_without_machine_0_says_nothing_listens(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_rendezvous_port_taken_by_another_program_is_one_line_in_torchs_words(tmp_path):
+    import socket
+
+    (tmp_path / "train.py").write_text("print('never runs')\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        node = Job(tmp_path, ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", endpoint,
+                              "train.py"], {"SDP_TIMEOUT": "5"})
+        try:
+            code, _, err = node.wait(100)
+        finally:
+            node.kill()
+    assert code == 1, err
+    lines = _no_traceback_and_only_sdp_run_lines(err)
+    assert lines[-1].startswith(f"sdp-run: error: the rendezvous at {endpoint} failed: "), err
+    assert "EADDRINUSE" in lines[-1] and "never joined" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_sdp_run_killed_with_sigkill_takes_its_ranks_and_their_children_along(tmp_path):
     (tmp_path / "train.py").write_text(scripts.RANKS_WITH_CHILDREN)
     job = Job(tmp_path, ["-n", "2", "train.py"])
