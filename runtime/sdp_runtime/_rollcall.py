@@ -7,7 +7,8 @@ it waits (up to ``SDP_TIMEOUT`` s, else torchrun's 600 s) and then raises a 40-l
 that the endpoint's host resolves and listens (plain sockets, so torchrun's own client is not
 disturbed), signs this machine in under a key of its own (``sdp-run/joined/<node rank>``, its
 number of processes as the value) and reads which machines have signed in. Every few seconds,
-until all have, it prints one line:
+until all have, it prints one line (every 5 s, every 30 s after the first minute, none past the
+time limit):
 
     sdp-run: waiting for 2 of 4 processes: node 1 has not joined (at 10.0.0.1:29500, 5 s of 600 s)
     sdp-run: waiting for node 0 at 10.0.0.1:29500: nothing listens there yet (connection
@@ -44,18 +45,20 @@ class RollCall:
         timeout_s: how long torchrun waits for the machines; ``timeout_set``: whether it is
             SDP_TIMEOUT's (else torchrun's default).
         say: where the lines go (default: stderr).
-        every_s: seconds between two waiting lines (the first after ``first_s``).
+        every_s: seconds between two waiting lines (the first after ``first_s``); after the
+            first minute, ``slow_every_s``.
     """
 
     def __init__(self, endpoint: str, nnodes: int, node_rank: int, nproc: int, timeout_s: float,
                  say: Callable[[str], None] | None = None, every_s: float = 5.0,
-                 first_s: float = 3.0, timeout_set: bool = True) -> None:
+                 first_s: float = 3.0, timeout_set: bool = True,
+                 slow_every_s: float = 30.0) -> None:
         host, _, port = endpoint.rpartition(":")
         self.endpoint, self.host, self.port = endpoint, host.strip("[]"), int(port)
         self.nnodes, self.node_rank, self.nproc = nnodes, node_rank, nproc
         self.timeout_s, self.timeout_set = timeout_s, timeout_set
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.every_s, self.first_s = every_s, first_s
+        self.every_s, self.first_s, self.slow_every_s = every_s, first_s, slow_every_s
         self.problem: str | None = "not tried yet"  # why the endpoint cannot be reached
         self.missing: list[int] | None = None  # node ranks not signed in (None: not known yet)
         self.joined: dict[int, int] = {}  # node rank -> its processes
@@ -90,7 +93,8 @@ class RollCall:
             now = time.monotonic()
             if now >= next_line and now - self._started < self.timeout_s + self.every_s:
                 self.say(self.waiting_line(now - self._started))
-                next_line = now + self.every_s
+                slow = now - self._started >= 60
+                next_line = now + (self.slow_every_s if slow else self.every_s)
             self._stop.wait(1.0)
 
     def _connect(self) -> object | None:

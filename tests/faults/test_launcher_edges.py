@@ -222,3 +222,18 @@ def test_each_rank_runs_its_usual_command_behind_the_bootstrap():
     assert command == [sys.executable, "-u", "-m", "pkg.train", "x"] and "--module" not in flags
     flags, command = wrapped("--no-python", "./job.sh", "--no-python")
     assert command == ["./job.sh", "--no-python"] and "--no-python" not in flags
+
+
+def test_roll_call_lines_for_several_missing_machines():
+    from sdp_runtime._rollcall import RollCall
+
+    call = RollCall("h0:29500", 4, 0, 2, 600.0, timeout_set=False)
+    call.problem, call.missing, call.joined = None, [2, 3], {0: 2, 1: 8}
+    assert call.waiting_line(65.4) == ("sdp-run: waiting for 4 of 14 processes: nodes 2, 3 have "
+                                       "not joined (at h0:29500, 65 s of 600 s)")
+    assert call.failure_line(RuntimeError("Timed out after 601 seconds waiting for clients.")) == (
+        "sdp-run: error: nodes 2, 3 never joined the rendezvous at h0:29500 within 600 s "
+        "(torchrun's default; SDP_TIMEOUT sets it) (2 of 4 machines came); no process was "
+        "started")
+    assert call.failure_line(RuntimeError("store closed\ndetails")) == (
+        "sdp-run: error: the rendezvous at h0:29500 failed: store closed")
