@@ -75,23 +75,21 @@ except OSError as error:
 """
 
 
-def wrap(torchrun_argv: Sequence[str], n_script_args: int) -> list[str]:
+def wrap(torchrun_argv: Sequence[str], n_script_args: int, *, module: bool = False,
+         no_python: bool = False) -> list[str]:
     """The same torchrun command line, each rank started through the bootstrap.
 
-    ``torchrun_argv`` is ``launch.torchrun_args``'s: torchrun's flags (``--module`` /
-    ``--no-python`` last among them), then the script and its ``n_script_args`` arguments.
+    ``torchrun_argv`` is ``launch.torchrun_args``'s: torchrun's flags, then the script and its
+    ``n_script_args`` arguments; ``module`` / ``no_python``: sdp-run's ``-m`` / ``--no-python``
+    (their torchrun flags are taken out: the bootstrap is the program torchrun runs).
 
     Example:
         >>> wrap(["--nproc-per-node", "2", "train.py", "--lr", "1"], 2)[:3]
         ['--nproc-per-node', '2', '--no-python']
     """
     cut = len(torchrun_argv) - n_script_args - 1
-    flags, script = list(torchrun_argv[:cut]), torchrun_argv[cut]
-    script_args = torchrun_argv[cut + 1:]
-    no_python = bool(flags) and flags[-1] == "--no-python"
-    module = bool(flags) and flags[-1] == "--module"
-    if no_python or module:
-        flags.pop()
+    flags = [f for f in torchrun_argv[:cut] if f not in ("--no-python", "--module")]
+    script, script_args = torchrun_argv[cut], torchrun_argv[cut + 1:]
     if no_python:
         command = [script]
     else:
@@ -99,4 +97,4 @@ def wrap(torchrun_argv: Sequence[str], n_script_args: int) -> list[str]:
         command = [python, "-u", *(["-m"] if module else []), script]
     # -I: no PYTHON* variables, no current folder on sys.path (a signal.py there is not ours)
     boot = [sys.executable, "-I", "-S", "-c", BOOT, str(os.getpid()), *command, *script_args]
-    return [*flags, "--no-python", boot[0], *boot[1:]]
+    return [*flags, "--no-python", *boot]

@@ -491,7 +491,8 @@ def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
     # sensible default (PyTorch and TensorFlow size their thread pools from it).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // nproc)))
     # Each rank through a bootstrap that ends it (and what it started) if sdp-run is killed.
-    torchrun_argv = _lifeline.wrap(torchrun_args(p, args, nproc, log_dir), len(args.script_args))
+    torchrun_argv = _lifeline.wrap(torchrun_args(p, args, nproc, log_dir), len(args.script_args),
+                                   module=args.module, no_python=args.no_python)
     roll_call = _roll_call(p, nproc)
     with tempfile.TemporaryDirectory(prefix="sdp-run-exits-") as reports:
         os.environ["SDP_RUN_REPORT_DIR"] = reports  # where a failing rank says why (sdp_runtime)

@@ -209,7 +209,7 @@ def test_each_rank_runs_its_usual_command_behind_the_bootstrap():
     def wrapped(*argv: str) -> tuple[list[str], list[str]]:
         args = build_parser().parse_args(list(argv))
         out = _lifeline.wrap(torchrun_args(Plan(2, 1, 0, None), args, 2, "/logs"),
-                             len(args.script_args))
+                             len(args.script_args), module=args.module, no_python=args.no_python)
         boot = out.index("-I")
         assert out[boot - 2:boot + 3] == ["--no-python", sys.executable, "-I", "-S", "-c"]
         assert out[boot + 3] == _lifeline.BOOT and out[boot + 4] == str(os.getpid())
