@@ -259,6 +259,19 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         text = f"{kind.__name__}: {lines[0]}" if lines else kind.__name__
         job.failure = (text[:500], "".join(traceback.format_exception(kind, error, tb))[-8000:])
+        # Post now, not at exit: the script's own atexit handlers run before sdp's shutdown,
+        # and torchrun may stop this rank in them when another rank exits first.
+        with contextlib.suppress(Exception):
+            _post(job)
+    if job is not None and job.failure is not None and _after_a_peer_failed(job):
+        # A follow-on error (this rank's collective failed because a peer failed or vanished
+        # first): one line, not a second traceback under the first one. The launcher shows the
+        # first failing rank's traceback; this rank's is in its report (SDP_RUN_REPORT_DIR).
+        with contextlib.suppress(Exception):
+            reason = explain(tracker.current) or f"rank {job.rank} stops: a peer left the job"
+            print(f"sdp_runtime: {reason} [{job.failure[0][:300]}] (its traceback is left out: "
+                  "it follows from that failure)", file=sys.stderr, flush=True)
+            return
     hook = _previous_hook or sys.__excepthook__
     hook(kind, error, tb)
     if job is not None and _is_communication(job.failure[0] if job.failure else ""):
@@ -267,6 +280,26 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
             reason = explain(tracker.current)
             if reason and reason not in str(error):
                 print(f"sdp_runtime: {reason}", file=sys.stderr, flush=True)
+
+
+def _after_a_peer_failed(job: _Job) -> bool:
+    """Whether this rank's uncaught error only follows from another rank's failure: a
+    communication error after a peer posted that it failed, or one whose Gloo/NCCL connection
+    the peer hung up (a rank killed by SIGKILL posts nothing). A peer that ended its script
+    cleanly is no failure: the error waiting for it is this rank's own (uneven steps)."""
+    summary = job.failure[0] if job.failure else ""
+    if not _is_communication(summary):
+        return False
+    try:
+        records = _records(job)
+    except Exception:
+        return False
+    if any(rec.get("status") != "done" for r, rec in records.items() if r != job.rank):
+        return True
+    low = summary.lower()
+    hung_up = any(hint in low for hint in _PEER_GONE_HINTS)
+    others = [r for r in records if r != job.rank]
+    return not others and hung_up and ("gloo" in low or "nccl" in low)
 
 
 def follows_from_peer(summary: str, peers_left: bool) -> bool:

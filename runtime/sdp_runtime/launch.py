@@ -12,7 +12,10 @@ them to torchrun's own parser and ``run``, prefixes each output line with the ra
 (``[rank3]: ``), and turns a failed rank into one short message and a non-zero exit status
 (the failing rank's output, traceback included, is shown as it happens; torchrun stops the other
 ranks). torch is imported only when launching, so ``sdp-run --help`` is quick, and a machine
-without torch gets one line naming the extra to install.
+without torch gets one line naming the extra to install. While the machines of a ``--nnodes N``
+job meet, a line every few seconds names the missing ones, and one line ends a job whose
+machines never all came (``_rollcall``); each rank is started through a bootstrap that ends it,
+and what it started, if ``sdp-run`` is killed with SIGKILL (``_lifeline``).
 
 Defaults: on one machine a free port is chosen automatically (torchrun's ``localhost:0``
 rendezvous). Inside a SLURM job step the number of nodes, this node's rank and the rendezvous
@@ -41,11 +44,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _env
+from . import _env, _lifeline, _rollcall
 
 _PREFIX_TEMPLATE = "[rank${rank}]: "
 
 EXIT_USAGE = 2
+#: The machines of a multi-machine job never all met (one line names the missing ones).
+EXIT_RENDEZVOUS = 1
 #: The torchrun.logs_specs entry point (pyproject.toml) that writes --output-dir's files.
 _RANK_FILES_SPEC = "sdp-rank-files"
 
@@ -75,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "SDP_BUCKET_MB (default 25) are read by the processes; OMP_NUM_THREADS defaults to the "
         "cores here divided by the processes here. Under SLURM (inside srun, one sdp-run per "
         "node) and SageMaker the node flags default from the environment. Exit status: 0, the "
-        "status of the rank that failed first, 130/143 when stopped by SIGINT/SIGTERM, 2 for a "
-        "usage error.",
+        "status of the rank that failed first, 1 when the machines never all met, 130/143 when "
+        "sdp-run is stopped by SIGINT/SIGTERM, 2 for a usage error.",
     )
     parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
                         metavar="N", help="processes on this machine (default: GPUs here, else "
@@ -149,6 +154,7 @@ def plan(
     """
     env = os.environ if environ is None else environ
     _check_flags(args)
+    rendezvous_timeout(env)  # SDP_TIMEOUT=abc is a usage error here, not a traceback later
     if args.nproc is not None and args.total is not None:
         raise ValueError("give -n (per machine) or -np (in all), not both")
     if args.endpoint and (args.master_addr or args.master_port):
@@ -190,6 +196,8 @@ def plan(
 
 
 def _check_flags(args: argparse.Namespace) -> None:
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts {args.max_restarts}: give 0 or more restarts")
     if args.module and args.no_python:
         raise ValueError("--module and --no-python cannot be combined")
     if args.ranks_filter and not re.fullmatch(r"\d+(,\d+)*", args.ranks_filter):
@@ -368,9 +376,9 @@ def torchrun_args(p: Plan, args: argparse.Namespace, nproc: int, log_dir: str) -
     else:
         out += ["--rdzv-backend", "static", "--rdzv-endpoint", p.endpoint or "",
                 "--node-rank", str(p.node_rank)]
-    timeout = os.environ.get("SDP_TIMEOUT", "").strip()
-    if timeout and "--standalone" not in out:
-        out += ["--rdzv-conf", f"timeout={max(int(float(timeout)), 1)}"]
+    timeout = rendezvous_timeout(os.environ)
+    if timeout is not None and "--standalone" not in out:
+        out += ["--rdzv-conf", f"timeout={max(int(timeout), 1)}"]
     out += ["--max-restarts", str(args.max_restarts), "--log-dir", log_dir]
     if args.output_dir:
         out += ["--logs-specs", _RANK_FILES_SPEC, "--redirects", "3"]
@@ -385,6 +393,25 @@ def torchrun_args(p: Plan, args: argparse.Namespace, nproc: int, log_dir: str) -
     if args.module:
         out += ["--module"]
     return [*out, args.script, *args.script_args]
+
+
+def rendezvous_timeout(env: Mapping[str, str]) -> float | None:
+    """``SDP_TIMEOUT`` in seconds (None when not set); ValueError when it is not a positive number.
+
+    Example:
+        >>> rendezvous_timeout({"SDP_TIMEOUT": "30"})
+        30.0
+    """
+    raw = env.get("SDP_TIMEOUT", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"SDP_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"SDP_TIMEOUT={raw!r} must be a positive number of seconds")
+    return value
 
 
 def _count_nproc(p: Plan) -> int:
@@ -407,8 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sdp-run``; returns the exit status.
 
     0 when every rank succeeded; the exit status of the rank that failed first (128 + N when it
-    was killed by signal N) when one failed; 130 / 143 when stopped by SIGINT / SIGTERM; 2 for a
-    usage error or a machine without torch.
+    was killed by signal N) when one failed; 1 when the machines of a ``--nnodes N`` job never
+    all met; 130 / 143 when stopped by SIGINT / SIGTERM; 2 for a usage error or a machine without
+    torch.
 
     Example:
         >>> main(["-n", "2", "train.py"])
@@ -425,6 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.module and not args.no_python and not os.path.exists(args.script):
         print(f"sdp-run: error: no such script: {args.script}", file=sys.stderr)
         return EXIT_USAGE
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if quiet:  # sdp-run's own process only: the store client's retry warnings, every second
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     try:
         import torch  # noqa: F401 - only to say clearly when it is missing
     except ImportError as error:
@@ -433,6 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sdp-run: error: {why}; sdp-run and the runtime need it: "
               "pip install 'sdp-convert[torch]'", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if quiet:  # read once, when torch loads: the ranks keep torch's default
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
     if not args.no_prefix:
         os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", _PREFIX_TEMPLATE)
         os.environ["SDP_RUN_PREFIXED"] = "1"  # tells the ranks' sdp.init() not to add another
@@ -446,18 +480,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
+    from torch.distributed import DistError
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
 
     nproc = _count_nproc(p)
     # torchrun would warn and use 1; the cores shared among this machine's processes is the
     # sensible default (PyTorch and TensorFlow size their thread pools from it).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // nproc)))
-    torchrun_argv = torchrun_args(p, args, nproc, log_dir)
+    # Each rank through a bootstrap that ends it (and what it started) if sdp-run is killed.
+    torchrun_argv = _lifeline.wrap(torchrun_args(p, args, nproc, log_dir), len(args.script_args),
+                                   module=args.module, no_python=args.no_python)
+    roll_call = _roll_call(p, nproc)
     with tempfile.TemporaryDirectory(prefix="sdp-run-exits-") as reports:
         os.environ["SDP_RUN_REPORT_DIR"] = reports  # where a failing rank says why (sdp_runtime)
         try:
+            if roll_call is not None:
+                roll_call.start()
             torchrun.run(torchrun.get_args_parser().parse_args(torchrun_argv))
         except ChildFailedError as error:
             sys.stdout.flush()
@@ -474,7 +515,30 @@ def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
             name = signal.Signals(stop.sigval).name
             print(f"sdp-run: stopped by {name}; every rank was stopped.", file=sys.stderr)
             return 128 + int(stop.sigval)
+        except (DistError, RendezvousError) as error:  # the machines did not (all) meet
+            sys.stdout.flush()
+            if roll_call is not None:
+                roll_call.stop()
+                print(roll_call.failure_line(error), file=sys.stderr)
+            else:
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                where = f" at {p.endpoint}" if p.endpoint else ""
+                print(f"sdp-run: error: the rendezvous{where} failed: {first}", file=sys.stderr)
+            return EXIT_RENDEZVOUS
+        finally:
+            if roll_call is not None:
+                roll_call.stop()
     return 0
+
+
+def _roll_call(p: Plan, nproc: int) -> _rollcall.RollCall | None:
+    """The thread that says which machine is missing, for a fixed number of machines > 1."""
+    if p.nnodes < 2 or p.max_nodes is not None or not p.endpoint:
+        return None
+    timeout = rendezvous_timeout(os.environ)
+    return _rollcall.RollCall(p.endpoint, p.nnodes, p.node_rank, nproc,
+                              timeout or _rollcall.TORCHRUN_DEFAULT_TIMEOUT_S,
+                              timeout_set=timeout is not None)
 
 
 def first_failure(
@@ -505,7 +569,12 @@ def first_failure(
     rank = min(failures, key=order)
     failure, report = failures[rank], reports.get(rank) or {}
     code = int(failure.exitcode)
-    if code < 0:
+    if code in stopped and report.get("error") and not report.get("caused_by_peer"):
+        # It raised first, then torchrun stopped it while it was still exiting (every rank
+        # raised at about the same time): its status is an uncaught exception's, 1, not 143,
+        # which is reserved for sdp-run itself stopped by SIGTERM.
+        how, status = f"exit status 1; stopped by {failure.signal_name()} as it exited", 1
+    elif code < 0:
         how, status = f"killed by signal {failure.signal_name()}", 128 - code
     else:
         how, status = f"exit status {code}", code or 1

@@ -166,3 +166,35 @@ model.fit(ds, epochs=2, verbose=0, callbacks=[counter])
 report["fit/generator"] = [counter.steps]
 mark(f"report{sdp.rank()}", json.dumps(report))
 """
+
+# Every rank raises; rank 0 first, and rank 0 is then slow to exit (an atexit handler of the
+# script's own), so torchrun stops it with SIGTERM once rank 1 has exited with status 1.
+EVERY_RANK_RAISES = COMMON + """\
+import atexit
+import torch
+import sdp_runtime.torch as sdp
+sdp.init()
+mark(f"pid{sdp.rank()}", str(os.getpid()))
+sdp.allreduce(torch.ones(1))
+if sdp.rank() == 0:
+    atexit.register(time.sleep, 30)
+else:
+    time.sleep(1.0)
+mark("failed_at")
+raise ValueError(f"bad input on rank {sdp.rank()}")
+"""
+
+# Each rank starts a child process of its own and then waits: after a SIGKILL of sdp-run, the
+# ranks and their children must all be gone.
+RANKS_WITH_CHILDREN = COMMON + """\
+import subprocess
+import torch
+import sdp_runtime.torch as sdp
+sdp.init()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+mark(f"pid{sdp.rank()}", str(os.getpid()))
+mark(f"child{sdp.rank()}", str(child.pid))
+sdp.allreduce(torch.ones(1))
+mark(f"looping{sdp.rank()}")
+time.sleep(600)
+"""

@@ -67,6 +67,19 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_never_named_first():
                                                                     143)
 
 
+def test_a_rank_that_raised_first_and_was_stopped_while_exiting_keeps_status_1():
+    """Every rank raised; torchrun stopped rank 0 with SIGTERM as it exited (issue 30): its
+    status is an uncaught exception's, not the 143 that means sdp-run itself got SIGTERM."""
+    failures = {0: Failure(-signal.SIGTERM), 1: Failure(1)}
+    reports = {0: {"error": "ValueError: a", "time": 10.0}, 1: {"error": "ValueError: b",
+                                                               "time": 11.0}}
+    assert first_failure(failures, reports)[:3] == (
+        0, "ValueError: a (exit status 1; stopped by SIGTERM as it exited)", 1)
+    # a follow-on error stopped by SIGTERM is still never first
+    reports[0]["caused_by_peer"] = True
+    assert first_failure(failures, reports)[:3] == (1, "ValueError: b (exit status 1)", 1)
+
+
 def test_the_earliest_of_two_real_failures_is_first_and_sys_exit_keeps_its_status():
     failures = {0: Failure(1), 1: Failure(3, timestamp=90)}
     reports = {0: {"error": "KeyError: 'x'", "time": 95.0}}

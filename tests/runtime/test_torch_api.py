@@ -27,6 +27,7 @@ SUITE_CHECKS = [
     "ddp_averages_gradients",
     "ddp_state_dict_is_unprefixed_and_loads_both_ways",
     "ddp_pickles_as_the_plain_module",
+    "ddp_with_torch_compile_in_both_orders_trains_the_same",
     "ddp_fp16_compression_trains",
     "ddp_forwards_a_wrapped_sequential_and_trains_sub_module_groups",
     "ddp_a_model_reinitialised_after_the_wrap_still_trains_the_same_everywhere",

@@ -26,7 +26,10 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import copyreg
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -173,17 +176,48 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Pickle the wrapped module (``torch.save(model)`` of a wrapped model).
 
+        The bytes are those of ``torch.save(model.module)``: the NEWOBJ of the user's class, so
+        that ``torch.load`` with its default ``weights_only=True`` and the script's own
+        ``safe_globals([MyModel])`` loads them as it loads the plain model's, and an unconverted
+        script without sdp_runtime loads them too.
+
         Example:
             >>> torch.save(ddp_model, "model.pt")  # torch.load gives the plain module
         """
         reduced = self.module.__reduce_ex__(protocol)
         if reduced[0] is copyreg.__newobj__ and len(reduced[1]) == 1:  # type: ignore[attr-defined]
-            # pickle refuses __newobj__ for a class other than the pickled object's; the
-            # protocol-1 spelling of the same ``object.__new__(cls)`` is accepted (stdlib only,
-            # so the file loads where sdp_runtime is not installed).
+            if protocol >= 2:
+                # pickle writes NEWOBJ only after checking ``obj.__class__`` against the class
+                # it names: ``__class__`` answers the wrapped module's class for that one read.
+                # (Only in this thread, within a second: a caller of __reduce_ex__ other than
+                # pickle, which reads no __class__ after it, leaves nothing behind.)
+                self.__dict__["_sdp_pickled_as"] = (reduced[1][0], threading.get_ident(),
+                                                    time.monotonic())
+                return reduced
+            # Protocols 0 and 1 have no NEWOBJ: the same ``object.__new__(cls)`` spelled with
+            # the stdlib's reconstructor.
             rebuild = copyreg._reconstructor  # type: ignore[attr-defined]
             return (rebuild, (reduced[1][0], object, None), *reduced[2:])
         return reduced
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105 - see __reduce_ex__
+        pickled_as = self.__dict__.pop("_sdp_pickled_as", None)
+        if pickled_as is not None:
+            cls, thread, when = pickled_as
+            if thread == threading.get_ident() and time.monotonic() - when < 1.0:
+                return cls  # type: ignore[no-any-return]
+        return type(self)
+
+    @__class__.setter
+    def __class__(self, value: type) -> None:
+        object.__dict__["__class__"].__set__(self, value)
+
+    def __copy__(self) -> Any:
+        return copy.copy(self.module)  # a copy of the plain module, as pickling gives
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.module, memo)
 
     # A wrapped container (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) keeps
     # answering ``model[0]``, ``len(model)`` and ``for layer in model`` as before the wrap: scripts
@@ -198,7 +232,13 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         return iter(self._container("iterable"))
 
     def __bool__(self) -> bool:
-        return bool(self.module)  # a module is true unless it is an empty container
+        # A module is true unless it is an empty container. torch.compile's wrapper defines
+        # __len__ only to raise TypeError for a module that is no container (and dynamo asks
+        # ``if ddp_module:`` at every compiled forward): such a module is true.
+        try:
+            return bool(self.module)
+        except TypeError:
+            return True
 
     def _container(self, what: str) -> Any:
         inner = self.module
