@@ -344,3 +344,27 @@ def test_contract_notes_follow_notebook_cells():
     from sdp_convert.runner import _in_cell
 
     assert _in_cell(note, [(0, 0), (0, 1), (2, 4)]).message == "cell 3, line 4: x [data]"
+
+
+def test_a_runtime_call_that_runs_before_init_is_named(tmp_path: Path):
+    # helpers.py asks the rank at import: main.py imports it before its own init().
+    files = {
+        "helpers.py": """\
+            import sdp_runtime.torch as sdp
+
+            VERBOSE = sdp.rank() == 0
+
+            def log(*args):
+                if VERBOSE:
+                    print(*args)
+            """,
+        "main.py": TORCH_SCRIPT.replace("    import torch\n", "    import torch\n\n    import "
+                                        "helpers\n"),
+    }
+    outcomes = check(tmp_path, files)
+    found = notes(outcomes, "init")
+    assert len(found) == 1 and found[0].startswith(
+        "helpers.py:3: sdp.rank() runs when main.py imports it, before sdp.init() "
+        "(NotInitializedError)"), found
+    entry = next(o for o in outcomes if o.contract is not None)
+    assert entry.contract["parts"]["init"]["state"] == "missing"

@@ -83,6 +83,8 @@ class ModuleView:
     #: The runtime's qualified names called here, with where.
     runtime: dict[str, list[Spot]] = field(default_factory=dict)
     init_at_import: bool = False
+    #: Runtime calls made when the module runs (at import), before its own ``init()``.
+    early_runtime: list[Spot] = field(default_factory=list)
     other_distribution: str = ""
     torch: bool = False
     tensorflow: bool = False
@@ -171,6 +173,19 @@ class _Reader(ast.NodeVisitor):
             isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
             and _is_init(self.qualified(stmt.value.func)) for stmt in tree.body
         )
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or (
+                _is_main_guard(stmt)
+            ):
+                continue
+            calls = [n for n in _walk_here(stmt) if isinstance(n, ast.Call)]
+            if any(_is_init(self.qualified(c.func)) for c in calls):
+                break
+            view.early_runtime += [
+                Spot(self.lines(c.lineno), c.col_offset + 1, ast.unparse(c.func)) for c in calls
+                if self.qualified(c.func).startswith("sdp_runtime.")
+                and not self.qualified(c.func).endswith(("is_initialized", "shutdown"))
+            ]
         self.visit(tree)
 
     # -- walk -----------------------------------------------------------------------------------
@@ -368,6 +383,21 @@ def _downloads(node: ast.Call, name: str) -> bool:
     )
 
 
+def _walk_here(node: ast.AST) -> list[ast.AST]:
+    """The nodes of ``node`` that run with it (not the bodies of functions, lambdas and classes
+    it defines)."""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                      ast.Lambda)):
+                todo.append(child)
+    return found
+
+
 def _is_main_guard(stmt: ast.stmt) -> bool:
     return (
         isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)
@@ -490,11 +520,20 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
             "convert it by hand, or give the converter the whole project"))], "")
     else:
         ok = any(_is_init(n) for n in entry.runtime) or any(v.init_at_import for v in reach)
-        decide("init", [] if ok else [(entry, None, (
+        missing = [] if ok else [(entry, None, (
             f"sdp.init() is not called on the way from {entry.display} to the training in "
             f"{train_at}: call it first thing in {entry.display} (`import sdp_runtime.torch as "
-            "sdp; sdp.init()`, or sdp_runtime.tensorflow)"))],
-            "init at " + ", ".join(f"{s.text}:{s.line}" for s in inits[:1]))
+            "sdp; sdp.init()`, or sdp_runtime.tensorflow)"))]
+        # What runs at import runs before the entry's own init(): the entry imports first.
+        for v in reach:
+            for spot in v.early_runtime:
+                where = ("before its sdp.init()" if v is entry else
+                         f"when {entry.display} imports it, before sdp.init()")
+                missing.append((v, spot, (
+                    f"{spot.text}() runs {where} (NotInitializedError): move it after init(), "
+                    "into the code that runs once the program has started")))
+        decide("init", missing,
+               "init at " + ", ".join(f"{s.text}:{s.line}" for s in inits[:1]))
 
     # 2. averaging, 4. initial state
     averaging: list[tuple[ModuleView, Spot | None, str]] = []
