@@ -141,6 +141,8 @@ class _Reader(ast.NodeVisitor):
         #: Names (and attributes) assigned a value computed from the rank: ``rank``,
         #: ``args.rank``, ``verbose = 1 if hvd.rank() == 0 else 0``.
         self.per_rank: set[str] = set()
+        self.guarded_names: set[str] = set()
+        self.named_callbacks: list[tuple[Spot, str, str]] = []
 
     # -- names ----------------------------------------------------------------------------------
     def qualified(self, node: ast.AST) -> str:
@@ -187,6 +189,10 @@ class _Reader(ast.NodeVisitor):
                 and not self.qualified(c.func).endswith(("is_initialized", "shutdown"))
             ]
         self.visit(tree)
+        # A callback made on every rank writes only where it is handed to fit: on rank 0
+        # only when its name is read under a rank-0 test (``[ckpt] if sdp.rank() == 0``).
+        view.writes += [(spot, function) for spot, function, name in self.named_callbacks
+                        if name not in self.guarded_names]
 
     # -- walk -----------------------------------------------------------------------------------
     def generic_visit(self, node: ast.AST) -> None:
@@ -241,6 +247,10 @@ class _Reader(ast.NodeVisitor):
         self.guards -= rank0
         self.visit(node.orelse)
         self.parents.pop()
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if self.guards and isinstance(node.ctx, ast.Load):
+            self.guarded_names.add(node.id)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         # ``dataset.apply(sdp.shard)``: the runtime's shard, passed rather than called.
@@ -311,13 +321,18 @@ class _Reader(ast.NodeVisitor):
             sampler = next((k.value for k in node.keywords if k.arg in ("sampler",
                                                                        "batch_sampler")), None)
             view.loaders.append((spot, sampler is not None))
-        if not self.guards:
+        function = self.function[-1] if self.function else ""
+        parent = self.parents[-1] if self.parents else None
+        if name.endswith("ModelCheckpoint") and isinstance(parent, ast.Assign) and \
+                isinstance(parent.targets[0], ast.Name):
+            self.named_callbacks.append((spot, function, parent.targets[0].id))
+        elif not self.guards:
             if _writes(self, node, name, method):
-                view.writes.append((spot, self.function[-1] if self.function else ""))
-            if not self.rank0_first and _downloads(node, name) and not any(
-                self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
-            ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
-                view.downloads.append((spot, self.function[-1] if self.function else ""))
+                view.writes.append((spot, function))
+        if not self.guards and not self.rank0_first and _downloads(node, name) and not any(
+            self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
+        ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
+            view.downloads.append((spot, function))
         self.generic_visit(node)
 
     def _bound_to_distributed(self, expr: ast.expr) -> bool:

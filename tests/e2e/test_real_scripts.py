@@ -127,6 +127,11 @@ CASES = [
          deterministic=False, timeout=200),
     Case("hvd_tf2_keras_mnist.py", 32, 0.001, weights=(), deterministic=False, horovod=True,
          timeout=200),
+    # Best weights kept by ModelCheckpoint on rank 0, read back after fit; an exported model
+    # read back (issue 30, item 2: rank 1 read them while rank 0 was still writing).
+    Case("keras_checkpoint_reload.py", 32, 0.01, weights=("final_weights.npz",),
+         equivalent=True, timeout=200,
+         source=FIXTURES / "keras" / "checkpoint_best_reload" / "input.py"),
     Case("tf2_quickstart.py", 32, 0.001, weights=("quickstart.npz",), equivalent=True,
          timeout=200),
     # Horovod's recipe takes steps // size() batches: not the one-process run at 2B (the golden

@@ -161,3 +161,53 @@ np.save(os.path.join(scratch, "x.npy"), x)
     )
     code = result.output.decode()
     assert "rank() == 0" not in code and "barrier" not in code, code
+
+
+def test_reads_of_what_rank0_wrote_in_the_vocabulary_of_issue_30_wait_for_it():
+    # A plot opened with PIL, a Hugging Face model saved then loaded, a SavedModel.
+    result = run(
+        LOOP
+        + """\
+import matplotlib.pyplot as plt
+from PIL import Image
+from transformers import AutoModel
+
+plt.savefig(out)
+preview = Image.open(out)
+model.save_pretrained(export_dir)
+again = AutoModel.from_pretrained(export_dir)
+"""
+    )
+    assert messages(result, ONLY) == [
+        "sdp.barrier() before reading out: rank 0 alone writes it",
+        "sdp.barrier() before reading export_dir: rank 0 alone writes it",
+    ]
+    code = result.output.decode()
+    assert "sdp.barrier()\npreview = Image.open(out)" in code
+    assert "sdp.barrier()\nagain = AutoModel.from_pretrained(export_dir)" in code
+
+
+def test_keras_best_weights_read_after_fit_wait_and_a_resume_before_fit_does_not():
+    source = """\
+        import os
+        import tensorflow as tf
+
+        def main():
+            model.compile(optimizer="sgd", loss="mse")
+            best = tf.keras.callbacks.ModelCheckpoint(path, save_best_only=True)
+            if os.path.exists(path):
+                model.load_weights(path)
+            model.fit(x, y, callbacks=[best])
+            model.load_weights(path)
+            tf.saved_model.save(model, export)
+            served = tf.saved_model.load(export)
+        """
+    result = run(source)
+    assert messages(result, ONLY) == [
+        "sdp.barrier() before reading path: rank 0 alone writes it",
+        "sdp.barrier() before reading export: rank 0 alone writes it",
+    ]
+    code = result.output.decode()
+    # The resume before fit reads what an earlier run wrote: no barrier, no note there.
+    assert "    if os.path.exists(path):\n        model.load_weights(path)" in code
+    assert "    sdp.barrier()\n    model.load_weights(path)\n" in code

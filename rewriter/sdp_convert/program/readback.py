@@ -23,6 +23,7 @@ from .syntax import names_read
 from .writes import (
     FRAMEWORK_METHOD_WRITES,
     FRAMEWORK_WRITES,
+    METHOD_WRITES,
     OPENERS,
     WRITES,
     argument,
@@ -42,12 +43,28 @@ READS: dict[str, tuple[int, str]] = {
     "tensorflow.keras.models.load_model": (0, "filepath"),
     "tensorflow.saved_model.load": (0, "export_dir"),
     "sdp_runtime.tensorflow.keras.load_model": (0, "filepath"),
+    "PIL.Image.open": (0, "fp"),
+    "matplotlib.pyplot.imread": (0, "fname"),
+    "imageio.imread": (0, "uri"),
+    "imageio.v2.imread": (0, "uri"),
+    "pandas.read_csv": (0, "filepath_or_buffer"),
+    "pandas.read_pickle": (0, "filepath_or_buffer"),
+    "pandas.read_json": (0, "path_or_buf"),
+}
+
+#: Calls writing a file whose path the read tables cannot see in ``WRITES`` (where the write
+#: vocabulary does not need it): ``tf.saved_model.save(model, export_dir)``.
+PATH_WRITES: dict[str, tuple[int, str]] = {
+    "tensorflow.saved_model.save": (1, "export_dir"),
+    "tensorflow.keras.models.save_model": (1, "filepath"),
+    "keras.models.save_model": (1, "filepath"),
+    "keras.saving.save_model": (1, "filepath"),
 }
 
 #: ``<object>.<method>(path)`` reading a file in a script of that framework.
 METHOD_READS: dict[str, tuple[str, ...]] = {
-    "torch": (),
-    "tensorflow": ("load_weights", "restore"),
+    "torch": ("from_pretrained",),
+    "tensorflow": ("load_weights", "restore", "from_pretrained"),
 }
 
 #: Making a directory or file that belongs to this process only.
@@ -86,7 +103,7 @@ def written_path(t: Transform, call: cst.Call, framework: str) -> str | None:
             if mode is None or not any(c in mode for c in "wax+"):
                 return None
             return _code(t, _path_arg(call, 0, "file"))
-    table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
+    table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {}), **PATH_WRITES}
     for name in names:
         if name in table:
             where = table[name]
@@ -95,6 +112,8 @@ def written_path(t: Transform, call: cst.Call, framework: str) -> str | None:
             return _code(t, _path_arg(call, *where))
     if isinstance(call.func, cst.Attribute) and not names & set(READS):
         method = call.func.attr.value
+        if method in METHOD_WRITES and call.args:  # df.to_csv(path), model.save_pretrained(dir)
+            return _code(t, call.args[0].value)
         if method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             if not call.args:  # manager.save(): read back through manager.latest_checkpoint
                 return f"{t.module.code_for_node(call.func.value)}.latest_checkpoint"
@@ -121,7 +140,8 @@ def read_path(t: Transform, call: cst.Call, framework: str) -> str | None:
         isinstance(call.func, cst.Attribute)
         and call.func.attr.value in METHOD_READS.get(framework, ())
         and call.args
-        and not _is_module(t, call.func.value)
+        # ``AutoModel.from_pretrained(dir)``: a class method of an imported class.
+        and (call.func.attr.value == "from_pretrained" or not _is_module(t, call.func.value))
     ):
         return _code(t, call.args[0].value)
     return None

@@ -47,7 +47,21 @@ from ..program.readback import (
     read_path,
     written_path,
 )
-from ..program.writes import FRAMEWORK_METHOD_WRITES, FRAMEWORK_WRITES, OPENERS, WRITES
+from ..program.writes import (
+    FRAMEWORK_METHOD_WRITES,
+    FRAMEWORK_WRITES,
+    METHOD_WRITES,
+    OPENERS,
+    WRITES,
+    argument,
+)
+
+#: Keras's checkpoint callback, by qualified name.
+CHECKPOINT_CALLBACKS = (
+    "keras.callbacks.ModelCheckpoint",
+    "tensorflow.keras.callbacks.ModelCheckpoint",
+    "keras.src.callbacks.ModelCheckpoint",
+)
 
 
 class BarrierBeforeReads(Transform):
@@ -66,12 +80,19 @@ class BarrierBeforeReads(Transform):
         framework = self.state.info.framework or ""
         writes: dict[str, list[cst.Call]] = {}
         calls = self.calls_to(*WRITES, *FRAMEWORK_WRITES.get(framework, {}), *OPENERS)
-        for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
+        for method in (*FRAMEWORK_METHOD_WRITES.get(framework, ()), *METHOD_WRITES):
             calls += self.method_calls(method)
         for call in calls:
             path = written_path(self, call, framework)
             if path is not None and self._on_rank0_only(call):
                 writes.setdefault(path, []).append(call)
+        # A Keras ModelCheckpoint writes during the fit it is given to, on rank 0 only (the
+        # converted fit, or a migrated script's own guard): that fit is the write.
+        for call in self.calls_to(*CHECKPOINT_CALLBACKS):
+            path_arg = argument(call, 0, "filepath")
+            fit = self._fit_after(call)
+            if path_arg is not None and fit is not None:
+                writes.setdefault(self.module.code_for_node(path_arg.value), []).append(fit)
         if not writes:
             return
         reads = self.calls_to(*READS, *OPENERS)
@@ -121,6 +142,14 @@ class BarrierBeforeReads(Transform):
                 call,
                 f"{self.sdp}.barrier() before reading {path}: rank 0 alone writes it",
             )
+
+    def _fit_after(self, callback: cst.Call) -> cst.Call | None:
+        """The first ``.fit(...)`` of the same function after ``callback`` is made."""
+        function = self.enclosing_function(callback)
+        later = [c for c in self.method_calls("fit")
+                 if self._order(c) > self._order(callback) and
+                 self.enclosing_function(c) is function]
+        return min(later, key=self._order) if later else None
 
     def _on_rank0_only(self, node: cst.CSTNode) -> bool:
         guarded = self.state.edits.guarded
