@@ -326,9 +326,8 @@ class _Reader(ast.NodeVisitor):
         if name.endswith("ModelCheckpoint") and isinstance(parent, ast.Assign) and \
                 isinstance(parent.targets[0], ast.Name):
             self.named_callbacks.append((spot, function, parent.targets[0].id))
-        elif not self.guards:
-            if _writes(self, node, name, method):
-                view.writes.append((spot, function))
+        elif not self.guards and _writes(self, node, name, method):
+            view.writes.append((spot, function))
         if not self.guards and not self.rank0_first and _downloads(node, name) and not any(
             self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
         ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
