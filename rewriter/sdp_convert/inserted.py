@@ -30,18 +30,23 @@ _FILE_TESTS = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glob
                          "iglob", "scandir"})
 
 
-def problems(original: bytes, output: bytes) -> list[tuple[int, str]]:
-    """``(line, what is wrong)`` of the output's inserted code; empty when all is well."""
+def problems(
+    original: bytes, output: bytes, noted: set[str] | frozenset[str] = frozenset()
+) -> list[tuple[int, str]]:
+    """``(line, what is wrong)`` of the output's inserted code; empty when all is well.
+    ``noted``: names the conversion's manual notes name (unbound on purpose, and said)."""
     try:
         before, after = ast.parse(original), ast.parse(output)
     except (SyntaxError, ValueError):
         return []  # the fixed-point check reports output that does not parse
     found: list[tuple[int, str]] = []
-    known = Counter(name for name, _ in _unbound_at_module_level(before))
+    # A name the user's own code already reads unbound is theirs (a snippet, a name a star
+    # import or an exec brings): only a name the input never read so is held against us.
+    known = {name for name, _ in _unbound_at_module_level(before)} | _never_bound(before)
     for name, line in _unbound_at_module_level(after):
-        if known[name]:
-            known[name] -= 1
+        if name in known or name in noted:
             continue
+        known.add(name)
         found.append((line, f"the inserted code uses `{name}` at module level before anything "
                             "binds it (NameError)"))
     known_collectives = Counter(key for key, _ in _divergent_collectives(before))
@@ -69,6 +74,18 @@ def _unbound_at_module_level(tree: ast.Module) -> list[tuple[str, int]]:
                 found.append((name, line))
         bound |= _binds(stmt)
     return found
+
+
+def _never_bound(tree: ast.Module) -> set[str]:
+    """Names the module reads and binds nowhere: they come from outside what the converter can
+    see (a star import, ``exec``, a snippet's context), and are the user's."""
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and
+            isinstance(n.ctx, ast.Load)}
+    bound = _binds(tree) | {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+                            for a in [*n.posonlyargs, *n.args, *n.kwonlyargs,
+                                      *([n.vararg] if n.vararg else []),
+                                      *([n.kwarg] if n.kwarg else [])]}
+    return read - bound
 
 
 def _hoisted(tree: ast.Module) -> set[str]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import check_noop, check_transformed, messages
+from .helpers import check_noop, check_transformed, messages, run
 
 ONLY = "shard_dataloader"
 
@@ -979,3 +979,25 @@ def test_training_without_a_dataloader_here_is_noted(source):
         "no DataLoader feeding this training loop was found"
     )
     assert "indices[sdp.rank()::sdp.size()]" in note.message
+
+
+def test_an_unseeded_random_split_gets_rank_0s_seed_and_a_seeded_one_is_left():
+    source = """\
+        import torch
+        from torch.utils.data import DataLoader, random_split
+
+        train, val = random_split(data, [90, 10])
+        loader = DataLoader(train, batch_size=8)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+        """
+    result = run(source, "shard_dataloader")
+    assert ("train, val = random_split(data, [90, 10], generator=torch.Generator().manual_seed("
+            "sdp.broadcast_object(torch.initial_seed(), root_rank=0)))") in result.output.decode()
+    seeded = run(source.replace("import torch\n", "import torch\n        torch.manual_seed(0)\n",
+                                1), "shard_dataloader")
+    assert "generator=" not in seeded.output.decode()
+    assert not any("random_split" in m for m in messages(seeded))

@@ -17,7 +17,7 @@ from .flow import origin
 from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .project import fed_returns
-from .scopes import callers, param_for_arg
+from .scopes import callers, param_for_arg, referents
 from .syntax import arg_named, code
 from .training import training_facts
 
@@ -445,3 +445,29 @@ def dataset_length(trace: DatasetTrace) -> str:
         elif method == "take" and count is not None and code(count.value) != "-1":
             length = "finite"
     return length
+
+
+#: ``torch.utils.data.random_split`` by its qualified names.
+RANDOM_SPLITS = ("torch.utils.data.random_split", "torch.utils.data.dataset.random_split")
+#: Seeds that make torch's global generator the same on every rank.
+TORCH_SEEDS = ("torch.manual_seed", "torch.random.manual_seed", "lightning.seed_everything",
+               "pytorch_lightning.seed_everything", "transformers.set_seed")
+
+
+def unseeded_random_split(t: Transform, dataset: cst.BaseExpression) -> cst.Call | None:
+    """The ``random_split(...)`` call (no ``generator=``, no torch seed anywhere in the file)
+    that ``dataset`` is a part of: ``train_set, val_set = random_split(ds, [n, m])``.
+
+    Unseeded, each rank draws its own split: the training part of one rank overlaps the
+    validation part of another, and the shards of the training part are not disjoint."""
+    if not isinstance(dataset, cst.Name) or t.calls_to(*TORCH_SEEDS):
+        return None
+    for binding in referents(t, dataset):
+        value = binding.value
+        if (
+            binding.kind == "assign" and isinstance(value, cst.Call)
+            and t.refers_to(value.func, *RANDOM_SPLITS)
+            and arg_named(value, "generator") is None and len(value.args) < 3
+        ):
+            return value
+    return None

@@ -66,6 +66,7 @@ import libcst as cst
 
 from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
+from ..program.datasets import unseeded_random_split
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
 from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
 from ..program.project import imported_loaders, returned_feed, single_process_fallback
@@ -104,6 +105,7 @@ class ShardDataLoader(Transform):
         self._dict_drops: dict[cst.Dict, int] = {}  # dict literal -> index of "shuffle" to drop
         self._strip_leading: set[cst.CSTNode] = set()
         self._taken: dict[cst.CSTNode, set[str]] = {}
+        self._splits: set[cst.Call] = set()
         loaders = self.calls_to(*LOADERS)
         self._training_loops = training_loops(self) if loaders else set()
         handled = False
@@ -218,6 +220,15 @@ class ShardDataLoader(Transform):
                 "explicitly"
             )
 
+        split = unseeded_random_split(self, dataset.value)
+        if split is not None and split not in self._splits:
+            self._splits.add(split)
+            self.record(
+                split,
+                "random_split(...) gets generator=... seeded with rank 0's seed: unseeded, each "
+                "rank drew its own split, so the training part of one rank overlapped the "
+                "validation part of another",
+            )
         new_statements: list[cst.BaseStatement] = []
         dataset_code = self.module.code_for_node(dataset.value)
         if not is_simple_reference(dataset.value):
@@ -362,6 +373,22 @@ class ShardDataLoader(Transform):
     # -- the rewrite ----------------------------------------------------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self._splits:
+            torch = torch_spelling(self)
+            generator = cst.Arg(
+                keyword=cst.Name("generator"),
+                value=cst.parse_expression(
+                    f"{torch}.Generator().manual_seed({self.sdp}.broadcast_object("
+                    f"{torch}.initial_seed(), root_rank=0))"
+                ),
+                equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""),
+                    whitespace_after=cst.SimpleWhitespace(""),
+                ),
+            )
+            return updated_node.with_changes(
+                args=append_arg(list(updated_node.args), generator, updated_node)
+            )
         plan = self._plans.get(original_node)
         if plan is None or len(updated_node.args) != len(original_node.args):
             return updated_node
