@@ -90,20 +90,40 @@ def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.C
         return None
     made = t.enclosing_statement(creation)
     block = t.parent(made) if made is not None else None
-    for load in loads:
+    for i, load in enumerate(loads):
         stmt = t.enclosing_statement(load)
         if stmt is None or t.parent(stmt) is not block:
             continue
         if m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call(
             func=m.Attribute(value=m.Name(target), attr=m.Name("requires_grad_")),
             args=[m.Arg(m.Name("False"))],
-        ))])):
-            return stmt
-        if isinstance(stmt, cst.For) and m.matches(stmt.iter, m.Call(func=m.Attribute(
-            value=m.Name(target), attr=PARAMETER_METHODS,
-        ))) and _freezes_each(stmt):
-            return stmt
+        ))])) or (isinstance(stmt, cst.For) and m.matches(stmt.iter, m.Call(
+            func=m.Attribute(value=m.Name(target), attr=PARAMETER_METHODS),
+        )) and _freezes_each(stmt)):
+            # ``model.fc = nn.Linear(...)`` after the freeze: a new, trainable head.
+            return None if any(gets_module(t, later) for later in loads[i + 1:]) else stmt
     return None
+
+
+#: Calls that put a module into another (its parameters new, and trainable).
+_ADDS_MODULE = frozenset({"add_module", "register_module", "append", "extend", "insert"})
+
+
+def gets_module(t: Transform, load: cst.Name) -> bool:
+    """``load`` is the model a submodule is assigned to (``model.fc = ...``,
+    ``model.classifier[6] = ...``, ``model.add_module(...)``, ``setattr(model, ...)``)."""
+    node: cst.CSTNode = load
+    parent = t.parent(node)
+    while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
+        node, parent = parent, t.parent(parent)
+        if isinstance(node, cst.Attribute) and node.attr.value in _ADDS_MODULE and isinstance(
+            parent, cst.Call
+        ) and parent.func is node:
+            return True
+    if node is not load and isinstance(parent, cst.AssignTarget) and parent.target is node:
+        return True
+    return (isinstance(parent, cst.Arg) and isinstance(t.parent(parent), cst.Call)
+            and m.matches(t.parent(parent).func, m.Name("setattr")))
 
 
 def _freezes_each(loop: cst.For) -> bool:

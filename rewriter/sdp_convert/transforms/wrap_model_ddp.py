@@ -64,6 +64,7 @@ from ..base import Transform
 from ..program.index import Binding, FileIndex, file_index
 from ..program.model_setup import (
     broadcast_already,
+    gets_module,
     not_trained,
     sets_weights,
     training_starts,
@@ -341,7 +342,9 @@ class WrapModelDdp(Transform):
                 setup.extend(filter(None, [level(call)]))
             else:
                 stmt = level(use)
-                if stmt is not None and start < order(stmt) < end and freezes(stmt):
+                if stmt is not None and start < order(stmt) < end and (
+                    freezes(stmt) or (isinstance(use, cst.Name) and gets_module(self, use))
+                ):  # ``model.fc = nn.Linear(...)``: DDP must see the new head's parameters
                     setup.append(stmt)
         candidates = [s for s in setup if start <= order(s) < end]
         anchor = max(candidates, key=order) if candidates else first
