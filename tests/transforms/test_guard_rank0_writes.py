@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .helpers import check_noop, check_transformed, messages
+from .helpers import check_noop, check_transformed, messages, run
 
 ONLY = "guard_rank0_writes"
 
@@ -768,3 +768,27 @@ sdp.barrier()
 """,
         ONLY,
     )
+
+
+def test_a_write_that_calls_the_wrapped_model_is_not_moved_onto_rank_0():
+    # On rank 0 alone, a DDP model's forward (BatchNorm buffers) waits for the others: a hang.
+    source = """\
+        import torch
+
+        def main():
+            model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+            with open("preds.txt", "w") as f:
+                f.write(str(model(probe).tolist()))
+            torch.save(model.state_dict(), "m.pt")
+        """
+    result = run(source)
+    out = result.output.decode()
+    assert '    with open("preds.txt", "w") as f:\n        f.write(' in out
+    assert '    if sdp.rank() == 0:\n        torch.save(model.state_dict(), "m.pt")' in out
+    [note] = [m for m in messages(result, "guard_rank0_writes", manual=True)]
+    assert "also calls model(...), which every rank must run together" in note

@@ -192,3 +192,29 @@ def divergent_condition(t: Transform, node: cst.CSTNode) -> cst.BaseExpression |
 def _names(test: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [n for n in m.findall(test, m.Name() | m.Attribute())
             if isinstance(n, (cst.Name, cst.Attribute))]
+
+
+_DDP = ("sdp_runtime.torch.DistributedDataParallel", "torch.nn.parallel.DistributedDataParallel",
+        "sdp_runtime.torch.parallel.DistributedDataParallel")
+
+
+def enters_collective(t: Transform, stmt: cst.CSTNode) -> cst.Call | None:
+    """A call in ``stmt`` that every rank must make together: a wrapped model's forward (DDP
+    syncs buffers, BatchNorm's included, and may reduce), or a runtime/torch.distributed call.
+    Such a statement must never be moved onto rank 0 alone."""
+    models = set(t.state.facts.wrapped_models or ())
+    for call in m.findall(stmt, m.Call()):
+        assert isinstance(call, cst.Call)
+        if models and t.module.code_for_node(call.func) in models:
+            return call
+        if isinstance(call.func, cst.Name) and any(
+            isinstance(v, cst.Call) and t.refers_to(v.func, *_DDP)
+            for v in assigned_values(t, call.func)
+        ):  # the converted file (its second pass): ``model = sdp.DistributedDataParallel(...)``
+            return call
+        if t.refers_to(call.func, *COLLECTIVE_PREFIXES, prefix=True) and not t.refers_to(
+            call.func, *RANK_FUNCTIONS, "sdp_runtime.torch.size", "sdp_runtime.tensorflow.size",
+            "sdp_runtime.torch.local_rank", "sdp_runtime.tensorflow.local_rank",
+        ):
+            return call
+    return None

@@ -73,7 +73,7 @@ from ..program.deletions import (
     path_deletions,
 )
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
-from ..program.ranks import only_called_on_rank0, rank0_only, runs_collectives
+from ..program.ranks import enters_collective, only_called_on_rank0, rank0_only, runs_collectives
 from ..program.readback import writes_private_temp
 from ..program.scopes import (
     Binding,
@@ -381,6 +381,18 @@ class GuardRank0Writes(Transform):
         for action in self._actions:
             if any(p in guarded for p in self.ancestors(action.anchor)):
                 continue  # inside a statement guarded whole
+            if action.kind == "guard" and (shared := enters_collective(self, action.node)):
+                # ``f.write(str(model(x)))``: on rank 0 alone, the model's forward would wait
+                # for the other ranks (BatchNorm's buffers, DDP's reductions): a hang.
+                self.record(
+                    action.anchor,
+                    f"{self._describe(action.anchor)} writes on every rank, but the statement "
+                    f"also calls {self.module.code_for_node(shared.func)}(...), which every rank "
+                    f"must run together: not moved onto rank 0. Compute the value on every "
+                    f"rank first, then write it under `if {self.sdp}.rank() == 0:`",
+                    manual=True,
+                )
+                continue
             if action.kind == "guard":
                 self.guard_rank0(action.node)
                 if action.barrier and id(next_statement(self, action.node)) not in waits:
