@@ -1036,3 +1036,28 @@ def test_a_helper_that_trains_or_runs_the_model_still_ends_the_setup():
     )
     out = result.output.decode()
     assert "model = Net()\nmodel = sdp.DistributedDataParallel(model)\nwarm_up(model)" in out
+
+
+def test_outputs_thrown_away_in_evaluation_only_ask_for_no_unused_parameter_search():
+    source = """\
+        import torch
+
+        def main():
+            model = Net()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                opt.zero_grad()
+                out, aux, attn = model(x)
+                (out + aux + attn).sum().backward()
+                opt.step()
+            with torch.no_grad():
+                out, _, _ = model(probe)
+        """
+    result = run(source, "wrap_model_ddp")
+    out = result.output.decode()
+    assert "model = sdp.DistributedDataParallel(model)\n" in out
+    assert "find_unused_parameters" not in out
+    # Thrown away while training, it still asks for the search.
+    training = source.replace("out, aux, attn = model(x)", "out, _, _ = model(x)").replace(
+        "(out + aux + attn)", "out")
+    assert "find_unused_parameters=True" in run(training, "wrap_model_ddp").output.decode()

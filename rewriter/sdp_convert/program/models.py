@@ -337,9 +337,16 @@ def discarded_outputs(t: Transform, target: str, scope: Scope) -> cst.Call | Non
     D(x)``, ``D(x)[0]``): parameters that only produce those get no gradient, and DDP, which
     expects a gradient for every parameter, fails at the next step unless told to look for unused
     ones (``find_unused_parameters=True``)."""
+    from .model_setup import _without_grad  # it builds on this module
+
+    backward_functions = {t.enclosing_function(c) for c in t.method_calls("backward")}
     for name in file_index(t).loads_of(target, scope):
         call = t.parent(name)
         if not (isinstance(call, cst.Call) and call.func is name):
+            continue
+        # Only a call that trains counts: evaluation (under no_grad, or in a function that
+        # computes no gradient) needs no gradient for any parameter.
+        if _without_grad(t, call) or t.enclosing_function(call) not in backward_functions:
             continue
         parent = t.parent(call)
         if isinstance(parent, cst.Subscript) and parent.value is call:
