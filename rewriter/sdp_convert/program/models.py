@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -413,3 +414,32 @@ def model_bindings(
     return [
         b for b in index.attribute_bindings.get(target, []) if owner_class(t, b.stmt) is owner
     ]
+
+
+def no_grad_submodule(t: Transform, value: cst.BaseExpression | None) -> cst.Call | None:
+    """A submodule call (``self.encoder(x)``) under ``torch.no_grad()`` in the ``forward`` of the
+    class of this file that ``value`` builds (``Net()``, ``Net().to(device)``), whose parameters
+    are not frozen: they never get a gradient, and DDP, which waits for one from every parameter
+    that requires it, fails at the next step unless told to look for unused ones."""
+    from .model_setup import NO_GRAD  # it builds on this module
+
+    names = [c.func.value for c in m.findall(value, m.Call(func=m.Name()))] if value else []
+    classes = {s.name.value: s for s in t.module.body if isinstance(s, cst.ClassDef)}
+    cls = next((classes[n] for n in names if n in classes), None)
+    if cls is None:
+        return None
+    text = t.module.code_for_node(cls)
+    for function in m.findall(cls, m.FunctionDef(name=m.Name("forward"))):
+        for block in m.findall(function, m.With()):
+            assert isinstance(block, cst.With)
+            if not any(isinstance(i.item, cst.Call) and t.refers_to(i.item.func, *NO_GRAD)
+                       for i in block.items):
+                continue
+            for call in m.findall(block.body, m.Call(func=m.Attribute(value=m.Name("self")))):
+                assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                sub = f"self.{call.func.attr.value}"
+                if f"{sub}.requires_grad_(False)" not in text and not re.search(
+                    rf"for \w+ in {re.escape(sub)}\.parameters\(\)", text
+                ):
+                    return call
+    return None

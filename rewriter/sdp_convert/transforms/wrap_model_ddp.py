@@ -84,6 +84,7 @@ from ..program.models import (
     model_creation,
     model_expression,
     models_from_backward,
+    no_grad_submodule,
     owner_class,
     stepped_optimizers,
     trained_models,
@@ -357,7 +358,8 @@ class WrapModelDdp(Transform):
                         f"Parallel (no gradient to average); {sync} instead")
             return
         unused = discarded_outputs(self, model.target, model.scope) if model.owner is None else None
-        extra = ", find_unused_parameters=True" if unused is not None else ""
+        frozen_part = no_grad_submodule(self, model.creation.value)
+        extra = ", find_unused_parameters=True" if unused or frozen_part else ""
         wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
         self.insert_after(anchor, cst.parse_statement(wrap + "\n"))
         compiled = any(
@@ -369,7 +371,10 @@ class WrapModelDdp(Transform):
             f"wrap {model.target} in {self.sdp}.DistributedDataParallel"
             + (" (before torch.compile)" if compiled else "")
             + (f" with find_unused_parameters=True: {code(unused)} discards some of its outputs"
-               if unused is not None else ""),
+               if unused is not None else "")
+            + (f" with find_unused_parameters=True: its forward runs {code(frozen_part.func)} "
+               "under torch.no_grad(), so those parameters get no gradient"
+               if frozen_part is not None and unused is None else ""),
         )
         if model.creation.value is not None and any(
             isinstance(c, cst.Call) and self.refers_to(c.func, *COMPILE)
