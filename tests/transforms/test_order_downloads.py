@@ -71,3 +71,51 @@ def test_a_download_that_is_not_a_statement_of_its_own_is_reported():
     )
     assert [m for m in messages(result, ONLY, manual=True) if "rank0_first" in m]
     assert "with sdp.rank0_first():" not in result.output.decode()
+
+
+def test_pretrained_weights_hub_models_and_an_aliased_dataset_module_are_ordered():
+    result = run(
+        """\
+        import tensorflow as tf
+        from tensorflow import keras
+        from transformers import AutoModel
+
+        def main():
+            mnist = tf.keras.datasets.mnist
+            (x, y), _ = mnist.load_data()
+            base = keras.applications.MobileNetV2(include_top=False)
+            scratch = keras.applications.ResNet50(weights=None)
+            bert = AutoModel.from_pretrained("bert-base-uncased")
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(x, y)
+        """,
+        ONLY,
+    )
+    out = result.output.decode()
+    assert ("    with sdp.rank0_first():\n        (x, y), _ = mnist.load_data()\n"
+            "        base = keras.applications.MobileNetV2(include_top=False)\n") in out
+    assert "    scratch = keras.applications.ResNet50(weights=None)\n" in out
+    assert ('    with sdp.rank0_first():\n        bert = AutoModel.from_pretrained('
+            '"bert-base-uncased")\n') in out
+    assert len(messages(result, ONLY)) == 3
+
+
+def test_torchvision_models_with_weights_are_ordered_and_untrained_ones_left():
+    result = run(
+        """\
+        import torch
+        import torchvision
+
+        def main():
+            net = torchvision.models.resnet18(weights="IMAGENET1K_V1")
+            old = torchvision.models.vgg11(pretrained=True)
+            fresh = torchvision.models.resnet18(weights=None)
+            for x, y in loader:
+                net(x).sum().backward()
+                opt.step()
+        """,
+        ONLY,
+    )
+    assert [m.split("(")[0] for m in messages(result, ONLY)] == [
+        "torchvision.models.resnet18", "torchvision.models.vgg11"]
+    assert "    fresh = torchvision.models.resnet18(weights=None)\n" in result.output.decode()

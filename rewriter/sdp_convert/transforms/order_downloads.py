@@ -27,14 +27,21 @@ it would run at import, before any ``init()``, so it is reported instead.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..base import Transform
 from ..program.builders import runs_right_before
 from ..program.keras import keras_name
+from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
 
+#: Prefixes of calls that download (``_fetches`` reads their arguments).
+_DOWNLOAD_PREFIXES = ("torchvision.datasets.", "torchvision.models.", "torchtext.datasets.",
+                      "timm.create_model")
 #: Calls that download (qualified names; ``torchvision.datasets.`` classes need ``download=``).
 _DOWNLOADS = (
+    "torch.hub.load",
+    "torch.hub.load_state_dict_from_url",
     "tensorflow_datasets.load",
     "datasets.load_dataset",
     "urllib.request.urlretrieve",
@@ -49,26 +56,19 @@ class OrderDownloads(Transform):
 
     def prepare(self, module: cst.Module) -> None:
         done: set[cst.CSTNode] = set()
-        for qname, calls in self.state.info.calls.items():
-            if not _downloads(qname):
+        found = [call for qname, calls in self.state.info.calls.items()
+                 if _downloads(qname) for call in calls if _fetches(qname, call)]
+        for call in sorted([*found, *self._aliased_load_data()], key=self._order):
+            stmt = self.enclosing_statement(call)
+            # A dataset built inside a call that shard_dataloader moved into a statement of
+            # its own (``train_dataset = MNIST(...)`` before the loader): that statement
+            # downloads now, and is the one to run first on local rank 0.
+            around = self.hoisted_around(call)
+            target = self.state.edits.hoisted[around] if around is not None else stmt
+            if stmt is None or target in done:
                 continue
-            for call in calls:
-                if qname.startswith("torchvision.datasets.") and not qname.startswith(
-                    "torchvision.datasets.utils."
-                ):
-                    download = arg_named(call, "download")
-                    if download is None or is_false(download.value):
-                        continue
-                stmt = self.enclosing_statement(call)
-                # A dataset built inside a call that shard_dataloader moved into a statement of
-                # its own (``train_dataset = MNIST(...)`` before the loader): that statement
-                # downloads now, and is the one to run first on local rank 0.
-                around = self.hoisted_around(call)
-                target = self.state.edits.hoisted[around] if around is not None else stmt
-                if stmt is None or target in done:
-                    continue
-                done.add(target)
-                self._plan(call, stmt, target, around)
+            done.add(target)
+            self._plan(call, stmt, target, around)
 
     def _plan(
         self,
@@ -106,6 +106,19 @@ class OrderDownloads(Transform):
             f"ranks, which find its files (with {self.sdp}.rank0_first())",
         )
 
+    def _aliased_load_data(self) -> list[cst.Call]:
+        """``mnist = tf.keras.datasets.mnist`` then ``mnist.load_data()``."""
+        found = []
+        for call in self.method_calls("load_data"):
+            receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+            if isinstance(receiver, cst.Name) and any(
+                (k := keras_name(q)) is not None and k.startswith("keras.datasets.")
+                for value in assigned_values(self, receiver)
+                for q in self.qualified_names(value)
+            ):
+                found.append(call)
+        return found
+
     def _inside_rank0_first(self, stmt: cst.CSTNode) -> bool:
         for parent in self.ancestors(stmt):
             if isinstance(parent, cst.With) and any(
@@ -118,10 +131,38 @@ class OrderDownloads(Transform):
 
 
 def _downloads(qname: str) -> bool:
-    if qname in _DOWNLOADS or qname.startswith("torchvision.datasets."):
+    """A call that may fetch files over the network into a cache or directory shared by the
+    processes of a machine (``_fetches`` looks at its arguments)."""
+    if qname in _DOWNLOADS or qname.startswith(_DOWNLOAD_PREFIXES):
+        return True
+    if qname.startswith(("transformers.", "diffusers.", "sentence_transformers.")) and \
+            qname.endswith(".from_pretrained"):
         return True
     name = keras_name(qname)
     return name is not None and (
         name == "keras.utils.get_file"
         or (name.startswith("keras.datasets.") and name.endswith(".load_data"))
+        or name.startswith("keras.applications.")
     )
+
+
+def _fetches(qname: str, call: cst.Call) -> bool:
+    """Whether this call of a ``_downloads`` name downloads, by its arguments: a torchvision
+    dataset with ``download=True``, a model with pretrained weights (torchvision ``weights=`` or
+    ``pretrained=True``, Keras applications' default ``weights="imagenet"``, timm)."""
+    if qname.startswith("torchvision.datasets.") and not qname.startswith(
+        "torchvision.datasets.utils."
+    ):
+        download = arg_named(call, "download")
+        return download is not None and not is_false(download.value)
+    if qname.startswith(("torchvision.models.", "timm.create_model")):
+        weights, pretrained = arg_named(call, "weights"), arg_named(call, "pretrained")
+        return (weights is not None and not m.matches(weights.value, m.Name("None"))) or (
+            pretrained is not None and not is_false(pretrained.value))
+    name = keras_name(qname)
+    if name is not None and name.startswith("keras.applications."):
+        if not name.rsplit(".", 1)[-1][:1].isupper():
+            return False  # preprocess_input, decode_predictions: no weights
+        weights = arg_named(call, "weights")
+        return weights is None or not m.matches(weights.value, m.Name("None"))
+    return True
