@@ -18,8 +18,11 @@ other. ``sdp.rank0_first()`` lets each machine's local rank 0 run the statement 
 others wait; they then run it too and find the files in place (Accelerate's
 ``main_process_first()``, Lightning's ``prepare_data``). Downloads are ``torchvision.datasets``
 classes with ``download=True`` (and their ``download_url``/``download_and_extract_archive``),
-``keras.datasets.*.load_data()``, ``keras.utils.get_file``, ``tfds.load``,
-``datasets.load_dataset`` and ``urllib.request.urlretrieve``. A statement inside a function runs
+``keras.datasets.*.load_data()`` (also through a name: ``mnist = keras.datasets.mnist``),
+``keras.utils.get_file``, ``tfds.load``, ``datasets.load_dataset``, ``urllib.request.urlretrieve``,
+pretrained weights (Keras applications unless ``weights=None``, torchvision models with
+``weights=``/``pretrained=True``, ``timm.create_model(pretrained=True)``, ``torch.hub``), Hugging
+Face ``from_pretrained`` and ``torchtext.datasets``. A statement inside a function runs
 when the function is called, after ``init()``; at module level of a module without an entry point
 it would run at import, before any ``init()``, so it is reported instead.
 """
