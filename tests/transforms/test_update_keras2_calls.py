@@ -81,3 +81,20 @@ checkpoint.save("ckpt/prefix")
         "SavedModel directory write model.export(...) (or tf.saved_model.save), else give the "
         "path a .keras extension",
     ]
+
+
+def test_keras2_arguments_keras3_rejects_are_noted_at_the_argument():
+    result = run(
+        """\
+        import tensorflow as tf
+
+        def main():
+            model.compile(optimizer=tf.keras.optimizers.Adam(lr=0.001), loss="mse")
+            model.fit(x, y, epochs=2, workers=4, use_multiprocessing=True)
+            legacy = tf.keras.optimizers.legacy.SGD(lr=0.1)
+        """,
+    )
+    notes = [(c.line, c.message.split(":")[0].split("=")[0]) for c in result.changes
+             if c.transform == "update_keras2_calls" and c.manual]
+    assert notes == [(4, "tf.keras.optimizers.Adam(lr"), (5, "workers"),
+                     (5, "use_multiprocessing")]

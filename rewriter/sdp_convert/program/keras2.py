@@ -121,3 +121,34 @@ def run_tf_function_args(t: Transform) -> list[cst.Arg]:
         if arg is not None and is_keras_compile(t, call):
             found.append(arg)
     return found
+
+
+#: ``fit``'s Keras 2 arguments for its data-loading workers, which Keras 3 rejects.
+FIT_WORKER_ARGS = ("workers", "use_multiprocessing", "max_queue_size")
+
+
+def keras2_arguments(t: Transform) -> list[tuple[cst.Arg, str]]:
+    """Arguments Keras 3 rejects, with what replaces them: ``Adam(lr=...)`` (``learning_rate=``)
+    and ``fit(workers=..., use_multiprocessing=..., max_queue_size=...)`` (a ``PyDataset``'s
+    own ``workers=``/``use_multiprocessing=``, or a ``tf.data`` pipeline)."""
+    found: list[tuple[cst.Arg, str]] = []
+    for name in t.state.info.calls:
+        for call in t.state.info.calls[name]:
+            if optimizer_class(t, call) is None or any(
+                "legacy" in q for q in t.qualified_names(call.func)
+            ):
+                continue
+            arg = arg_named(call, "lr")
+            if arg is not None:
+                found.append((arg, f"{code(call.func)}(lr=...): Keras 3 optimizers take "
+                                   "learning_rate= (lr= raises); rename it"))
+    for call in keras_fit_calls(t):
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "fit"):
+            continue  # fit_generator: port_fit_generator drops them as it ports the call
+        for keyword in FIT_WORKER_ARGS:
+            arg = arg_named(call, keyword)
+            if arg is not None:
+                found.append((arg, f"{keyword}= is not an argument of Keras 3's fit(): remove "
+                                   "it (a keras.utils.PyDataset takes workers= and "
+                                   "use_multiprocessing= itself)"))
+    return found

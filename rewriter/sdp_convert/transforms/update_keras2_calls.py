@@ -21,7 +21,8 @@ Keras optimizer made in the script (not a ``legacy`` one) becomes ``<optimizer>.
 reported. The rest gets a manual note naming the Keras 3 replacement: ``model.save("dir")``
 without a ``.keras``/``.h5`` extension or with ``save_format=`` (``model.export("dir")`` for a
 SavedModel, or a ``.keras`` path), ``metric.reset_states()`` (``reset_state()``), and
-``compile(experimental_run_tf_function=...)`` (remove it).
+``compile(experimental_run_tf_function=...)`` (remove it), ``Adam(lr=...)`` (``learning_rate=``)
+and ``fit(workers=, use_multiprocessing=, max_queue_size=)`` (remove them).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..analysis import FileInfo
 from ..base import Transform
 from ..program.keras2 import (
     directory_saves,
+    keras2_arguments,
     metric_reset_states_calls,
     optimizer_variables_calls,
     run_tf_function_args,
@@ -72,6 +74,8 @@ class UpdateKeras2Calls(Transform):
                 f"{code(call)}: Keras 3 metrics have reset_state() (reset_states() is gone)",
                 manual=True,
             )
+        for arg, message in keras2_arguments(self):
+            self.record(arg, message, manual=True)
         for arg in run_tf_function_args(self):
             self.record(
                 arg,
