@@ -5,7 +5,7 @@ import textwrap
 from sdp_convert.base import Options
 from sdp_convert.engine import convert as engine_convert
 
-from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, reported, run
+from .helpers import TF_ALREADY_CONVERTED, check_noop, check_transformed, messages, reported, run
 
 ONLY = "wrap_keras_fit"
 ALREADY_CONVERTED = TF_ALREADY_CONVERTED
@@ -564,3 +564,23 @@ def test_early_stopping_sees_averaged_metrics():
         average = line.index("sdp.keras.callbacks.MetricAverageCallback()")
         stopping = line.index("EarlyStopping") if "EarlyStopping" in line else line.index("stop")
         assert average < stopping
+
+
+def test_a_checkpoint_every_n_batches_comes_every_n_over_size_batches_of_each_worker():
+    result = run(
+        """\
+        import tensorflow as tf
+
+        def main():
+            model.compile(optimizer="sgd", loss="mse")
+            every = tf.keras.callbacks.ModelCheckpoint("c.weights.h5", save_freq=200)
+            epochly = tf.keras.callbacks.ModelCheckpoint("e.weights.h5", save_freq="epoch")
+            model.fit(x, y, callbacks=[every, epochly])
+        """,
+        "wrap_keras_fit",
+    )
+    out = result.output.decode()
+    assert 'ModelCheckpoint("c.weights.h5", save_freq=max(1, 200 // sdp.size()))' in out
+    assert 'ModelCheckpoint("e.weights.h5", save_freq="epoch")' in out
+    assert "save_freq=200 -> max(1, 200 // sdp.size()): each worker runs its part of the " \
+        "batches" in messages(result, "wrap_keras_fit")

@@ -444,6 +444,23 @@ class WrapKerasFit(Transform):
             return self._compile(original_node, updated_node)
         if original_node in self.fits:
             return self._fit(original_node, updated_node)
+        if self.fits and any(k.endswith("callbacks.ModelCheckpoint")
+                             for k in keras_names(self, original_node.func)):
+            return self._save_freq(original_node, updated_node)
         return updated_node
+
+    def _save_freq(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``ModelCheckpoint(save_freq=<batches>)``: each worker runs 1/N of the batches, so the
+        checkpoint (on rank 0) comes every ``<batches> // size()`` of its own."""
+        arg, original_arg = arg_named(updated, "save_freq"), arg_named(original, "save_freq")
+        if arg is None or original_arg is None or isinstance(
+            original_arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
+        ) or mentions_size(self, original_arg.value):
+            return updated
+        value = code(arg.value)
+        self.record(original_arg, f"save_freq={value} -> max(1, {value} // {self.sdp}.size()): "
+                                  f"each worker runs its part of the batches")
+        return replace_arg(updated, arg, cst.parse_expression(
+            f"max(1, {code(divided_by_size(arg.value, self.sdp))})"))
 
 
