@@ -156,6 +156,15 @@ class WrapKerasFit(Transform):
                 owner = index.parent_scope.get(id(index.scope(call)))
                 if isinstance(owner, cst.ClassDef) and owner.name.value in classes:
                     return owner.name.value
+        if any(
+            isinstance(value, cst.Call) and any(
+                k.rsplit(".", 1)[-1] in ("Sequential", "Model", "load_model", "clone_model")
+                or k.startswith("keras.applications.")
+                for k in keras_names(self, value.func)
+            )
+            for value in reaching_values(index, receiver, call)
+        ):
+            return None  # keras.Sequential, a functional keras.Model: Keras' own train_step
         if len(classes) == 1:  # a model built elsewhere (a factory): the file's only such class
             if self.state.info.origin == "sdp":
                 return None
