@@ -1061,3 +1061,29 @@ def test_outputs_thrown_away_in_evaluation_only_ask_for_no_unused_parameter_sear
     training = source.replace("out, aux, attn = model(x)", "out, _, _ = model(x)").replace(
         "(out + aux + attn)", "out")
     assert "find_unused_parameters=True" in run(training, "wrap_model_ddp").output.decode()
+
+
+def test_a_model_made_in_two_branches_and_used_in_one_names_the_branch_it_wraps():
+    result = run(
+        """\
+        import torch
+
+        def main(big):
+            if big:
+                model = torch.nn.Linear(8, 1)
+                print(model(torch.randn(1, 8)))
+            else:
+                model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+        """,
+        "wrap_model_ddp",
+    )
+    out = result.output.decode()
+    assert ("        model = torch.nn.Linear(4, 1)\n"
+            "        model = sdp.DistributedDataParallel(model)\n") in out
+    [note] = messages(result, "wrap_model_ddp", manual=True)
+    assert "wrapped only in the branch of `model = torch.nn.Linear(4, 1)`" in note

@@ -400,8 +400,9 @@ class WrapModelDdp(Transform):
         join = branch_join(self, model.creation.stmt, creations)
         if join is None or not used_inside(self, self._uses(model), join):
             return join or first
+        made = self.module.code_for_node(first).strip().splitlines()[0]
         self.record(join, f"{model.target} is created in several branches and used inside one: "
-                    f"wrapped in the last branch only; wrap it in {self.sdp}."
+                    f"wrapped only in the branch of `{made}`; wrap it in {self.sdp}."
                     f"DistributedDataParallel in every branch (or after they join)", manual=True)
         return first
 
