@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .helpers import check_noop, check_transformed, messages
+from .helpers import check_noop, check_transformed, messages, run
 
 ONLY = "pin_gpu_device"
 
@@ -489,3 +489,24 @@ def test_a_gpu_index_from_the_command_line_needs_a_person():
         (3, 23, "GPU index args.gpu chosen by the script: each process must use its own GPU, "
                 "sdp.local_rank()"),
     ]
+
+
+def test_minus_one_for_the_cpu_is_no_gpu_index_to_note():
+    result = run(
+        """\
+        import torch
+
+        def main(use_gpu):
+            gpu = 0 if use_gpu else -1
+            device = torch.device("cuda", gpu) if gpu >= 0 else torch.device("cpu")
+            model = torch.nn.Linear(4, 1).to(device)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x in loader:
+                opt.zero_grad()
+                model(x.to(device)).sum().backward()
+                opt.step()
+        """,
+        "pin_gpu_device",
+    )
+    assert "    gpu = sdp.local_rank() if use_gpu else -1\n" in result.output.decode()
+    assert not messages(result, "pin_gpu_device", manual=True)

@@ -138,6 +138,8 @@ class PinGpuDevice(Transform):
         a GPU by a literal index or by the local rank."""
         pins: Literal["literal", "local"] | None = None
         for leaf in self._leaves(expr, 0):
+            if isinstance(leaf, cst.UnaryOperation) and isinstance(leaf.operator, cst.Minus):
+                continue  # ``gpu = -1``: the script's way of saying "CPU", no GPU index
             if isinstance(leaf, cst.Integer) and integers:
                 self.literals[leaf] = int(leaf.evaluated_value)
                 pins = "literal"
