@@ -194,6 +194,19 @@ class Origin:
     unpacked: cst.BaseExpression | None = None
 
 
+#: How a name got its value, where the trace cannot follow it further (in notes).
+_HOW_BOUND = {
+    "import": "is imported",
+    "for": "is a loop variable",
+    "with": "comes from a with statement",
+    "except": "is an exception",
+    "augassign": "is updated in place (+=)",
+    "walrus": "is assigned inside an expression (:=)",
+    "def": "is a function or class of this file",
+    "param": "is a parameter",
+}
+
+
 def origin(
     t: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
 ) -> Origin | None:
@@ -219,7 +232,7 @@ def origin(
             )
         if binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
             return _through_parameter(t, binding.stmt, expr.value)
-        return Origin(problem=f"{expr.value} comes from a {binding.kind} statement")
+        return Origin(problem=f"{expr.value} {_HOW_BOUND.get(binding.kind, 'is bound')}")
     if isinstance(expr, cst.Attribute):
         found = index.attribute_bindings.get(code(expr), [])
         if found and found[-1].value is not None:

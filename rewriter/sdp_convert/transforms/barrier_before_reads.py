@@ -165,7 +165,18 @@ class BarrierBeforeReads(Transform):
         if not isinstance(body, (list, tuple)):
             return None
         index = next((i for i, s in enumerate(body) if s is stmt), 0)
-        return body[index - 1] if index > 0 else None
+        if index > 0:
+            return body[index - 1]
+        # The first statement of ``with sdp.rank0_first():`` (order_downloads' block, around a
+        # read that also downloads): what comes before the block comes before it.
+        block = self.parent(parent) if parent is not None else None
+        if isinstance(block, cst.With) and any(
+            isinstance(i.item, cst.Call) and self.refers_to(
+                i.item.func, f"{self.state.runtime_module}.rank0_first")
+            for i in block.items
+        ):
+            return self._previous(block)
+        return None
 
     def _stripped(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
         blank = self._strip.get(original)
