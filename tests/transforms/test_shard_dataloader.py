@@ -1001,3 +1001,35 @@ def test_an_unseeded_random_split_gets_rank_0s_seed_and_a_seeded_one_is_left():
                                 1), "shard_dataloader")
     assert "generator=" not in seeded.output.decode()
     assert not any("random_split" in m for m in messages(seeded))
+
+
+def test_a_plain_random_or_sequential_sampler_becomes_the_distributed_sampler():
+    source = """\
+        import torch
+        from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+        def main():
+            train = DataLoader(ds, sampler=RandomSampler(ds), batch_size=8)
+            ordered = DataLoader(ds, sampler=SequentialSampler(ds), batch_size=8)
+            weighted = DataLoader(ds, sampler=RandomSampler(ds, replacement=True), batch_size=8)
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x in train:
+                    model(x).sum().backward()
+                    opt.step()
+                for x in ordered:
+                    model(x).sum().backward()
+                    opt.step()
+                for x in weighted:
+                    model(x).sum().backward()
+                    opt.step()
+        """
+    result = run(source, "shard_dataloader")
+    out = result.output.decode()
+    assert "train = DataLoader(ds, sampler=train_sampler, batch_size=8)" in out
+    assert "ds, num_replicas=sdp.size(), rank=sdp.rank(), shuffle=True" in out
+    assert "ordered = DataLoader(ds, sampler=ordered_sampler, batch_size=8)" in out
+    assert "ds, num_replicas=sdp.size(), rank=sdp.rank(), shuffle=False" in out
+    assert "sampler=RandomSampler(ds, replacement=True)" in out
+    assert any("it has its own sampler" in m for m in messages(result, manual=True))

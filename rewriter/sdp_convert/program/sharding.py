@@ -86,6 +86,31 @@ def has_distributed_sampler(t: Transform, call: cst.Call) -> bool:
     return sampler is not None and is_distributed_sampler(t, sampler.value)
 
 
+#: Samplers that only order the whole dataset: -> the ``shuffle=`` of the DistributedSampler
+#: that does the same on each rank's part.
+PLAIN_SAMPLERS = {
+    "torch.utils.data.RandomSampler": "True",
+    "torch.utils.data.sampler.RandomSampler": "True",
+    "torch.utils.data.SequentialSampler": "False",
+    "torch.utils.data.sampler.SequentialSampler": "False",
+}
+
+
+def plain_sampler(t: Transform, value: cst.BaseExpression) -> str | None:
+    """The ``shuffle=`` code of a DistributedSampler replacing ``value``, when it is a plain
+    ``RandomSampler(ds)`` / ``SequentialSampler(ds)`` (no ``replacement=``, ``num_samples=``
+    or generator); None otherwise."""
+    if not isinstance(value, cst.Call) or len(value.args) != 1:
+        return None
+    keyword = value.args[0].keyword
+    if keyword is not None and keyword.value != "data_source":
+        return None
+    for name, shuffle in PLAIN_SAMPLERS.items():
+        if t.refers_to(value.func, name):
+            return shuffle
+    return None
+
+
 def loader_problem(t: Transform, call: cst.Call) -> str | None:
     """Why a DistributedSampler cannot be added to this loader (None: it can, or it has one)."""
     if has_distributed_sampler(t, call):
@@ -95,7 +120,9 @@ def loader_problem(t: Transform, call: cst.Call) -> str | None:
     if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
         return "pass its arguments by keyword, then add a DistributedSampler"
     sampler = loader_arg(call, args, "sampler")
-    if sampler is not None and not is_none(sampler.value):
+    if sampler is not None and not is_none(sampler.value) and (
+        plain_sampler(t, sampler.value) is None
+    ):
         return (
             "it has its own sampler; make it yield only this rank's indices "
             f"(e.g. indices[{sdp}.rank()::{sdp}.size()])"

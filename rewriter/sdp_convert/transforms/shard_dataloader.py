@@ -75,7 +75,14 @@ from ..program.scopes import (
     assigned_binding,
     training_loops,
 )
-from ..program.sharding import has_distributed_sampler, loader_args, loader_problem, training_data
+from ..program.sharding import (
+    has_distributed_sampler,
+    loader_arg,
+    loader_args,
+    loader_problem,
+    plain_sampler,
+    training_data,
+)
 from ..program.syntax import (
     append_arg,
     fix_last_comma,
@@ -298,6 +305,9 @@ class ShardDataLoader(Transform):
 
     def _shuffle(self, call: cst.Call, args: dict, plan: _Plan) -> str | None:
         """The sampler's ``shuffle=`` code; plans its removal from the loader. None: unknown."""
+        sampler = loader_arg(call, args, "sampler")
+        if sampler is not None and (plain := plain_sampler(self, sampler.value)) is not None:
+            return plain  # ``sampler=RandomSampler(ds)``: replaced by the DistributedSampler
         index = args.get("shuffle")
         if index is not None:
             plan.shuffle_arg = index
