@@ -34,6 +34,7 @@ from pathlib import Path
 from .changes import Change
 
 PARTS = ("init", "averaging", "data", "state", "writes")
+_SKIP = "# sdp-convert: skip"
 _TAG = {"downloads": "writes"}
 
 #: Which transforms' manual notes speak for which part.
@@ -107,6 +108,9 @@ class ModuleView:
     kind: str = ""
     shards: bool = False
     broadcasts: bool = False
+    #: Lines the user opted out of (``# sdp-convert: skip`` on a statement's first line: the
+    #: statement, its body included): nothing is said about them.
+    opted_out: list[tuple[int, int]] = field(default_factory=list)
     distributed_tapes: int = 0
     distributed_optimizers: int = 0
 
@@ -125,7 +129,15 @@ def read_module(path: Path, display: str, source: bytes | str, notes: Iterable[C
     except (SyntaxError, ValueError):
         return None
     view = ModuleView(path, display, in_run, notes=[c for c in notes if c.manual], kind=kind)
-    _Reader(view, lines or (lambda line: line)).read(tree, notebook)
+    mapped = lines or (lambda line: line)
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    if _SKIP in text:
+        rows = text.splitlines()
+        view.opted_out = [
+            (mapped(n.lineno), mapped(n.end_lineno or n.lineno)) for n in ast.walk(tree)
+            if isinstance(n, ast.stmt) and n.lineno <= len(rows) and _SKIP in rows[n.lineno - 1]
+        ]
+    _Reader(view, mapped).read(tree, notebook)
     return view
 
 
@@ -506,12 +518,13 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
         note of a transform that speaks for it (``by``, else the part's) is in its module."""
         speakers = by or _NOTED_BY[part]
         uncovered = [item for item in missing if not any(
-            n.transform in speakers for n in item[0].notes)]
+            n.transform in speakers for n in item[0].notes) and not _opted_out(*item[:2])]
         if not missing:
             result.parts[part] = PartResult("holds", holds)
         elif not uncovered:
-            note = next(n for v in reach for n in v.notes if n.transform in speakers)
-            result.parts[part] = PartResult("noted", note.message)
+            note = next((n.message for v in reach for n in v.notes if n.transform in speakers),
+                        "opted out (# sdp-convert: skip)")
+            result.parts[part] = PartResult("noted", note)
         else:
             result.parts[part] = PartResult("missing", uncovered[0][2])
             for view, spot, message in uncovered:
@@ -527,6 +540,10 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
 
     # 1. init
     inits = [s for v in reach for n, spots in v.runtime.items() if _is_init(n) for s in spots]
+    if not runtime_used and _opted_out(where_training, train_spot):
+        result.parts = {part: PartResult("noted", "opted out (# sdp-convert: skip)")
+                        for part in PARTS}
+        return result
     if not runtime_used:
         decide("init", [(entry, None, (
             f"the training in {train_at}, run from {entry.display}, is not converted: nothing "
@@ -661,6 +678,10 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
         if result.parts.pop("downloads").state == "missing":
             result.parts["writes"].detail += "; " + downloads[0][2]
     return result
+
+
+def _opted_out(view: ModuleView, spot: Spot | None) -> bool:
+    return spot is not None and any(a <= spot.line <= b for a, b in view.opted_out)
 
 
 def _is_init(name: str) -> bool:

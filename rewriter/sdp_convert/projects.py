@@ -26,7 +26,8 @@ from pathlib import Path
 
 from .base import Options
 from .engine import ModuleProbe, probe_module, project_exports
-from .program.project import LoaderFeed, ModuleFacts, Project, ShardedSource
+from .modules import Project, imported_modules
+from .program.project import LoaderFeed, ModuleFacts, ShardedSource
 from .siblings import ProjectFiles, read_project
 
 
@@ -46,7 +47,7 @@ def project_options(
     # Only the modules that import others of the project, and those they import, are analysed
     # (with libcst): in a folder of independent scripts nothing is.
     with _collector_paused():
-        imported = {path: _imported(project, path) for path in contents}
+        imported = {path: imported_modules(project, path) for path in contents}
     related = {p for p, targets in imported.items() if targets} | {
         t for targets in imported.values() for t in targets
     }
@@ -152,43 +153,6 @@ def _reachable(imported: dict[Path, list[Path]], path: Path) -> list[Path]:
         found.append(module)
         todo.extend(imported.get(module, ()))
     return found
-
-
-def _imported(project: Project, path: Path) -> list[Path]:
-    """The other project modules ``path`` imports (or imports names from)."""
-    tree = project.tree(path)
-    if tree is None:
-        return []
-    found: list[Path] = []
-    for node in _statements(tree):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom):
-            prefix = "." * node.level + (node.module + "." if node.module else "")
-            names = [prefix + alias.name for alias in node.names]
-        elif isinstance(node, ast.Import):
-            names = [alias.name + ".__module__" for alias in node.names]
-        for name in names:
-            target = project.resolve(path, name) or project.module_file(path, name)
-            module = target if isinstance(target, Path) or target is None else target[0]
-            if module is not None and module != path and module not in found:
-                found.append(module)
-    return found
-
-
-#: The fields of a node that hold statements (or the except clauses and cases that hold some).
-_BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
-
-
-def _statements(tree: ast.Module) -> Iterator[ast.AST]:
-    """The statements of ``tree`` at any depth (with the except clauses and match cases that
-    hold some), in ``ast.walk``'s order: what ``ast.walk`` gives, less the expressions, which
-    never hold a statement (an import) and are most of a module's nodes."""
-    todo: list[ast.AST] = [tree]
-    for node in todo:  # breadth first, as ast.walk
-        for name in node._fields:
-            if name in _BODIES:
-                todo.extend(getattr(node, name))
-        yield node
 
 
 def _calls_project_at_top(project: Project, path: Path, tree: ast.Module) -> bool:

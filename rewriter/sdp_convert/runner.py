@@ -404,7 +404,11 @@ def run_jobs(
             todo.sort(key=lambda i: -_size(jobs[i].src))
             outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done, deps)
     if project is not None:
-        check_contract(outcomes, project)
+        try:
+            check_contract(outcomes, project)
+        except Exception as err:  # noqa: BLE001 - a second opinion must not take the run down
+            sys.stderr.write(f"sdp-convert: the whole-program check failed ({type(err).__name__}: "
+                             f"{err}); the files' own results stand (please report)\n")
     if config.cache_dir and any(o.computed for o in outcomes):
         # The bound is kept here, once per run, not by each worker after each file.
         Cache(config.cache_dir).prune(estimate=True)
@@ -418,9 +422,7 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> No
     spot where a program that trains misses a part, and each entry point's parts, on its
     outcome. Files in the run are read as converted, their neighbours as they are."""
     from . import contract
-    from .notebook import notebook_program
-    from .program.project import Project
-    from .projects import _imported
+    from .modules import Project, imported_modules
 
     written, shown, contents = project
     by_display = {o.path: o for o in outcomes}
@@ -437,6 +439,8 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> No
         texts.setdefault(path, data)
     for o in outcomes:  # notebooks are not project modules: each is a program of its own
         if o.path.endswith(".ipynb") and o.output is not None and o.status != "failed":
+            from .notebook import notebook_program  # the engine with it: notebooks only
+
             program = notebook_program(o.output)
             if program is not None:
                 path = resolve(Path(o.path))
@@ -459,7 +463,7 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> No
             views[path] = view
     py = {p: t for p, t in texts.items() if p.suffix == ".py"}
     graph = Project(py)
-    imports = {p: _imported(graph, p) for p in py if p in views}
+    imports = {p: imported_modules(graph, p) for p in py if p in views}
     for result in contract.check_program(views, imports):
         entry = next(p for p, v in views.items() if v.display == result.entry)
         if entry in outcome_of:

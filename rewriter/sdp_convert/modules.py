@@ -1,0 +1,203 @@
+"""The modules of a run and the imports between them, read with ``ast`` alone (no libcst).
+
+``Project`` resolves a qualified name as one file spells it (``data.get_loaders``,
+``.data.get_loaders``, ``pkg.get_loaders`` through a package ``__init__`` that re-exports it) to
+the file and top-level name that define it; ``imported_modules`` lists the other modules of the
+run a module imports. Project mode plans with them, and the whole-program contract
+(``contract``) follows the imports of a converted program with them, also in a warm run that
+answers every file from the cache and loads no libcst.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .siblings import is_package_folder
+
+# -- import resolution -------------------------------------------------------------------------
+
+
+@dataclass
+class Project:
+    """The Python files of one run, by module name, and the names their packages re-export."""
+
+    files: Mapping[Path, bytes]
+    _modules: dict[str, Path] = field(default_factory=dict)
+    _names: dict[Path, str] = field(default_factory=dict)
+    _trees: dict[Path, ast.Module | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: dict[str, list[Path]] = {}
+        for path in self.files:
+            name = module_name(path)
+            self._names[path] = name
+            seen.setdefault(name, []).append(path)
+        # Two files that would be the same module (two scripts' folders): neither is resolved.
+        self._modules = {name: paths[0] for name, paths in seen.items() if len(paths) == 1}
+
+    def name_of(self, path: Path) -> str:
+        return self._names[path]
+
+    def resolve(self, path: Path, qualified: str) -> tuple[Path, str] | None:
+        """The file and top-level name that ``qualified`` (as ``path`` spells it) refers to."""
+        absolute = self._absolute(path, qualified)
+        return self._lookup(absolute, 0) if absolute else None
+
+    def module_file(self, path: Path, qualified: str) -> Path | None:
+        """The file of the module ``qualified`` names (``pkg.trainer.__module__`` or
+        ``.trainer.__module__``: the suffix marks a module, not a name in it)."""
+        absolute = self._absolute(path, qualified.removesuffix(".__module__"))
+        if absolute is None:
+            return None
+        return self._modules.get(absolute) or self._modules.get(absolute + ".__init__")
+
+    def _absolute(self, path: Path, qualified: str) -> str | None:
+        level = len(qualified) - len(qualified.lstrip("."))
+        if not level:
+            return qualified
+        package = self._names[path].split(".")
+        if path.name != "__init__.py":
+            package = package[:-1]
+        if level - 1 > len(package) or (level > 1 and level - 1 == len(package)):
+            return None
+        base = package[: len(package) - (level - 1)]
+        return ".".join([*base, qualified[level:]]) if base else qualified[level:]
+
+    def _lookup(self, absolute: str, depth: int) -> tuple[Path, str] | None:
+        parts = absolute.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            module = self._modules.get(".".join(parts[:cut]))
+            if module is None:
+                continue
+            rest = parts[cut:]
+            if len(rest) != 1:
+                return None
+            return self._definition(module, rest[0], depth)
+        return None
+
+    def _definition(self, module: Path, name: str, depth: int) -> tuple[Path, str] | None:
+        tree = self.tree(module)
+        if tree is None:
+            return None
+        for stmt in reversed(tree.body):  # the last top-level binding wins
+            if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and stmt.name == name:
+                return module, name
+            if isinstance(stmt, ast.ImportFrom) and depth < 5:
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) != name or stmt.module is None:
+                        continue
+                    source = "." * stmt.level + stmt.module + "." + alias.name
+                    absolute = self._absolute(module, source)
+                    return self._lookup(absolute, depth + 1) if absolute else None
+            if _binds(stmt, name):
+                return None  # assigned some other way: not followed
+        return None
+
+    def writing_callback(self, path: Path, name: str) -> bool:
+        """Whether ``name`` is a Keras callback class of ``path`` that writes files (it opens a
+        file to write or append, or saves: ``open(p, "a")``, ``model.save(...)``, ...)."""
+        tree = self.tree(path)
+        cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
+                   None) if tree is not None else None
+        if cls is None or not any(_name_of(b).endswith("Callback") for b in cls.bases):
+            return False
+        return any(_writes(node) for node in ast.walk(cls))
+
+    def writing_function(self, path: Path, name: str) -> bool:
+        """Whether ``name`` is a module-level function of ``path`` that writes files
+        (``save_checkpoint(model, path)`` around ``torch.save``)."""
+        tree = self.tree(path)
+        function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
+                         and s.name == name), None) if tree is not None else None
+        return function is not None and any(_writes(node) for node in ast.walk(function))
+
+    def tree(self, path: Path) -> ast.Module | None:
+        """The ``ast`` of a file (parsed once; None if it does not parse)."""
+        if path not in self._trees:
+            try:
+                self._trees[path] = ast.parse(self.files[path])
+            except (SyntaxError, ValueError):
+                self._trees[path] = None
+        return self._trees[path]
+
+
+#: Methods and functions that write files (``program.writes`` holds the full vocabulary, by
+#: qualified name; a callback class in another module is read with ``ast``, names only).
+_WRITING_CALLS = frozenset({"save", "save_weights", "savez", "savetxt", "to_csv", "dump",
+                            "write_text", "write_bytes", "imwrite", "savefig"})
+
+
+def _name_of(expr: ast.expr) -> str:
+    return expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", "")
+
+
+def _writes(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    name = _name_of(node.func)
+    if name == "open" and isinstance(node.func, ast.Name):
+        modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
+        return any(
+            isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax")
+            for m in modes
+        )
+    return name in _WRITING_CALLS
+
+
+def _binds(stmt: ast.stmt, name: str) -> bool:
+    targets: Iterable[ast.expr] = ()
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        targets = (stmt.target,)
+    return any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t))
+
+
+def module_name(path: Path) -> str:
+    """``src/pkg/data.py`` -> ``pkg.data`` when ``src/pkg`` holds an ``__init__.py``."""
+    parts = [path.stem] if path.name != "__init__.py" else []
+    folder = path.parent
+    while is_package_folder(folder) and folder.name:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts) or path.parent.name
+
+
+def imported_modules(project: Project, path: Path) -> list[Path]:
+    """The other project modules ``path`` imports (or imports names from)."""
+    tree = project.tree(path)
+    if tree is None:
+        return []
+    found: list[Path] = []
+    for node in _statements(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            prefix = "." * node.level + (node.module + "." if node.module else "")
+            names = [prefix + alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name + ".__module__" for alias in node.names]
+        for name in names:
+            target = project.resolve(path, name) or project.module_file(path, name)
+            module = target if isinstance(target, Path) or target is None else target[0]
+            if module is not None and module != path and module not in found:
+                found.append(module)
+    return found
+
+
+#: The fields of a node that hold statements (or the except clauses and cases that hold some).
+_BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
+
+
+def _statements(tree: ast.Module) -> Iterator[ast.AST]:
+    """The statements of ``tree`` at any depth (with the except clauses and match cases that
+    hold some), in ``ast.walk``'s order: what ``ast.walk`` gives, less the expressions, which
+    never hold a statement (an import) and are most of a module's nodes."""
+    todo: list[ast.AST] = [tree]
+    for node in todo:  # breadth first, as ast.walk
+        for name in node._fields:
+            if name in _BODIES:
+                todo.extend(getattr(node, name))
+        yield node
