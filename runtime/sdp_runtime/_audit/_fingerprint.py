@@ -11,31 +11,42 @@ SAMPLES = 32
 
 def weights(t: Any) -> list[Any]:
     """``[sum, sum of |x|, [up to 32 strided values]]`` of a torch tensor, in float64."""
-    flat = t.detach().reshape(-1)
+    flat = _flat(t)
     n = flat.numel()
     if n == 0:
         return [0.0, 0.0, []]
-    wide = flat.abs().double() if flat.is_complex() else flat.double()
     stride = max(1, n // SAMPLES)
-    sample = wide[::stride][:SAMPLES].cpu().tolist()
-    pair = _sums(wide)
-    return [pair[0], pair[1], sample]
+    sample = flat[::stride][:SAMPLES].double().cpu().tolist()
+    return [*_sums(flat), sample]
 
 
 def grads(t: Any) -> list[float]:
     """``[sum, sum of |x|]`` of a gradient (torch tensor), in float64."""
     if getattr(t, "is_sparse", False):
         t = t.coalesce().values()
-    flat = t.detach().reshape(-1)
+    flat = _flat(t)
     if flat.numel() == 0:
         return [0.0, 0.0]
-    return _sums(flat.double())
+    return _sums(flat)
 
 
-def _sums(wide: Any) -> list[float]:
+def _flat(t: Any) -> Any:
     import torch
 
-    both = torch.stack([wide.sum(), wide.abs().sum()]).cpu().tolist()
+    flat = t.detach().reshape(-1)
+    if flat.is_complex():
+        return flat.abs()
+    if not flat.is_floating_point():
+        return flat.to(torch.float64)
+    return flat
+
+
+def _sums(flat: Any) -> list[float]:
+    """Sums accumulated in float64, without a float64 copy of the tensor."""
+    import torch
+
+    both = torch.stack([flat.sum(dtype=torch.float64),
+                        flat.abs().sum(dtype=torch.float64)]).cpu().tolist()
     return [float(both[0]), float(both[1])]
 
 
