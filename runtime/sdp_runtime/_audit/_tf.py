@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 from typing import Any
 
 from . import _fingerprint
@@ -94,7 +95,12 @@ def observer(rec: Any, variables: Any) -> Any:
 
 
 def _site_name(site: tuple[str, ...]) -> str:
-    return f"{len(site)} variables" if len(site) != 1 else site[0]
+    """A name for the variables of one gradient reduction (two models' sites never share one:
+    a GAN's generator and discriminator are compared each with itself)."""
+    if len(site) == 1:
+        return site[0]
+    digest = hashlib.blake2b("|".join(site).encode(), digest_size=4).hexdigest()
+    return f"{len(site)} variables ({site[0] if site else ''}... #{digest})"
 
 
 def _weights(state: _State, site: tuple[str, ...], variables: list[Any], step: int) -> None:
