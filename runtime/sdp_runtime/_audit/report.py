@@ -450,8 +450,9 @@ def _show(path: str) -> str:
 
 def text(report: Report) -> str:
     """The block printed at the end of the job."""
-    ranks = f"{len(report.ranks)} ranks" if len(report.ranks) == report.size else (
-        f"{len(report.ranks)} of {report.size} ranks")
+    n_ranks = len(report.ranks)
+    ranks = f"{n_ranks} rank{'s' if n_ranks != 1 else ''}" if n_ranks == report.size else (
+        f"{n_ranks} of {report.size} ranks")
     steps = f"{report.steps} step" + ("s" if report.steps != 1 else "")
     if len(report.ranks) < 2:
         head = f"sdp audit: nothing to compare ({ranks})"
