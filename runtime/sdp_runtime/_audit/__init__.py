@@ -174,6 +174,9 @@ def install() -> Recorder | None:
         conf = settings()
         if not conf.on:
             return None
+        owner = os.environ.get("SDP_AUDIT_RANK_PID")
+        if owner and owner != str(os.getpid()):
+            return None  # a process the rank started (spawned DataLoader worker, subprocess)
         from .. import _env
 
         placement = _env.detect()
@@ -182,6 +185,7 @@ def install() -> Recorder | None:
         folder = conf.folder or default_folder()
         rec = Recorder(conf, placement.rank, placement.size, folder, conf.folder is None)
         _installed = rec
+        os.environ["SDP_AUDIT_RANK_PID"] = str(os.getpid())  # its children are not the rank
     from . import _files, _frameworks
 
     _files.install(rec)
