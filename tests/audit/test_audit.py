@@ -136,3 +136,15 @@ def test_tf_data_not_sharded_under_a_tape(tmp_path: Path) -> None:
 @pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
 def test_tf_data_sharded_has_no_problem(tmp_path: Path) -> None:
     assert_clean(*audit(tmp_path, "tf_unsharded_tape.py", "--right", mode="--audit=strict"))
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_tf_tape_never_wrapped(tmp_path: Path) -> None:
+    """No gradient reaches the runtime: the trained variables are compared at the end."""
+    code, found, text = audit(tmp_path, "tf_unsharded_tape.py", "--unwrapped")
+    problems = checks(found)
+    assert list(problems) == ["weights-differ"], found["text"]
+    assert ("parameters of `sequential/dense`, `sequential/dense_1` differ across ranks at the "
+            "end (max |diff|") in problems["weights-differ"]["message"]
+    assert "no problem found" not in text and found["steps"] == 4
+    assert code == 0, text[-4000:]

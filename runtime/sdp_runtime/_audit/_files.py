@@ -14,7 +14,6 @@ import os
 import socket
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from typing import Any
@@ -194,7 +193,3 @@ def _end(record: dict[str, Any]) -> None:
     if f is None:
         return
     record["reads"] = {p: v[:2] for p, v in f.reads.items()}
-
-
-def temp_dir() -> str:
-    return tempfile.gettempdir()

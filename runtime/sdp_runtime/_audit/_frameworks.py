@@ -16,8 +16,10 @@ def install(rec: Any) -> None:
         "torch.optim.optimizer": lambda m: _torch.patch_optimizer(rec, m),
         "torch.nn.parallel.distributed": lambda m: _torch.patch_ddp(rec, m),
         "torch.serialization": lambda m: _torch.patch_save(rec, m),
+        "torch.utils.data.dataloader": lambda m: _torch.patch_loader(rec, m),
         "tensorflow.python.eager.backprop": lambda m: _tf.patch_tape(rec, m),
         "keras.src.models.model": lambda m: _tf.patch_fit(rec, m),
+        "keras.src.optimizers.base_optimizer": lambda m: _tf.patch_optimizer(rec, m),
     }
     pending = {}
     for name, wrap in wrappers.items():

@@ -158,6 +158,22 @@ def patch_fit(rec: Any, module: Any) -> None:
     cls.fit = audited_fit
 
 
+def patch_optimizer(rec: Any, module: Any) -> None:
+    """Keras optimizers register themselves at ``apply`` (once per trace inside a
+    ``tf.function``), so that their ``iterations`` are compared at the end."""
+    state = _get(rec)
+    cls = module.BaseOptimizer
+    apply = cls.apply
+
+    @functools.wraps(apply)
+    def audited_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if all(o is not self for o in state.optimizers):
+            state.optimizers.append(self)
+        return apply(self, *args, **kwargs)
+
+    cls.apply = audited_apply
+
+
 def _end(record: dict[str, Any]) -> None:
     state = _state
     if state is None:

@@ -8,7 +8,9 @@
   of the trained parameters and of the buffers of the modules that own them, named by their path
   in the outermost module (found once, at the first step).
 - ``DistributedDataParallel.__init__`` (patched) adds a forward pre-hook that counts training
-  forwards and hashes each sample of the first K forwards' first input.
+  forwards and hashes each sample of the first K forwards' first input; only the samples that a
+  DataLoader of this rank yielded (``_BaseDataLoaderIter.__next__``, patched, hashes its first
+  batches' samples) are kept: random inputs such as a GAN's noise are not training data.
 - ``torch.save`` to a path is a write the ``open`` audit event does not show (torch writes it
   from C++): noted with its start and end time.
 """
@@ -40,6 +42,8 @@ class _State:
         self.named = False
         self.forwards = 0
         self.ddp: list[weakref.ref[Any]] = []
+        self.loader_batches = 0
+        self.loader_samples: set[str] = set()  # hashes of the samples DataLoaders yielded
 
 
 _state: _State | None = None
@@ -233,8 +237,43 @@ def _forward(state: _State, module: Any, args: Any, kwargs: Any) -> None:
     with contextlib.suppress(Exception):
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if first is not None:
-            state.rec.emit({"kind": "inputs", "step": state.forwards,
-                            "samples": _fingerprint.samples(first)})
+            # Only samples a DataLoader of this rank yielded: inputs drawn at random (a GAN's
+            # noise, alike on every rank when seeded alike) are not the training data.
+            hashes = [h for h in _fingerprint.samples(first) if h in state.loader_samples]
+            if hashes:
+                state.rec.emit({"kind": "inputs", "step": state.forwards, "samples": hashes})
+    return None
+
+
+def patch_loader(rec: Any, module: Any) -> None:
+    """Hash the samples of the first batches DataLoaders yield (compared with DDP's inputs)."""
+    state = _get(rec)
+    cls = module._BaseDataLoaderIter
+    next_ = cls.__next__
+
+    @functools.wraps(next_)
+    def audited_next(self: Any) -> Any:
+        batch = next_(self)
+        if state.forwards < state.k and state.loader_batches < 8 * state.k:
+            state.loader_batches += 1
+            with contextlib.suppress(Exception):
+                first = _first_tensor(batch)
+                if first is not None:
+                    state.loader_samples.update(_fingerprint.samples(first))
+        return batch
+
+    cls.__next__ = audited_next
+
+
+def _first_tensor(batch: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return next((b for b in batch if isinstance(b, torch.Tensor)), None)
     return None
 
 

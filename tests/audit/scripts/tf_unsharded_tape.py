@@ -1,5 +1,5 @@
 """A custom TF loop under a DistributedGradientTape whose tf.data input is not sharded
-(--right: sharded)."""
+(--right: sharded; --unwrapped: sharded, but the tape is never wrapped)."""
 import sys
 
 import keras
@@ -12,7 +12,7 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(64, 8)).astype("float32")
 y = rng.normal(size=(64, 1)).astype("float32")
 dataset = tf.data.Dataset.from_tensor_slices((x, y))
-if "--right" in sys.argv:
+if "--right" in sys.argv or "--unwrapped" in sys.argv:
     dataset = dataset.shard(sdp.size(), sdp.rank())
 dataset = dataset.batch(8)
 keras.utils.set_random_seed(0)
@@ -26,7 +26,8 @@ sdp.broadcast_variables(model.variables, root_rank=0)
 def train_step(xb, yb):
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
-    tape = sdp.DistributedGradientTape(tape)
+    if "--unwrapped" not in sys.argv:
+        tape = sdp.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)
     opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     return loss
