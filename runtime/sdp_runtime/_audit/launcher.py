@@ -25,6 +25,8 @@ def run_audited(args: argparse.Namespace, launch: Callable[[], int]) -> int:
         print(f"sdp-run: error: {error}", file=sys.stderr)
         return 2
     if mode == "off":
+        if not args.audit_report:
+            return launch()  # SDP_AUDIT=0
         mode = "on"  # --audit-report alone
     json_path = args.audit_report or os.environ.get("SDP_AUDIT_REPORT") or None
     saved = {k: os.environ.get(k) for k in
