@@ -132,3 +132,16 @@ def test_downloads_are_notes_and_one_rank_has_nothing_to_compare() -> None:
     assert report.text(found).startswith("sdp audit: no problem found in 1 step (2 ranks)")
     alone = report.analyse({0: [start(0, 1), end(0, [3])]})
     assert report.text(alone) == "sdp audit: nothing to compare (1 rank)"
+
+
+def test_weights_broadcast_after_the_first_step_are_a_note() -> None:
+    """Horovod's callback broadcasts a model Keras builds in its first step after that step."""
+    def weights(rank: int, step: int, value: float) -> dict[str, Any]:
+        return {"kind": "weights", "rank": rank, "opt": "tf:a", "step": step,
+                "params": {"dense/kernel": [value, abs(value), [value]]}}
+
+    recs = {r: [start(r), weights(r, 0, 1.0 + r), weights(r, 1, 2.0), end(r, [1])]
+            for r in (0, 1)}
+    found = report.analyse(recs)
+    assert found.ok
+    assert [n.check for n in found.notes] == ["weights-equal-after-step-1"]

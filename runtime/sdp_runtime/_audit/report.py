@@ -255,15 +255,31 @@ def _agree(values: list[list[float]]) -> bool:
 def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
              ends: Mapping[int, dict[str, Any] | None]) -> None:
     points = sorted(_by_step(by_rank, "weights").items(), key=lambda kv: kv[0][1])
-    for (_opt, step), recs in points:
-        if len(recs) < 2:
-            continue
+    found: list[tuple[int, list[str], float]] = []  # (step, parameters, max |diff|)
+    healed: list[tuple[str, list[str], int]] = []
+    for (opt, step), recs in points:
         # Buffers are recorded but not compared: batch-norm statistics are updated by each
         # rank's own forward (DDP broadcasts rank 0's before the next one; Horovod keeps them).
         bad, worst = _differ({r: x.get("params") or {} for r, x in recs.items()})
-        if bad:
-            _weights_problem(report, bad, worst, step)
-            return
+        if not bad:
+            continue
+        if step == 0:
+            later = [(s, rs) for (o, s), rs in points if o == opt and s > 0]
+            if later and not set(bad) & set(_differ(
+                    {r: x.get("params") or {} for r, x in later[0][1].items()})[0]):
+                healed.append((opt, bad, later[0][0]))  # made equal after the first step
+                continue
+        found.append((step, bad, worst))
+    for _opt, bad, step in healed[:1]:
+        report.notes.append(Problem(
+            "weights-equal-after-step-1", f"parameters of {_modules(bad)} differed across ranks "
+            f"before the first step and agreed after step {step}: they were broadcast after the "
+            "first update (as Horovod's BroadcastGlobalVariablesCallback does for a model built "
+            "in its first step), which mixed gradients taken at different weights", "", {}))
+    if found:
+        step, bad, worst = min(found, key=lambda f: f[0])
+        _weights_problem(report, bad, worst, step)
+        return
     finals = {r: {**{k: v for w in (e.get("torch_weights") or {}).values() for k, v in w.items()},
                   **(e.get("tf_weights") or {})} for r, e in ends.items() if e}
     if len(finals) >= 2:
