@@ -69,8 +69,8 @@ DEFECTS = [
     ("reinit_after_wrap.py", "weights-differ", "parameters of `2` differ across ranks before the "
      "first step", audit_report.FIX_INIT),
     ("same_file.py", "same-file", "ranks 0-1 all wrote model.pt", audit_report.FIX_SAME_FILE),
-    ("read_no_barrier.py", "read-during-write", "rank 1 read vocab.txt (read_no_barrier.py:33) "
-     "while rank 0 was still writing it (read_no_barrier.py:22)", audit_report.FIX_READ_WRITE),
+    ("read_no_barrier.py", "read-during-write", "rank 1 read vocab.txt (read_no_barrier.py:32) "
+     "while rank 0 was still writing it (read_no_barrier.py:21)", audit_report.FIX_READ_WRITE),
     ("unequal_steps.py", "unequal-steps", "(rank 0 5, rank 1 4): they differ from step 5 on",
      audit_report.FIX_STEPS),
 ]
