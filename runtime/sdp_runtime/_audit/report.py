@@ -517,12 +517,17 @@ def finish_in_rank(rec: Any) -> int:
     with contextlib.suppress(ValueError):
         wait = float(os.environ.get("SDP_EXIT_WAIT", "") or wait)
     deadline = time.monotonic() + wait
+    def records() -> dict[int, list[dict[str, Any]]]:
+        # The folder is named after the rendezvous: a file left by an earlier, bigger job
+        # that met at the same address is not this job's.
+        return {r: rs for r, rs in load(rec.folder).items() if r < rec.size}
+
     while time.monotonic() < deadline:
-        records = load(rec.folder)
-        if len(records) >= rec.size and all(
-                any(x.get("kind") == "end" for x in rs) for rs in records.values()):
+        found = records()
+        if len(found) >= rec.size and all(
+                any(x.get("kind") == "end" for x in rs) for rs in found.values()):
             break
         time.sleep(0.05)
-    report = analyse(load(rec.folder))
+    report = analyse(records())
     _publish(report, rec.conf.report)
     return EXIT_AUDIT if rec.conf.mode == "strict" and not report.ok else 0
