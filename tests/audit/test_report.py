@@ -145,3 +145,21 @@ def test_weights_broadcast_after_the_first_step_are_a_note() -> None:
     found = report.analyse(recs)
     assert found.ok
     assert [n.check for n in found.notes] == ["weights-equal-after-step-1"]
+
+
+def test_overlap_counts_the_first_epoch_only() -> None:
+    """A shuffling DistributedSampler gives rank 1 in epoch 2 samples rank 0 had in epoch 1."""
+    def inputs(rank: int, step: int, hashes: list[str]) -> dict[str, Any]:
+        return {"kind": "inputs", "rank": rank, "step": step, "samples": hashes}
+
+    epoch1 = {0: [["a", "b"], ["c", "d"]], 1: [["e", "f"], ["g", "h"]]}
+    epoch2 = {0: [["e", "c"], ["g", "a"]], 1: [["b", "h"], ["d", "f"]]}
+    recs = {r: [start(r), *(inputs(r, i + 1, h) for i, h in enumerate(epoch1[r] + epoch2[r])),
+                end(r, [4])] for r in (0, 1)}
+    assert checks(report.analyse(recs)) == []
+    halves = {0: [["a", "b"], ["c", "d"]], 1: [["a", "x"], ["c", "y"]]}  # subsets that overlap
+    recs = {r: [start(r), *(inputs(r, i + 1, h) for i, h in enumerate(halves[r])), end(r, [2])]
+            for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["sample-overlap"]
+    assert found.problems[0].message.startswith("33% of the samples")

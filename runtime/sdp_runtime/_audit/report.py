@@ -198,17 +198,38 @@ def _same_data(report: Report, by_rank: Mapping[int, list[dict[str, Any]]]) -> N
         fraction, shared, total = samples
         if fraction >= OVERLAP_LIMIT and shared >= report.size:
             report.problems.append(Problem(
-                "sample-overlap", f"{fraction:.0%} of the samples trained on in the first steps "
-                f"({shared} of {total}) were seen by more than one rank: the ranks' data overlaps",
+                "sample-overlap", f"{fraction:.0%} of the samples trained on in the first "
+                f"steps of the first epoch ({shared} of {total}) were seen by more than one "
+                "rank: the ranks' data overlaps",
                 FIX_OVERLAP, {"overlap": fraction, "shared": shared, "samples": total}))
 
 
 def _samples(by_rank: Mapping[int, list[dict[str, Any]]]) -> tuple[float, int, int] | None:
-    seen: dict[str, set[int]] = {}
+    """(fraction, shared, distinct) of the samples seen by more than one rank in the first
+    epoch: up to the step before any rank meets a sample of its own again (from then on a
+    shuffling sampler hands the ranks each other's samples of the last epoch, by design)."""
+    steps: dict[int, list[tuple[int, list[str]]]] = {}
     for r, recs in by_rank.items():
-        for x in recs:
-            if x.get("kind") == "inputs":
-                for h in x.get("samples", []):
+        steps[r] = sorted((int(x["step"]), x.get("samples", [])) for x in recs
+                          if x.get("kind") == "inputs")
+    window = None
+    for rank_steps in steps.values():
+        own: set[str] = set()
+        last = None
+        for step, hashes in rank_steps:
+            if own & set(hashes):
+                break
+            own.update(hashes)
+            last = step
+        if rank_steps and last is not None:
+            window = last if window is None else min(window, last)
+    if window is None:
+        return None
+    seen: dict[str, set[int]] = {}
+    for r, rank_steps in steps.items():
+        for step, hashes in rank_steps:
+            if step <= window:
+                for h in hashes:
                     seen.setdefault(h, set()).add(r)
     if not seen or len({r for rs in seen.values() for r in rs}) < 2:
         return None
