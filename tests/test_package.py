@@ -85,6 +85,7 @@ def test_the_wheel_builds_with_pep_639_metadata(tmp_path):
     assert "License-Expression: Apache-2.0\n" in text
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "sdp-rank-files = sdp_runtime._launch_logs:RankFiles" in entry_points
+    assert "sdp_runtime/_audit/boot/sitecustomize.py" in names  # sdp-run --audit's start-up
 
 
 @pytest.mark.slow

@@ -308,6 +308,10 @@ def convert_cmd(
             for change in o.changes:
                 err.write(change.format(o.path) + "\n")
     err.write(f"sdp-convert: {summary_line(outcomes, mode != 'write')}\n")
+    if not quiet and any(o.written and o.status == "converted" for o in outcomes):
+        # What no converter can prove, the first run can check (README, "The audit").
+        err.write("sdp-convert: first run of a converted script: sdp-run --audit -n 2 SCRIPT "
+                  "checks that its ranks train one model on split data\n")
 
     failed = any(o.status == "failed" for o in outcomes)
     if report is not None:

@@ -153,6 +153,10 @@ def init(backend: str | None = None) -> None:
         (0, 1)
     """
     global _state, _atexit_registered
+    if os.environ.get("SDP_AUDIT"):  # the audit under a launcher other than sdp-run
+        from . import _audit
+
+        _audit.install()
     with _lock:
         if _state is not None:
             raise AlreadyInitializedError(

@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cores here divided by the processes here. Under SLURM (inside srun, one sdp-run per "
         "node) and SageMaker the node flags default from the environment. Exit status: 0, the "
         "status of the rank that failed first, 1 when the machines never all met, 130/143 when "
-        "sdp-run is stopped by SIGINT/SIGTERM, 2 for a usage error.",
+        "sdp-run is stopped by SIGINT/SIGTERM, 2 for a usage error, 3 when --audit=strict found "
+        "a problem.",
     )
     parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
                         metavar="N", help="processes on this machine (default: GPUs here, else "
@@ -126,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "in torchrun's layout (<run id>/attempt_<k>/<local rank>/)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="restart all processes this many times after a failure (default 0)")
+    parser.add_argument("--audit", dest="audit", action="store_const", const="on",
+                        help="check while the job trains that the ranks train one model on "
+                        "different data (gradients, weights, steps, files; see the README, 'The "
+                        "audit'); --audit=strict also exits with status 3 when it finds a problem")
+    for value in ("on", "strict"):  # --audit=strict (argparse matches the whole string first)
+        parser.add_argument(f"--audit={value}", dest="audit", action="store_const", const=value,
+                            help=argparse.SUPPRESS)
+    parser.add_argument("--audit-report", metavar="FILE",
+                        help="with --audit: also write the audit's report to FILE as JSON")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -436,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     0 when every rank succeeded; the exit status of the rank that failed first (128 + N when it
     was killed by signal N) when one failed; 1 when the machines of a ``--nnodes N`` job never
     all met; 130 / 143 when stopped by SIGINT / SIGTERM; 2 for a usage error or a machine without
-    torch.
+    torch; 3 when ``--audit=strict`` found a problem in a job that otherwise succeeded.
 
     Example:
         >>> main(["-n", "2", "train.py"])
@@ -473,6 +483,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)
         os.environ["SDP_RUN_OUTPUT_DIR"] = os.path.abspath(args.output_dir)
+    if args.audit or args.audit_report or os.environ.get("SDP_AUDIT"):
+        from ._audit import launcher
+
+        return launcher.run_audited(args, lambda: _launch_in_log_dir(p, args))
+    return _launch_in_log_dir(p, args)
+
+
+def _launch_in_log_dir(p: Plan, args: argparse.Namespace) -> int:
     if args.log_dir:
         return _launch(p, args, args.log_dir)
     with tempfile.TemporaryDirectory(prefix="sdp-run-") as log_dir:

@@ -142,6 +142,11 @@ def base_env(
         PYTHONUNBUFFERED="1",
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=os.pathsep.join(p for p in (str(AUDIT_PATH), env.get("PYTHONPATH")) if p),
+        # sdp-run checks every multi-process run as it trains (README, "The audit"): identical
+        # data on the ranks, gradients never averaged, weights that drift apart, unequal steps,
+        # files written by several ranks. Strict: a problem makes the launch exit with status 3,
+        # which fails the test with the audit's report in the output.
+        SDP_AUDIT="strict",
     )
     if audit_dir is not None:
         audit_dir.mkdir(parents=True, exist_ok=True)
@@ -215,6 +220,21 @@ def finish(*procs: Proc) -> None:
             _kill_group(proc.popen)
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)
+    for proc in procs:
+        if _audited(proc) and "sdp audit: " not in proc.output:
+            pytest.fail(proc.describe("sdp-run printed no audit report"), pytrace=False)
+
+
+def _audited(proc: Proc) -> bool:
+    """A launch of several processes by sdp-run, which must end with the audit's report."""
+    if not proc.cmd or proc.cmd[0] != SDP_RUN or proc.env_extra.get("SDP_AUDIT", "x") == "":
+        return False
+    args = proc.cmd[1:]
+    for flag in ("-n", "--nproc-per-node", "-np"):
+        if flag in args:
+            value = args[args.index(flag) + 1]
+            return value.isdigit() and int(value) > 1
+    return False
 
 
 def run(

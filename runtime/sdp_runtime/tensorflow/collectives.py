@@ -21,6 +21,7 @@ collectives in the same order on every rank. XLA (``jit_compile=True``) cannot c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -147,9 +148,12 @@ trace: list[list[tuple[str, str]]] | None = None
 
 
 def _reduce_work(
-    op: ReduceOp, compression: str, bucket_bytes: int | None, prescale: float, postscale: float
+    op: ReduceOp, compression: str, bucket_bytes: int | None, prescale: float, postscale: float,
+    observe: Callable[[list[torch.Tensor]], None] | None = None,
 ) -> Work:
     def work(flats: list[torch.Tensor]) -> None:
+        if observe is not None:  # the audit (sdp-run --audit): the local values, before reducing
+            observe(flats)
         if prescale != 1.0:
             for f in flats:
                 f.mul_(prescale)
@@ -200,6 +204,7 @@ def grouped_allreduce(
     name: str | None = None,
     device_dense: str = "",
     device_sparse: str = "",
+    audit: Callable[[list[int], list[torch.Tensor]], None] | None = None,
 ) -> list[Any]:
     """Allreduce many tensors at once, fused into one communication per dtype bucket.
 
@@ -217,6 +222,8 @@ def grouped_allreduce(
         postscale_factor: multiply results by this after reducing (floating point only).
         bucket_cap_mb: fusion bucket size in MiB; default is ``_comm``'s (25 MB).
         name, device_dense, device_sparse: accepted for Horovod compatibility, unused.
+        audit: the runtime audit's observer of gradients (``_audit.tf_observer``), called with
+            the positions and the local values of the dense tensors before they are reduced.
 
     Example:
         >>> grads = sdp.grouped_allreduce(tape.gradient(loss, model.trainable_variables))
@@ -255,7 +262,8 @@ def grouped_allreduce(
         contexts = [ctx for _, ctx in compressed]
         wire = "none"
     bucket_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 1024 * 1024)
-    work = _reduce_work(op, wire, bucket_bytes, prescale_factor, postscale_factor)
+    observe = None if audit is None else functools.partial(audit, list(dense))
+    work = _reduce_work(op, wire, bucket_bytes, prescale_factor, postscale_factor, observe)
     reduced = _fused(values, work, "sdp_allreduce")
     if contexts:
         reduced = [compression.decompress(t, ctx) for t, ctx in zip(reduced, contexts, strict=True)]

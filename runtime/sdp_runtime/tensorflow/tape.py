@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from sdp_runtime import _audit
 from sdp_runtime.tensorflow._subclass import mixed_class
 from sdp_runtime.tensorflow.collectives import gradient_options, grouped_allreduce
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp
@@ -76,4 +77,6 @@ class DistributedGradientTape(tf.GradientTape):
         """Return the gradients of ``target`` w.r.t. ``sources``, reduced over all ranks."""
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        return tf.nest.pack_sequence_as(grads, grouped_allreduce(flat, **self._sdp_options))
+        audit = _audit.tf_observer(sources) if _audit.active() else None
+        reduced = grouped_allreduce(flat, **self._sdp_options, audit=audit)
+        return tf.nest.pack_sequence_as(grads, reduced)

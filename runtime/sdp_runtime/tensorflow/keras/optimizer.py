@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from sdp_runtime import _audit
 from sdp_runtime.tensorflow._subclass import mixed_class
 from sdp_runtime.tensorflow.collectives import gradient_options, grouped_allreduce
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp
@@ -33,7 +34,12 @@ class _DistributedOptimizerMixin:
         if captured is not None:  # tracing the compiled half of a split step (see keras.xla)
             captured.append((list(grads), trainable_variables))
             return None
-        grads = grouped_allreduce(list(grads), **self._sdp_options)
+        audit = None
+        if _audit.active():  # sdp-run --audit
+            audit = _audit.tf_observer(
+                trainable_variables if trainable_variables is not None
+                else getattr(self, "_trainable_variables", None))
+        grads = grouped_allreduce(list(grads), **self._sdp_options, audit=audit)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
 

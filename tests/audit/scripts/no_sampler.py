@@ -1,0 +1,20 @@
+"""A DataLoader without a DistributedSampler: every rank trains on the same batches."""
+import sys
+
+import sdp_runtime.torch as sdp
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+sdp.init()
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+if "--right" in sys.argv:
+    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+else:
+    loader = DataLoader(data, batch_size=8, shuffle=False)
+model = sdp.DistributedDataParallel(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()

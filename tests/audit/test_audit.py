@@ -1,0 +1,150 @@
+"""``sdp-run --audit``: each defect, in a small script run for real on 2 CPU ranks, is named in
+the report with its fix; the same script done right (and a correct DDP script written by hand)
+gives "no problem found".
+
+Every job runs under ``sdp-run`` (torchrun, Gloo) in its own process session with a hard time
+limit, and is killed whole if it overstays.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sdp_runtime._audit import report as audit_report
+
+from ..runtime._spawn import clean_env
+
+SDP_RUN = str(Path(sys.executable).with_name("sdp-run"))
+SCRIPTS = Path(__file__).parent / "scripts"
+HAS_TF = importlib.util.find_spec("tensorflow") is not None
+TIMEOUT_S = 180
+
+
+def audit(tmp_path: Path, script: str, *args: str, mode: str = "--audit",
+          env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    """Run ``script`` under ``sdp-run <mode> -n 2``; its exit status, JSON report and stderr."""
+    shutil.copy(SCRIPTS / script, tmp_path / script)
+    report = tmp_path / "audit.json"
+    cmd = [SDP_RUN, mode, "--audit-report", str(report), "-n", "2", script, *args]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=clean_env({"TF_CPP_MIN_LOG_LEVEL": "2", "SDP_TIMEOUT": "60", **(env or {})}),
+        start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"{script} still running after {TIMEOUT_S} s:\n{err.decode()[-4000:]}")
+    text = err.decode(errors="replace")
+    assert report.is_file(), f"no audit report written:\n{text[-4000:]}"
+    return proc.returncode, json.loads(report.read_text()), text
+
+
+def checks(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["check"]: p for p in found["problems"]}
+
+
+def assert_clean(code: int, found: dict[str, Any], text: str) -> None:
+    assert code == 0, text[-4000:]
+    assert found["ok"], found["text"]
+    assert "sdp audit: no problem found in" in text
+
+
+# (script, the check it must trip, words of the message, the fix it must give)
+DEFECTS = [
+    ("never_wrapped.py", "not-averaged", "differ across ranks at step 1: they were never averaged",
+     audit_report.FIX_NOT_AVERAGED),
+    ("no_sampler.py", "same-data", "computed identical gradients at steps 1-5",
+     audit_report.FIX_DATA),
+    ("reinit_after_wrap.py", "weights-differ", "parameters of `2` differ across ranks before the "
+     "first step", audit_report.FIX_INIT),
+    ("same_file.py", "same-file", "ranks 0-1 all wrote model.pt", audit_report.FIX_SAME_FILE),
+    ("read_no_barrier.py", "read-during-write", "rank 1 read vocab.txt (read_no_barrier.py:32) "
+     "while rank 0 was still writing it (read_no_barrier.py:21)", audit_report.FIX_READ_WRITE),
+    ("unequal_steps.py", "unequal-steps", "(rank 0 5, rank 1 4): they differ from step 5 on",
+     audit_report.FIX_STEPS),
+]
+
+
+@pytest.mark.parametrize(("script", "check", "words", "fix"), DEFECTS,
+                         ids=[d[0].removesuffix(".py") for d in DEFECTS])
+def test_defect_is_named_with_its_fix(tmp_path: Path, script: str, check: str, words: str,
+                                      fix: str) -> None:
+    strict = script == "no_sampler.py"  # one case in strict mode, the others plain
+    code, found, text = audit(tmp_path, script, mode="--audit=strict" if strict else "--audit")
+    problems = checks(found)
+    assert check in problems, found["text"]
+    assert words in problems[check]["message"], problems[check]["message"]
+    assert problems[check]["fix"] == fix
+    assert f"fix: {fix}" in text  # printed once, at the end, by the launcher
+    if script == "unequal_steps.py":
+        assert code != 0  # rank 0 waits in a collective that rank 1 never joins: the job fails
+    elif strict:
+        assert code == audit_report.EXIT_AUDIT, text[-4000:]
+    else:
+        assert code == 0, text[-4000:]  # plain --audit reports, it does not fail the job
+    if script == "never_wrapped.py":
+        weights = problems["weights-differ"]
+        assert weights["details"]["step"] == 1 and weights["details"]["max_abs_diff"] > 0
+        assert "parameters of `0`, `2` differ across ranks after step 1 (max |diff|" in weights[
+            "message"]
+
+
+@pytest.mark.parametrize("script", [d[0] for d in DEFECTS], ids=[d[0][:-3] for d in DEFECTS])
+def test_done_right_has_no_problem(tmp_path: Path, script: str) -> None:
+    assert_clean(*audit(tmp_path, script, "--right", mode="--audit=strict"))
+
+
+def test_hand_written_ddp_has_no_problem(tmp_path: Path) -> None:
+    assert_clean(*audit(tmp_path, "ddp_by_hand.py", mode="--audit=strict"))
+
+
+def test_sdp_audit_variable_under_torchrun(tmp_path: Path) -> None:
+    """SDP_AUDIT=1 under torchrun itself: rank 0 compares and prints when it exits."""
+    shutil.copy(SCRIPTS / "no_sampler.py", tmp_path / "no_sampler.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", "no_sampler.py"]
+    proc = subprocess.run(torchrun, cwd=tmp_path, capture_output=True, timeout=TIMEOUT_S,
+                          env=clean_env({"SDP_AUDIT": "strict", "SDP_AUDIT_REPORT":
+                                         str(tmp_path / "a.json")}))
+    text = proc.stderr.decode(errors="replace") + proc.stdout.decode(errors="replace")
+    assert "computed identical gradients at steps 1-5" in text, text[-4000:]
+    assert proc.returncode != 0  # strict: rank 0 exits with status 3, torchrun fails
+    assert not json.loads((tmp_path / "a.json").read_text())["ok"]
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_tf_data_not_sharded_under_a_tape(tmp_path: Path) -> None:
+    code, found, text = audit(tmp_path, "tf_unsharded_tape.py")
+    problems = checks(found)
+    assert list(problems) == ["same-data"], found["text"]
+    assert "ranks 0-1 computed identical gradients at steps 1-5" in problems["same-data"][
+        "message"]
+    assert code == 0, text[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_tf_data_sharded_has_no_problem(tmp_path: Path) -> None:
+    assert_clean(*audit(tmp_path, "tf_unsharded_tape.py", "--right", mode="--audit=strict"))
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_tf_tape_never_wrapped(tmp_path: Path) -> None:
+    """No gradient reaches the runtime: the trained variables are compared at the end."""
+    code, found, text = audit(tmp_path, "tf_unsharded_tape.py", "--unwrapped")
+    problems = checks(found)
+    assert list(problems) == ["weights-differ"], found["text"]
+    assert ("parameters of `sequential/dense`, `sequential/dense_1` differ across ranks at the "
+            "end (max |diff|") in problems["weights-differ"]["message"]
+    assert "no problem found" not in text and found["steps"] == 4
+    assert code == 0, text[-4000:]

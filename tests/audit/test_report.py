@@ -1,0 +1,165 @@
+"""The audit's comparison of the ranks' records (``sdp_runtime._audit.report.analyse``), on
+records written by hand: what is a problem, what is not (no processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sdp_runtime._audit import report
+
+
+def start(rank: int, size: int = 2) -> dict[str, Any]:
+    return {"kind": "start", "rank": rank, "size": size}
+
+
+def grads(rank: int, opt: str, step: int, local: dict[str, list[float]],
+          applied: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    return {"kind": "grads", "rank": rank, "opt": opt, "step": step, "local": local,
+            "applied": applied}
+
+
+def end(rank: int, steps: list[int], forwards: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"kind": "end", "rank": rank, "torch_steps": steps, "forwards": forwards, **extra}
+
+
+def checks(found: report.Report) -> list[str]:
+    return [p.check for p in found.problems]
+
+
+def test_identical_local_gradients_are_the_same_data() -> None:
+    recs = {r: [start(r), *(grads(r, "0", s, {"fc.weight": [0.5 * s, 1.0 * s]})
+                            for s in range(1, 6)), end(r, [5])] for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["same-data"]
+    assert found.problems[0].message.startswith("ranks 0-1 computed identical gradients at "
+                                                "steps 1-5: every rank reads the same batches")
+
+
+def test_one_site_identical_and_another_different_is_split_data() -> None:
+    """A GAN's generator sees only noise drawn alike on every rank; its discriminator sees the
+    rank's own images: the data is split."""
+    recs = {r: [start(r), grads(r, "gen", 1, {"g.w": [1.0, 2.0]}),
+                grads(r, "disc", 1, {"d.w": [1.0 + r, 2.0]}), end(r, [1, 1])] for r in (0, 1)}
+    assert checks(report.analyse(recs)) == []
+
+
+def test_zero_gradients_prove_nothing() -> None:
+    recs = {r: [start(r), grads(r, "0", 1, {"w": [0.0, 0.0]}), end(r, [1])] for r in (0, 1)}
+    assert checks(report.analyse(recs)) == []
+
+
+def test_gradients_applied_unaveraged_are_named_by_module() -> None:
+    recs = {r: [start(r), grads(r, "0", 1, {"head.fc.weight": [r, 1.0]},
+                                {"head.fc.weight": [r, 1.0], "body.weight": [3.0, 3.0]}),
+                end(r, [1])] for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["not-averaged"]
+    assert "gradients of `head.fc` differ across ranks at step 1" in found.problems[0].message
+
+
+def test_weights_before_and_after_the_first_step() -> None:
+    def weights(rank: int, step: int, value: float) -> dict[str, Any]:
+        return {"kind": "weights", "rank": rank, "opt": "0", "step": step,
+                "params": {"fc.weight": [value, abs(value), [value]]}}
+
+    drift = {r: [start(r), weights(r, 0, 1.0), weights(r, 1, 1.0 + 0.25 * r), end(r, [1])]
+             for r in (0, 1)}
+    found = report.analyse(drift)
+    assert checks(found) == ["weights-differ"]
+    assert ("parameters of `fc` differ across ranks after step 1 (max |diff| 0.25)"
+            in found.problems[0].message)
+    start_apart = {r: [start(r), weights(r, 0, 1.0 + r), end(r, [1])] for r in (0, 1)}
+    assert "before the first step" in report.analyse(start_apart).problems[0].message
+    noise = {r: [start(r), weights(r, 1, 1.0 + 1e-9 * r), end(r, [1])] for r in (0, 1)}
+    assert checks(report.analyse(noise)) == []
+
+
+def test_unequal_steps_name_the_counts_and_first_step() -> None:
+    recs = {0: [start(0), end(0, [5])], 1: [start(1), end(1, [4])]}
+    found = report.analyse(recs)
+    assert checks(found) == ["unequal-steps"]
+    assert "(rank 0 5, rank 1 4): they differ from step 5 on" in found.problems[0].message
+
+
+def test_sample_overlap_from_a_tenth_on() -> None:
+    def inputs(rank: int, hashes: list[str]) -> dict[str, Any]:
+        return {"kind": "inputs", "rank": rank, "step": 1, "samples": hashes}
+
+    shared = {r: [start(r), inputs(r, ["a", "b", f"x{r}", f"y{r}"]), end(r, [1])] for r in (0, 1)}
+    found = report.analyse(shared)
+    assert checks(found) == ["sample-overlap"]
+    assert found.problems[0].message.startswith("33% of the samples")
+    padding = {r: [start(r), inputs(r, ["a", *[f"{r}-{i}" for i in range(20)]]), end(r, [1])]
+               for r in (0, 1)}
+    assert checks(report.analyse(padding)) == []  # one repeated sample: a sampler's padding
+
+
+def test_files_written_twice_and_read_while_written(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    path.write_text("x")
+    t = time.time()
+    os.utime(path, (t + 2, t + 2))  # the writer's last change: 2 s after it opened the file
+
+    def file(rank: int, op: str, when: float, end_: float | None = None) -> dict[str, Any]:
+        return {"kind": "file", "rank": rank, "op": op, "path": str(path), "start": when,
+                "end": end_, "where": f"train.py:{10 + rank}"}
+
+    racing = {0: [start(0), file(0, "write", t), end(0, [1])],
+              1: [start(1), file(1, "read", t + 1), end(1, [1])]}
+    found = report.analyse(racing)
+    assert checks(found) == ["read-during-write"]
+    assert "rank 1 read" in found.problems[0].message
+    after = {0: [start(0), file(0, "write", t), end(0, [1])],
+             1: [start(1), file(1, "read", t + 3), end(1, [1])]}
+    assert checks(report.analyse(after)) == []
+    before = {0: [start(0), file(0, "write", t), end(0, [1])],
+              1: [start(1), file(1, "read", t - 5), end(1, [1])]}  # a resume, read at start
+    assert checks(report.analyse(before)) == []
+    both = {r: [start(r), file(r, "write", t, t), end(r, [1])] for r in (0, 1)}
+    found = report.analyse(both)
+    assert checks(found) == ["same-file"]
+    assert "(train.py:10, train.py:11)" in found.problems[0].message
+
+
+def test_downloads_are_notes_and_one_rank_has_nothing_to_compare() -> None:
+    recs = {r: [start(r), {"kind": "connect", "rank": r, "host": "example.org", "ip": "1.2.3.4",
+                           "port": 443, "where": "data.py:3"}, end(r, [1])] for r in (0, 1)}
+    found = report.analyse(recs)
+    assert found.ok and [n.check for n in found.notes] == ["download"]
+    assert report.text(found).startswith("sdp audit: no problem found in 1 step (2 ranks)")
+    alone = report.analyse({0: [start(0, 1), end(0, [3])]})
+    assert report.text(alone) == "sdp audit: nothing to compare (1 rank)"
+
+
+def test_weights_broadcast_after_the_first_step_are_a_note() -> None:
+    """Horovod's callback broadcasts a model Keras builds in its first step after that step."""
+    def weights(rank: int, step: int, value: float) -> dict[str, Any]:
+        return {"kind": "weights", "rank": rank, "opt": "tf:a", "step": step,
+                "params": {"dense/kernel": [value, abs(value), [value]]}}
+
+    recs = {r: [start(r), weights(r, 0, 1.0 + r), weights(r, 1, 2.0), end(r, [1])]
+            for r in (0, 1)}
+    found = report.analyse(recs)
+    assert found.ok
+    assert [n.check for n in found.notes] == ["weights-equal-after-step-1"]
+
+
+def test_overlap_counts_the_first_epoch_only() -> None:
+    """A shuffling DistributedSampler gives rank 1 in epoch 2 samples rank 0 had in epoch 1."""
+    def inputs(rank: int, step: int, hashes: list[str]) -> dict[str, Any]:
+        return {"kind": "inputs", "rank": rank, "step": step, "samples": hashes}
+
+    epoch1 = {0: [["a", "b"], ["c", "d"]], 1: [["e", "f"], ["g", "h"]]}
+    epoch2 = {0: [["e", "c"], ["g", "a"]], 1: [["b", "h"], ["d", "f"]]}
+    recs = {r: [start(r), *(inputs(r, i + 1, h) for i, h in enumerate(epoch1[r] + epoch2[r])),
+                end(r, [4])] for r in (0, 1)}
+    assert checks(report.analyse(recs)) == []
+    halves = {0: [["a", "b"], ["c", "d"]], 1: [["a", "x"], ["c", "y"]]}  # subsets that overlap
+    recs = {r: [start(r), *(inputs(r, i + 1, h) for i, h in enumerate(halves[r])), end(r, [2])]
+            for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["sample-overlap"]
+    assert found.problems[0].message.startswith("33% of the samples")
