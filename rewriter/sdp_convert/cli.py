@@ -179,6 +179,12 @@ def convert_cmd(
                      "directory ($SDP_CONVERT_CACHE_DIR overrides), so that an unchanged file is "
                      "not converted again [default: yes]."),
     ] = None,
+    cache_dir: Annotated[
+        str | None,
+        typer.Option("--cache-dir", metavar="DIR",
+                     help="Keep the cache in DIR instead of $SDP_CONVERT_CACHE_DIR or the user "
+                     "cache directory."),
+    ] = None,
     config_file: Annotated[
         str | None,
         typer.Option("--config", metavar="FILE",
@@ -273,7 +279,7 @@ def convert_cmd(
     use_cache = cache if cache is not None else cfg.get("cache", True)
     run_config = Config(
         options=options, mode=mode, diff=diff,  # type: ignore[arg-type]
-        cache_dir=str(default_dir()) if use_cache else None,
+        cache_dir=(cache_dir or str(default_dir())) if use_cache else None,
     )
 
     if paths == ["-"]:

@@ -155,6 +155,7 @@ def convert_cached(
     config: Config,
     cached_only: bool = False,
     deps: Sequence[str | bytes] = (),
+    fresh: bool = False,
 ) -> tuple[Entry | None, bool]:
     """What converting ``data`` gives, from the cache when it knows (then True), else from the
     engine (and remembered); with ``cached_only``, ``(None, False)`` when the cache does not
@@ -165,12 +166,18 @@ def convert_cached(
     reads (other modules' contents, in a project); see ``cache``. A conversion that reads another
     file must pass it here, or the cache would answer with a result computed before that file
     changed.
+
+    ``fresh``: the output is going to be written (into the user's file, or to stdout for an
+    editor). Then only "nothing to change" (or a failure) is taken from the cache; a changed
+    output is always converted again in this run, so that what is written never comes from a
+    file someone else could have put there (``cache``'s "Trust"). The files a run writes are
+    few next to those it checks, and each write costs a conversion anyway.
     """
     cache = Cache(config.cache_dir) if config.cache_dir else None
     key = cache.key(data, name, config.options, deps) if cache is not None else ""
     if cache is not None:
         entry = cache.get(key, data)
-        if entry is not None:
+        if entry is not None and not (fresh and entry.changed):
             return entry, True
     if cached_only:
         return None, False
@@ -222,9 +229,10 @@ def process(
     ``cached_only``: answer only from the cache; None when it does not know the file.
     ``deps``: what else the conversion reads, for the cache's key (``convert_cached``).
     """
+    writes = config.mode == "write" and job.dest is not None
     try:
         data = read_source(job.src)
-        result, hit = convert_cached(data, job.src.name, config, cached_only, deps)
+        result, hit = convert_cached(data, job.src.name, config, cached_only, deps, fresh=writes)
         if result is None:
             return None
         if result.error is not None:
@@ -259,7 +267,7 @@ def process(
     outcome.computed = not hit
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
-    if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):
+    if writes and job.dest is not None and (result.changed or job.dest != job.src):
         try:
             job.dest.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(job.dest, result.output)
@@ -498,7 +506,8 @@ def convert_stdin(config: Config, name: str = "-", excluded: bool = False) -> Fi
         return FileOutcome(name, "skipped", message=f"{shown}: excluded")
     options = replace(config.options, line_length=line_length_for(None if name == "-" else name))
     try:
-        result, _ = convert_cached(data, name, replace(config, options=options))
+        result, _ = convert_cached(data, name, replace(config, options=options),
+                                   fresh=config.mode == "write")
         assert result is not None
         if result.error is not None:
             raise ConversionError(*result.error)
