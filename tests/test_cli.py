@@ -362,7 +362,10 @@ def test_notebook_code_cells_converted_outputs_kept(tmp_path):
     assert "".join(cells[2]["source"]).startswith("model = torch.nn.Linear(4, 1)\n")
     assert cells[3]["source"] == ["%%bash\n", "echo done"]
     assert new["metadata"] == nb["metadata"]
-    assert sdp("--check", str(path)).returncode == 0  # stable
+    # Stable; its manual notes are comments in the cells now, which --check fails on unless allowed.
+    assert sdp("--check", "--allow-manual-markers", str(path)).returncode == 0
+    assert "# sdp-convert: manual - " in "".join("".join(c["source"]) for c in cells)
+    assert sdp("--check", str(path)).returncode == 1
 
 
 # ---- usage errors, stdin, diffs, --explain, the opt-out comment ------------------------------
