@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from .base import Options
 from .changes import Change, ConversionError
+from .compiles import check, check_output
 from .engine import Result, convert
 
 _CELL = "# -- sdp-convert cell {} --"
@@ -27,13 +28,35 @@ def _lines(source: str | list[str]) -> list[str]:
     return text.split("\n")
 
 
+def _check_shape(cells: object) -> None:
+    """Raise ``ConversionError`` unless ``cells`` is what nbformat says: a list of objects whose
+    ``source`` (of code cells) is a string or a list of strings."""
+    if not isinstance(cells, list):
+        raise ConversionError(
+            f"not a valid notebook: cells is a {type(cells).__name__}, not a list")
+    for n, cell in enumerate(cells, start=1):
+        if not isinstance(cell, dict):
+            raise ConversionError(
+                f"not a valid notebook: cell {n} is a {type(cell).__name__}, not an object")
+        source = cell.get("source", "")
+        if cell.get("cell_type") == "code" and not (
+            isinstance(source, str)
+            or (isinstance(source, list) and all(isinstance(x, str) for x in source))
+        ):
+            raise ConversionError(
+                f"not a valid notebook: the source of cell {n} is not text or a list of lines")
+
+
 def convert_notebook(data: bytes, options: Options | None = None) -> Result:
     """Convert an ``.ipynb`` file's bytes; the result's output is the notebook's JSON."""
     try:
         nb = json.loads(data.decode("utf-8"))
+        if not isinstance(nb, dict):
+            raise TypeError(f"the document is a {type(nb).__name__}, not an object")
         cells = nb["cells"]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
         raise ConversionError(f"not a valid notebook: {err}") from None
+    _check_shape(cells)
     code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
     if not code_cells:
         raise ConversionError("notebook has no code cells")
@@ -56,7 +79,10 @@ def convert_notebook(data: bytes, options: Options | None = None) -> Result:
             line_to_cell.append((index, n))
     source = "\n".join(program) + "\n"
     try:
+        check(source.encode("utf-8"), notebook=True)
         result = convert(source.encode("utf-8"), options)
+        if result.changed:
+            check_output(result.output, notebook=True)
     except ConversionError as err:
         if err.line is not None and 0 < err.line <= len(line_to_cell):
             cell, line = line_to_cell[err.line - 1]
