@@ -250,3 +250,24 @@ def test_a_worker_that_dies_fails_its_file_and_the_run_goes_on(tmp_path):
     assert lines[-1].startswith("sdp-convert: 3 converted") and "1 failed" in lines[-1]
     assert big.read_text() == long_script(8000)
     assert all("sdp.init()" in s.read_text() for s in small)
+
+
+def test_an_output_that_does_not_compile_is_never_written(tmp_path, monkeypatch, capsys):
+    """The guard behind every write: were a transform to produce code CPython rejects (here a
+    conversion is made to return one), the file is failed with one line and left alone."""
+    from sdp_convert import engine
+    from sdp_convert.cli import main
+
+    real = engine.convert
+
+    def broken(source, options=None):
+        result = real(source, options)
+        result.output = result.output.replace(b"sdp.init()", b"sdp.init(")
+        return result
+
+    monkeypatch.setattr(engine, "convert", broken)
+    script = write(tmp_path / "train.py", TRAIN)
+    assert main(["--no-cache", "-j", "1", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert f"{script}: internal error: the converted code does not compile (syntax error: " in err
+    assert script.read_text() == TRAIN
