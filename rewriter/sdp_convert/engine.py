@@ -26,7 +26,6 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from . import manual_marks
 from .analysis import Detector, FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
@@ -67,11 +66,8 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
     options = options or Options()
     data = source.encode("utf-8") if isinstance(source, str) else source
     result = _convert_once(data, options)
-    # Manual notes a conversion wrote into the file are reported by every later run.
-    result.changes = manual_marks.merge(data, result.changes)
     if result.changed:
         result.output = format_changed(data, result.output, options.line_length)
-        result.output = manual_marks.write(data, result.output, result.changes)
         try:
             # A vanilla script's conversion goes through the same transforms again, which must
             # find nothing to do (a user's later run leaves any sdp_runtime script alone).
@@ -84,8 +80,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # The transforms saw the program differently in their own output (a name they
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
-            return Result(data, data, result.info,
-                          manual_marks.merge(data, [_unstable(data)]))
+            return Result(data, data, result.info, [_unstable(data)])
     return result
 
 

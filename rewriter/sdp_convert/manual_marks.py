@@ -13,7 +13,11 @@ and every run reports each such comment it finds as a manual item (``MARKER``), 
 does what it says and deletes the comment. ``--check`` fails on them unless
 ``--allow-manual-markers`` is given (``cli``).
 
-``write`` is given the original source, its (formatted) conversion and the conversion's changes,
+``apply`` is called on every conversion the command line and the Python API make
+(``runner.convert_bytes``, and ``notebook`` on the joined cells), after the engine's own checks:
+the notes are comments, which no transform reads, so the output stays a fixed point (the golden
+tests convert each ``expected.py`` again through the same path). ``write`` is given the original
+source, its (formatted) conversion and the conversion's changes,
 whose lines are the original's; it finds the matching line of the output by a line diff, then the
 start of the logical line (statement) holding it, so a comment never lands inside a bracket or a
 string. A note already written there (a file converted again) is not written twice. ``read``
@@ -27,8 +31,12 @@ import io
 import re
 import tokenize
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .changes import Change
+
+if TYPE_CHECKING:
+    from .engine import Result
 
 #: The transform name manual items read from marker comments are reported under.
 MARKER = "manual_marker"
@@ -63,6 +71,15 @@ def read(data: bytes) -> list[Change]:
     except (tokenize.TokenError, SyntaxError):
         return []
     return found
+
+
+def apply(data: bytes, result: Result) -> Result:
+    """``result`` (the engine's conversion of ``data``) with the markers of ``data`` reported
+    and, when the conversion changes the file, its manual notes written into the output."""
+    result.changes = merge(data, result.changes)
+    if result.changed:
+        result.output = write(data, result.output, result.changes)
+    return result
 
 
 def merge(data: bytes, changes: Sequence[Change]) -> list[Change]:

@@ -14,6 +14,7 @@ import re
 from dataclasses import replace
 from json.decoder import scanstring
 
+from . import manual_marks
 from .base import Options
 from .changes import Change, ConversionError
 from .compiles import check, check_output
@@ -138,8 +139,9 @@ def convert_notebook(data: bytes, options: Options | None = None) -> Result:
             line_to_cell.append((index, n))
     source = "\n".join(program) + "\n"
     try:
-        check(source.encode("utf-8"), notebook=True)
-        result = convert(source.encode("utf-8"), options)
+        joined = source.encode("utf-8")
+        check(joined, notebook=True)
+        result = manual_marks.apply(joined, convert(joined, options))
         if result.changed:
             check_output(result.output, notebook=True)
     except ConversionError as err:
