@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -147,8 +148,8 @@ def generate(root: Path, rng: random.Random, count: int, group: int) -> dict[Pat
     return inputs
 
 
-def _run(args: list[str], timeout: float) -> tuple[int | None, str]:
-    proc = subprocess.Popen([SDP_CONVERT, *args], stdout=subprocess.DEVNULL,
+def _run(command: list[str], args: list[str], timeout: float) -> tuple[int | None, str]:
+    proc = subprocess.Popen([*command, *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -165,6 +166,8 @@ def main() -> int:
     parser.add_argument("--inputs", type=int, default=300)
     parser.add_argument("--group", type=int, default=25)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--command", default=SDP_CONVERT,
+                        help="the converter to run (e.g. another version's, for a comparison)")
     args = parser.parse_args()
     _SEEDS.extend(_seeds())
     rng = random.Random(args.seed)
@@ -179,7 +182,8 @@ def main() -> int:
         for folder in sorted((work / "tree").iterdir()):
             mine = {p: d for p, d in inputs.items() if p.parent == folder}
             for mode in (["--check"], ["--diff"], []):
-                code, err = _run([*mode, "-j", "2", str(folder)], args.timeout)
+                code, err = _run(shlex.split(args.command), [*mode, "-j", "2", str(folder)],
+                                 args.timeout)
                 counts["runs"] += 1
                 if code is None:
                     counts["hangs"] += 1

@@ -11,6 +11,7 @@ import ctypes
 import os
 import resource
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -84,6 +85,8 @@ def test_fifos_symlink_loops_and_broken_notebooks_are_one_line_each(tmp_path):
     tree = tmp_path / "tree"
     train = write(tree / "train.py", TRAIN)
     os.mkfifo(tree / "pipe.py")  # a neighbour read for project mode: must not hang
+    with contextlib.suppress(PermissionError):  # a device too, where we may make one (root)
+        os.mknod(tree / "null.py", stat.S_IFCHR | 0o600, os.makedev(1, 3))
     (tree / "loop.py").symlink_to(tree / "loop.py")
     shapes = ['{"cells": [1, 2]}', '{"cells": null}', "[1]",
               '{"cells": [{"cell_type": "code", "source": 5}]}']
@@ -94,6 +97,8 @@ def test_fifos_symlink_loops_and_broken_notebooks_are_one_line_each(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and "internal error" not in out.stderr
     assert f"{tree / 'pipe.py'}: not a regular file" in out.stderr
+    if (tree / "null.py").exists():
+        assert f"{tree / 'null.py'}: not a regular file" in out.stderr
     assert f"skipped {tree / 'loop.py'}: symlink, not followed" in out.stderr
     for n in range(len(shapes)):
         assert f"nb{n}.ipynb: not a valid notebook: " in out.stderr
