@@ -69,17 +69,21 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     options = Options()
     convert_bytes(script(50), "warm.py", options)  # imports and first-use costs
-    rows = []
-    for size in sizes:
-        data = script(size)
-        lines = data.count(b"\n")
-        compile_s = best(lambda data=data: check(data), args.repeat)
-        result = convert_bytes(data, "long.py", options)
-        assert result.changed, "the benchmark script must be converted"
-        convert_s = best(lambda data=data: convert_bytes(data, "long.py", options), args.repeat)
-        rows.append((lines, compile_s, convert_s))
-        print(f"{lines:>7} lines: compile {compile_s * 1000:8.1f} ms, convert {convert_s:7.2f} s",
-              flush=True)
+    scripts = {size: script(size) for size in sizes}
+    for data in scripts.values():
+        assert convert_bytes(data, "long.py", options).changed, "the script must be converted"
+    # Sizes interleaved, best of the repeats: on a shared machine the load changes over minutes,
+    # and measuring one size after the other would put that change into the ratios.
+    compile_s = {size: float("inf") for size in sizes}
+    convert_s = {size: float("inf") for size in sizes}
+    for _ in range(args.repeat):
+        for size, data in scripts.items():
+            compile_s[size] = min(compile_s[size], best(lambda data=data: check(data), 1))
+            convert_s[size] = min(convert_s[size], best(
+                lambda data=data: convert_bytes(data, "long.py", options), 1))
+            print(f"{size:>7} lines: compile {compile_s[size] * 1000:8.1f} ms, "
+                  f"convert {convert_s[size]:7.2f} s", flush=True)
+    rows = [(scripts[size].count(b"\n"), compile_s[size], convert_s[size]) for size in sizes]
     base_lines, _, base = rows[0]
     table = ["| lines | CPython compile | conversion | conversion / first | lines / first |",
              "| ---: | ---: | ---: | ---: | ---: |"]

@@ -4,6 +4,7 @@ script)."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -270,11 +271,14 @@ def test_unreadable_file_is_reported(tmp_path, monkeypatch):
     from sdp_convert.runner import Config, Job, process
 
     script = write(tmp_path / "train.py", TRAIN)
+    real_open = os.open
 
-    def denied(self):
-        raise PermissionError(13, "Permission denied")
+    def denied(path, *args, **kwargs):  # root reads a mode-000 file: refuse its open() here
+        if os.fspath(path) == os.fspath(script):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(os, "open", denied)
     outcome = process(Job(script, "train.py", script), Config(Options()))
     assert outcome.status == "failed"
     assert outcome.message == "train.py: cannot read: Permission denied"
