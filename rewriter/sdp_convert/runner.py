@@ -400,7 +400,10 @@ def _worker_init() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):  # pragma: no cover - no libc prctl
             pass
-        if os.getppid() == 1:  # the parent was gone before the line above took effect
+        import multiprocessing
+
+        parent = multiprocessing.parent_process()
+        if parent is not None and not parent.is_alive():  # gone before the line above took effect
             os._exit(1)
 
 
