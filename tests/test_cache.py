@@ -434,6 +434,12 @@ def test_the_cache_is_private_and_untrusted_entries_are_ignored(tmp_path):
     root.chmod(0o777)
     assert seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script))) == cold
     root.chmod(0o700)
+    if os.getuid() == 0:  # another user's entry, where we may give one away
+        _plant(entry, b"import torch\nEVIL = 1\n")
+        os.chown(entry, 65534, 65534)
+        assert seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script))) == cold
+        entry.unlink()
+        sdp("--check", "--cache-dir", str(root), str(script))
     _plant(entry, b"import torch\nEVIL = 1\n")  # the run with a private entry rewrote it
     assert b"EVIL" in sdp("--check", "--diff", "--cache-dir", str(root), str(script)).stdout, (
         "the planted entry is read once its directories are private again: the checks above "
