@@ -12,7 +12,8 @@ libcst parses, notebooks with broken JSON shapes, FIFOs and symlink loops. They 
 * ``tracebacks``: a Python traceback, or an "internal error" line, on stderr;
 * ``hangs``: a run past its time limit (killed);
 * ``damaged``: a file changed by ``--check``/``--diff``, a file that compiled and was written
-  so that it no longer compiles, a file that failed but was written anyway;
+  so that it no longer compiles, a file CPython rejects that was written (converted) anyway, a
+  file that failed but was written anyway;
 * ``bad exit``: an exit status other than 0, 1, 2.
 
 Prints the counts; exits 1 when any of them is not zero.
@@ -211,6 +212,8 @@ def main() -> int:
                         why = "failed but written"
                     elif _compiles(before) and not _compiles(after):
                         why = "written, no longer compiles"
+                    elif not _compiles(before):
+                        why = "written although CPython rejects the input"
                     else:
                         continue
                     counts["damaged"] += 1
