@@ -7,9 +7,11 @@ the subprocesses started here inherit it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -38,6 +40,11 @@ def tree(root: Path) -> Path:
     write(root / "notes.py", NOT_TRAINING)
     write(root / "broken.py", "import torch\ndef f(:\n")
     return root
+
+
+def meta_of(entry: Path) -> dict:
+    """An entry's metadata: the line after its digest."""
+    return json.loads(entry.read_bytes().split(b"\n", 2)[1])
 
 
 def seen(out: subprocess.CompletedProcess) -> tuple[int, bytes, bytes]:
@@ -151,7 +158,7 @@ def test_a_damaged_entry_is_recomputed(tmp_path):
     script = write(tmp_path / "train.py", TRAIN)
     cold = seen(sdp("--check", "--diff", str(script)))
     # The script's entry (the other one is its conversion's, "nothing to change").
-    (entry,) = [e for e in entries() if json.loads(e.read_bytes().partition(b"\n")[0])["changed"]]
+    (entry,) = [e for e in entries() if meta_of(e)["changed"]]
     entry.write_bytes(entry.read_bytes()[:40])
     assert seen(sdp("--check", "--diff", str(script))) == cold
     entry.write_bytes(b"")
@@ -350,3 +357,104 @@ def test_a_failure_converting_the_output_does_not_fail_the_file(tmp_path, monkey
     assert outcome is not None and outcome.status == "converted", outcome
     assert len(calls) == 2 and calls[1] != calls[0]
     assert len(entries()) == 1
+
+
+# -- trust: what the cache says is never written into a user's file ----------------------------
+
+EVIL = b"import os\nos.system('echo owned')\n"
+
+
+def _plant(entry: Path, output: bytes) -> None:
+    """Replace a ``changed`` entry's output by ``output``, with a digest that matches: what
+    someone who can compute the key (it is public: the file's bytes, the options, the
+    installed package) would write."""
+    meta = meta_of(entry)
+    meta["size"] = len(output)
+    body = json.dumps(meta).encode() + b"\n" + output
+    entry.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+
+def test_a_planted_entry_never_reaches_the_users_file(tmp_path):
+    script = write(tmp_path / "train.py", TRAIN)
+    expected = tmp_path / "expected.py"
+    write(expected, TRAIN)
+    assert sdp("--no-cache", str(expected)).returncode == 0
+    assert sdp("--check", str(script)).returncode == 1  # fills the cache, writes nothing
+    (entry,) = [e for e in entries() if meta_of(e)["changed"]]
+    _plant(entry, EVIL)
+    # --check and --diff may answer from the cache (they write nothing) ...
+    assert b"os.system" in sdp("--diff", str(script)).stdout
+    # ... but writing converts again: the file gets the real conversion.
+    out = sdp(str(script))
+    assert out.returncode == 0, out.stderr
+    assert script.read_bytes() == expected.read_bytes()
+    assert b"os.system" not in script.read_bytes()
+    # stdin to stdout (an editor's buffer) too.
+    piped = sdp("-", stdin=TRAIN.encode())
+    assert piped.stdout == expected.read_bytes()
+
+
+def test_a_flipped_byte_is_a_miss(tmp_path):
+    script = write(tmp_path / "train.py", TRAIN)
+    cold = seen(sdp("--check", "--diff", str(script)))
+    (entry,) = [e for e in entries() if meta_of(e)["changed"]]
+    raw = bytearray(entry.read_bytes())
+    at = raw.index(b"scheduler.step()") if b"scheduler.step()" in raw else len(raw) - 3
+    raw[at] ^= 0x20  # one bit: "scheduleR.step()" would still parse
+    entry.write_bytes(bytes(raw))
+    assert seen(sdp("--check", "--diff", str(script))) == cold
+    raw = bytearray(entry.read_bytes())
+    raw[70] ^= 0x01  # in the metadata this time
+    entry.write_bytes(bytes(raw))
+    assert seen(sdp("--check", "--diff", str(script))) == cold
+    out = sdp(str(script))
+    assert out.returncode == 0
+    assert seen(sdp("--no-cache", "--check", str(script)))[0] == 0
+
+
+def test_the_cache_is_private_and_untrusted_entries_are_ignored(tmp_path):
+    root = tmp_path / "private-cache"
+    script = write(tmp_path / "train.py", TRAIN)
+    cold = seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script)))
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for path in root.rglob("*"):
+        want = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == want, path
+    assert not entries(), "--cache-dir wins over $SDP_CONVERT_CACHE_DIR"
+    (entry,) = [e for e in root.rglob("*") if e.is_file() and meta_of(e)["changed"]]
+    _plant(entry, b"import torch\nEVIL = 1\n")
+    # A group-writable entry, or one in a group-writable shard directory, is not read: the
+    # run answers what a fresh conversion answers, not the planted text.
+    entry.chmod(0o664)
+    assert seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script))) == cold
+    entry.chmod(0o600)
+    entry.parent.chmod(0o770)
+    assert seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script))) == cold
+    entry.parent.chmod(0o700)
+    root.chmod(0o777)
+    assert seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script))) == cold
+    root.chmod(0o700)
+    if os.getuid() == 0:  # another user's entry, where we may give one away
+        _plant(entry, b"import torch\nEVIL = 1\n")
+        os.chown(entry, 65534, 65534)
+        assert seen(sdp("--check", "--diff", "--cache-dir", str(root), str(script))) == cold
+        entry.unlink()
+        sdp("--check", "--cache-dir", str(root), str(script))
+    _plant(entry, b"import torch\nEVIL = 1\n")  # the run with a private entry rewrote it
+    assert b"EVIL" in sdp("--check", "--diff", "--cache-dir", str(root), str(script)).stdout, (
+        "the planted entry is read once its directories are private again: the checks above "
+        "are what kept it out"
+    )
+
+
+def test_an_entry_owned_by_another_user_is_ignored(tmp_path, monkeypatch):
+    cache = Cache(tmp_path / "c")
+    key = cache.key(b"x = 1\n", "a.py", Options())
+    assert cache.put(key, Entry(True, b"x = 2\n", "torch", "", ()))
+    assert cache.get(key, b"x = 1\n") is not None
+    real = os.getuid()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "getuid", lambda: real + 1)  # the files now belong to "someone else"
+        assert cache.get(key, b"x = 1\n") is None
+        assert not cache.put(key, Entry(True, b"x = 3\n", "torch", "", ()))
+    assert cache.get(key, b"x = 1\n") is not None

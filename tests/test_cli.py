@@ -4,6 +4,7 @@ script)."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -270,11 +271,14 @@ def test_unreadable_file_is_reported(tmp_path, monkeypatch):
     from sdp_convert.runner import Config, Job, process
 
     script = write(tmp_path / "train.py", TRAIN)
+    real_open = os.open
 
-    def denied(self):
-        raise PermissionError(13, "Permission denied")
+    def denied(path, *args, **kwargs):  # root reads a mode-000 file: refuse its open() here
+        if os.fspath(path) == os.fspath(script):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(os, "open", denied)
     outcome = process(Job(script, "train.py", script), Config(Options()))
     assert outcome.status == "failed"
     assert outcome.message == "train.py: cannot read: Permission denied"
@@ -362,7 +366,10 @@ def test_notebook_code_cells_converted_outputs_kept(tmp_path):
     assert "".join(cells[2]["source"]).startswith("model = torch.nn.Linear(4, 1)\n")
     assert cells[3]["source"] == ["%%bash\n", "echo done"]
     assert new["metadata"] == nb["metadata"]
-    assert sdp("--check", str(path)).returncode == 0  # stable
+    # Stable; its manual notes are comments in the cells now, which --check fails on unless allowed.
+    assert sdp("--check", "--allow-manual-markers", str(path)).returncode == 0
+    assert "# sdp-convert: manual - " in "".join("".join(c["source"]) for c in cells)
+    assert sdp("--check", str(path)).returncode == 1
 
 
 # ---- usage errors, stdin, diffs, --explain, the opt-out comment ------------------------------

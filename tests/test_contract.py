@@ -339,13 +339,6 @@ def test_a_notebook_importing_only_keras_gets_what_its_first_cell_needs(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_contract_notes_follow_notebook_cells():
-    note = Change(3, 1, "contract", "x [data]", manual=True)
-    from sdp_convert.runner import _in_cell
-
-    assert _in_cell(note, [(0, 0), (0, 1), (2, 4)]).message == "cell 3, line 4: x [data]"
-
-
 def test_a_runtime_call_that_runs_before_init_is_named(tmp_path: Path):
     # helpers.py asks the rank at import: main.py imports it before its own init().
     files = {

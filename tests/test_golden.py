@@ -19,7 +19,13 @@ import re
 from pathlib import Path
 
 import pytest
-from sdp_convert.engine import Options, Result, convert
+from sdp_convert.engine import Options, Result
+from sdp_convert.runner import convert_bytes
+
+
+def convert(source: bytes, options: Options) -> Result:
+    """What the command line and the Python API give (manual notes written as comments)."""
+    return convert_bytes(source, "input.py", options)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # fixtures/projects/ holds multi-module trees: tests/test_projects.py runs them.

@@ -102,9 +102,17 @@ def test_check_hook_fails_with_diff_and_writes_nothing(tmp_path, hook_repo, env)
     assert "+sdp.init()" in failed.stdout
     assert (repo / "train.py").read_text() == TRAIN
 
-    # A converted script passes the check.
+    # A converted script still fails while it carries its manual notes (as comments) ...
     subprocess.run([str(Path(sys.executable).with_name("sdp-convert")), str(repo / "train.py")],
                    check=True, capture_output=True, timeout=120)
+    git(repo, "add", "-A")
+    marked = run([PRE_COMMIT, "run", "--all-files"], repo, env)
+    assert marked.returncode == 1
+    assert "[manual_marker] (manual)" in marked.stdout
+    assert (repo / "train.py").read_text().count("# sdp-convert: manual - ") == 2
+    # ... and passes once a person has handled them and deleted the comments.
+    lines = (repo / "train.py").read_text().splitlines(keepends=True)
+    (repo / "train.py").write_text("".join(ln for ln in lines if "sdp-convert: manual" not in ln))
     git(repo, "add", "-A")
     passed = run([PRE_COMMIT, "run", "--all-files"], repo, env)
     assert passed.returncode == 0, passed.stdout

@@ -139,3 +139,15 @@ def test_the_cli_gives_the_same(monkeypatch, capsys):
     assert stdout.buffer.getvalue().decode() == ex.after
     stderr = capsys.readouterr().err
     assert f"[{ex.name}]" in stderr and "1 converted" in stderr
+
+
+def test_the_transform_table_lists_every_transform_in_pipeline_order():
+    """README's "What the conversion does" table: one row per transform, in the order
+    ``sdp-convert --list-transforms`` prints them."""
+    from sdp_convert.pipeline import PIPELINE
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    names = {t.NAME for t in PIPELINE}
+    rows = [m.group(1) for m in re.finditer(r"^\| `([a-z_0-9]+)` \| ", readme, re.M)
+            if m.group(1) in names]
+    assert rows == [t.NAME for t in PIPELINE]

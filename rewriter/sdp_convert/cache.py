@@ -25,11 +25,21 @@ changes a file outside project mode also stores what converting its output gives
 change), so that the run after the file was written is answered here too
 (``runner._remember_output``).
 
-Where: ``$SDP_CONVERT_CACHE_DIR`` if set, else the user cache directory (``$XDG_CACHE_HOME``
-or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows), in
-``sdp-convert/v1/<2 hex digits>/<key>``. Entries are written atomically (a temporary file in the
-same directory, then ``os.replace``): concurrent runs and ``-j N`` workers may store the same key
-at once, and a reader sees a whole entry or none. An entry that cannot be read is a miss.
+Trust: what the cache says is never written into a user's file. It may say "this input needs
+nothing" and answer ``--check``, ``--diff`` and the reports, but a file is written only from a
+conversion done in the run that writes it (``runner.convert_cached``'s ``fresh``), as black does.
+Each entry starts with the SHA-256 of the rest of it, checked on every read: a damaged entry
+(a flipped bit, a truncated write) is a miss, never an error. Directories are created private
+to the user (0700) and entries 0600; an entry or a directory owned by another user, or one that
+others may write (group- or world-writable; for the top directory, which the user may have
+made: world-writable), is not read, and nothing is stored there (``Cache.trusted``).
+
+Where: ``--cache-dir``, else ``$SDP_CONVERT_CACHE_DIR`` if set, else the user cache directory
+(``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS,
+``%LOCALAPPDATA%`` on Windows), in ``sdp-convert/v2/<2 hex digits>/<key>``. Entries are written
+atomically (a temporary file in the same directory, then ``os.replace``): concurrent runs and
+``-j N`` workers may store the same key at once, and a reader sees a whole entry or
+none. An entry that cannot be read is a miss.
 
 Bounded: a run that stored something removes the oldest entries (by the time they were stored)
 once there are more than ``MAX_ENTRIES`` of them or they hold more than ``MAX_BYTES`` (estimated
@@ -48,6 +58,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -62,8 +73,8 @@ from .options import Options
 
 #: Overrides the cache's location (the test suite points it at a temporary directory).
 CACHE_DIR_ENV = "SDP_CONVERT_CACHE_DIR"
-#: Bumped when the entry format changes.
-SCHEMA = "v1"
+#: Bumped when the entry format changes (v2: each entry starts with the digest of the rest).
+SCHEMA = "v2"
 MAX_ENTRIES = 20_000
 MAX_BYTES = 64 * 1024 * 1024
 #: Installed packages whose code shapes the output besides sdp_convert itself.
@@ -73,7 +84,7 @@ _STALE_TMP_S = 3600
 
 
 def default_dir() -> Path:
-    """Where the cache lives when nothing says otherwise (see the module docstring)."""
+    """Where the cache lives when ``--cache-dir`` says nothing (see the module docstring)."""
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV])
     if sys.platform == "darwin":
@@ -146,6 +157,15 @@ def code_identity(package_dir: str | None = None) -> str:
     return digest.hexdigest()
 
 
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _own(st: os.stat_result, others: int) -> bool:
+    """Owned by this user and not writable by the ``others`` bits (no owners on Windows)."""
+    getuid = getattr(os, "getuid", None)
+    return (getuid is None or st.st_uid == getuid()) and not st.st_mode & others
+
+
 class Cache:
     """The entries under one directory (``default_dir()`` unless given)."""
 
@@ -183,25 +203,61 @@ class Cache:
     def _path(self, key: str) -> Path:
         return self.dir / key[:2] / key
 
+    def trusted(self, shard: Path | None = None) -> bool:
+        """Whether the cache's directories (and ``shard``, when given) may be read and written:
+        owned by this user, and writable by nobody else (see the module docstring). A directory
+        that does not exist yet is fine (``put`` creates it private)."""
+        for path, others in ((self.root, stat.S_IWOTH), (self.dir, _OTHERS_WRITE),
+                             (shard, _OTHERS_WRITE)):
+            if path is None:
+                continue
+            try:
+                st = os.stat(path) if path == self.root else os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+            if not stat.S_ISDIR(st.st_mode) or not _own(st, others):
+                return False
+        return True
+
     def get(self, key: str, source: bytes) -> Entry | None:
-        """The entry stored under ``key`` (``source`` is the file's bytes), or None."""
+        """The entry stored under ``key`` (``source`` is the file's bytes), or None: also for
+        an entry that is damaged or that someone else could have written (a miss, never an
+        error)."""
+        path = self._path(key)
+        if not self.trusted(path.parent):
+            return None
         try:
-            raw = self._path(key).read_bytes()
-            head, _, output = raw.partition(b"\n")
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                st = os.fstat(handle.fileno())
+                if not stat.S_ISREG(st.st_mode) or not _own(st, _OTHERS_WRITE):
+                    return None
+                raw = handle.read()
+            digest, _, body = raw.partition(b"\n")
+            if hashlib.sha256(body).hexdigest().encode() != digest:
+                return None  # damaged (or truncated by a full disk): recompute
+            head, _, output = body.partition(b"\n")
             meta = json.loads(head)
             changes = tuple(Change(*c) for c in meta["changes"])
             changed = bool(meta["changed"])
             if changed and len(output) != meta["size"]:
-                return None  # truncated (a full disk): recompute
+                return None
             error = meta.get("error")
             return Entry(changed, output if changed else source, str(meta["kind"]),
                          str(meta["reason"]), changes,
                          (str(error[0]), error[1], error[2]) if error else None)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
             return None
 
     def put(self, key: str, entry: Entry) -> bool:
-        """Store ``entry`` atomically; False (and nothing stored) if the disk refused."""
+        """Store ``entry`` atomically; False (and nothing stored) if the disk refused or the
+        directory is not ``trusted``."""
         meta = {
             "changed": entry.changed,
             "size": len(entry.output) if entry.changed else 0,
@@ -212,10 +268,17 @@ class Cache:
             ],
             "error": list(entry.error) if entry.error else None,
         }
-        blob = json.dumps(meta).encode() + b"\n" + (entry.output if entry.changed else b"")
+        body = json.dumps(meta).encode() + b"\n" + (entry.output if entry.changed else b"")
+        blob = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            for directory in (self.root, self.dir, path.parent):
+                # Private from the start (mkdir's mode, not a chmod after): no moment where
+                # another user could put an entry in.
+                with contextlib.suppress(FileExistsError):
+                    directory.mkdir(mode=0o700, parents=directory == self.root)
+            if not self.trusted(path.parent):
+                return False
             fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=path.parent)
         except OSError:
             return False
@@ -252,6 +315,8 @@ class Cache:
         are hashes, spread evenly) and stop there when it is well within the bounds: a run
         that stored a few entries then pays for one directory listing, not for all of them.
         """
+        if not self.trusted():
+            return 0
         if estimate:
             sample = list(self._entries(self.dir / "00"))
             if (len(sample) * 256 <= self.max_entries * 0.75

@@ -1,10 +1,11 @@
 """``sdp-convert``: the command line. Thin: parse options, read the configuration, call the
 runner, exit with its code.
 
-Exit codes: 0 success; 1 ``--check`` found files that would change; 2 a file failed (the others
-were still processed), the arguments or the configuration were wrong, or the report could not be
-written. When both 1 and 2 apply, 2 wins. 130 / 143: stopped by SIGINT / SIGTERM (the files
-already written are listed).
+Exit codes: 0 success; 1 ``--check`` found files that would change, or (without
+``--allow-manual-markers``) files still marked ``# sdp-convert: manual - ...``; 2 a file failed
+(the others were still processed), the arguments or the configuration were wrong, or the report
+could not be written. When both 1 and 2 apply, 2 wins. 130 / 143: stopped by SIGINT / SIGTERM
+(the files already written are listed).
 """
 
 from __future__ import annotations
@@ -179,14 +180,28 @@ def convert_cmd(
                      "directory ($SDP_CONVERT_CACHE_DIR overrides), so that an unchanged file is "
                      "not converted again [default: yes]."),
     ] = None,
+    cache_dir: Annotated[
+        str | None,
+        typer.Option("--cache-dir", metavar="DIR",
+                     help="Keep the cache in DIR instead of $SDP_CONVERT_CACHE_DIR or the user "
+                     "cache directory."),
+    ] = None,
     config_file: Annotated[
         str | None,
         typer.Option("--config", metavar="FILE",
                      help="Read [tool.sdp-convert] from this TOML file instead of the "
                      "pyproject.toml found above the paths."),
     ] = None,
+    allow_manual_markers: Annotated[
+        bool | None,
+        typer.Option("--allow-manual-markers/--no-allow-manual-markers", show_default=False,
+                     help="With --check, do not fail on '# sdp-convert: manual - ...' comments "
+                     "left in files (they are still reported) [default: fail]."),
+    ] = None,
     quiet: Annotated[
-        bool, typer.Option("-q", "--quiet", help="Print only errors and the summary line.")
+        bool,
+        typer.Option("-q", "--quiet",
+                     help="Print only errors, manual items and the summary line."),
     ] = False,
     version: Annotated[
         bool | None,
@@ -273,7 +288,7 @@ def convert_cmd(
     use_cache = cache if cache is not None else cfg.get("cache", True)
     run_config = Config(
         options=options, mode=mode, diff=diff,  # type: ignore[arg-type]
-        cache_dir=str(default_dir()) if use_cache else None,
+        cache_dir=(cache_dir or str(default_dir())) if use_cache else None,
     )
 
     if paths == ["-"]:
@@ -302,11 +317,13 @@ def convert_cmd(
     for o in outcomes:
         if o.status == "failed":
             err.write(o.message + "\n")
-        elif not quiet:
-            if o.status == "skipped":
+        else:
+            if o.status == "skipped" and not quiet:
                 err.write(f"skipped {o.message}\n")
             for change in o.changes:
-                err.write(change.format(o.path) + "\n")
+                # -q hides progress and edits, never what a person still has to do.
+                if change.manual or not quiet:
+                    err.write(change.format(o.path) + "\n")
     err.write(f"sdp-convert: {summary_line(outcomes, mode != 'write')}\n")
     if not quiet and any(o.written and o.status == "converted" for o in outcomes):
         # What no converter can prove, the first run can check (README, "The audit").
@@ -330,7 +347,21 @@ def convert_cmd(
         raise typer.Exit(EXIT_FAILED)
     if check and any(o.status == "converted" for o in outcomes):
         raise typer.Exit(EXIT_CHANGES)
+    allow = (allow_manual_markers if allow_manual_markers is not None
+             else cfg.get("allow-manual-markers", False))
+    if check and not allow and _marked(outcomes):
+        typer.echo("sdp-convert: --check: manual items are still marked in the files (see "
+                   "above); do them and delete the comments, or pass --allow-manual-markers",
+                   err=True)
+        raise typer.Exit(EXIT_CHANGES)
     raise typer.Exit(EXIT_OK)
+
+
+def _marked(outcomes: Any) -> bool:
+    """Whether a file carries a ``# sdp-convert: manual - ...`` comment (``manual_marks``)."""
+    from .manual_marks import MARKER
+
+    return any(c.transform == MARKER for o in outcomes for c in o.changes)
 
 
 def _transforms() -> dict[str, Any]:

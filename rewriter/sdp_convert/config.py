@@ -34,6 +34,7 @@ KEYS: dict[str, type] = {
     "respect-gitignore": bool,
     "jobs": int,
     "cache": bool,
+    "allow-manual-markers": bool,
 }
 CHOICES = {
     "lr-scaling": ("linear", "sqrt", "none"),

@@ -38,6 +38,20 @@ def is_generated(data: bytes) -> bool:
     return b"@generated" in data[:4096]
 
 
+def read_regular(path: Path) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file (not through a symlink), else None.
+
+    Opened without blocking and checked on the open descriptor: a FIFO or a device named
+    ``*.py`` (a neighbour read for project mode too) is never waited on, nor read.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return handle.read()
+
+
 def read_source(path: Path) -> bytes:
     """The bytes of ``path``, or ``ConversionError``/``Skip`` with a one-line reason."""
     if os.path.islink(path):
@@ -55,9 +69,11 @@ def read_source(path: Path) -> bytes:
     if st.st_size > MAX_BYTES:
         raise ConversionError(f"file too large ({st.st_size} bytes; limit {MAX_BYTES})")
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except OSError as err:
         raise ConversionError(f"cannot read: {err.strerror}") from None
+    if data is None:  # swapped for a FIFO or a device since the stat above
+        raise ConversionError("not a regular file")
     if is_generated(data):
         raise Skip("marked @generated")
     return data

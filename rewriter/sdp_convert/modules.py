@@ -119,7 +119,7 @@ class Project:
         if path not in self._trees:
             try:
                 self._trees[path] = ast.parse(self.files[path])
-            except (SyntaxError, ValueError):
+            except (SyntaxError, ValueError, RecursionError, MemoryError):  # not parsed
                 self._trees[path] = None
         return self._trees[path]
 

@@ -8,12 +8,16 @@ are not touched. Line numbers in the report are those of the joined program, pre
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import replace
+from json.decoder import scanstring
 
+from . import manual_marks
 from .base import Options
 from .changes import Change, ConversionError
+from .compiles import check, check_output
 from .engine import Result, convert
 
 _CELL = "# -- sdp-convert cell {} --"
@@ -25,6 +29,82 @@ _MAGIC_RE = re.compile(r"^(\s*)# -- sdp-convert magic (\d+) --$")
 def _lines(source: str | list[str]) -> list[str]:
     text = "".join(source) if isinstance(source, list) else source
     return text.split("\n")
+
+
+def _check_shape(cells: object) -> None:
+    """Raise ``ConversionError`` unless ``cells`` is what nbformat says: a list of objects whose
+    ``source`` (of code cells) is a string or a list of strings."""
+    if not isinstance(cells, list):
+        raise ConversionError(
+            f"not a valid notebook: cells is a {type(cells).__name__}, not a list")
+    for n, cell in enumerate(cells, start=1):
+        if not isinstance(cell, dict):
+            raise ConversionError(
+                f"not a valid notebook: cell {n} is a {type(cell).__name__}, not an object")
+        source = cell.get("source", "")
+        if cell.get("cell_type") == "code" and not (
+            isinstance(source, str)
+            or (isinstance(source, list) and all(isinstance(x, str) for x in source))
+        ):
+            raise ConversionError(
+                f"not a valid notebook: the source of cell {n} is not text or a list of lines")
+
+
+def _source_rows(text: str) -> dict[int, list[int]]:
+    """For each cell (by index): the line of the ``.ipynb`` file, 1-based, on which each line
+    of its source is, so that a report points at a line a person (or a GitHub annotation) can
+    find in the file. Empty when the document cannot be walked."""
+    decoder = json.JSONDecoder()
+    space = re.compile(r"[ \t\n\r]*")
+    newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def row(offset: int) -> int:
+        return bisect.bisect_left(newlines, offset) + 1
+
+    def skip(i: int) -> int:
+        return space.match(text, i).end()  # type: ignore[union-attr]
+
+    def items(i: int, close: str) -> list[tuple[str | None, int]]:
+        """``(key or None, value offset)`` of the object or array starting at ``i``."""
+        found: list[tuple[str | None, int]] = []
+        i = skip(i + 1)
+        if text[i] == close:
+            return found
+        while True:
+            key = None
+            if close == "}":
+                key, i = scanstring(text, i + 1)
+                i = skip(skip(i) + 1)  # the colon
+            found.append((key, i))
+            _, i = decoder.raw_decode(text, i)
+            i = skip(i)
+            if text[i] != ",":
+                return found
+            i = skip(i + 1)
+
+    try:
+        top = dict(items(skip(0), "}"))
+        rows: dict[int, list[int]] = {}
+        for index, (_, cell) in enumerate(items(top["cells"], "]")):
+            source = dict(items(cell, "}")).get("source")
+            if source is None:
+                continue
+            if text[source] != "[":
+                value, _ = decoder.raw_decode(text, source)
+                rows[index] = [row(source)] * (value.count("\n") + 1)
+                continue
+            lines: list[int] = []
+            starts = True
+            for _, element in items(source, "]"):
+                value, _ = decoder.raw_decode(text, element)
+                if starts:
+                    lines.append(row(element))
+                lines.extend([row(element)] * value[:-1].count("\n"))
+                starts = value.endswith("\n")
+            rows[index] = lines or [row(source)]
+        return rows
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return {}
 
 
 def _program(
@@ -56,9 +136,10 @@ def notebook_program(data: bytes) -> tuple[str, list[tuple[int, int]]] | None:
     (cell index, line in cell) of each of its lines; None when ``data`` is no notebook."""
     try:
         cells = json.loads(data.decode("utf-8"))["cells"]
+        _check_shape(cells)
         code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
         source, line_to_cell, _ = _program(cells, code_cells)
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, ConversionError):
         return None
     return source, line_to_cell
 
@@ -67,22 +148,31 @@ def convert_notebook(data: bytes, options: Options | None = None) -> Result:
     """Convert an ``.ipynb`` file's bytes; the result's output is the notebook's JSON."""
     try:
         nb = json.loads(data.decode("utf-8"))
+        if not isinstance(nb, dict):
+            raise TypeError(f"the document is a {type(nb).__name__}, not an object")
         cells = nb["cells"]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
         raise ConversionError(f"not a valid notebook: {err}") from None
+    _check_shape(cells)
     code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
     if not code_cells:
         raise ConversionError("notebook has no code cells")
+
     source, line_to_cell, magics = _program(cells, code_cells)
     try:
-        result = convert(source.encode("utf-8"), options)
+        joined = source.encode("utf-8")
+        check(joined, notebook=True)
+        result = manual_marks.apply(joined, convert(joined, options))
+        if result.changed:
+            check_output(result.output, notebook=True)
     except ConversionError as err:
         if err.line is not None and 0 < err.line <= len(line_to_cell):
             cell, line = line_to_cell[err.line - 1]
-            raise ConversionError(f"cell {cell + 1}, line {line}: {err.message}") from None
+            raise ConversionError(f"cell {cell + 1}, line {line}: {err.message}",
+                                  _row(data, cell, line), err.col) from None
         raise
     if not result.changed:
-        return Result(data, data, result.info, result.changes)
+        return Result(data, data, result.info, placed(data, result.changes, line_to_cell))
 
     out_cells: dict[int, list[str]] = {}
     current: int | None = None
@@ -113,11 +203,29 @@ def convert_notebook(data: bytes, options: Options | None = None) -> Result:
     width = len(indent.group(1)) if indent else 1
     output = (json.dumps(nb, indent=width, ensure_ascii=False) + "\n").encode("utf-8")
 
-    changes = []
-    for change in result.changes:
+    return Result(data, output, result.info, placed(data, result.changes, line_to_cell))
+
+
+def _row(data: bytes, cell: int, line: int) -> int | None:
+    """The ``.ipynb`` file's line holding line ``line`` (1-based; 0: the cell) of ``cell``."""
+    rows = _source_rows(data.decode("utf-8")).get(cell)
+    return rows[min(max(line, 1), len(rows)) - 1] if rows else None
+
+
+def placed(
+    data: bytes, changes: list[Change], line_to_cell: list[tuple[int, int]]
+) -> list[Change]:
+    """The joined program's changes, said of the notebook: the message names the cell and its
+    line, and ``line`` is the line of the ``.ipynb`` file where that source line is."""
+    rows = _source_rows(data.decode("utf-8")) if changes else {}
+    placed = []
+    for change in changes:
         cell, line = line_to_cell[min(change.line, len(line_to_cell)) - 1]
-        changes.append(replace(change, message=f"cell {cell + 1}, line {line}: {change.message}"))
-    return Result(data, output, result.info, changes)
+        cell_rows = rows.get(cell)
+        where = cell_rows[min(max(line, 1), len(cell_rows)) - 1] if cell_rows else change.line
+        placed.append(replace(change, line=where,
+                              message=f"cell {cell + 1}, line {line}: {change.message}"))
+    return placed
 
 
 __all__ = ["convert_notebook", "Change"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import gc
 import os
 import shutil
 import signal
@@ -12,13 +13,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from . import manual_marks
 from .cache import Cache, Entry
 from .changes import ConversionError
+from .compiles import check, check_output
 from .files import (
     Excluder,
     Skip,
     forget_gitignores,
     is_ignored_by_git,
+    read_regular,
     read_source,
     walk,
     write_atomic,
@@ -141,12 +145,35 @@ def plan(
 
 
 def convert_bytes(data: bytes, name: str, options: Options):  # -> engine.Result
+    """Convert one source (a notebook's JSON when ``name`` ends in ``.ipynb``). CPython compiles
+    it first (``compiles``: what it rejects is never parsed further) and compiles the output;
+    manual notes are written into a changed output and read back from the input
+    (``manual_marks``); any failure, running out of stack included, is a ``ConversionError``."""
     from .engine import convert
     from .notebook import convert_notebook
 
-    if name.endswith(".ipynb"):
-        return convert_notebook(data, options)
-    return convert(data, options)
+    # The cyclic garbage collector is off while one file converts: libcst's trees are freed by
+    # reference counting (peak memory of a 10,000-line file: 445 MiB without it, 440 MiB with
+    # it), and its full collections, which walk every live node, made the time grow faster than
+    # the file (a 20,000-line file took 23.5x a 1,000-line one; without them, linear:
+    # benchmarks/bench_long_files.py).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if name.endswith(".ipynb"):
+            return convert_notebook(data, options)
+        check(data)
+        result = manual_marks.apply(data, convert(data, options))
+        if result.changed:
+            check_output(result.output)
+        return result
+    except RecursionError:
+        raise ConversionError(
+            "nested too deeply for the converter (RecursionError); the file is left as it is"
+        ) from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def convert_cached(
@@ -155,6 +182,7 @@ def convert_cached(
     config: Config,
     cached_only: bool = False,
     deps: Sequence[str | bytes] = (),
+    fresh: bool = False,
 ) -> tuple[Entry | None, bool]:
     """What converting ``data`` gives, from the cache when it knows (then True), else from the
     engine (and remembered); with ``cached_only``, ``(None, False)`` when the cache does not
@@ -165,12 +193,18 @@ def convert_cached(
     reads (other modules' contents, in a project); see ``cache``. A conversion that reads another
     file must pass it here, or the cache would answer with a result computed before that file
     changed.
+
+    ``fresh``: the output is going to be written (into the user's file, or to stdout for an
+    editor). Then only "nothing to change" (or a failure) is taken from the cache; a changed
+    output is always converted again in this run, so that what is written never comes from a
+    file someone else could have put there (``cache``'s "Trust"). The files a run writes are
+    few next to those it checks, and each write costs a conversion anyway.
     """
     cache = Cache(config.cache_dir) if config.cache_dir else None
     key = cache.key(data, name, config.options, deps) if cache is not None else ""
     if cache is not None:
         entry = cache.get(key, data)
-        if entry is not None:
+        if entry is not None and not (fresh and entry.changed):
             return entry, True
     if cached_only:
         return None, False
@@ -222,9 +256,10 @@ def process(
     ``cached_only``: answer only from the cache; None when it does not know the file.
     ``deps``: what else the conversion reads, for the cache's key (``convert_cached``).
     """
+    writes = config.mode == "write" and job.dest is not None
     try:
         data = read_source(job.src)
-        result, hit = convert_cached(data, job.src.name, config, cached_only, deps)
+        result, hit = convert_cached(data, job.src.name, config, cached_only, deps, fresh=writes)
         if result is None:
             return None
         if result.error is not None:
@@ -246,7 +281,7 @@ def process(
         if cached_only:
             return None
         return FileOutcome(job.display, "failed", message=err.format(job.display))
-    except RecursionError:
+    except RecursionError:  # reading the file's project (convert_bytes says it better)
         return FileOutcome(job.display, "failed", message=f"{job.display}: nested too deeply")
     except Exception as err:  # noqa: BLE001 - one bad file must not stop the others
         message = f"{job.display}: internal error: {type(err).__name__}: {err} (please report)"
@@ -262,7 +297,13 @@ def process(
         outcome.source = data
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
-    if config.mode == "write" and job.dest is not None and (result.changed or job.dest != job.src):
+    if writes and job.dest is not None and (result.changed or job.dest != job.src):
+        if not _still(job.src, data):
+            return FileOutcome(
+                job.display, "failed",
+                message=f"{job.display}: changed or deleted while it was being converted; "
+                "left as it is (convert it again)",
+            )
         try:
             job.dest.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(job.dest, result.output)
@@ -271,6 +312,15 @@ def process(
             return FileOutcome(job.display, "failed", message=f"{job.dest}: cannot write: {reason}")
         outcome.written = True
     return outcome
+
+
+def _still(path: Path, data: bytes) -> bool:
+    """Whether ``path`` still holds ``data`` (what was read and converted): an edit or a
+    deletion during the conversion is never overwritten or undone."""
+    try:
+        return read_regular(path) == data
+    except OSError:
+        return False
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -301,14 +351,23 @@ def _lines(text: str) -> list[str]:
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
+class _Abort(BaseException):
+    """A signal came while there is nothing to write (``--check``, ``--diff``): the conversion
+    in progress is dropped at once. A BaseException, so that ``process`` does not turn it into
+    a failed file."""
+
+
 class _Stop:
     """SIGINT/SIGTERM during a run: note it, let the file being written finish, stop after.
 
+    With ``abort`` (nothing is written: ``--check``, ``--diff``) the run stops at once instead:
+    the conversion in progress is dropped (``_Abort``) and the workers are killed.
     A second signal acts as usual (the default handlers are back), for a user who insists.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, abort: bool = False) -> None:
         self.signum = 0
+        self.abort = abort
         self._old: dict[int, object] = {}
 
     def __enter__(self) -> _Stop:
@@ -322,6 +381,8 @@ class _Stop:
     def _note(self, signum: int, frame: object) -> None:
         self.signum = signum
         self.__exit__()
+        if self.abort:
+            raise _Abort
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
@@ -329,10 +390,24 @@ class _Stop:
         self._old.clear()
 
 
-def _ignore_sigint() -> None:
+def _worker_init() -> None:
     # Ctrl-C reaches the whole process group: the workers finish their file and the main process
     # decides what stops (and prints no traceback from each worker).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker ends with the process that started it, even after kill -9 of that process (which
+    # runs no clean-up): Linux sends it SIGKILL (PR_SET_PDEATHSIG).
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+            pass
+        import multiprocessing
+
+        parent = multiprocessing.parent_process()
+        if parent is not None and not parent.is_alive():  # gone before the line above took effect
+            os._exit(1)
 
 
 def run_jobs(
@@ -344,9 +419,10 @@ def run_jobs(
     """Process ``jobs`` with up to ``workers`` processes; outcomes come back in job order.
 
     Raises ``Interrupted`` (with the outcomes of the files finished) after SIGINT or SIGTERM:
-    no file is left half-written, and those written are in the outcomes.
+    no file is left half-written, and those written are in the outcomes. A worker process that
+    dies (a crash, a kill, out of memory) fails the file it was converting, with one line; the
+    others are still converted.
     """
-    outcomes: list[FileOutcome] = []
     # Project mode: the files of the run and their neighbours are one program (``projects``),
     # read once here. The cache keys each file on a digest of all of them (no parsing); the
     # program is planned (libcst) only when some file is not answered from the cache.
@@ -369,41 +445,51 @@ def run_jobs(
             if planned is None:
                 from .projects import project_options
 
-                planned = project_options(files, config.options, project)
+                try:
+                    planned = project_options(files, config.options, project)
+                except RecursionError:  # a file too deep to read: each file says so itself
+                    planned = {}
             if (facts := planned.get(resolve(job.src))) is not None:
                 options = replace(options, project=facts.project)
         return replace(config, options=options)
 
-    with _Stop() as stop:
-        # What the cache knows is answered here: the rest is converted (in workers: a warm run
-        # starts none).
-        known: dict[int, FileOutcome] = {}
-        if config.cache_dir:
-            for i, job in enumerate(jobs):
-                if stop.signum:
-                    break
-                outcome = process(job, config_of(job, plan=False), cached_only=True, deps=deps)
-                if outcome is not None:
-                    known[i] = outcome
-        todo = [i for i in range(len(jobs)) if i not in known]
-        if workers <= 1 or len(todo) <= 1:
-            for i, job in enumerate(jobs):
-                outcome = known.get(i)
-                if outcome is None:
+    done: dict[int, FileOutcome] = {}
+    with _Stop(abort=config.mode != "write") as stop:
+        try:
+            # What the cache knows is answered here: the rest is converted (in workers: a warm
+            # run starts none).
+            if config.cache_dir:
+                for i, job in enumerate(jobs):
                     if stop.signum:
-                        continue  # after a signal, only what is done already (and written)
-                    outcome = process(job, config_of(job), deps=deps)
-                assert outcome is not None
-                outcomes.append(outcome)
-                if on_done:
-                    on_done(outcome)
-        else:
-            # Largest first (the outcomes still come in job order): the pool hands out one file
-            # at a time, and a long conversion handed out last would keep one worker busy while
-            # the others have nothing left to do.
-            todo.sort(key=lambda i: -_size(jobs[i].src))
-            outcomes = _run_pool(jobs, todo, known, config_of, workers, stop, on_done, deps)
-    if project is not None:
+                        break
+                    outcome = process(job, config_of(job, plan=False), cached_only=True,
+                                      deps=deps)
+                    if outcome is not None:
+                        done[i] = outcome
+            todo = [i for i in range(len(jobs)) if i not in done]
+            if workers <= 1 or len(todo) <= 1:
+                for i, job in enumerate(jobs):
+                    if i not in done:
+                        if stop.signum:
+                            continue  # after a signal, only what is done already (and written)
+                        outcome = process(job, config_of(job), deps=deps)
+                        assert outcome is not None
+                        done[i] = outcome
+                    if on_done:
+                        on_done(done[i])
+            else:
+                for outcome in done.values():
+                    if on_done:
+                        on_done(outcome)
+                # Largest first: the pool hands out one file at a time, and a long conversion
+                # handed out last would keep one worker busy while the others have nothing
+                # left to do.
+                todo.sort(key=lambda i: -_size(jobs[i].src))
+                _run_pool(jobs, todo, done, config_of, workers, stop, on_done, deps)
+        except _Abort:
+            pass
+    outcomes = [done[i] for i in range(len(jobs)) if i in done]
+    if project is not None and not stop.signum:
         try:
             check_contract(outcomes, project)
         except Exception as err:  # noqa: BLE001 - a second opinion must not take the run down
@@ -474,8 +560,10 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> No
                 o = outcome_of[entry]
                 notes = [replace(n, line=1, col=1, message=f"{views[path].display}:{n.line}: "
                                  f"{n.message}") for n in notes]
-            elif path in lines_of:
-                notes = [_in_cell(n, lines_of[path]) for n in notes]
+            elif path in lines_of:  # said of the notebook's cells, as its own changes are
+                from .notebook import placed
+
+                notes = placed(o.output or b"", notes, lines_of[path])
             seen = {(c.line, c.message) for c in o.changes}
             o.changes.extend(n for n in notes if (n.line, n.message) not in seen)
             o.changes.sort(key=lambda c: (c.line, c.col))
@@ -493,11 +581,6 @@ def _line_map(output: bytes, source: bytes) -> Callable[[int], int]:
         for k in range(i1, i2):
             table[k + 1] = (j1 + (k - i1) + 1) if tag == "equal" else min(j1 + 1, len(before))
     return lambda line: table.get(line, line)
-
-
-def _in_cell(note, line_to_cell):  # -> Change
-    cell, line = line_to_cell[min(note.line, len(line_to_cell)) - 1]
-    return replace(note, message=f"cell {cell + 1}, line {line}: {note.message}")
 
 
 #: Words a module that trains (or builds what trains) has somewhere in its text.
@@ -518,49 +601,88 @@ def _size(path: Path) -> int:
 def _run_pool(
     jobs: Sequence[Job],
     todo: list[int],
-    known: dict[int, FileOutcome],
+    done: dict[int, FileOutcome],
     config_of: Callable[[Job], Config],
     workers: int,
     stop: _Stop,
     on_done: Callable[[FileOutcome], None] | None,
     deps: Sequence[str] = (),
-) -> list[FileOutcome]:
-    """Convert ``jobs[i]`` for ``i`` in ``todo`` in worker processes; the outcomes of all jobs
-    (those in ``known`` already) in job order, or those finished when a signal came."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures import wait as wait_futures
+) -> None:
+    """Convert ``jobs[i]`` for ``i`` in ``todo`` in worker processes, into ``done``; after a
+    signal, only the files finished (those being written are finished first).
 
-    outcomes: list[FileOutcome] = []
-    with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
-                             initializer=_ignore_sigint) as pool:
-        futures: dict[int, Future[FileOutcome | None]] = {
-            i: pool.submit(process, jobs[i], config_of(jobs[i]), False, deps) for i in todo
-        }
-        for i in range(len(jobs)):
-            future = futures.get(i)
-            while future is not None and not future.done() and not stop.signum:
-                wait_futures([future], timeout=0.1)
-            if stop.signum:
-                break
-            outcome = known[i] if future is None else future.result()
+    At most one file per worker is handed out at a time, so that when a worker dies the files
+    it may have been converting are known: those are tried again, each alone in a fresh
+    worker, and the one that kills its worker again fails with one line. The others go on in a
+    fresh pool.
+    """
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+    from concurrent.futures import wait as wait_futures
+    from concurrent.futures.process import BrokenProcessPool
+
+    queue = list(todo)
+    suspects: list[int] = []
+    while (queue or suspects) and not stop.signum:
+        alone = not queue
+        batch = [suspects.pop(0)] if alone else queue
+        width = 1 if alone else min(workers, len(batch))
+        pool = ProcessPoolExecutor(max_workers=width, initializer=_worker_init)
+        inflight: dict[Future[FileOutcome | None], int] = {}
+
+        def finish(
+            future: Future[FileOutcome | None],
+            alone: bool = alone,
+            inflight: dict[Future[FileOutcome | None], int] = inflight,
+        ) -> None:
+            i = inflight.pop(future)
+            try:
+                outcome = future.result()
+            except BrokenProcessPool:
+                if not alone:
+                    suspects.append(i)
+                    return
+                display = jobs[i].display
+                outcome = FileOutcome(
+                    display, "failed",
+                    message=f"{display}: the converter's process died converting it (a crash, "
+                    "a kill or no memory left); left as it is (please report)",
+                )
             assert outcome is not None
-            outcomes.append(outcome)
+            done[i] = outcome
             if on_done:
                 on_done(outcome)
-        if stop.signum:
-            for future in futures.values():
-                future.cancel()
-            wait_futures(list(futures.values()))
-            # Files being converted when the signal came were finished: count them too.
-            outcomes = [
-                o for i in range(len(jobs))
-                if (o := known.get(i) if i not in futures else _finished(futures[i])) is not None
-            ]
-    return outcomes
 
-
-def _finished(future: Future[FileOutcome | None]) -> FileOutcome | None:
-    return future.result() if future.done() and not future.cancelled() else None
+        try:
+            broken = False
+            while (batch or inflight) and not stop.signum:
+                while batch and not broken and len(inflight) < width:
+                    i = batch.pop(0)
+                    try:
+                        future = pool.submit(process, jobs[i], config_of(jobs[i]), False, deps)
+                    except BrokenProcessPool:
+                        batch.insert(0, i)
+                        broken = True
+                        break
+                    inflight[future] = i
+                if broken and not inflight:
+                    break  # a fresh pool for the rest
+                finished, _ = wait_futures(list(inflight), timeout=0.1,
+                                           return_when=FIRST_COMPLETED)
+                for future in finished:
+                    broken = broken or isinstance(future.exception(), BrokenProcessPool)
+                    finish(future)
+            if stop.signum and inflight:
+                # Files being converted when the signal came are finished (they may be writing)
+                # and counted; with nothing to write, _Abort comes here instead.
+                wait_futures(list(inflight))
+                for future in list(inflight):
+                    finish(future)
+        except _Abort:
+            for process_ in list((getattr(pool, "_processes", None) or {}).values()):
+                process_.kill()  # nothing is written: no reason to wait for any conversion
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def copy_files(copies: Iterable[tuple[Path, Path]]) -> list[FileOutcome]:
@@ -598,7 +720,8 @@ def convert_stdin(config: Config, name: str = "-", excluded: bool = False) -> Fi
         return FileOutcome(name, "skipped", message=f"{shown}: excluded")
     options = replace(config.options, line_length=line_length_for(None if name == "-" else name))
     try:
-        result, _ = convert_cached(data, name, replace(config, options=options))
+        result, _ = convert_cached(data, name, replace(config, options=options),
+                                   fresh=config.mode == "write")
         assert result is not None
         if result.error is not None:
             raise ConversionError(*result.error)

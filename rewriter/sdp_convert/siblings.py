@@ -18,6 +18,8 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from .files import read_regular
+
 #: What ``read_project`` gives: ``(written, shown, contents)``.
 ProjectFiles = tuple[dict[Path, str], dict[Path, str], dict[Path, bytes]]
 
@@ -37,14 +39,16 @@ def hogwild_imports(
         data = contents.get(resolved[path]) if contents is not None else None
         if data is None:
             try:
-                data = path.read_bytes()
+                data = read_regular(path)
             except OSError:
+                continue
+            if data is None:
                 continue
         if b"share_memory" not in data or b"multiprocessing" not in data:
             continue
         try:
             tree = ast.parse(data)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         if not _uses_multiprocessing(tree):
             continue
@@ -126,11 +130,14 @@ def resolver() -> Callable[[Path], Path]:
     folders: dict[Path, Path] = {}
 
     def resolve(path: Path) -> Path:
-        if path.name in ("", ".", "..") or os.path.islink(path):
-            return path.resolve()
-        folder = folders.get(path.parent)
-        if folder is None:
-            folder = folders[path.parent] = path.parent.resolve()
+        try:
+            if path.name in ("", ".", "..") or os.path.islink(path):
+                return path.resolve()
+            folder = folders.get(path.parent)
+            if folder is None:
+                folder = folders[path.parent] = path.parent.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: the path as it is (never read)
+            return path.absolute()
         return folder / path.name
 
     return resolve
@@ -152,9 +159,10 @@ def read_project(files: Sequence[tuple[Path, str]]) -> ProjectFiles:
     for path in shown:
         try:
             st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode) or st.st_size > MAX_BYTES:
-                continue
-            contents[path] = path.read_bytes()
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+                continue  # a link, a FIFO or a device: never read (a FIFO would hang)
+            if (data := read_regular(path)) is not None:
+                contents[path] = data
         except OSError:
             continue
     return written, shown, contents

@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = getattr(error, "name", None) == "torch"
         why = "torch is not installed" if missing else f"torch cannot be imported ({error})"
         print(f"sdp-run: error: {why}; sdp-run and the runtime need it: "
-              "pip install 'sdp-convert[torch]'", file=sys.stderr)
+              "pip install torch (from a checkout: pip install -e '.[torch]')", file=sys.stderr)
         return EXIT_USAGE
     finally:
         if quiet:  # read once, when torch loads: the ranks keep torch's default

@@ -226,7 +226,7 @@ def test_without_torch_one_line_names_the_extra(tmp_path):
                          timeout=60, env=env)
     assert out.returncode == 2
     assert out.stderr == ("sdp-run: error: torch is not installed; sdp-run and the runtime need "
-                          "it: pip install 'sdp-convert[torch]'\n")
+                          "it: pip install torch (from a checkout: pip install -e '.[torch]')\n")
     assert out.stdout == ""
 
 

@@ -1,0 +1,54 @@
+"""Report positions in notebooks point at the ``.ipynb`` file: the message names the cell and
+its line, and the position (``path:line:col``, GitHub's ``line=``) is the line of the JSON file
+where that source line is; through the real command line."""
+
+from __future__ import annotations
+
+import json
+
+from .test_cli import sdp, write
+
+CELLS = [
+    {"cell_type": "markdown", "metadata": {}, "source": ["# Training\n"]},
+    {"cell_type": "code", "metadata": {}, "execution_count": 1, "outputs": [],
+     "source": ["import torch\n", "model = torch.nn.Linear(4, 1)\n",
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"]},
+    {"cell_type": "code", "metadata": {}, "execution_count": 2, "outputs": [],
+     "source": ["for step in range(3):\n", "    loss = model(torch.randn(8, 4)).pow(2).mean()\n",
+                "    opt.zero_grad()\n", "    loss.backward()\n", "    opt.step()"]},
+]
+
+
+def _line_of(path, text: str) -> int:
+    (row,) = [n for n, ln in enumerate(path.read_text().splitlines(), 1) if text in ln]
+    return row
+
+
+def test_positions_are_lines_of_the_ipynb_file(tmp_path):
+    nb = {"cells": CELLS, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = write(tmp_path / "train.ipynb", json.dumps(nb, indent=1) + "\n")
+    out = sdp("--check", str(path)).stderr.decode()
+    sgd = _line_of(path, "torch.optim.SGD")
+    backward = _line_of(path, "loss.backward()")
+    assert f"train.ipynb:{sgd}:7: [scale_learning_rate] (manual) cell 2, line 3: SGD" in out
+    assert f"train.ipynb:{backward}:5: [shard_dataloader] (manual) cell 3, line 4: " in out
+    github = sdp("--check", "--report", "-", "--report-format", "github", str(path))
+    assert f"file={path},line={sgd},col=7," in github.stdout.decode()
+
+    # Converted, its manual notes are comments in the cells: reported at their own lines.
+    assert sdp(str(path)).returncode == 0
+    again = sdp("--check", "--allow-manual-markers", str(path)).stderr.decode()
+    note = _line_of(path, "# sdp-convert: manual - SGD")
+    assert f"train.ipynb:{note}:1: [manual_marker] (manual) cell 2, line " in again
+
+
+def test_a_cell_whose_source_is_one_string_points_at_that_string(tmp_path):
+    cells = [dict(c, source="".join(c["source"])) for c in CELLS]
+    nb = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = write(tmp_path / "train.ipynb", json.dumps(nb, indent=2) + "\n")
+    out = sdp("--check", str(path)).stderr.decode()
+    assert f"train.ipynb:{_line_of(path, 'torch.optim.SGD')}:7: " in out
+    broken = write(tmp_path / "broken.ipynb", json.dumps(
+        {"cells": [CELLS[0], {"cell_type": "code", "source": ["x = 1\n", "y = (\n"]}]}, indent=1))
+    err = sdp("--check", str(broken)).stderr.decode()
+    assert f"broken.ipynb:{_line_of(broken, 'y = (')}:5: cell 2, line 2: syntax error" in err
