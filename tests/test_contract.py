@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from sdp_convert import contract, inserted
-from sdp_convert.changes import Change
 from sdp_convert.engine import convert
 from sdp_convert.options import Options
 from sdp_convert.runner import Config, Job, run_jobs
