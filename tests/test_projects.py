@@ -103,7 +103,9 @@ def test_project(case: Path, tmp_path: Path, request: pytest.FixtureRequest):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_converting_the_expected_project_again_changes_nothing(case: Path, tmp_path: Path):
     tree = expected_tree(case, tmp_path)
-    done = sdp_convert(tree, "--check", ".")
+    # Markers of manual notes fail --check by design (they are what is left to do): allowed
+    # here, where the question is whether anything would change.
+    done = sdp_convert(tree, "--check", "--allow-manual-markers", ".")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -196,11 +198,11 @@ def test_the_readme_project_example_is_what_the_converter_does(tmp_path: Path):
 
 
 def test_imports_are_found_at_any_depth_in_ast_walk_order():
-    """``projects._statements`` (statements only) finds the imports ``ast.walk`` finds, in the
+    """``modules._statements`` (statements only) finds the imports ``ast.walk`` finds, in the
     same order: the order of a module's project imports is the order of what it reports."""
     import ast
 
-    from sdp_convert.projects import _statements
+    from sdp_convert.modules import _statements
 
     source = (
         "import a\ntry:\n import b\nexcept E:\n import c\nelse:\n import d\nfinally:\n import e\n"

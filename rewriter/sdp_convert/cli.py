@@ -324,11 +324,12 @@ def convert_cmd(
                 # -q hides progress and edits, never what a person still has to do.
                 if change.manual or not quiet:
                     err.write(change.format(o.path) + "\n")
-    err.write(f"sdp-convert: {summary_line(outcomes, mode != 'write')}\n")
     if not quiet and any(o.written and o.status == "converted" for o in outcomes):
-        # What no converter can prove, the first run can check (README, "The audit").
+        # What no converter can prove, the first run can check (README, "The audit"). Before
+        # the summary, which stays the last line.
         err.write("sdp-convert: first run of a converted script: sdp-run --audit -n 2 SCRIPT "
                   "checks that its ranks train one model on split data\n")
+    err.write(f"sdp-convert: {summary_line(outcomes, mode != 'write')}\n")
 
     failed = any(o.status == "failed" for o in outcomes)
     if report is not None:
