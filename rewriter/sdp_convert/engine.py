@@ -32,6 +32,7 @@ from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .formatting import format_changed
 from .pipeline import PIPELINE
+from .program.builders import rank0_test
 from .program.index import FileIndex, index_module
 from .program.project import Export, training_results
 from .program.sharding import input_optimisation
@@ -639,7 +640,7 @@ class _Traversal(cst.CSTTransformer):
         first = stmts[0]
         leading = getattr(first, "leading_lines", ())
         stmts = [first.with_changes(leading_lines=()), *stmts[1:]]
-        test = cst.parse_expression(f"{self.state.runtime_alias}.rank() == 0")
+        test = rank0_test(self.state.runtime_alias)
         return cst.If(test=test, body=cst.IndentedBlock(body=stmts), leading_lines=leading)
 
 

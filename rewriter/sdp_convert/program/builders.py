@@ -14,6 +14,11 @@ from .scopes import names_in
 _MAX_LINE = 99
 
 
+def rank0_test(sdp: str) -> cst.BaseExpression:
+    """``<sdp>.rank() == 0``: the test of the code that runs on rank 0 only."""
+    return cst.parse_expression(f"{sdp}.rank() == 0")
+
+
 def torch_spelling(t: Transform) -> str:
     """The module-level name bound to ``torch``; schedules an import if there is none."""
     for stmt in t.module.body:

@@ -18,7 +18,7 @@ from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .project import fed_returns
 from .scopes import callers, param_for_arg, referents
-from .syntax import arg_named, code
+from .syntax import _EQUAL, append_arg, arg_named, code
 from .training import training_facts
 
 _SOURCES = frozenset(
@@ -471,3 +471,31 @@ def unseeded_random_split(t: Transform, dataset: cst.BaseExpression) -> cst.Call
         ):
             return value
     return None
+
+
+SEEDED_SPLIT = (
+    "random_split(...) gets generator=... seeded with rank 0's seed: unseeded, each rank drew "
+    "its own split, so the training part of one rank overlapped the validation part of another"
+)
+
+
+def seeded_split(t: Transform, call: cst.Call, torch: str) -> cst.Call:
+    """``random_split(ds, [n, m], generator=torch.Generator().manual_seed(
+    sdp.broadcast_object(torch.initial_seed(), root_rank=0)))``: every rank draws rank 0's split
+    (``torch``: how the file spells the torch module)."""
+    seed = f"{t.sdp}.broadcast_object({torch}.initial_seed(), root_rank=0)"
+    generator = cst.Arg(
+        keyword=cst.Name("generator"),
+        value=cst.parse_expression(f"{torch}.Generator().manual_seed({seed})"),
+        equal=_EQUAL,
+    )
+    return call.with_changes(args=append_arg(list(call.args), generator, call))
+
+
+def note_unseeded_split(t: Transform, dataset: cst.BaseExpression, seen: set[cst.Call]) -> None:
+    """Add the unseeded ``random_split`` behind ``dataset`` (if any, and new) to ``seen``, the
+    calls ``seeded_split`` rewrites, and report it."""
+    split = unseeded_random_split(t, dataset)
+    if split is not None and split not in seen:
+        seen.add(split)
+        t.record(split, SEEDED_SPLIT)

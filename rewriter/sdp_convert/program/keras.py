@@ -7,8 +7,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..base import Transform
-from .index import file_index, imported_names, reaching_values
-from .syntax import _EQUAL, arg_named, code
+from .index import FileIndex, file_index, imported_names, reaching_values
+from .syntax import _EQUAL, arg_named, code, divided_by_size, mentions_size, replace_arg
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
 
@@ -269,3 +269,56 @@ def generator_flow(transform: Transform, fit: cst.Call) -> cst.Call | None:
             ):
                 return value
     return None
+
+
+def keras_own_train_step(
+    transform: Transform, index: FileIndex, receiver: cst.BaseExpression, call: cst.Call
+) -> bool:
+    """The model compiled by ``call`` is a ``keras.Sequential``, a functional ``keras.Model``,
+    or a loaded, cloned or applications model: it trains with Keras' own ``train_step``."""
+    return any(
+        isinstance(value, cst.Call) and any(
+            k.rsplit(".", 1)[-1] in ("Sequential", "Model", "load_model", "clone_model")
+            or k.startswith("keras.applications.")
+            for k in keras_names(transform, value.func)
+        )
+        for value in reaching_values(index, receiver, call)
+    )
+
+
+def per_worker_save_freq(transform: Transform, original: cst.Call, updated: cst.Call) -> cst.Call:
+    """``ModelCheckpoint(save_freq=<batches>)`` -> ``max(1, <batches> // sdp.size())``, reported:
+    each worker runs 1/N of the batches, so rank 0's checkpoint comes as often as before. Other
+    calls, ``save_freq="epoch"`` and a frequency that mentions ``size()`` come back as they are."""
+    names = keras_names(transform, original.func)
+    if not any(k.endswith("callbacks.ModelCheckpoint") for k in names):
+        return updated
+    arg, original_arg = arg_named(updated, "save_freq"), arg_named(original, "save_freq")
+    if arg is None or original_arg is None or isinstance(
+        original_arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
+    ) or mentions_size(transform, original_arg.value):
+        return updated
+    sdp, value = transform.sdp, code(arg.value)
+    transform.record(original_arg, f"save_freq={value} -> max(1, {value} // {sdp}.size()): each "
+                                   f"worker runs its part of the batches")
+    return replace_arg(updated, arg, cst.parse_expression(
+        f"max(1, {code(divided_by_size(arg.value, sdp))})"))
+
+
+def hidden_fit_arguments(original: cst.Call, sdp: str) -> list[str]:
+    """``fit(x, y, **fit_kwargs)``: what the dict may hold that the conversion would set
+    (``callbacks``, ``verbose``, ``steps_per_epoch``); given again as keywords they would fail
+    (``got multiple values for keyword argument``), so what the call does not name is left to a
+    person: what to do about each."""
+    todo = []
+    if fit_arg(original, "callbacks") is None:
+        todo.append(
+            f"put {sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) and "
+            f"{sdp}.keras.callbacks.MetricAverageCallback() first in its callbacks "
+            f"(callbacks that write files on rank 0 only)"
+        )
+    if fit_arg(original, "verbose") is None:
+        todo.append("set verbose=0 on the workers other than rank 0")
+    if arg_named(original, "steps_per_epoch") is None:
+        todo.append(f"divide a steps_per_epoch it holds by {sdp}.size()")
+    return todo

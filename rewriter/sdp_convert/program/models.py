@@ -443,3 +443,14 @@ def no_grad_submodule(t: Transform, value: cst.BaseExpression | None) -> cst.Cal
                 ):
                     return call
     return None
+
+
+def unused_parameters_reason(discarding: cst.Call | None, no_grad: cst.Call | None) -> str:
+    """Why the wrap asks for ``find_unused_parameters=True`` (the report's words), or ""."""
+    if discarding is not None:
+        return (f" with find_unused_parameters=True: {code(discarding)} discards some of its "
+                "outputs")
+    if no_grad is not None:
+        return (f" with find_unused_parameters=True: its forward runs {code(no_grad.func)} under "
+                "torch.no_grad(), so those parameters get no gradient")
+    return ""

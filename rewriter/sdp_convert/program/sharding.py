@@ -96,10 +96,12 @@ PLAIN_SAMPLERS = {
 }
 
 
-def plain_sampler(t: Transform, value: cst.BaseExpression) -> str | None:
-    """The ``shuffle=`` code of a DistributedSampler replacing ``value``, when it is a plain
-    ``RandomSampler(ds)`` / ``SequentialSampler(ds)`` (no ``replacement=``, ``num_samples=``
-    or generator); None otherwise."""
+def plain_sampler(t: Transform, loader: cst.Call) -> str | None:
+    """The ``shuffle=`` code of a DistributedSampler replacing the ``sampler=`` of ``loader``,
+    when that is a plain ``RandomSampler(ds)`` / ``SequentialSampler(ds)`` (no
+    ``replacement=``, ``num_samples=`` or generator); None otherwise."""
+    sampler = loader_arg(loader, loader_args(loader), "sampler")
+    value = sampler.value if sampler is not None else None
     if not isinstance(value, cst.Call) or len(value.args) != 1:
         return None
     keyword = value.args[0].keyword
@@ -120,9 +122,7 @@ def loader_problem(t: Transform, call: cst.Call) -> str | None:
     if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
         return "pass its arguments by keyword, then add a DistributedSampler"
     sampler = loader_arg(call, args, "sampler")
-    if sampler is not None and not is_none(sampler.value) and (
-        plain_sampler(t, sampler.value) is None
-    ):
+    if sampler is not None and not is_none(sampler.value) and plain_sampler(t, call) is None:
         return (
             "it has its own sampler; make it yield only this rank's indices "
             f"(e.g. indices[{sdp}.rank()::{sdp}.size()])"

@@ -65,6 +65,7 @@ import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
+from ..program.builders import rank0_test
 from ..program.deletions import (
     DELETIONS,
     deletion_unit,
@@ -73,7 +74,7 @@ from ..program.deletions import (
     path_deletions,
 )
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
-from ..program.ranks import enters_collective, only_called_on_rank0, rank0_only, runs_collectives
+from ..program.ranks import kept_off_rank0, only_called_on_rank0, rank0_only, runs_collectives
 from ..program.readback import writes_private_temp
 from ..program.scopes import (
     Binding,
@@ -379,19 +380,9 @@ class GuardRank0Writes(Transform):
         # Deletions one after another share one guard and one barrier, after the last of them.
         waits = {id(a.node) for a in self._actions if a.barrier}
         for action in self._actions:
-            if any(p in guarded for p in self.ancestors(action.anchor)):
-                continue  # inside a statement guarded whole
-            if action.kind == "guard" and (shared := enters_collective(self, action.node)):
-                # ``f.write(str(model(x)))``: on rank 0 alone, the model's forward would wait
-                # for the other ranks (BatchNorm's buffers, DDP's reductions): a hang.
-                self.record(
-                    action.anchor,
-                    f"{self._describe(action.anchor)} writes on every rank, but the statement "
-                    f"also calls {self.module.code_for_node(shared.func)}(...), which every rank "
-                    f"must run together: not moved onto rank 0. Compute the value on every "
-                    f"rank first, then write it under `if {self.sdp}.rank() == 0:`",
-                    manual=True,
-                )
+            if any(p in guarded for p in self.ancestors(action.anchor)) or (
+                action.kind == "guard" and kept_off_rank0(self, action, self._describe)
+            ):  # inside a statement guarded whole, or one every rank must run (it says so)
                 continue
             if action.kind == "guard":
                 self.guard_rank0(action.node)
@@ -406,14 +397,11 @@ class GuardRank0Writes(Transform):
                 self.record(at, message)
             self.add_runtime_import()
 
-    def _rank0_test(self) -> cst.BaseExpression:
-        return cst.parse_expression(f"{self.sdp}.rank() == 0")
-
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if original_node in self._ifexp:
             return updated_node.with_changes(
                 value=cst.IfExp(
-                    test=self._rank0_test(),
+                    test=rank0_test(self.sdp),
                     body=updated_node.value,
                     orelse=self._else.get(original_node, cst.Name("None")),
                 )
@@ -426,7 +414,7 @@ class GuardRank0Writes(Transform):
         if original_node in self._ifexp and updated_node.value is not None:
             return updated_node.with_changes(
                 value=cst.IfExp(
-                    test=self._rank0_test(),
+                    test=rank0_test(self.sdp),
                     body=updated_node.value,
                     orelse=self._else.get(original_node, cst.Name("None")),
                 )
@@ -439,7 +427,7 @@ class GuardRank0Writes(Transform):
         if original_node in self._with_items:
             return updated_node.with_changes(
                 item=cst.IfExp(
-                    test=self._rank0_test(),
+                    test=rank0_test(self.sdp),
                     body=updated_node.item,
                     orelse=cst.parse_expression("contextlib.nullcontext()"),
                 )

@@ -66,7 +66,7 @@ import libcst as cst
 
 from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
-from ..program.datasets import unseeded_random_split
+from ..program.datasets import note_unseeded_split, seeded_split
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
 from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
 from ..program.project import imported_loaders, returned_feed, single_process_fallback
@@ -77,7 +77,6 @@ from ..program.scopes import (
 )
 from ..program.sharding import (
     has_distributed_sampler,
-    loader_arg,
     loader_args,
     loader_problem,
     plain_sampler,
@@ -227,15 +226,7 @@ class ShardDataLoader(Transform):
                 "explicitly"
             )
 
-        split = unseeded_random_split(self, dataset.value)
-        if split is not None and split not in self._splits:
-            self._splits.add(split)
-            self.record(
-                split,
-                "random_split(...) gets generator=... seeded with rank 0's seed: unseeded, each "
-                "rank drew its own split, so the training part of one rank overlapped the "
-                "validation part of another",
-            )
+        note_unseeded_split(self, dataset.value, self._splits)
         new_statements: list[cst.BaseStatement] = []
         dataset_code = self.module.code_for_node(dataset.value)
         if not is_simple_reference(dataset.value):
@@ -305,9 +296,8 @@ class ShardDataLoader(Transform):
 
     def _shuffle(self, call: cst.Call, args: dict, plan: _Plan) -> str | None:
         """The sampler's ``shuffle=`` code; plans its removal from the loader. None: unknown."""
-        sampler = loader_arg(call, args, "sampler")
-        if sampler is not None and (plain := plain_sampler(self, sampler.value)) is not None:
-            return plain  # ``sampler=RandomSampler(ds)``: replaced by the DistributedSampler
+        if (plain := plain_sampler(self, call)) is not None:  # sampler=RandomSampler(ds)
+            return plain  # replaced by the DistributedSampler
         index = args.get("shuffle")
         if index is not None:
             plan.shuffle_arg = index
@@ -384,21 +374,7 @@ class ShardDataLoader(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._splits:
-            torch = torch_spelling(self)
-            generator = cst.Arg(
-                keyword=cst.Name("generator"),
-                value=cst.parse_expression(
-                    f"{torch}.Generator().manual_seed({self.sdp}.broadcast_object("
-                    f"{torch}.initial_seed(), root_rank=0))"
-                ),
-                equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""),
-                    whitespace_after=cst.SimpleWhitespace(""),
-                ),
-            )
-            return updated_node.with_changes(
-                args=append_arg(list(updated_node.args), generator, updated_node)
-            )
+            return seeded_split(self, updated_node, torch_spelling(self))
         plan = self._plans.get(original_node)
         if plan is None or len(updated_node.args) != len(original_node.args):
             return updated_node

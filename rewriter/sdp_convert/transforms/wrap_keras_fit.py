@@ -58,15 +58,17 @@ from ..program.keras import (
     DEFAULT_COMPILE_OPTIMIZER,
     compile_optimizer_arg,
     fit_arg,
+    hidden_fit_arguments,
     is_keras_compile,
     keras_fit_calls,
     keras_names,
+    keras_own_train_step,
     optimizer_from_string,
+    per_worker_save_freq,
 )
 from ..program.ranks import is_rank0_test
 from ..program.syntax import (
     add_keyword,
-    arg_named,
     code,
     divided_by_size,
     double_star,
@@ -156,14 +158,7 @@ class WrapKerasFit(Transform):
                 owner = index.parent_scope.get(id(index.scope(call)))
                 if isinstance(owner, cst.ClassDef) and owner.name.value in classes:
                     return owner.name.value
-        if any(
-            isinstance(value, cst.Call) and any(
-                k.rsplit(".", 1)[-1] in ("Sequential", "Model", "load_model", "clone_model")
-                or k.startswith("keras.applications.")
-                for k in keras_names(self, value.func)
-            )
-            for value in reaching_values(index, receiver, call)
-        ):
+        if keras_own_train_step(self, index, receiver, call):
             return None  # keras.Sequential, a functional keras.Model: Keras' own train_step
         if len(classes) == 1:  # a model built elsewhere (a factory): the file's only such class
             if self.state.info.origin == "sdp":
@@ -261,27 +256,11 @@ class WrapKerasFit(Transform):
         return updated
 
     def _hidden_arguments(self, original: cst.Call, kwargs: cst.Arg) -> None:
-        """``fit(x, y, **fit_kwargs)``: the dict may hold ``callbacks``, ``verbose`` or
-        ``steps_per_epoch``; given again as keywords they would fail (``got multiple values for
-        keyword argument``), so what the call does not name is left to a person."""
-        todo = []
-        if fit_arg(original, "callbacks") is None:
-            todo.append(
-                f"put {self.sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) and "
-                f"{self.sdp}.keras.callbacks.MetricAverageCallback() first in its callbacks "
-                f"(callbacks that write files on rank 0 only)"
-            )
-        if fit_arg(original, "verbose") is None:
-            todo.append("set verbose=0 on the workers other than rank 0")
-        if arg_named(original, "steps_per_epoch") is None:
-            todo.append(f"divide a steps_per_epoch it holds by {self.sdp}.size()")
+        """``fit(x, y, **fit_kwargs)``: what the dict may hold is left to a person."""
+        todo = hidden_fit_arguments(original, self.sdp)
         if todo:
-            self.record(
-                kwargs,
-                f"fit(**{code(kwargs.value)}): the converter cannot see what it holds: "
-                + "; ".join(todo),
-                manual=True,
-            )
+            self.record(kwargs, f"fit(**{code(kwargs.value)}): the converter cannot see what it "
+                        "holds: " + "; ".join(todo), manual=True)
 
     def _callbacks(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         arg = fit_arg(original, "callbacks")
@@ -453,23 +432,9 @@ class WrapKerasFit(Transform):
             return self._compile(original_node, updated_node)
         if original_node in self.fits:
             return self._fit(original_node, updated_node)
-        if self.fits and any(k.endswith("callbacks.ModelCheckpoint")
-                             for k in keras_names(self, original_node.func)):
-            return self._save_freq(original_node, updated_node)
+        if self.fits:
+            return per_worker_save_freq(self, original_node, updated_node)
         return updated_node
 
-    def _save_freq(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        """``ModelCheckpoint(save_freq=<batches>)``: each worker runs 1/N of the batches, so the
-        checkpoint (on rank 0) comes every ``<batches> // size()`` of its own."""
-        arg, original_arg = arg_named(updated, "save_freq"), arg_named(original, "save_freq")
-        if arg is None or original_arg is None or isinstance(
-            original_arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
-        ) or mentions_size(self, original_arg.value):
-            return updated
-        value = code(arg.value)
-        self.record(original_arg, f"save_freq={value} -> max(1, {value} // {self.sdp}.size()): "
-                                  f"each worker runs its part of the batches")
-        return replace_arg(updated, arg, cst.parse_expression(
-            f"max(1, {code(divided_by_size(arg.value, self.sdp))})"))
 
 

@@ -89,6 +89,7 @@ from ..program.models import (
     stepped_optimizers,
     trained_models,
     untrained_models,
+    unused_parameters_reason,
     used_inside,
     user_methods_in_training,
 )
@@ -370,11 +371,7 @@ class WrapModelDdp(Transform):
             anchor,
             f"wrap {model.target} in {self.sdp}.DistributedDataParallel"
             + (" (before torch.compile)" if compiled else "")
-            + (f" with find_unused_parameters=True: {code(unused)} discards some of its outputs"
-               if unused is not None else "")
-            + (f" with find_unused_parameters=True: its forward runs {code(frozen_part.func)} "
-               "under torch.no_grad(), so those parameters get no gradient"
-               if frozen_part is not None and unused is None else ""),
+            + unused_parameters_reason(unused, frozen_part),
         )
         if model.creation.value is not None and any(
             isinstance(c, cst.Call) and self.refers_to(c.func, *COMPILE)
