@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .changes import Change
+from .modules import reachable_modules
 
 PARTS = ("init", "averaging", "data", "state", "writes")
 _SKIP = "# sdp-convert: skip"
@@ -475,7 +476,7 @@ def check_program(views: Mapping[Path, ModuleView],
     for path, view in views.items():
         if not view.entry or not view.in_run:
             continue
-        reach = [view, *(views[p] for p in _reachable(imports, path) if p in views)]
+        reach = [view, *(views[p] for p in reachable_modules(imports, path) if p in views)]
         if not any(v.trains for v in reach):
             continue
         if any(v.kind.startswith("already distributed") for v in reach) or (
@@ -484,18 +485,6 @@ def check_program(views: Mapping[Path, ModuleView],
             continue  # distributed by other means: the converter left it alone, and says so
         results.append(_check_entry(view, reach))
     return results
-
-
-def _reachable(imports: Mapping[Path, list[Path]], path: Path) -> list[Path]:
-    found: list[Path] = []
-    todo = list(imports.get(path, ()))
-    while todo:
-        module = todo.pop(0)
-        if module == path or module in found:
-            continue
-        found.append(module)
-        todo.extend(imports.get(module, ()))
-    return found
 
 
 def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:

@@ -9,12 +9,9 @@ of different transforms compose. Positions are computed only when something is r
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
-import io
 import re
-import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +27,7 @@ from . import inserted
 from .analysis import Detector, FileInfo, detect, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
+from .compiles import check as _check_syntax  # CPython's own verdict, its message
 from .formatting import format_changed
 from .pipeline import PIPELINE
 from .program.builders import rank0_test
@@ -160,28 +158,6 @@ def _parse(data: bytes) -> cst.Module:
         ) from None
     except (UnicodeDecodeError, LookupError, SyntaxError) as err:
         raise ConversionError(f"cannot decode file: {err}") from err
-
-
-def _check_syntax(data: bytes) -> None:
-    if b"\0" in data[:8192]:
-        raise ConversionError("binary file (contains NUL bytes)")
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        text = data.decode(encoding)
-    except SyntaxError as err:  # an unknown or inconsistent coding cookie
-        raise ConversionError(f"cannot decode file: {err.msg}") from None
-    except (UnicodeDecodeError, LookupError) as err:
-        raise ConversionError(f"cannot decode file: {err}") from None
-    try:
-        ast.parse(text.removeprefix("\ufeff"))
-    except SyntaxError as err:
-        if not err.lineno:  # the coding cookie itself is wrong: there is no position
-            raise ConversionError(f"cannot decode file: {err.msg}") from None
-        raise ConversionError(
-            f"syntax error: {err.msg}", err.lineno, max(err.offset or 1, 1)
-        ) from None
-    except (UnicodeDecodeError, LookupError, ValueError) as err:
-        raise ConversionError(f"cannot decode file: {err}") from None
 
 
 def _convert_once(data: bytes, options: Options) -> Result:

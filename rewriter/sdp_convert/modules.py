@@ -201,3 +201,17 @@ def _statements(tree: ast.Module) -> Iterator[ast.AST]:
             if name in _BODIES:
                 todo.extend(getattr(node, name))
         yield node
+
+
+def reachable_modules(imported: Mapping[Path, list[Path]], path: Path) -> list[Path]:
+    """The project modules ``path`` imports, directly or through other project modules
+    (``main`` -> ``runner`` -> ``trainer``): an entry point runs the training code of each."""
+    found: list[Path] = []
+    todo = list(imported.get(path, ()))
+    while todo:
+        module = todo.pop(0)
+        if module == path or module in found:
+            continue
+        found.append(module)
+        todo.extend(imported.get(module, ()))
+    return found

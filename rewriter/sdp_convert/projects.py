@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .base import Options
 from .engine import ModuleProbe, probe_module, project_exports
-from .modules import Project, imported_modules
+from .modules import Project, imported_modules, reachable_modules
 from .program.project import LoaderFeed, ModuleFacts, ShardedSource
 from .siblings import ProjectFiles, read_project
 
@@ -68,7 +68,7 @@ def project_options(
                 any(_is_main_guard(stmt) for stmt in tree.body)
                 or _calls_project_at_top(project, path, tree)
             )
-            for target in _reachable(imported, path) if guarded else ():
+            for target in reachable_modules(imported, path) if guarded else ():
                 if (
                     probes[target].library and target in written
                     and target not in starts.setdefault(path, [])
@@ -139,20 +139,6 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def _reachable(imported: dict[Path, list[Path]], path: Path) -> list[Path]:
-    """The project modules ``path`` imports, directly or through other project modules
-    (``main`` -> ``runner`` -> ``trainer``): an entry point runs the training code of each."""
-    found: list[Path] = []
-    todo = list(imported.get(path, ()))
-    while todo:
-        module = todo.pop(0)
-        if module == path or module in found:
-            continue
-        found.append(module)
-        todo.extend(imported.get(module, ()))
-    return found
 
 
 def _calls_project_at_top(project: Project, path: Path, tree: ast.Module) -> bool:
