@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ..test_contract import EXISTS_ELSE
-from .harness import FIXTURES, SDP_RUN, run
+from .harness import FIXTURES, SDP_RUN, run, start
 
 pytestmark = pytest.mark.slow
 SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))
@@ -41,19 +43,33 @@ def test_a_module_level_entry_runs_converted_on_one_and_two_processes(tmp_path: 
     assert "need attention" in report and "[contract]" in report
     one = run([sys.executable, "train.py"], tree, timeout=120)
     assert "NotInitializedError" not in one.output
-    two = run([SDP_RUN, "-n", "2", "train.py"], tree, timeout=120)
-    assert "epoch 1" in two.output
+    # Two processes train to the end, and the audit (on in the e2e suite) finds at run time
+    # what the contract reported: the data is not split, both ranks write model.pt.
+    two = start([SDP_RUN, "-n", "2", "train.py"], tree, timeout=120)
+    try:
+        code = two.popen.wait(timeout=120)
+    finally:
+        if two.popen.poll() is None:
+            os.killpg(two.popen.pid, signal.SIGKILL)
+            two.popen.wait()
+    assert "epoch 1" in two.output and "NotInitializedError" not in two.output
+    assert code == 3, two.output  # --audit=strict: problems found in a job that finished
+    assert "every rank reads the same batches (the training data is not split)" in two.output
+    assert "ranks 0-1 all wrote model.pt" in two.output
     assert (tree / "model.pt").is_file()
 
 
 @pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
 def test_a_read_under_exists_else_finishes_on_two_processes(tmp_path: Path, present: bool):
     (tmp_path / "train.py").write_text(EXISTS_ELSE)
-    (tmp_path / "corpus_source.txt").write_text("abcdefgh" * 64)
+    corpus = "".join(f"{i:08d}" for i in range(64))  # 64 different samples of 8 characters
+    (tmp_path / "corpus_source.txt").write_text(corpus)
     if present:
         shutil.copy(tmp_path / "corpus_source.txt", tmp_path / "corpus.txt")
     report = convert(tmp_path, "train.py")
     assert "[barrier_before_reads] (manual)" in report
-    assert "barrier" not in (tmp_path / "train.py").read_text()
+    code = (tmp_path / "train.py").read_text()
+    assert not [ln for ln in code.splitlines() if ln.strip().startswith("sdp.barrier(")]
+    assert "# sdp-convert: manual - reads path, which rank 0 alone writes" in code
     run([SDP_RUN, "-n", "2", "train.py"], tmp_path, {"SDP_TIMEOUT": "60"}, timeout=120)
-    assert (tmp_path / "corpus.txt").read_text() == "abcdefgh" * 64
+    assert (tmp_path / "corpus.txt").read_text() == corpus
