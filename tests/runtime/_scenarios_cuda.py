@@ -39,3 +39,46 @@ def nccl_smoke() -> dict[str, Any]:
     out["stepped"] = bool(not torch.equal(before, weight) and torch.isfinite(weight).all())
     sdp.shutdown()
     return out
+
+
+class _Plain(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 256), torch.nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def compiled_ddp() -> dict[str, Any]:
+    """Issue 30 on the GPU: the runtime's DDP around ``torch.compile`` (inductor, Triton kernels)
+    and ``torch.compile`` around it train as the uncompiled wrapper does, over NCCL."""
+    _comm._SHORTCUT_ALONE = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sdp.init()
+
+    def train(order: str) -> list[float]:
+        torch.manual_seed(0)
+        model: Any = _Plain().cuda()
+        if order == "compile then wrap":
+            model = sdp.DistributedDataParallel(torch.compile(model))
+        elif order == "wrap then compile":
+            model = torch.compile(sdp.DistributedDataParallel(model))
+        else:
+            model = sdp.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            g = torch.Generator(device="cuda").manual_seed(step)
+            loss = model(torch.randn(512, 64, generator=g, device="cuda")).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().tolist()
+
+    eager = torch.tensor(train("eager"))
+    out: dict[str, Any] = {"backend": _comm.backend()}
+    for order in ("compile then wrap", "wrap then compile"):
+        got = torch.tensor(train(order))
+        out[order] = float((got - eager).abs().max())
+    sdp.shutdown()
+    return out

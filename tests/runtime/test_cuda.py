@@ -25,3 +25,15 @@ def test_nccl_in_one_process(tmp_path):
     assert out["objects"] == [{"a": 1}, [2]]
     assert out["ddp"] == ["cuda:0", [0]]
     assert out["stepped"] is True
+
+
+@pytest.mark.timeout(300)
+def test_ddp_and_torch_compile_on_the_gpu_in_both_orders(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    (out,) = results(spawn("_scenarios_cuda:compiled_ddp", 1, tmp_path, launcher=False,
+                           env={"SDP_BACKEND": ""}, timeout=280))
+    assert out["backend"] == "nccl"
+    # inductor fuses and reorders float32 work: equal to the eager wrapper within float error
+    assert out["compile then wrap"] < 1e-4 and out["wrap then compile"] < 1e-4, out

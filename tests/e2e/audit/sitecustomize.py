@@ -14,6 +14,10 @@ first imported: ``h5py`` (``h5py.File`` opened to write: Keras ``save_weights``,
 ``tf.train.Checkpoint`` (``<prefix>.index`` of each checkpoint written), ``CheckpointManager``'s
 state file (``<directory>/checkpoint``) and ``tf.summary.create_file_writer`` (its log directory).
 Nothing else changes: the calls go through unmodified.
+
+When ``SDP_E2E_GPU_LOG`` names a file, each process that used CUDA appends one JSON line to it as
+it exits: its RANK, the CUDA device it ran on, the most GPU memory it allocated and the
+torch.distributed backend it used (the GPU runs of ``test_gpu_runs.py`` read it).
 """
 
 from __future__ import annotations
@@ -161,5 +165,54 @@ def _install(log_dir: str) -> None:
     sys.meta_path.insert(0, WrapOnImport())
 
 
+def _log_gpu_use(log_file: str) -> None:
+    import atexit
+    import json
+
+    backends: list[str] = []
+
+    def remember_backend(module):  # type: ignore[no-untyped-def]
+        init = module.init_process_group
+
+        @functools.wraps(init)
+        def watched(*args, **kwargs):  # type: ignore[no-untyped-def]
+            result = init(*args, **kwargs)
+            backends.append(str(module.get_backend()))
+            return result
+
+        module.init_process_group = watched
+
+    class WrapDistributed:
+        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+            if name != "torch.distributed.distributed_c10d":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_wrap(module):  # type: ignore[no-untyped-def]
+                exec_module(module)
+                remember_backend(module)
+
+            spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+            return spec
+
+    def report() -> None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        line = {"rank": os.environ.get("RANK", "-"), "device": torch.cuda.current_device(),
+                "name": torch.cuda.get_device_name(), "backends": backends,
+                "max_memory_allocated": torch.cuda.max_memory_allocated()}
+        with open(log_file, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    sys.meta_path.insert(0, WrapDistributed())
+    atexit.register(report)
+
+
 if _LOG_DIR:
     _install(_LOG_DIR)
+if os.environ.get("SDP_E2E_GPU_LOG"):
+    _log_gpu_use(os.environ["SDP_E2E_GPU_LOG"])
