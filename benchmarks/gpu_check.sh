@@ -5,7 +5,7 @@
 # Installs this project editable, without dependencies, into the environment of $PYTHON (default
 # python3: the one that holds the machine's CUDA torch, which stays), so that `sdp-convert` and
 # `sdp-run` exist next to its interpreter; dependencies the machine lacks can be put as wheels in
-# .whl/ beforehand (libcst, black, platformdirs and setuptools>=77 were, for Python 3.12). Then it runs:
+# .whl/ beforehand (libcst, black, pytokens, pathspec, platformdirs and setuptools>=77 were, for Python 3.12). Then it runs:
 #   tests/runtime/test_cuda.py  NCCL chosen by itself, collectives on GPU tensors, one DDP step,
 #                               the DDP wrapper with torch.compile (inductor) in both orders
 #   tests/e2e/test_gpu_runs.py  every PyTorch golden with an e2e.json converted by sdp-convert

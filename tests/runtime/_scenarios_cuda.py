@@ -28,7 +28,7 @@ def nccl_smoke() -> dict[str, Any]:
     out["objects"] = [_comm.broadcast_object({"a": 1}), _comm.allgather_object(2)]
     _comm.barrier()
 
-    model = torch.nn.Linear(4, 1)  # still on the CPU: DDP moves it to this process's GPU
+    model = torch.nn.Linear(4, 1).cuda()
     ddp = sdp.DistributedDataParallel(model, compression=sdp.Compression.fp16)
     opt = sdp.DistributedOptimizer(torch.optim.SGD(ddp.parameters(), lr=0.1))
     out["ddp"] = [str(next(ddp.parameters()).device), ddp.device_ids]
@@ -37,6 +37,13 @@ def nccl_smoke() -> dict[str, Any]:
     opt.step()
     weight = ddp.module.weight
     out["stepped"] = bool(not torch.equal(before, weight) and torch.isfinite(weight).all())
+    # A script written for the CPU, run on a GPU host: the model stays where the script put it
+    # (its inputs are CPU tensors) and its gradients go over Gloo.
+    on_host = sdp.DistributedDataParallel(torch.nn.Linear(4, 1))
+    host_opt = torch.optim.SGD(on_host.parameters(), lr=0.1)
+    on_host(torch.randn(8, 4)).pow(2).mean().backward()
+    host_opt.step()
+    out["cpu_ddp"] = [str(next(on_host.parameters()).device), on_host.device_ids]
     sdp.shutdown()
     return out
 

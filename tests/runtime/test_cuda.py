@@ -16,7 +16,8 @@ def test_nccl_in_one_process(tmp_path):
         pytest.skip("needs a CUDA GPU")
     (out,) = results(spawn("_scenarios_cuda:nccl_smoke", 1, tmp_path, launcher=False,
                            env={"SDP_BACKEND": ""}))
-    assert out["backend"] == "nccl" and out["torch_backend"] == "nccl"
+    # NCCL for CUDA tensors, Gloo for CPU ones (torch's per-device backends, README "The GPU path")
+    assert out["backend"] == "nccl" and out["torch_backend"] == "cpu:gloo,cuda:nccl"
     assert out["device"] == "cuda:0"
     assert out["allreduce"] == [[0.0, 1.0, 2.0, 3.0], [0.0, 2.0, 4.0, 6.0], [3, -3], [1.0, 1.0],
                                 "cpu", "cuda"]
@@ -25,6 +26,7 @@ def test_nccl_in_one_process(tmp_path):
     assert out["objects"] == [{"a": 1}, [2]]
     assert out["ddp"] == ["cuda:0", [0]]
     assert out["stepped"] is True
+    assert out["cpu_ddp"] == ["cpu", None]
 
 
 @pytest.mark.timeout(300)

@@ -1,7 +1,9 @@
 """``DistributedDataParallel``: torch's DDP, set up for this runtime and checkpoint-compatible.
 
-- ``device_ids`` come from the local rank on a GPU (none on the CPU), and a module still on the
-  CPU is moved to this process's GPU.
+- ``device_ids`` come from the local rank when the module is on this process's GPU (none on the
+  CPU). A module the script keeps on the CPU stays there, also on a GPU host: the script feeds it
+  CPU tensors (moving it alone would fail at its first forward), and its gradients are averaged
+  over Gloo (NCCL runs as torch's per-device ``cpu:gloo,cuda:nccl``).
 - ``compression=Compression.fp16`` registers torch's ``fp16_compress_hook`` (with more than one
   process; with one nothing is sent, so nothing is compressed).
 - With one process (``python train.py``, no launcher) there is nothing to average: the wrapper
@@ -68,8 +70,6 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         if wire is None:
             raise ValueError("DistributedDataParallel takes Compression.none or Compression.fp16")
         if dev.type == "cuda":
-            if _module_device(module).type == "cpu":
-                module = module.to(dev)
             if device_ids is None and _module_device(module) == dev:
                 device_ids = [dev.index]
         else:
