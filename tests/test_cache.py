@@ -30,8 +30,22 @@ def cache_dir() -> Path:
     return Path(os.environ["SDP_CONVERT_CACHE_DIR"])
 
 
-def entries() -> list[Path]:
+def stored() -> list[Path]:
+    """Every file in the cache: conversions and the whole-program check's views of files."""
     return [p for p in cache_dir().rglob("*") if p.is_file()]
+
+
+def is_conversion(path: Path) -> bool:
+    """A conversion's entry, not a view of the whole-program check (nor a temporary file)."""
+    try:
+        return "changed" in meta_of(path)
+    except ValueError:  # the view of a file that does not parse
+        return False
+
+
+def entries() -> list[Path]:
+    """The conversions' entries (the views the whole-program check keeps are not)."""
+    return [p for p in stored() if p.name.startswith(".") or is_conversion(p)]
 
 
 def tree(root: Path) -> Path:
@@ -84,6 +98,29 @@ def test_a_warm_run_does_not_load_the_converter(tmp_path):
     assert out.stdout.split() == ["2", "False", "False"], out.stderr
 
 
+def test_a_warm_run_reads_no_file_again_for_the_whole_program_check(tmp_path):
+    """The contract's view of each file is remembered too: a warm run gives the same report
+    (its contract findings included) without reading a file with ``ast`` again."""
+    src = tree(tmp_path / "src")
+    args = ["--check", "--report", "-", "--report-format", "json", str(src)]
+    cold = sdp(*args)
+    assert b'"contract"' in cold.stdout  # the entry point's parts are in the report
+    probe = (
+        "import json, sys\nimport sdp_convert.contract as c\n"
+        "def read_again(*a, **k):\n    raise AssertionError('read again')\n"
+        "c.read_module = read_again\n"
+        "from sdp_convert.cli import main\n"
+        f"sys.exit(main({args!r}))\n"
+    )
+    warm = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120)
+    assert b"whole-program check failed" not in warm.stderr, warm.stderr
+    assert seen(warm) == seen(cold)
+    # An edit is read again, and only that file.
+    write(src / "unsharded.py", UNSHARDED + "\n# edited\n")
+    again = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120)
+    assert b"whole-program check failed (AssertionError: read again)" in again.stderr
+
+
 def test_an_edit_between_runs_is_seen(tmp_path):
     script = write(tmp_path / "train.py", NOT_TRAINING)
     assert sdp("--check", str(script)).returncode == 0
@@ -110,7 +147,7 @@ def test_options_that_change_the_output_are_in_the_key(tmp_path):
 def test_writing_from_a_cached_result_writes_the_conversion(tmp_path):
     fresh = write(tmp_path / "fresh" / "train.py", TRAIN)
     assert sdp("--no-cache", str(fresh)).returncode == 0
-    assert not entries()
+    assert not stored()
     script = write(tmp_path / "cached" / "train.py", TRAIN)
     assert sdp("--check", str(script)).returncode == 1  # remembered, not written
     assert script.read_text() == TRAIN
@@ -125,7 +162,7 @@ def test_cache_false_in_the_configuration_turns_it_off(tmp_path):
     write(tmp_path / "pyproject.toml", "[tool.sdp-convert]\ncache = false\n")
     script = write(tmp_path / "train.py", TRAIN)
     assert sdp("--check", str(script)).returncode == 1
-    assert not entries()
+    assert not stored()
     assert sdp("--check", "--cache", str(script)).returncode == 1
     assert entries()
     write(tmp_path / "pyproject.toml", "[tool.sdp-convert]\ncache = 'no'\n")
@@ -150,7 +187,9 @@ def test_concurrent_parallel_runs_share_the_cache_safely(tmp_path):
         results.append((proc.returncode, out, err))
     assert results == [expected, expected]
     assert len(entries()) == 36
-    assert not [p for p in entries() if p.name.startswith(".")], "temporary files left"
+    # and the whole-program check's view of each file that may train (all 36 import torch)
+    assert len(stored()) == 36 + 36
+    assert not [p for p in stored() if p.name.startswith(".")], "temporary files left"
     assert seen(sdp("--check", "--diff", "-j", "2", str(src))) == expected
 
 
@@ -420,8 +459,9 @@ def test_the_cache_is_private_and_untrusted_entries_are_ignored(tmp_path):
     for path in root.rglob("*"):
         want = 0o700 if path.is_dir() else 0o600
         assert stat.S_IMODE(path.stat().st_mode) == want, path
-    assert not entries(), "--cache-dir wins over $SDP_CONVERT_CACHE_DIR"
-    (entry,) = [e for e in root.rglob("*") if e.is_file() and meta_of(e)["changed"]]
+    assert not stored(), "--cache-dir wins over $SDP_CONVERT_CACHE_DIR"
+    (entry,) = [e for e in root.rglob("*")
+                if e.is_file() and is_conversion(e) and meta_of(e)["changed"]]
     _plant(entry, b"import torch\nEVIL = 1\n")
     # A group-writable entry, or one in a group-writable shard directory, is not read: the
     # run answers what a fresh conversion answers, not the planted text.

@@ -225,6 +225,26 @@ class Cache:
         """The entry stored under ``key`` (``source`` is the file's bytes), or None: also for
         an entry that is damaged or that someone else could have written (a miss, never an
         error)."""
+        body = self.get_bytes(key)
+        if body is None:
+            return None
+        try:
+            head, _, output = body.partition(b"\n")
+            meta = json.loads(head)
+            changes = tuple(Change(*c) for c in meta["changes"])
+            changed = bool(meta["changed"])
+            if changed and len(output) != meta["size"]:
+                return None
+            error = meta.get("error")
+            return Entry(changed, output if changed else source, str(meta["kind"]),
+                         str(meta["reason"]), changes,
+                         (str(error[0]), error[1], error[2]) if error else None)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """What ``put_bytes`` stored under ``key``, checked as ``get`` checks an entry (its
+        digest, its owner and permissions), or None."""
         path = self._path(key)
         if not self.trusted(path.parent):
             return None
@@ -239,21 +259,12 @@ class Cache:
                 if not stat.S_ISREG(st.st_mode) or not _own(st, _OTHERS_WRITE):
                     return None
                 raw = handle.read()
-            digest, _, body = raw.partition(b"\n")
-            if hashlib.sha256(body).hexdigest().encode() != digest:
-                return None  # damaged (or truncated by a full disk): recompute
-            head, _, output = body.partition(b"\n")
-            meta = json.loads(head)
-            changes = tuple(Change(*c) for c in meta["changes"])
-            changed = bool(meta["changed"])
-            if changed and len(output) != meta["size"]:
-                return None
-            error = meta.get("error")
-            return Entry(changed, output if changed else source, str(meta["kind"]),
-                         str(meta["reason"]), changes,
-                         (str(error[0]), error[1], error[2]) if error else None)
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+        except OSError:
             return None
+        digest, _, body = raw.partition(b"\n")
+        if hashlib.sha256(body).hexdigest().encode() != digest:
+            return None  # damaged (or truncated by a full disk): recompute
+        return body
 
     def put(self, key: str, entry: Entry) -> bool:
         """Store ``entry`` atomically; False (and nothing stored) if the disk refused or the
@@ -269,6 +280,11 @@ class Cache:
             "error": list(entry.error) if entry.error else None,
         }
         body = json.dumps(meta).encode() + b"\n" + (entry.output if entry.changed else b"")
+        return self.put_bytes(key, body)
+
+    def put_bytes(self, key: str, body: bytes) -> bool:
+        """Store ``body`` under ``key`` atomically, behind its digest (``put``'s way); False
+        (and nothing stored) if the disk refused or the directory is not ``trusted``."""
         blob = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
         path = self._path(key)
         try:

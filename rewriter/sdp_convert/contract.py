@@ -26,13 +26,14 @@ libcst): it is a second opinion on the transforms' work, not a copy of their ana
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .changes import Change
-from .modules import reachable_modules
+from .modules import import_names, reachable_modules
 
 PARTS = ("init", "averaging", "data", "state", "writes")
 _SKIP = "# sdp-convert: skip"
@@ -114,6 +115,9 @@ class ModuleView:
     opted_out: list[tuple[int, int]] = field(default_factory=list)
     distributed_tapes: int = 0
     distributed_optimizers: int = 0
+    #: The names its imports bring in, as written (``.data.get_loaders``, ``utils.__module__``):
+    #: ``modules.resolve_imports`` finds the project's modules among them.
+    imports: list[str] = field(default_factory=list)
 
     @property
     def trains(self) -> bool:
@@ -139,7 +143,68 @@ def read_module(path: Path, display: str, source: bytes | str, notes: Iterable[C
             if isinstance(n, ast.stmt) and n.lineno <= len(rows) and _SKIP in rows[n.lineno - 1]
         ]
     _Reader(view, mapped).read(tree, notebook)
+    view.imports = import_names(tree)
     return view
+
+
+# -- the cache's form of a view -----------------------------------------------------------------
+# A warm run answers every file from the cache; the views of the files it checks are kept there
+# too (``runner.check_contract``), in JSON with a tag for each container, so that reading one
+# back gives the same view: a tuple stays a tuple, a set a set, a Spot a Spot.
+
+def _encode(value: object) -> object:
+    if isinstance(value, Spot):
+        return ["S", value.line, value.col, value.text]
+    if isinstance(value, Change):
+        return ["C", value.line, value.col, value.transform, value.message, value.manual]
+    if isinstance(value, (set, frozenset)):
+        return ["s", sorted(_encode(v) for v in value)]  # type: ignore[type-var]
+    if isinstance(value, tuple):
+        return ["T", [_encode(v) for v in value]]
+    if isinstance(value, list):
+        return ["L", [_encode(v) for v in value]]
+    if isinstance(value, dict):
+        return ["D", [[k, _encode(v)] for k, v in value.items()]]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    raise TypeError(f"a view holds a {type(value).__name__}")
+
+
+def _decode(value: object) -> object:
+    if not isinstance(value, list):
+        return value
+    tag, *rest = value
+    if tag == "S":
+        return Spot(*rest)
+    if tag == "C":
+        return Change(*rest)
+    items = rest[0]
+    if tag == "s":
+        return {_decode(v) for v in items}
+    if tag == "T":
+        return tuple(_decode(v) for v in items)
+    if tag == "L":
+        return [_decode(v) for v in items]
+    if tag == "D":
+        return {k: _decode(v) for k, v in items}
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def view_to_bytes(view: ModuleView) -> bytes:
+    """The view as the cache keeps it (its path and name are the caller's key, not kept)."""
+    data = {f.name: _encode(getattr(view, f.name)) for f in fields(view)
+            if f.name not in ("path", "display")}
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def view_from_bytes(data: bytes, path: Path, display: str) -> ModuleView:
+    """``view_to_bytes``'s view back, for ``path`` shown as ``display`` (ValueError, KeyError or
+    TypeError when the data is not such a view)."""
+    raw = json.loads(data)
+    known = {f.name for f in fields(ModuleView)} - {"path", "display"}
+    if set(raw) != known:
+        raise ValueError("not a view of this version")
+    return ModuleView(path, display, **{k: _decode(v) for k, v in raw.items()})
 
 
 class _Reader(ast.NodeVisitor):

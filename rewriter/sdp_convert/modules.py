@@ -169,21 +169,30 @@ def module_name(path: Path) -> str:
 def imported_modules(project: Project, path: Path) -> list[Path]:
     """The other project modules ``path`` imports (or imports names from)."""
     tree = project.tree(path)
-    if tree is None:
-        return []
-    found: list[Path] = []
+    return resolve_imports(project, path, import_names(tree)) if tree is not None else []
+
+
+def import_names(tree: ast.Module) -> list[str]:
+    """What the imports of ``tree`` name, as written: ``.data.get_loaders`` for ``from .data
+    import get_loaders``, ``utils.__module__`` for ``import utils`` (the suffix marks a module)."""
+    names: list[str] = []
     for node in _statements(tree):
-        names: list[str] = []
         if isinstance(node, ast.ImportFrom):
             prefix = "." * node.level + (node.module + "." if node.module else "")
-            names = [prefix + alias.name for alias in node.names]
+            names += [prefix + alias.name for alias in node.names]
         elif isinstance(node, ast.Import):
-            names = [alias.name + ".__module__" for alias in node.names]
-        for name in names:
-            target = project.resolve(path, name) or project.module_file(path, name)
-            module = target if isinstance(target, Path) or target is None else target[0]
-            if module is not None and module != path and module not in found:
-                found.append(module)
+            names += [alias.name + ".__module__" for alias in node.names]
+    return names
+
+
+def resolve_imports(project: Project, path: Path, names: Iterable[str]) -> list[Path]:
+    """The other project modules among ``names`` (``import_names`` of ``path``)."""
+    found: list[Path] = []
+    for name in names:
+        target = project.resolve(path, name) or project.module_file(path, name)
+        module = target if isinstance(target, Path) or target is None else target[0]
+        if module is not None and module != path and module not in found:
+            found.append(module)
     return found
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import gc
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from . import manual_marks
-from .cache import Cache, Entry
+from .cache import Cache, Entry, code_identity
 from .changes import ConversionError
 from .compiles import check, check_output
 from .files import (
@@ -491,7 +494,7 @@ def run_jobs(
     outcomes = [done[i] for i in range(len(jobs)) if i in done]
     if project is not None and not stop.signum:
         try:
-            check_contract(outcomes, project)
+            check_contract(outcomes, project, config.cache_dir)
         except Exception as err:  # noqa: BLE001 - a second opinion must not take the run down
             sys.stderr.write(f"sdp-convert: the whole-program check failed ({type(err).__name__}: "
                              f"{err}); the files' own results stand (please report)\n")
@@ -503,12 +506,17 @@ def run_jobs(
     return outcomes
 
 
-def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> None:
+def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles,
+                   cache_dir: Path | str | None = None) -> None:
     """The whole-program contract (``contract``) over what the run gives: a manual note at each
     spot where a program that trains misses a part, and each entry point's parts, on its
-    outcome. Files in the run are read as converted, their neighbours as they are."""
+    outcome. Files in the run are read as converted, their neighbours as they are.
+
+    With ``cache_dir``, what the check reads of each file (``contract.ModuleView``) is kept in
+    the cache, keyed on the file's text (and, for a converted file, its source, manual notes and
+    kind): a warm run reads no file with ``ast`` again."""
     from . import contract
-    from .modules import Project, imported_modules
+    from .modules import Project, resolve_imports
 
     written, shown, contents = project
     by_display = {o.path: o for o in outcomes}
@@ -535,21 +543,31 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> No
     if not any(_may_train(t) for t in texts.values()):
         return
     views: dict[Path, contract.ModuleView] = {}
+    store = Cache(cache_dir) if cache_dir else None
     for path, text in texts.items():
         if not _may_train(text) and path not in outcome_of:
             continue
         o = outcome_of.get(path)
+        display = shown.get(path, o.path if o else str(path))
+        key = _view_key(path, display, text, o, path in lines_of) if store else ""
+        if store is not None and (data := store.get_bytes(key)) is not None:
+            if data == _UNPARSED:
+                continue  # does not parse (failed, or a neighbour with a syntax error)
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                views[path] = contract.view_from_bytes(data, path, display)
+                continue
         back = (_line_map(text, o.source) if o is not None and o.source is not None
                 and path not in lines_of else None)
         view = contract.read_module(
-            path, shown.get(path, o.path if o else str(path)), text,
-            o.changes if o else (), in_run=o is not None, notebook=path in lines_of,
-            kind=o.kind if o else "", lines=back)
+            path, display, text, o.changes if o else (), in_run=o is not None,
+            notebook=path in lines_of, kind=o.kind if o else "", lines=back)
         if view is not None:
             views[path] = view
+        if store is not None:
+            store.put_bytes(key, contract.view_to_bytes(view) if view else _UNPARSED)
     py = {p: t for p, t in texts.items() if p.suffix == ".py"}
     graph = Project(py)
-    imports = {p: imported_modules(graph, p) for p in py if p in views}
+    imports = {p: resolve_imports(graph, p, views[p].imports) for p in py if p in views}
     for result in contract.check_program(views, imports):
         entry = next(p for p, v in views.items() if v.display == result.entry)
         if entry in outcome_of:
@@ -567,6 +585,27 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles) -> No
             seen = {(c.line, c.message) for c in o.changes}
             o.changes.extend(n for n in notes if (n.line, n.message) not in seen)
             o.changes.sort(key=lambda c: (c.line, c.col))
+
+
+#: What the cache keeps for a file the contract could not parse.
+_UNPARSED = b"unparsed"
+
+
+def _view_key(path: Path, display: str, text: bytes, outcome: FileOutcome | None,
+              notebook: bool) -> str:
+    """The cache key of the contract's view of ``text`` (see ``check_contract``)."""
+    context = json.dumps({
+        "what": "contract view", "code": code_identity(), "path": str(path),
+        "display": display, "notebook": notebook, "in_run": outcome is not None,
+        "kind": outcome.kind if outcome else "",
+        "notes": [[c.line, c.col, c.transform, c.message] for c in
+                  (outcome.changes if outcome else ()) if c.manual],
+    }, sort_keys=True)
+    digest = hashlib.sha256(context.encode())
+    for part in (text, outcome.source if outcome and outcome.source and not notebook else b""):
+        digest.update(b"\0%d\0" % len(part))
+        digest.update(part)
+    return digest.hexdigest()
 
 
 def _line_map(output: bytes, source: bytes) -> Callable[[int], int]:
