@@ -2,8 +2,9 @@
 
 The examples moved from the README to the documentation site: ``docs/conversion/examples.md``
 ("Before and after, transform by transform"; each transform's generated page shows its example
-too) has one ``## `name` `` section per transform: a ``diff`` block holding a whole script (context lines start with a space,
-or are empty; removed lines ``-``, added lines ``+``; nothing is left out), and optionally a
+too) has one ``## `name` `` section per transform: a ``diff`` block holding a whole script
+(context lines start with a space, or are empty; removed lines ``-``, added lines ``+``; nothing
+is left out), and optionally a
 ``text`` block quoting lines of the report for that script saved as ``train.py``. Each "before"
 (context and ``-`` lines) is converted with that transform alone, as ``sdp-convert --only NAME``
 does, and must give exactly the "after" (context and ``+`` lines) and report those lines.
