@@ -217,6 +217,18 @@ def transform_page(cls: Any, fixtures: list[Fixture], example: str | None) -> st
     return "\n".join(parts)
 
 
+# Report names that are not transforms.
+OTHERS = {
+    "contract": "`contract`, the check of the converted program "
+                "([the whole-program contract](conversion/index.md"
+                "#what-converted-means-the-whole-program-contract))",
+    "sdp_convert": "`sdp_convert`, the converter itself: files it would not convert "
+                   "([Troubleshooting](troubleshooting.md#the-converters-report))",
+    "manual_marker": "`manual_marker`, a manual note still in the file "
+                     "([Manual notes stay in the file](cli.md#manual-notes-stay-in-the-file))",
+}
+
+
 def messages_page(classes: list[Any], fixtures: list[Fixture]) -> str:
     parts = [
         "# Report messages, by transform\n",
@@ -233,7 +245,8 @@ def messages_page(classes: list[Any], fixtures: list[Fixture]) -> str:
         msgs = _messages([ln for f in fixtures for ln in f.lines_by_transform.get(name, [])])
         if not msgs:
             continue
-        link = f"[`{name}`](transforms/{name}.md)" if name in names else f"`{name}`"
+        link = (f"[`{name}`](transforms/{name}.md)" if name in names
+                else OTHERS.get(name, f"`{name}`"))
         parts.append(f"## {name}\n\n{link}: {len(msgs)} messages.\n")
         parts.append(_fence("\n".join(msgs), "text"))
     return "\n".join(parts)
