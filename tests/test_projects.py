@@ -164,12 +164,13 @@ def test_the_script_alone_does_not_scale_for_data_left_whole(tmp_path: Path):
     assert (tree / "data.py").read_bytes() == (TORCH / "input" / "data.py").read_bytes()
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+# The projects page of the documentation site (moved there from the README).
+PROJECTS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "projects.md"
 
 
-def test_the_readme_project_example_is_what_the_converter_does(tmp_path: Path):
-    text = README.read_text()
-    section = text.split("### Projects: several modules, one program", 1)[1].split("\n### ", 1)[0]
+def test_the_documented_project_example_is_what_the_converter_does(tmp_path: Path):
+    text = PROJECTS_PAGE.read_text()
+    section = text.split("# Projects: several modules, one program", 1)[1].split("\n## ", 1)[0]
     diff = section.split("```diff\n", 1)[1].split("```", 1)[0]
     quoted = section.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
     files: dict[str, tuple[list[str], list[str]]] = {}

@@ -1,8 +1,10 @@
-"""The README's before/after of each transform is what the converter really does.
+"""The documented before/after of each transform is what the converter really does.
 
-README.md's subsection "Before and after, transform by transform" has one ``#### `name` ``
-section per transform: a ``diff`` block holding a whole script (context lines start with a space,
-or are empty; removed lines ``-``, added lines ``+``; nothing is left out), and optionally a
+The examples moved from the README to the documentation site: ``docs/conversion/examples.md``
+("Before and after, transform by transform"; each transform's generated page shows its example
+too) has one ``## `name` `` section per transform: a ``diff`` block holding a whole script
+(context lines start with a space, or are empty; removed lines ``-``, added lines ``+``; nothing
+is left out), and optionally a
 ``text`` block quoting lines of the report for that script saved as ``train.py``. Each "before"
 (context and ``-`` lines) is converted with that transform alone, as ``sdp-convert --only NAME``
 does, and must give exactly the "after" (context and ``+`` lines) and report those lines.
@@ -22,8 +24,9 @@ from sdp_convert.cli import main
 from sdp_convert.engine import convert
 from sdp_convert.pipeline import transform_names
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-SUBSECTION = "### Before and after, transform by transform"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+EXAMPLES_PAGE = DOCS / "conversion" / "examples.md"
+TITLE = "# Before and after, transform by transform"
 
 
 @dataclass
@@ -61,31 +64,31 @@ def _side(lines: list[str], keep: str, name: str) -> str:
 
 
 def _subsection(text: str) -> str:
-    start = text.find("\n" + SUBSECTION + "\n")
+    """The page after its title, up to the next heading of level 1 (outside code blocks)."""
+    start = text.find(TITLE + "\n")
     if start < 0:
         return ""
-    body = text[start + len(SUBSECTION) + 2 :]
-    # Up to the next heading of level 1 to 3 (outside code blocks).
+    body = text[start + len(TITLE) + 1 :]
     in_code = False
     lines = []
     for line in body.split("\n"):
         if line.startswith("```"):
             in_code = not in_code
-        elif not in_code and re.match(r"#{1,3} ", line):
+        elif not in_code and re.match(r"# ", line):
             break
         lines.append(line)
     return "\n".join(lines)
 
 
 def parse(text: str) -> list[Example]:
-    """The ``####`` sections of the subsection, with their prose and fenced blocks."""
+    """The ``##`` sections of the page, with their prose and fenced blocks."""
     examples: list[Example] = []
     lines = _subsection(text).split("\n")
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("#### "):
-            examples.append(Example(line[5:].strip().strip("`")))
+        if line.startswith("## "):
+            examples.append(Example(line[3:].strip().strip("`")))
         elif line.startswith("```"):
             lang = line[3:].strip()
             end = lines.index("```", i + 1)
@@ -101,7 +104,7 @@ def parse(text: str) -> list[Example]:
     return examples
 
 
-EXAMPLES = {ex.name: ex for ex in parse(README.read_text(encoding="utf-8"))}
+EXAMPLES = {ex.name: ex for ex in parse(EXAMPLES_PAGE.read_text(encoding="utf-8"))}
 
 
 def test_every_transform_has_an_example_in_pipeline_order():
@@ -111,7 +114,7 @@ def test_every_transform_has_an_example_in_pipeline_order():
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_example(name):
     ex = EXAMPLES[name]
-    assert name in transform_names(), f"README section for an unknown transform {name!r}"
+    assert name in transform_names(), f"example section for an unknown transform {name!r}"
     assert ex.prose.strip(), f"{name}: no line saying what the transform does"
     # "Runs after `guard_rank0_writes`" in the prose: the example shows both transforms.
     only = {name} | {n for n in re.findall(r"after `(\w+)`", ex.prose) if n in transform_names()}
@@ -142,12 +145,14 @@ def test_the_cli_gives_the_same(monkeypatch, capsys):
 
 
 def test_the_transform_table_lists_every_transform_in_pipeline_order():
-    """README's "What the conversion does" table: one row per transform, in the order
-    ``sdp-convert --list-transforms`` prints them."""
+    """The "What the conversion does" table (docs/conversion/index.md): one row per transform,
+    in the order ``sdp-convert --list-transforms`` prints them, each linking to the transform's
+    generated page."""
     from sdp_convert.pipeline import PIPELINE
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    page = (DOCS / "conversion" / "index.md").read_text()
     names = {t.NAME for t in PIPELINE}
-    rows = [m.group(1) for m in re.finditer(r"^\| `([a-z_0-9]+)` \| ", readme, re.M)
-            if m.group(1) in names]
+    rows = [m.group(1) for m in re.finditer(
+        r"^\| \[`([a-z_0-9]+)`\]\(\.\./transforms/\1\.md\) \| ", page, re.M)
+        if m.group(1) in names]
     assert rows == [t.NAME for t in PIPELINE]

@@ -1,6 +1,6 @@
 """sdp-convert: rewrite single-GPU training scripts into data-parallel ones.
 
-The Python API (see ``sdp_convert.api`` and the README, "Python API")::
+The Python API (see ``sdp_convert.api`` and docs/cli.md, "Python API")::
 
     from sdp_convert import convert
     result = convert(source)   # -> ConvertResult: .output, .text, .changed, .changes, .kind

@@ -325,7 +325,7 @@ def convert_cmd(
                 if change.manual or not quiet:
                     err.write(change.format(o.path) + "\n")
     if not quiet and any(o.written and o.status == "converted" for o in outcomes):
-        # What no converter can prove, the first run can check (README, "The audit"). Before
+        # What no converter can prove, the first run can check (docs/audit.md, "The audit"). Before
         # the summary, which stays the last line.
         err.write("sdp-convert: first run of a converted script: sdp-run --audit -n 2 SCRIPT "
                   "checks that its ranks train one model on split data\n")

@@ -13,7 +13,7 @@ from .changes import Change
 Status = Literal["converted", "unchanged", "skipped", "failed"]
 ReportFormat = Literal["text", "json", "github"]
 
-#: Version of the JSON report schema (README, "JSON report").
+#: Version of the JSON report schema (docs/cli.md, "Reports").
 JSON_SCHEMA_VERSION = 1
 
 

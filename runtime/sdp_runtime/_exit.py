@@ -236,7 +236,7 @@ def _describe(
         )
         return (f"{done}, while {here} for it: the ranks ran different numbers of steps (give "
                 "every rank the same number of batches: sdp.shard() evens tf.data input, "
-                "DistributedSampler pads torch input; see the README, 'When a rank fails')")
+                "DistributedSampler pads torch input; see docs/running.md, 'When a rank fails')")
     return f"{here} when the job ended"
 
 

@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="restart all processes this many times after a failure (default 0)")
     parser.add_argument("--audit", dest="audit", action="store_const", const="on",
                         help="check while the job trains that the ranks train one model on "
-                        "different data (gradients, weights, steps, files; see the README, 'The "
+                        "different data (gradients, weights, steps, files; see docs/audit.md, 'The "
                         "audit'); --audit=strict also exits with status 3 when it finds a problem")
     for value in ("on", "strict"):  # --audit=strict (argparse matches the whole string first)
         parser.add_argument(f"--audit={value}", dest="audit", action="store_const", const=value,

@@ -8,7 +8,7 @@ arguments of a helper's call that ``sdp.shard`` splits, or why nothing is split 
 a loop or ``fit`` is sharded (by the converter, or already by the script), so that a learning rate
 is scaled only where it is.
 
-The rules (README, "What is sharded where"):
+The rules (docs/tf-sharding.md, "What is sharded where"):
 
 * One shard per source, before any shuffle, batch or repeat: right after the source, or after a
   ``take``/``skip`` that selects samples before any reordering (the same samples on every worker).

@@ -55,8 +55,9 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
         op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
         gradient_predivide_factor: Horovod's split of the average.
         bucket_cap_mb: fusion bucket size in MiB (SMDDP); default 25 MB.
-        name, use_locking, device_dense, device_sparse, average_aggregated_gradients,
-            num_groups, groups: accepted for Horovod/SMDDP compatibility, unused.
+        name, use_locking, device_dense, device_sparse: accepted for Horovod/SMDDP
+            compatibility, unused.
+        average_aggregated_gradients, num_groups, groups: the same.
 
     Example:
         >>> opt = sdp.DistributedOptimizer(keras.optimizers.Adam(1e-3 * sdp.size()))
