@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .changes import Change
 from .modules import reachable_modules
+from .program.vocab import CACHED_DOWNLOADS, EXTRACT_METHODS, EXTRACTIONS, FILE_DOWNLOADS
 
 PARTS = ("init", "averaging", "data", "state", "writes")
 _SKIP = "# sdp-convert: skip"
@@ -57,8 +58,9 @@ _OTHER_DISTRIBUTION = (
 )
 
 _TORCH_OPTIMIZER = "torch.optim."
-_DOWNLOADS = ("tensorflow_datasets.load", "datasets.load_dataset", "urllib.request.urlretrieve",
-              "urllib.request.urlopen", "requests.get", "gdown.download", "wget.download")
+#: Calls that download or unpack into shared files (a network read into memory is none: the
+#: write of what it returned is a write).
+_DOWNLOADS = (*CACHED_DOWNLOADS, *FILE_DOWNLOADS, *EXTRACTIONS)
 _WRITE_FUNCTIONS = ("torch.save", "numpy.save", "numpy.savez", "numpy.savetxt", "pickle.dump",
                     "json.dump", "shutil.copy", "shutil.copyfile", "shutil.move", "os.rename",
                     "matplotlib.pyplot.savefig")
@@ -399,6 +401,8 @@ def _writes(reader: _Reader, node: ast.Call, name: str, method: str) -> bool:
 
 
 def _downloads(node: ast.Call, name: str) -> bool:
+    if isinstance(node.func, ast.Attribute) and node.func.attr in EXTRACT_METHODS:
+        return True  # ``zipfile.ZipFile(p).extractall(d)``, ``tar.extractall(d)``
     if name in _DOWNLOADS or (name.startswith(("keras.datasets.", "tensorflow.keras.datasets."))
                               and name.endswith(".load_data")):
         return True

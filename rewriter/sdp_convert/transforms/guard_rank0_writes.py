@@ -376,11 +376,12 @@ class GuardRank0Writes(Transform):
     # -- applying -------------------------------------------------------------------------------
 
     def _apply(self) -> None:
-        guarded = {a.node for a in self._actions if a.kind == "guard"} | self.state.edits.guarded
+        earlier = set(self.state.edits.guarded)  # by an earlier transform (order_downloads)
+        guarded = {a.node for a in self._actions if a.kind == "guard"} | earlier
         # Deletions one after another share one guard and one barrier, after the last of them.
-        waits = {id(a.node) for a in self._actions if a.barrier}
+        waits, ancestors = {id(a.node) for a in self._actions if a.barrier}, self.ancestors
         for action in self._actions:
-            if any(p in guarded for p in self.ancestors(action.anchor)) or (
+            if action.anchor in earlier or any(p in guarded for p in ancestors(action.anchor)) or (
                 action.kind == "guard" and kept_off_rank0(self, action, self._describe)
             ):  # inside a statement guarded whole, or one every rank must run (it says so)
                 continue
