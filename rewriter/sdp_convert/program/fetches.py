@@ -14,8 +14,11 @@ rank wait for the files: the statement (with the file-system test around it, ``i
 os.path.exists(p): urlretrieve(url, p)``, as ``program.deletions`` does for deletions), or, for a
 network read, the statements from the read to the last that writes what it returned.
 
-``url_reads`` finds the reads of a URL into memory (``pd.read_csv(URL)``, ``np.loadtxt(URL)``,
+``url_reads`` finds the reads of a URL into memory (``pd.read_csv(URL)``,
 ``requests.get(url).json()``): correct on every rank, but each rank downloads it.
+``url_cache_reads`` finds ``np.loadtxt(URL)``/``np.genfromtxt(URL)``: numpy downloads the URL into
+``./<host>/<path>`` first, on every call, so every rank writes that file at once (the run-time
+audit saw it), and its value is needed on every rank: a manual note.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .vocab import (
     EXTRACTIONS,
     FILE_DOWNLOADS,
     RESPONSES,
+    URL_CACHING_READERS,
     URL_READERS,
     URL_SCHEMES,
 )
@@ -199,12 +203,18 @@ def _on_archive(t: Transform, call: cst.Call) -> bool:
 def url_reads(t: Transform) -> list[cst.Call]:
     """Reads of a URL into memory: a ``URL_READERS`` call given a URL (a literal, or a name
     bound to one), and network reads whose result is not written to a file."""
-    found = [
-        c for c in t.calls_to(*URL_READERS)
-        if c.args and not c.args[0].keyword and is_url(t, c.args[0].value, 0)
-    ]
+    found = [c for c in t.calls_to(*URL_READERS) if _given_url(t, c)]
     found += [c for c in t.calls_to(*RESPONSES) if _written_statements(t, c) is None]
     return found
+
+
+def url_cache_reads(t: Transform) -> list[cst.Call]:
+    """``np.loadtxt(URL)``-style reads, which download into the working directory first."""
+    return [c for c in t.calls_to(*URL_CACHING_READERS) if _given_url(t, c)]
+
+
+def _given_url(t: Transform, call: cst.Call) -> bool:
+    return bool(call.args) and call.args[0].keyword is None and is_url(t, call.args[0].value, 0)
 
 
 def is_url(t: Transform, expr: cst.BaseExpression, depth: int) -> bool:

@@ -40,15 +40,16 @@ RESPONSES = (
     "urllib.request.urlopen",
 )
 
-#: Readers that take a URL as well as a path: with a URL each rank downloads what it reads.
+#: Readers that take a URL as well as a path and read it into memory: each rank downloads it.
 URL_READERS = (
     "pandas.read_csv",
     "pandas.read_table",
     "pandas.read_json",
     "pandas.read_excel",
     "pandas.read_parquet",
-    "numpy.loadtxt",
-    "numpy.genfromtxt",
 )
+#: Readers that, given a URL, first download it into the working directory
+#: (``./<host>/<path>``, numpy's ``DataSource``) on every call: every rank writes that file.
+URL_CACHING_READERS = ("numpy.loadtxt", "numpy.genfromtxt")
 #: How a URL starts.
 URL_SCHEMES = ("http://", "https://", "ftp://")

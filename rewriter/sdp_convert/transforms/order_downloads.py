@@ -35,7 +35,13 @@ import libcst.matchers as m
 from ..base import Transform
 from ..program.builders import runs_right_before
 from ..program.deletions import next_statement
-from ..program.fetches import fetch_unit, file_fetches, is_response, url_reads
+from ..program.fetches import (
+    fetch_unit,
+    file_fetches,
+    is_response,
+    url_cache_reads,
+    url_reads,
+)
 from ..program.keras import keras_name
 from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
@@ -74,6 +80,13 @@ class OrderDownloads(Transform):
             self.record(call, f"{self.module.code_for_node(call.func)}(...) reads over the "
                               "network on every rank (each downloads it; right, but N downloads):"
                               " to download once, save it on rank 0 first and read the file")
+        for call in url_cache_reads(self):
+            what = self.module.code_for_node(call.func)
+            self.record(call, f"{what}(URL) downloads into ./<host>/<path> of the working "
+                              "directory first, on every rank at once (the same file): download it "
+                              f"on rank 0 only (if {self.sdp}.rank() == 0: urllib.request."
+                              f"urlretrieve(URL, path)), then {self.sdp}.barrier(), and give "
+                              f"{what} the path", manual=True)
 
     def _rank0_then_barrier(
         self, call: cst.Call, done: set[cst.CSTNode], units: list[list[cst.BaseStatement]]
