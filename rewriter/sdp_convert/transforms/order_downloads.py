@@ -19,12 +19,27 @@ others wait; they then run it too and find the files in place (Accelerate's
 ``main_process_first()``, Lightning's ``prepare_data``). Downloads are ``torchvision.datasets``
 classes with ``download=True`` (and their ``download_url``/``download_and_extract_archive``),
 ``keras.datasets.*.load_data()`` (also through a name: ``mnist = keras.datasets.mnist``),
-``keras.utils.get_file``, ``tfds.load``, ``datasets.load_dataset``, ``urllib.request.urlretrieve``,
+``keras.utils.get_file``, ``tfds.load``, ``datasets.load_dataset``,
 pretrained weights (Keras applications unless ``weights=None``, torchvision models with
 ``weights=``/``pretrained=True``, ``timm.create_model(pretrained=True)``, ``torch.hub``), Hugging
 Face ``from_pretrained`` and ``torchtext.datasets``. A statement inside a function runs
 when the function is called, after ``init()``; at module level of a module without an entry point
 it would run at import, before any ``init()``, so it is reported instead.
+
+Downloads and extractions that rewrite their files each time they run (``urlretrieve``,
+``gdown.download``, ``extractall``, ``requests.get`` whose content is written; see
+``program.fetches``) go to rank 0 alone, followed by ``sdp.barrier()``: after a
+``rank0_first()`` the other ranks would rewrite the files rank 0 is reading::
+
+    if sdp.rank() == 0:
+        response = requests.get(URL)
+        with open(path, "wb") as f:
+            f.write(response.content)
+        zipfile.ZipFile(archive).extractall(root)
+    sdp.barrier()
+
+Reads of a URL into memory (``pd.read_csv(URL)``) get a note; ``np.loadtxt(URL)``, which caches
+the download in the working directory on every rank, a manual one.
 """
 
 from __future__ import annotations
