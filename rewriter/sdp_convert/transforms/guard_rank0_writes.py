@@ -127,10 +127,10 @@ class GuardRank0Writes(Transform):
         self._problems: list[str] = []
         framework = self.state.info.framework or ""
         self._writes = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
-        # Project mode: other modules' functions that write (guarded here, at the call site).
-        self._writes.update(dict.fromkeys(getattr(self.state.options.project, "writers", ())))
-        self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()))
-
+        project = self.state.options.project  # other modules' writing functions and classes
+        self._writes.update(dict.fromkeys(getattr(project, "writers", ())))  # at the call site
+        self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()),
+                         *getattr(project, "handles", ()))
         candidates: list[cst.Call] = []
         candidates += self.calls_to(*self._writes, *STREAM_WRITES, *OPENERS, *self._handles)
         for method in METHOD_WRITES:
