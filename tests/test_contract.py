@@ -219,7 +219,8 @@ def test_the_contract_over_every_golden_and_project(tmp_path: Path):
         if notes(outcomes):
             found[name] = notes(outcomes)
     expected_projects = {"projects/keras_compile_elsewhere", "projects/torch_learner_kwargs",
-                         "projects/torch_config_trainer", "projects/torch_module_level_entry"}
+                         "projects/torch_config_trainer", "projects/torch_module_level_entry",
+                         "projects/torch_helper_writes"}
     assert set(found) == set(GOLDEN_FINDINGS) | expected_projects, sorted(found)
     for name, starts in GOLDEN_FINDINGS.items():
         assert len(found[name]) == len(starts)

@@ -107,3 +107,27 @@ def test_downloads_and_extractions_run_once_on_rank_0_and_the_others_wait(tmp_pa
             assert who.get(path) == ["0"], (path, who)
     finally:
         server.shutdown()
+
+
+def test_a_projects_helper_writes_run_once_or_are_noted_and_the_notes_are_true(tmp_path: Path):
+    """fixtures/projects/torch_helper_writes on 2 processes: the config dump, the JSON-lines
+    logger class and the checkpoint are written by rank 0 alone, mkdir_p cannot race; what the
+    conversion left with a manual note (the cached features saved in the data module, the
+    log file of setup_logging, the curve saved by a star-imported helper) is what the audit
+    finds written by both ranks: the notes are true, and nothing else is."""
+    work = tmp_path / "run"
+    shutil.copytree(FIXTURES / "projects" / "torch_helper_writes" / "input", work)
+    done = subprocess.run([SDP_CONVERT, "."], cwd=work, capture_output=True, text=True,
+                          timeout=120)
+    assert "utils.py:12:9: [allow_existing_dirs]" in done.stderr, done.stderr
+    proc = run([SDP_RUN, "-n", "2", "train.py", "--epochs", "1"], work, {"SDP_AUDIT": "1"},
+               audit_dir=tmp_path / "audit", timeout=120)
+    who = writers(tmp_path / "audit")
+    for path in ("runs/exp/config.yaml", "runs/exp/history.jsonl", "model.pt"):
+        assert who.get(path) == ["0"], (path, who)
+    both = {path for path, ranks in who.items() if ranks == ["0", "1"]}
+    assert both == {"runs/exp/features.pt", "runs/exp/train.log", "runs/exp/loss.txt"}, who
+    # The run-time audit sees the writes through Python's open (torch.save to a path writes
+    # from C++: only the harness's torch.save wrapper saw features.pt).
+    for path in ("runs/exp/train.log", "runs/exp/loss.txt"):
+        assert f"all wrote {path}" in proc.output, proc.output
