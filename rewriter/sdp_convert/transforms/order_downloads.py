@@ -58,6 +58,7 @@ from ..program.fetches import (
     url_reads,
 )
 from ..program.keras import keras_name
+from ..program.ranks import only_called_on_rank0
 from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
 from ..program.vocab import CACHED_DOWNLOAD_PREFIXES, CACHED_DOWNLOADS
@@ -84,7 +85,8 @@ class OrderDownloads(Transform):
             self._plan(call, stmt, target, around)
         units: list[list[cst.BaseStatement]] = []
         for call in file_fetches(self):
-            if not self.is_rank0_guarded(call) and not self._inside_rank0_first(call):
+            if not (self.is_rank0_guarded(call) or only_called_on_rank0(self, call)
+                    or self._inside_rank0_first(call)):
                 self._rank0_then_barrier(call, done, units)
         # One barrier after consecutive units (they share one ``if``).
         firsts = {id(unit[0]) for unit in units}
