@@ -26,7 +26,7 @@ script because the runtime's DistributedDataParallel state dict has no ``module.
 What counts as a write: the calls in ``WRITES`` (generic Python: json/pickle/yaml dumps to a
 stream, numpy saves, shutil copies/moves, os.rename/replace, matplotlib's savefig,
 image/audio writers, wandb/mlflow logging, pandas ``to_csv``-style and ``Path.write_text``-style
-methods, ``save`` of a PIL image) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
+methods, ``save`` of a PIL image or a tokenizer) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
 ``torchvision.utils.save_image``), ``open`` in a writing mode, and in project mode the
 functions of other modules that write (``utils.save_checkpoint(...)``: guarded at the call, the
 helper's module stays as it is for its other callers). Reads, ``print``, logging
@@ -97,8 +97,8 @@ from ..program.writes import (
     WRITES,
     argument,
     in_memory,
+    object_saves,
     open_mode,
-    pil_saves,
 )
 
 
@@ -135,7 +135,7 @@ class GuardRank0Writes(Transform):
         candidates += self.calls_to(*self._writes, *STREAM_WRITES, *OPENERS, *self._handles)
         for method in METHOD_WRITES:
             candidates += [c for c in self.method_calls(method) if c.args]
-        candidates += pil_saves(self)
+        candidates += object_saves(self)
         candidates += self.calls_to(*DELETIONS) + path_deletions(self)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
