@@ -103,6 +103,8 @@ class ModuleView:
     loaders: list[tuple[Spot, bool]] = field(default_factory=list)  # (at, has sampler)
     writes: list[tuple[Spot, str]] = field(default_factory=list)  # unguarded (at, function)
     downloads: list[tuple[Spot, str]] = field(default_factory=list)  # unordered (at, function)
+    #: The downloads above that rewrite their files each time (``extractall``, ``urlretrieve``).
+    rewriting: set[Spot] = field(default_factory=set)
     #: Functions and methods called here under a rank-0 guard / anywhere (names).
     guarded_calls: set[str] = field(default_factory=set)
     calls: dict[str, int] = field(default_factory=dict)
@@ -347,6 +349,8 @@ class _Reader(ast.NodeVisitor):
             self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
         ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
             view.downloads.append((spot, function))
+            if name in FILE_DOWNLOADS or name in EXTRACTIONS or method in EXTRACT_METHODS:
+                view.rewriting.add(spot)
         self.generic_visit(node)
 
     def _bound_to_distributed(self, expr: ast.expr) -> bool:
@@ -660,7 +664,9 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
             if function and (function in guarded or not calls.get(function)):
                 continue
             downloads.append((v, spot, (
-                f"{spot.text}(...) downloads on every rank at once: run it in "
+                f"{spot.text}(...) writes the same files on every rank at once: run it on rank "
+                f"0 only (`if {sdp}.rank() == 0:`), then `{sdp}.barrier()`" if spot in v.rewriting
+                else f"{spot.text}(...) downloads on every rank at once: run it in "
                 f"`with {sdp}.rank0_first():`")))
     decide("writes", writes, "writes on rank 0",
            frozenset({"guard_rank0_writes", "barrier_before_reads"}))
