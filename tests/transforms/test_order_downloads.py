@@ -211,3 +211,24 @@ def test_a_download_whose_result_is_used_or_that_is_in_a_loop_gets_a_manual_note
     assert "may not all get to a barrier" in notes[1]
     assert notes[2].startswith("np.loadtxt(URL) downloads into ./<host>/<path>")
     assert "sdp.barrier()" not in result.output.decode().replace("# sdp-convert", "")
+
+
+def test_a_network_read_and_its_write_under_an_existence_test_go_to_rank_0_with_the_test():
+    result = run(
+        """\
+        import os
+        import requests
+        import torch
+
+        def fetch(path):
+            if not os.path.isfile(path):
+                r = requests.get("https://x.org/data.csv")
+                with open(path, "wb") as f:
+                    f.write(r.content)
+            return path
+        """ + TAIL.replace("\n", "\n        "),
+        ONLY,
+    )
+    assert ("    if sdp.rank() == 0:\n        if not os.path.isfile(path):\n"
+            "            r = requests.get(\"https://x.org/data.csv\")\n") in result.output.decode()
+    assert "    sdp.barrier()\n    return path\n" in result.output.decode()

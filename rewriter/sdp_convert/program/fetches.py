@@ -87,8 +87,10 @@ def fetch_unit(t: Transform, call: cst.Call) -> FetchUnit:
         ):
             return FetchUnit([], problem=problem)
     unit, barrier = deletion_unit(t, statements[0])
-    if unit is not statements[0] and len(statements) == 1:
-        statements = [unit]  # ``if not os.path.exists(p): urlretrieve(url, p)``, whole
+    if unit is not statements[0]:
+        # ``if not os.path.exists(p): urlretrieve(url, p)``, whole: another rank would test it
+        # while rank 0 writes, skip the barrier, and leave the others waiting there.
+        statements = [unit]
     return FetchUnit(statements, barrier)
 
 
