@@ -220,8 +220,8 @@ def _given_url(t: Transform, call: cst.Call) -> bool:
 
 
 def is_url(t: Transform, expr: cst.BaseExpression, depth: int) -> bool:
-    """``expr`` is a URL: a string starting with a scheme of ``URL_SCHEMES`` (an f-string's or
-    a sum's first part), or a name only ever assigned one."""
+    """``expr`` is a URL: a string starting with a scheme of ``URL_SCHEMES``, an f-string or a
+    sum whose first part is one, or a name only ever assigned one."""
     if depth > 3:
         return False
     if isinstance(expr, cst.SimpleString):
@@ -229,6 +229,8 @@ def is_url(t: Transform, expr: cst.BaseExpression, depth: int) -> bool:
         return isinstance(value, str) and value.startswith(URL_SCHEMES)
     if isinstance(expr, cst.FormattedString):
         first = expr.parts[0] if expr.parts else None
+        if isinstance(first, cst.FormattedStringExpression):  # f"{BASE}/a.csv"
+            return is_url(t, first.expression, depth + 1)
         return isinstance(first, cst.FormattedStringText) and first.value.startswith(URL_SCHEMES)
     if isinstance(expr, cst.ConcatenatedString):
         return is_url(t, expr.left, depth + 1)  # type: ignore[arg-type]
