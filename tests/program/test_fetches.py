@@ -41,7 +41,8 @@ def fetch(root, url):
     shutil.unpack_archive("d.zip", root)
     if not os.path.exists("e.bin"):
         urllib.request.urlretrieve(url, "e.bin")
-    return meta, pd.read_csv(CSV), pd.read_csv(LOCAL), np.loadtxt(BASE + "/s.txt"), n
+    own, _ = urllib.request.urlretrieve(url)
+    return meta, pd.read_csv(CSV), pd.read_csv(LOCAL), np.loadtxt(BASE + "/s.txt"), n, own
 """
 
 

@@ -32,7 +32,7 @@ from ..base import Transform
 from .deletions import deletion_unit
 from .guards import why_not_guardable
 from .scopes import assigned_values, binding_of, referents, uses
-from .syntax import target_names
+from .syntax import arg_named, target_names
 from .vocab import (
     ARCHIVES,
     EXTRACT_METHODS,
@@ -58,11 +58,17 @@ class FetchUnit:
 
 def file_fetches(t: Transform) -> list[cst.Call]:
     """The calls that download or unpack into files every time they run (module docstring)."""
-    found = t.calls_to(*FILE_DOWNLOADS, *EXTRACTIONS)
+    found = [c for c in t.calls_to(*FILE_DOWNLOADS, *EXTRACTIONS) if not _to_own_temp_file(t, c)]
     for method in EXTRACT_METHODS:
         found += [c for c in t.method_calls(method) if _on_archive(t, c)]
     found += [c for c in t.calls_to(*RESPONSES) if _written_statements(t, c)]
     return found
+
+
+def _to_own_temp_file(t: Transform, call: cst.Call) -> bool:
+    """``urlretrieve(url)`` without a file name: a temporary file of this process."""
+    return t.refers_to(call.func, "urllib.request.urlretrieve") and arg_named(
+        call, "filename", 1) is None
 
 
 def is_response(t: Transform, call: cst.Call) -> bool:
