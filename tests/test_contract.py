@@ -83,6 +83,25 @@ def test_a_script_the_transforms_were_kept_from_misses_parts_and_says_where(tmp_
     assert any(n.startswith("train.py:12: torch.save(...) writes on every rank") for n in found)
 
 
+def test_an_extraction_is_a_download_and_a_network_read_into_memory_is_not(tmp_path: Path):
+    """Kept from order_downloads, an archive unpacked on every rank is missing (any
+    ``.extractall``); ``requests.get(url).json()`` on every rank is right as it is."""
+    script = TORCH_SCRIPT.replace(
+        "    def main():\n",
+        "    import requests\n    import zipfile\n\n    def main():\n"
+        "        zipfile.ZipFile(\"data.zip\").extractall(\"data\")\n"
+        "        meta = requests.get(\"https://example.com/meta.json\").json()\n"
+        "        print(meta)\n")
+    (tmp_path / "train.py").write_text(textwrap.dedent(script))
+    config = Config(Options(skip=frozenset({"order_downloads"})), mode="check")
+    [outcome] = run_jobs([Job(tmp_path / "train.py", "train.py", None)], config, workers=1)
+    assert [n.split(": ", 1)[1] for n in notes([outcome])] == [
+        "zipfile.ZipFile('data.zip').extractall(...) writes the same files on every rank at "
+        "once: run it on rank 0 only (`if sdp.rank() == 0:`), then `sdp.barrier()` [writes]"]
+    [outcome] = check(tmp_path, {"train.py": script})  # converted: rank 0, then a barrier
+    assert not notes([outcome]) and not outcome.needs_attention
+
+
 def test_a_manual_note_of_the_conversion_makes_a_part_noted_not_missing(tmp_path: Path):
     source = """\
         import torch
@@ -219,7 +238,8 @@ def test_the_contract_over_every_golden_and_project(tmp_path: Path):
         if notes(outcomes):
             found[name] = notes(outcomes)
     expected_projects = {"projects/keras_compile_elsewhere", "projects/torch_learner_kwargs",
-                         "projects/torch_config_trainer", "projects/torch_module_level_entry"}
+                         "projects/torch_config_trainer", "projects/torch_module_level_entry",
+                         "projects/torch_helper_writes"}
     assert set(found) == set(GOLDEN_FINDINGS) | expected_projects, sorted(found)
     for name, starts in GOLDEN_FINDINGS.items():
         assert len(found[name]) == len(starts)

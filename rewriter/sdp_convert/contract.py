@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .changes import Change
 from .modules import import_names, reachable_modules
+from .program.vocab import CACHED_DOWNLOADS, EXTRACT_METHODS, EXTRACTIONS, FILE_DOWNLOADS
 
 PARTS = ("init", "averaging", "data", "state", "writes")
 _SKIP = "# sdp-convert: skip"
@@ -58,8 +59,9 @@ _OTHER_DISTRIBUTION = (
 )
 
 _TORCH_OPTIMIZER = "torch.optim."
-_DOWNLOADS = ("tensorflow_datasets.load", "datasets.load_dataset", "urllib.request.urlretrieve",
-              "urllib.request.urlopen", "requests.get", "gdown.download", "wget.download")
+#: Calls that download or unpack into shared files (a network read into memory is none: the
+#: write of what it returned is a write).
+_DOWNLOADS = (*CACHED_DOWNLOADS, *FILE_DOWNLOADS, *EXTRACTIONS)
 _WRITE_FUNCTIONS = ("torch.save", "numpy.save", "numpy.savez", "numpy.savetxt", "pickle.dump",
                     "json.dump", "shutil.copy", "shutil.copyfile", "shutil.move", "os.rename",
                     "matplotlib.pyplot.savefig")
@@ -102,6 +104,8 @@ class ModuleView:
     loaders: list[tuple[Spot, bool]] = field(default_factory=list)  # (at, has sampler)
     writes: list[tuple[Spot, str]] = field(default_factory=list)  # unguarded (at, function)
     downloads: list[tuple[Spot, str]] = field(default_factory=list)  # unordered (at, function)
+    #: The downloads above that rewrite their files each time (``extractall``, ``urlretrieve``).
+    rewriting: set[Spot] = field(default_factory=set)
     #: Functions and methods called here under a rank-0 guard / anywhere (names).
     guarded_calls: set[str] = field(default_factory=set)
     calls: dict[str, int] = field(default_factory=dict)
@@ -410,6 +414,8 @@ class _Reader(ast.NodeVisitor):
             self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
         ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
             view.downloads.append((spot, function))
+            if name in FILE_DOWNLOADS or name in EXTRACTIONS or method in EXTRACT_METHODS:
+                view.rewriting.add(spot)
         self.generic_visit(node)
 
     def _bound_to_distributed(self, expr: ast.expr) -> bool:
@@ -464,6 +470,8 @@ def _writes(reader: _Reader, node: ast.Call, name: str, method: str) -> bool:
 
 
 def _downloads(node: ast.Call, name: str) -> bool:
+    if isinstance(node.func, ast.Attribute) and node.func.attr in EXTRACT_METHODS:
+        return True  # ``zipfile.ZipFile(p).extractall(d)``, ``tar.extractall(d)``
     if name in _DOWNLOADS or (name.startswith(("keras.datasets.", "tensorflow.keras.datasets."))
                               and name.endswith(".load_data")):
         return True
@@ -721,7 +729,9 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
             if function and (function in guarded or not calls.get(function)):
                 continue
             downloads.append((v, spot, (
-                f"{spot.text}(...) downloads on every rank at once: run it in "
+                f"{spot.text}(...) writes the same files on every rank at once: run it on rank "
+                f"0 only (`if {sdp}.rank() == 0:`), then `{sdp}.barrier()`" if spot in v.rewriting
+                else f"{spot.text}(...) downloads on every rank at once: run it in "
                 f"`with {sdp}.rank0_first():`")))
     decide("writes", writes, "writes on rank 0",
            frozenset({"guard_rank0_writes", "barrier_before_reads"}))

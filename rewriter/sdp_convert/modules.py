@@ -114,6 +114,21 @@ class Project:
                          and s.name == name), None) if tree is not None else None
         return function is not None and any(_writes(node) for node in ast.walk(function))
 
+    def writing_class(self, path: Path, name: str) -> bool:
+        """Whether ``name`` is a class of ``path`` (no Keras callback) whose ``__init__`` opens
+        a file to write or append (``self.fh = open(path, "a")``): its instances write as they
+        are used, like an open file."""
+        tree = self.tree(path)
+        cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
+                   None) if tree is not None else None
+        if cls is None or any(_name_of(b).endswith("Callback") for b in cls.bases):
+            return False
+        init = next((s for s in cls.body if isinstance(s, ast.FunctionDef)
+                     and s.name == "__init__"), None)
+        return init is not None and any(
+            _writes(n) and _name_of(n.func) in ("open", "FileHandler")  # type: ignore[attr-defined]
+            for n in ast.walk(init))
+
     def tree(self, path: Path) -> ast.Module | None:
         """The ``ast`` of a file (parsed once; None if it does not parse)."""
         if path not in self._trees:
@@ -127,7 +142,8 @@ class Project:
 #: Methods and functions that write files (``program.writes`` holds the full vocabulary, by
 #: qualified name; a callback class in another module is read with ``ast``, names only).
 _WRITING_CALLS = frozenset({"save", "save_weights", "savez", "savetxt", "to_csv", "dump",
-                            "write_text", "write_bytes", "imwrite", "savefig"})
+                            "write_text", "write_bytes", "imwrite", "savefig", "to_pickle",
+                            "imsave", "save_image", "save_pretrained", "FileHandler"})
 
 
 def _name_of(expr: ast.expr) -> str:
@@ -179,7 +195,10 @@ def import_names(tree: ast.Module) -> list[str]:
     for node in _statements(tree):
         if isinstance(node, ast.ImportFrom):
             prefix = "." * node.level + (node.module + "." if node.module else "")
-            names += [prefix + alias.name for alias in node.names]
+            if node.module and [a.name for a in node.names] == ["*"]:
+                names.append(prefix + "__module__")  # ``from utils import *``: the module itself
+            else:
+                names += [prefix + alias.name for alias in node.names]
         elif isinstance(node, ast.Import):
             names += [alias.name + ".__module__" for alias in node.names]
     return names

@@ -115,13 +115,19 @@ def project_options(
                    if (t := project.resolve(path, q)) is not None and t[0] != path]
         callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
         writers = tuple(q for q, t in targets if project.writing_function(*t))
+        handles = tuple(q for q, t in targets if project.writing_class(*t))
+        importers = [p for p in written if path in imported.get(p, ())
+                     and p in probes and (probes[p].script or starts.get(p))]
         facts = ModuleFacts(
             tuple(feeds.get(path, ())), tuple(sources),
             starts=tuple(shown[p] for p in runs),
             started_by=tuple(shown[p] for p, its in starts.items() if path in its),
-            framework=probes[runs[0]].framework if runs else None,
+            framework=probes[runs[0]].framework if runs else (
+                probes[importers[0]].framework if importers else None),
             rank0_callbacks=callbacks,
             writers=writers,
+            handles=handles,
+            helper=bool(importers),
         )
         chosen[path] = replace(options, project=facts)
     return chosen

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import http.server
+import io
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import threading
+import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from .harness import FIXTURES, SDP_RUN, run
+from .harness import FIXTURES, SDP_RUN, run, writers
 
 pytestmark = pytest.mark.slow
 SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))
@@ -33,3 +39,100 @@ def test_an_unseeded_random_split_is_the_same_on_every_rank(tmp_path: Path):
                                               tmp_path, timeout=60).output)[0]
              for _ in range(2)}
     assert len(drawn) == 2
+
+
+def _serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, Counter[str]]:
+    """A local HTTP server for ``root`` (no network here), counting the GETs of each path."""
+    gets: Counter[str] = Counter()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server name
+            gets[self.path] += 1
+            super().do_GET()
+
+        def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, gets
+
+
+def _housing_files(root: Path, rows: int = 64) -> None:
+    """What fixtures/torch/fetch_unpack_tabular downloads: features, an archive of one more
+    column, a tarball of labels, the feature scales."""
+    root.mkdir(parents=True)
+    (root / "features.csv").write_text(
+        "\n".join(f"{i % 7},{(3 * i) % 11},{(5 * i) % 13}" for i in range(rows)) + "\n")
+    (root / "scale.txt").write_text("7 11 13\n")
+    with zipfile.ZipFile(root / "extra.zip", "w") as z:
+        z.writestr("extra.txt", "\n".join(str((i % 5) / 5) for i in range(rows)) + "\n")
+    labels = ("\n".join(str((i % 9) / 9) for i in range(rows)) + "\n").encode()
+    with tarfile.open(root / "labels.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("labels.txt")
+        info.size = len(labels)
+        tar.addfile(info, io.BytesIO(labels))
+
+
+def test_downloads_and_extractions_run_once_on_rank_0_and_the_others_wait(tmp_path: Path):
+    """requests.get + write, urlretrieve, zipfile and tarfile extraction: rank 0 alone downloads
+    and unpacks, every other rank waits at the barrier, then reads whole files; the URL read into
+    memory (np.loadtxt(URL)) stays on every rank. The audit (strict) fails the launch if two
+    ranks wrote one file."""
+    server, gets = _serve(tmp_path / "site")
+    _housing_files(tmp_path / "site" / "datasets" / "housing")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        work = tmp_path / "run"
+        work.mkdir()
+        source = (FIXTURES / "torch" / "fetch_unpack_tabular" / "input.py").read_text()
+        (work / "train.py").write_text(source.replace("https://example.com", url))
+        done = subprocess.run([SDP_CONVERT, "train.py"], cwd=work, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "sdp.barrier()" in (work / "train.py").read_text()
+        proc = run([SDP_RUN, "-n", "2", "train.py", "--epochs", "1", "--batch-size", "8"], work,
+                   audit_dir=tmp_path / "audit", timeout=120)
+        assert proc.output.count("epoch 0 loss") == 2, proc.output
+        prefix = "/datasets/housing/"
+        assert gets[prefix + "features.csv"] == 1 and gets[prefix + "labels.tar.gz"] == 1
+        assert gets[prefix + "extra.zip"] == 1
+        assert gets[prefix + "scale.txt"] == 2  # read into memory by each rank (a note says so)
+        who = writers(tmp_path / "audit")
+        for path in ("data/features.csv", "data/extra.zip", "data/extra.txt",
+                     "data/labels.tar.gz", "data/labels.txt", "model.pt"):
+            assert who.get(path) == ["0"], (path, who)
+    finally:
+        server.shutdown()
+
+
+def test_a_projects_helper_writes_run_once_or_are_noted_and_the_notes_are_true(tmp_path: Path):
+    """fixtures/projects/torch_helper_writes on 2 processes: the config dump, the JSON-lines
+    logger class and the checkpoint are written by rank 0 alone, mkdir_p cannot race; what the
+    conversion left with a manual note (the cached features saved in the data module, the
+    log file of setup_logging, the curve saved by a star-imported helper) is what the audit
+    finds written by both ranks: the notes are true, and nothing else is."""
+    work = tmp_path / "run"
+    shutil.copytree(FIXTURES / "projects" / "torch_helper_writes" / "input", work)
+    done = subprocess.run([SDP_CONVERT, "."], cwd=work, capture_output=True, text=True,
+                          timeout=120)
+    assert "utils.py:12:9: [allow_existing_dirs]" in done.stderr, done.stderr
+    proc = run([SDP_RUN, "-n", "2", "train.py", "--epochs", "1"], work, {"SDP_AUDIT": "1"},
+               audit_dir=tmp_path / "audit", timeout=120)
+    who = writers(tmp_path / "audit")
+    for path in ("runs/exp/config.yaml", "runs/exp/history.jsonl", "model.pt"):
+        assert who.get(path) == ["0"], (path, who)
+    noted = {"runs/exp/train.log", "runs/exp/loss.txt"}
+    # The data module's feature cache (noted too): each rank saves it unless it finds the file
+    # another rank saved first, so which ranks write it (0, 1 or both) depends on timing.
+    cache = "runs/exp/features.pt"
+    assert who.get(cache), who
+    assert {p: r for p, r in who.items() if p in noted} == dict.fromkeys(noted, ["0", "1"]), who
+    assert all(r == ["0"] for p, r in who.items() if p not in noted | {cache}), who
+    # The run-time audit sees the writes through Python's open (torch.save to a path writes
+    # from C++: only the harness's torch.save wrapper saw features.pt).
+    for path in ("runs/exp/train.log", "runs/exp/loss.txt"):
+        assert f"all wrote {path}" in proc.output, proc.output

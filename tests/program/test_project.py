@@ -11,6 +11,7 @@ import libcst.matchers as m
 import pytest
 from sdp_convert.base import Options
 from sdp_convert.engine import convert
+from sdp_convert.modules import imported_modules
 from sdp_convert.program.project import (
     LoaderFeed,
     ModuleFacts,
@@ -332,3 +333,54 @@ def test_an_entry_point_initialises_for_training_code_it_reaches_through_another
     converted = convert(CHAIN_TRAINER, trainer)
     assert "DistributedSampler" in converted.output.decode()
     assert not [c for c in converted.changes if c.transform == "add_runtime_init"]
+
+
+def test_classes_that_open_a_file_to_write_in_init_are_handles(tmp_path: Path):
+    files = tree(tmp_path, {"logs.py": """
+        import logging
+        import tensorflow as tf
+
+        class JSONLines:
+            def __init__(self, path):
+                self.fh = open(path, "a")
+
+        class LogFile:
+            def __init__(self, path):
+                self.handler = logging.FileHandler(path)
+
+        class Reader:
+            def __init__(self, path):
+                self.fh = open(path)
+
+        class LateWriter:
+            def save(self, path):
+                open(path, "w").write("x")
+
+        class Logger(tf.keras.callbacks.Callback):
+            def __init__(self, path):
+                self.fh = open(path, "w")
+    """})
+    project = Project(files)
+    path = tmp_path / "logs.py"
+    found = {n for n in ("JSONLines", "LogFile", "Reader", "LateWriter", "Logger", "Missing")
+             if project.writing_class(path, n)}
+    assert found == {"JSONLines", "LogFile"}  # a Keras callback is wrap_keras_fit's
+
+
+def test_a_star_imported_module_is_imported_and_a_helper_of_the_training_script(tmp_path: Path):
+    tree(tmp_path, {
+        "curves.py": "import os\n\ndef save_curve(d):\n    if not os.path.isdir(d):\n"
+                     "        os.mkdir(d)\n",
+        "train.py": MAIN.replace("import data\n", "import data\nfrom curves import *\n"),
+        "data.py": DATA,
+    })
+    files = [(tmp_path / n, n) for n in ("curves.py", "train.py", "data.py")]
+    project = Project({p: p.read_bytes() for p, _ in files})
+    assert tmp_path / "curves.py" in imported_modules(project, tmp_path / "train.py")
+    chosen = project_options(files, Options())
+    facts = chosen[(tmp_path / "curves.py").resolve()].project
+    assert facts is not None and facts.helper and facts.framework == "torch"
+    out = convert((tmp_path / "curves.py").read_bytes(), chosen[(tmp_path / "curves.py")
+                                                              .resolve()]).output.decode()
+    assert "        os.makedirs(d, exist_ok=True)\n" in out
+    assert "sdp" not in out  # nothing else: no import, no init

@@ -792,3 +792,35 @@ def test_a_write_that_calls_the_wrapped_model_is_not_moved_onto_rank_0():
     assert '    if sdp.rank() == 0:\n        torch.save(model.state_dict(), "m.pt")' in out
     [note] = [m for m in messages(result, "guard_rank0_writes", manual=True)]
     assert "also calls model(...), which every rank must run together" in note
+
+
+def test_a_tokenizers_save_is_a_write_and_another_objects_save_is_not():
+    """Issue 30: ``tokenizer.save("tokenizer.json")`` of a Hugging Face tokenizers tokenizer ran
+    on every rank (``save`` is no write of its own in a PyTorch script)."""
+    from .helpers import run
+
+    result = run(
+        """\
+        import torch
+        from tokenizers import Tokenizer
+        from tokenizers.models import BPE
+
+        tokenizer = Tokenizer(BPE(unk_token="[UNK]"))
+        tokenizer.train(["corpus.txt"])
+        tokenizer.save("tokenizer.json")
+        loaded = Tokenizer.from_file("tokenizer.json")
+        loaded.save("copy.json")
+        scaler.save("not_a_tokenizer")
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        "guard_rank0_writes",
+    )
+    code = result.output.decode()
+    assert 'if sdp.rank() == 0:\n    tokenizer.save("tokenizer.json")\n' in code
+    assert 'if sdp.rank() == 0:\n    loaded.save("copy.json")\n' in code
+    assert '\nscaler.save("not_a_tokenizer")\n' in code

@@ -119,3 +119,116 @@ def test_torchvision_models_with_weights_are_ordered_and_untrained_ones_left():
     assert [m.split("(")[0] for m in messages(result, ONLY)] == [
         "torchvision.models.resnet18", "torchvision.models.vgg11"]
     assert "    fresh = torchvision.models.resnet18(weights=None)\n" in result.output.decode()
+
+
+def test_a_download_to_a_path_runs_on_rank_0_with_its_existence_test_then_a_barrier():
+    """``rank0_first`` would make the other ranks download again after rank 0, rewriting the
+    file rank 0 already reads; ``if not os.path.exists`` inside it deadlocked."""
+    result = check_transformed(
+        """\
+        import os
+        import urllib.request
+        import zipfile
+        import torch
+
+        def fetch(root):
+            if not os.path.exists(root + "/a.zip"):
+                urllib.request.urlretrieve("https://x.org/a.zip", root + "/a.zip")
+            with zipfile.ZipFile(root + "/a.zip") as z:
+                z.extractall(root)
+            print("ready")
+        """ + TAIL.replace("\n", "\n        "),
+        """\
+        import os
+        import urllib.request
+        import zipfile
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        def fetch(root):
+            if sdp.rank() == 0:
+                if not os.path.exists(root + "/a.zip"):
+                    urllib.request.urlretrieve("https://x.org/a.zip", root + "/a.zip")
+                with zipfile.ZipFile(root + "/a.zip") as z:
+                    z.extractall(root)
+            sdp.barrier()
+            print("ready")
+        """ + TAIL.replace("\n", "\n        "),
+        only=ONLY,
+    )
+    assert [m.split(" on ")[0] for m in messages(result, ONLY)] == [
+        "urllib.request.urlretrieve(...) downloads", "z.extractall(...) unpacks"]
+
+
+def test_a_network_read_goes_to_rank_0_with_the_write_of_its_content_only():
+    result = run(
+        """\
+        import requests
+        import torch
+
+        def fetch(path):
+            r = requests.get("https://x.org/data.csv")
+            with open(path, "wb") as f:
+                f.write(r.content)
+            info = requests.get("https://x.org/info.json").json()
+            return info
+        """ + TAIL.replace("\n", "\n        "),
+        ONLY,
+    )
+    out = result.output.decode()
+    assert ("    if sdp.rank() == 0:\n        r = requests.get(\"https://x.org/data.csv\")\n"
+            "        with open(path, \"wb\") as f:\n            f.write(r.content)\n"
+            "    sdp.barrier()\n    info = requests.get") in out
+    written, read = messages(result, ONLY)
+    assert written.startswith("requests.get(...) writes what it downloads on rank 0 only, then")
+    assert read.startswith("requests.get(...) reads over the network on every rank")
+    assert not messages(result, ONLY, manual=True)
+
+
+def test_a_download_whose_result_is_used_or_that_is_in_a_loop_gets_a_manual_note():
+    result = run(
+        """\
+        import gdown
+        import numpy as np
+        import shutil
+        import torch
+
+        URL = "https://x.org/means.txt"
+
+        def fetch(urls):
+            path = gdown.download("https://drive.google.com/uc?id=1", "w.npy")
+            for u in urls:
+                shutil.unpack_archive(u, "extra")
+            return np.load(path), np.loadtxt(URL)
+        """ + TAIL.replace("\n", "\n        "),
+        ONLY,
+    )
+    notes = messages(result, ONLY, manual=True)
+    assert len(notes) == 3, notes
+    assert "it assigns a name used later" in notes[0]
+    assert "may not all get to a barrier" in notes[1]
+    assert notes[2].startswith("np.loadtxt(URL) downloads into ./<host>/<path>")
+    assert "sdp.barrier()" not in result.output.decode().replace("# sdp-convert", "")
+
+
+def test_a_network_read_and_its_write_under_an_existence_test_go_to_rank_0_with_the_test():
+    result = run(
+        """\
+        import os
+        import requests
+        import torch
+
+        def fetch(path):
+            if not os.path.isfile(path):
+                r = requests.get("https://x.org/data.csv")
+                with open(path, "wb") as f:
+                    f.write(r.content)
+            return path
+        """ + TAIL.replace("\n", "\n        "),
+        ONLY,
+    )
+    assert ("    if sdp.rank() == 0:\n        if not os.path.isfile(path):\n"
+            "            r = requests.get(\"https://x.org/data.csv\")\n") in result.output.decode()
+    assert "    sdp.barrier()\n    return path\n" in result.output.decode()

@@ -79,12 +79,19 @@ class ModuleFacts:
     #: Functions other modules define that write files (``utils.save_checkpoint``): this
     #: module's calls of them run on rank 0 only, like ``torch.save``.
     writers: tuple[str, ...] = ()
+    #: Classes other modules define whose instances write files as they are used (a logger that
+    #: opens its file in ``__init__``): made on rank 0 only, like an open file.
+    handles: tuple[str, ...] = ()
+    #: Imported by a training script of the run: its own directory creation gets exist_ok=True
+    #: (harmless for any other importer, one process or many).
+    helper: bool = False
 
     @property
     def roles(self) -> frozenset[str]:
         """What this module does for the others, though it trains nothing itself."""
         return frozenset(
-            {"data"} if self.feeds else set()) | ({"entry"} if self.starts else set())
+            {"data"} if self.feeds else set()) | ({"entry"} if self.starts else set()) | (
+            {"helper"} if self.helper else set())
 
 
 @dataclass(frozen=True)

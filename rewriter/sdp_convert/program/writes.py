@@ -178,13 +178,15 @@ def open_mode(call: cst.Call, default: str, position: int) -> str | None:
     return None
 
 
-#: Calls making a PIL image (``img.save(path)`` writes it).
-PIL_IMAGES = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image")
+#: Calls making an object whose ``save(path)`` writes a file: a PIL image, a Hugging Face
+#: ``tokenizers`` tokenizer (``Tokenizer(BPE())``, ``Tokenizer.from_file(p)``).
+SAVING_OBJECTS = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image", "tokenizers.")
 
 
-def pil_saves(t: Transform) -> list[cst.Call]:
-    """``<image>.save(path)`` of a PIL image made in this file (``Image.fromarray(a)``,
-    ``Image.open(p).convert("RGB")``, ``to_pil_image(t)``)."""
+def object_saves(t: Transform) -> list[cst.Call]:
+    """``<object>.save(path)`` of a PIL image or a tokenizer made in this file
+    (``Image.fromarray(a)``, ``Image.open(p).convert("RGB")``, ``to_pil_image(t)``,
+    ``Tokenizer(BPE(unk_token="[UNK]"))``)."""
     found = []
     for call in t.method_calls("save"):
         func = call.func
@@ -192,12 +194,12 @@ def pil_saves(t: Transform) -> list[cst.Call]:
             continue
         receiver = func.value
         values = assigned_values(t, receiver) if isinstance(receiver, cst.Name) else [receiver]
-        if values and all(_makes_pil_image(t, v) for v in values):
+        if values and all(_makes_saving_object(t, v) for v in values):
             found.append(call)
     return found
 
 
-def _makes_pil_image(t: Transform, value: cst.BaseExpression) -> bool:
+def _makes_saving_object(t: Transform, value: cst.BaseExpression) -> bool:
     # ``Image.open(p).convert("RGB").resize(...)``: the innermost call of the chain decides.
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(
         value.func.value, cst.Call
@@ -206,4 +208,4 @@ def _makes_pil_image(t: Transform, value: cst.BaseExpression) -> bool:
     if not isinstance(value, cst.Call):
         return False
     names = t.qualified_names(value.func)
-    return any(n.startswith(p) or n == p for n in names for p in PIL_IMAGES)
+    return any(n.startswith(p) or n == p for n in names for p in SAVING_OBJECTS)

@@ -39,6 +39,8 @@ PATH_CLASSES = ("pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath")
 class AllowExistingDirs(Transform):
     DESCRIPTION = "Directory creation on every rank with exist_ok=True (no FileExistsError race)."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    # In project mode, also in the helper modules a training script imports (``mkdir_p``).
+    PROJECT_ROLES = frozenset({"helper"})
 
     def prepare(self, module: cst.Module) -> None:
         self._mkdir: set[cst.Call] = set()

@@ -26,7 +26,7 @@ script because the runtime's DistributedDataParallel state dict has no ``module.
 What counts as a write: the calls in ``WRITES`` (generic Python: json/pickle/yaml dumps to a
 stream, numpy saves, shutil copies/moves, os.rename/replace, matplotlib's savefig,
 image/audio writers, wandb/mlflow logging, pandas ``to_csv``-style and ``Path.write_text``-style
-methods, ``save`` of a PIL image) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
+methods, ``save`` of a PIL image or a tokenizer) and ``FRAMEWORK_WRITES`` (e.g. ``torch.save``,
 ``torchvision.utils.save_image``), ``open`` in a writing mode, and in project mode the
 functions of other modules that write (``utils.save_checkpoint(...)``: guarded at the call, the
 helper's module stays as it is for its other callers). Reads, ``print``, logging
@@ -97,8 +97,8 @@ from ..program.writes import (
     WRITES,
     argument,
     in_memory,
+    object_saves,
     open_mode,
-    pil_saves,
 )
 
 
@@ -127,15 +127,15 @@ class GuardRank0Writes(Transform):
         self._problems: list[str] = []
         framework = self.state.info.framework or ""
         self._writes = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
-        # Project mode: other modules' functions that write (guarded here, at the call site).
-        self._writes.update(dict.fromkeys(getattr(self.state.options.project, "writers", ())))
-        self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()))
-
+        project = self.state.options.project  # other modules' writing functions and classes
+        self._writes.update(dict.fromkeys(getattr(project, "writers", ())))  # at the call site
+        self._handles = (*HANDLES, *FRAMEWORK_HANDLES.get(framework, ()),
+                         *getattr(project, "handles", ()))
         candidates: list[cst.Call] = []
         candidates += self.calls_to(*self._writes, *STREAM_WRITES, *OPENERS, *self._handles)
         for method in METHOD_WRITES:
             candidates += [c for c in self.method_calls(method) if c.args]
-        candidates += pil_saves(self)
+        candidates += object_saves(self)
         candidates += self.calls_to(*DELETIONS) + path_deletions(self)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
@@ -376,11 +376,12 @@ class GuardRank0Writes(Transform):
     # -- applying -------------------------------------------------------------------------------
 
     def _apply(self) -> None:
-        guarded = {a.node for a in self._actions if a.kind == "guard"} | self.state.edits.guarded
+        earlier = set(self.state.edits.guarded)  # by an earlier transform (order_downloads)
+        guarded = {a.node for a in self._actions if a.kind == "guard"} | earlier
         # Deletions one after another share one guard and one barrier, after the last of them.
-        waits = {id(a.node) for a in self._actions if a.barrier}
+        waits, ancestors = {id(a.node) for a in self._actions if a.barrier}, self.ancestors
         for action in self._actions:
-            if any(p in guarded for p in self.ancestors(action.anchor)) or (
+            if action.anchor in earlier or any(p in guarded for p in ancestors(action.anchor)) or (
                 action.kind == "guard" and kept_off_rank0(self, action, self._describe)
             ):  # inside a statement guarded whole, or one every rank must run (it says so)
                 continue

@@ -19,12 +19,27 @@ others wait; they then run it too and find the files in place (Accelerate's
 ``main_process_first()``, Lightning's ``prepare_data``). Downloads are ``torchvision.datasets``
 classes with ``download=True`` (and their ``download_url``/``download_and_extract_archive``),
 ``keras.datasets.*.load_data()`` (also through a name: ``mnist = keras.datasets.mnist``),
-``keras.utils.get_file``, ``tfds.load``, ``datasets.load_dataset``, ``urllib.request.urlretrieve``,
+``keras.utils.get_file``, ``tfds.load``, ``datasets.load_dataset``,
 pretrained weights (Keras applications unless ``weights=None``, torchvision models with
 ``weights=``/``pretrained=True``, ``timm.create_model(pretrained=True)``, ``torch.hub``), Hugging
 Face ``from_pretrained`` and ``torchtext.datasets``. A statement inside a function runs
 when the function is called, after ``init()``; at module level of a module without an entry point
 it would run at import, before any ``init()``, so it is reported instead.
+
+Downloads and extractions that rewrite their files each time they run (``urlretrieve``,
+``gdown.download``, ``extractall``, ``requests.get`` whose content is written; see
+``program.fetches``) go to rank 0 alone, followed by ``sdp.barrier()``: after a
+``rank0_first()`` the other ranks would rewrite the files rank 0 is reading::
+
+    if sdp.rank() == 0:
+        response = requests.get(URL)
+        with open(path, "wb") as f:
+            f.write(response.content)
+        zipfile.ZipFile(archive).extractall(root)
+    sdp.barrier()
+
+Reads of a URL into memory (``pd.read_csv(URL)``) get a note; ``np.loadtxt(URL)``, which caches
+the download in the working directory on every rank, a manual one.
 """
 
 from __future__ import annotations
@@ -34,23 +49,19 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.builders import runs_right_before
+from ..program.deletions import next_statement
+from ..program.fetches import (
+    fetch_unit,
+    file_fetches,
+    is_response,
+    url_cache_reads,
+    url_reads,
+)
 from ..program.keras import keras_name
+from ..program.ranks import only_called_on_rank0
 from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
-
-#: Prefixes of calls that download (``_fetches`` reads their arguments).
-_DOWNLOAD_PREFIXES = ("torchvision.datasets.", "torchvision.models.", "torchtext.datasets.",
-                      "timm.create_model")
-#: Calls that download (qualified names; ``torchvision.datasets.`` classes need ``download=``).
-_DOWNLOADS = (
-    "torch.hub.load",
-    "torch.hub.load_state_dict_from_url",
-    "tensorflow_datasets.load",
-    "datasets.load_dataset",
-    "urllib.request.urlretrieve",
-    "torchvision.datasets.utils.download_url",
-    "torchvision.datasets.utils.download_and_extract_archive",
-)
+from ..program.vocab import CACHED_DOWNLOAD_PREFIXES, CACHED_DOWNLOADS
 
 
 class OrderDownloads(Transform):
@@ -72,6 +83,59 @@ class OrderDownloads(Transform):
                 continue
             done.add(target)
             self._plan(call, stmt, target, around)
+        units: list[list[cst.BaseStatement]] = []
+        for call in file_fetches(self):
+            if not (self.is_rank0_guarded(call) or only_called_on_rank0(self, call)
+                    or self._inside_rank0_first(call)):
+                self._rank0_then_barrier(call, done, units)
+        # One barrier after consecutive units (they share one ``if``).
+        firsts = {id(unit[0]) for unit in units}
+        for unit in units:
+            if id(next_statement(self, unit[-1])) not in firsts:
+                self.insert_after(unit[-1], cst.parse_statement(f"{self.sdp}.barrier()\n"))
+        for call in url_reads(self):
+            self.record(call, f"{self.module.code_for_node(call.func)}(...) reads over the "
+                              "network on every rank (each downloads it; right, but N downloads):"
+                              " to download once, save it on rank 0 first and read the file")
+        for call in url_cache_reads(self):
+            what = self.module.code_for_node(call.func)
+            self.record(call, f"{what}(URL) downloads into ./<host>/<path> of the working "
+                              "directory first, on every rank at once (the same file): download it "
+                              f"on rank 0 only (if {self.sdp}.rank() == 0: urllib.request."
+                              f"urlretrieve(URL, path)), then {self.sdp}.barrier(), and give "
+                              f"{what} the path", manual=True)
+
+    def _rank0_then_barrier(
+        self, call: cst.Call, done: set[cst.CSTNode], units: list[list[cst.BaseStatement]]
+    ) -> None:
+        """A download or extraction that writes its files every time: rank 0 alone, then every
+        rank waits (``program.fetches``)."""
+        func = call.func
+        what = self.module.code_for_node(func)
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            what = f"{self.module.code_for_node(func.value.func)}(...).{func.attr.value}"
+        unit = fetch_unit(self, call)
+        how = "writes what it downloads" if is_response(self, call) else (
+            "unpacks" if what.endswith("extractall") or "unpack" in what else "downloads")
+        if unit.problem is not None or not unit.barrier or (
+            self.enclosing_function(call) is None and not self.state.info.entry_point
+        ):
+            why = unit.problem or ("the ranks may not all get to a barrier after it"
+                                   if not unit.barrier else "it runs at import, before init()")
+            self.record(call, f"{what}(...) {how} on every rank at once, into the same files "
+                              f"({why}): run it on rank 0 only (if {self.sdp}.rank() == 0:), "
+                              f"then {self.sdp}.barrier() where every rank passes", manual=True)
+            return
+        if any(s in done for s in unit.statements):
+            return
+        done.update(unit.statements)
+        self.add_runtime_import()
+        for stmt in unit.statements:
+            self.guard_rank0(stmt)
+        units.append(unit.statements)
+        self.record(call, f"{what}(...) {how} on rank 0 only, then {self.sdp}.barrier(): the "
+                          "other ranks read the files once they are whole (each rank wrote the "
+                          "same files at once before)")
 
     def _plan(
         self,
@@ -136,7 +200,7 @@ class OrderDownloads(Transform):
 def _downloads(qname: str) -> bool:
     """A call that may fetch files over the network into a cache or directory shared by the
     processes of a machine (``_fetches`` looks at its arguments)."""
-    if qname in _DOWNLOADS or qname.startswith(_DOWNLOAD_PREFIXES):
+    if qname in CACHED_DOWNLOADS or qname.startswith(CACHED_DOWNLOAD_PREFIXES):
         return True
     if qname.startswith(("transformers.", "diffusers.", "sentence_transformers.")) and \
             qname.endswith(".from_pretrained"):

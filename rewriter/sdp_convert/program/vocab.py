@@ -1,0 +1,55 @@
+"""Downloads and one-time preparation as data: the names ``order_downloads`` (through
+``program.fetches``) acts on and the whole-program contract checks for.
+
+No libcst here: ``contract`` reads programs with ``ast`` and imports this module only.
+"""
+
+from __future__ import annotations
+
+#: Calls that fetch into a cache or a dataset directory and find what is there already on the
+#: next call: each machine's local rank 0 runs them first (``sdp.rank0_first()``), the other
+#: ranks after it find the files. ``torchvision.datasets.`` classes need ``download=True``.
+CACHED_DOWNLOADS = (
+    "torch.hub.load",
+    "torch.hub.load_state_dict_from_url",
+    "tensorflow_datasets.load",
+    "datasets.load_dataset",
+    "torchvision.datasets.utils.download_url",
+    "torchvision.datasets.utils.download_and_extract_archive",
+)
+#: Prefixes of calls that download (their arguments decide: ``download=``, ``weights=``,
+#: ``pretrained=``).
+CACHED_DOWNLOAD_PREFIXES = (
+    "torchvision.datasets.", "torchvision.models.", "torchtext.datasets.", "timm.create_model",
+)
+
+#: Calls that download into the path they are given every time they run, whatever is there.
+FILE_DOWNLOADS = ("urllib.request.urlretrieve", "gdown.download", "wget.download")
+
+#: Calls that unpack an archive into a directory every time they run.
+EXTRACTIONS = ("shutil.unpack_archive",)
+#: Methods of an opened archive that unpack it (``zipfile.ZipFile``, ``tarfile.open``).
+EXTRACT_METHODS = ("extractall",)
+#: What opens an archive (the receiver of an ``EXTRACT_METHODS`` call).
+ARCHIVES = ("zipfile.ZipFile", "tarfile.open", "tarfile.TarFile")
+
+#: Network reads into memory: a file only where the script writes what they return.
+RESPONSES = (
+    "requests.get",
+    "requests.request",
+    "urllib.request.urlopen",
+)
+
+#: Readers that take a URL as well as a path and read it into memory: each rank downloads it.
+URL_READERS = (
+    "pandas.read_csv",
+    "pandas.read_table",
+    "pandas.read_json",
+    "pandas.read_excel",
+    "pandas.read_parquet",
+)
+#: Readers that, given a URL, first download it into the working directory
+#: (``./<host>/<path>``, numpy's ``DataSource``) on every call: every rank writes that file.
+URL_CACHING_READERS = ("numpy.loadtxt", "numpy.genfromtxt")
+#: How a URL starts.
+URL_SCHEMES = ("http://", "https://", "ftp://")
