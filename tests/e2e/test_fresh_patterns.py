@@ -33,3 +33,34 @@ def test_an_unseeded_random_split_is_the_same_on_every_rank(tmp_path: Path):
                                               tmp_path, timeout=60).output)[0]
              for _ in range(2)}
     assert len(drawn) == 2
+
+
+@pytest.mark.tensorflow
+def test_a_batch_iterator_class_reads_its_own_part_on_each_rank(tmp_path: Path):
+    pytest.importorskip("tensorflow")
+    shutil.copy(FIXTURES / "tensorflow" / "batch_iterator_shuffle" / "input.py",
+                tmp_path / "train.py")
+    done = subprocess.run([SDP_CONVERT, "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "sdp.shard(np.arange(len(self.x)))" in (tmp_path / "train.py").read_text()
+    proc = run([SDP_RUN, "-n", "2", "train.py"], tmp_path, {"BATCH_SIZE": "16", "LR": "0.05"},
+               timeout=180)
+    # 256 samples: each of the 2 ranks reads its own 128 every epoch (not all 256).
+    seen = re.findall(r"epoch \d: (\d+) samples", proc.output)
+    assert seen == ["128"] * 4, proc.output
+
+
+@pytest.mark.tensorflow
+def test_a_preview_take_leaves_both_fits_on_the_sharded_data(tmp_path: Path):
+    pytest.importorskip("tensorflow")
+    shutil.copy(FIXTURES / "keras" / "preview_take_two_fits" / "input.py", tmp_path / "train.py")
+    done = subprocess.run([SDP_CONVERT, "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    proc = run([SDP_RUN, "-n", "2", "train.py"], tmp_path, {"BATCH_SIZE": "16", "LR": "0.05"},
+               timeout=180)
+    # 256 samples, batch 16 per rank: 8 steps per rank in BOTH fits (16 = the second fit
+    # training on all the data, as before the fix).
+    steps = re.findall(r"steps per epoch: (\d+)", proc.output)
+    assert steps and set(steps) == {"8"}, proc.output
