@@ -52,7 +52,8 @@ def project_options(
         t for targets in imported.values() for t in targets
     }
     probes: dict[Path, ModuleProbe] = {
-        path: probe_module(data, options, functools.partial(project.resolve, path))
+        path: probe_module(data, options, functools.partial(project.resolve, path),
+                           functools.partial(_stepping, project, path))
         if path in related else ModuleProbe()
         for path, data in contents.items()
     }
@@ -115,6 +116,8 @@ def project_options(
                    if (t := project.resolve(path, q)) is not None and t[0] != path]
         callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
         writers = tuple(q for q, t in targets if project.writing_function(*t))
+        steppers = tuple((q, shown[t[0]], methods, project.sets_lr(*t)) for q, t in targets
+                         if (methods := project.stepping_methods(*t)))
         facts = ModuleFacts(
             tuple(feeds.get(path, ())), tuple(sources),
             starts=tuple(shown[p] for p in runs),
@@ -122,9 +125,16 @@ def project_options(
             framework=probes[runs[0]].framework if runs else None,
             rank0_callbacks=callbacks,
             writers=writers,
+            optimizer_wrappers=steppers,
         )
         chosen[path] = replace(options, project=facts)
     return chosen
+
+
+def _stepping(project: Project, path: Path, qualified: str) -> tuple[str, ...]:
+    """The methods that step an optimizer of the project class ``qualified`` names in ``path``."""
+    target = project.resolve(path, qualified)
+    return project.stepping_methods(*target) if target is not None else ()
 
 
 @contextlib.contextmanager

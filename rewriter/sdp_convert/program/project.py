@@ -79,6 +79,10 @@ class ModuleFacts:
     #: Functions other modules define that write files (``utils.save_checkpoint``): this
     #: module's calls of them run on rank 0 only, like ``torch.save``.
     writers: tuple[str, ...] = ()
+    #: Classes other modules define that hold an optimizer and step it in their own methods
+    #: (``ScheduledOptim.step_and_update_lr()``): (qualified name as this module spells it, the
+    #: module's display name, the methods that step, whether it writes ``param_group["lr"]``).
+    optimizer_wrappers: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:
