@@ -30,10 +30,11 @@ every worker it changes nothing at all.
 The model is the owner of the variables the tape differentiates (``model.trainable_variables`` ->
 ``model.variables``, so non-trainable state such as BatchNorm statistics goes too); the optimizer is
 the one that applies the gradients. Names the step function gets as parameters are translated to the
-call's arguments. Keras ``fit`` gets the same broadcast from ``wrap_keras_fit``'s callback, at its first batch: a
-read of the model's weights before the first ``fit`` (``get_weights``, ``save_weights``,
-``evaluate``, ...; ``program.keras_reads``) gets ``sdp.broadcast_variables(model.variables,
-root_rank=0)`` right before it, so that every worker reads rank 0's weights. Nothing
+call's arguments. Keras ``fit`` gets the same broadcast from ``wrap_keras_fit``'s callback, at its
+first batch: a read of the model's weights before the first ``fit`` (``get_weights``,
+``save_weights``, ``evaluate``, ...; ``program.keras_reads``) gets
+``sdp.broadcast_variables(model.variables, root_rank=0)`` right before it, so that every worker
+reads rank 0's weights. Nothing
 is added inside a ``train_step`` override (a loop there, a GAN's discriminator steps, runs in the
 graph ``fit`` traces, where a flag would broadcast on every step).
 """
