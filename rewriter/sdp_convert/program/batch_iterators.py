@@ -222,3 +222,21 @@ def is_preview(transform: Transform, call: cst.CSTNode | None) -> bool:
         if name in _WORK:
             return False
     return True
+
+
+_RANDOM = frozenset({"rand", "randn", "randint", "normal", "uniform"})
+
+
+def drawn_batches(transform: Transform, loop: cst.CSTNode, sdp: str) -> str | None:
+    """The note for a training loop that reads no dataset but draws its batches inside
+    (``x = tf.random.normal(...)`` every step); None when it draws nothing."""
+    for call in m.findall(loop, m.Call()):
+        assert isinstance(call, cst.Call)
+        names = transform.qualified_names(call.func)
+        if any(".random." in q or q.split(".")[-1] in _RANDOM for q in names):
+            return (
+                f"this loop reads no dataset: it draws its batches inside "
+                f"({code(call.func)}(...)), each worker its own unless they are seeded alike; "
+                f"seeded alike, give each worker its own seed (seed + {sdp}.rank())"
+            )
+    return None

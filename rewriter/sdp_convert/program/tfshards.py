@@ -41,7 +41,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
-from .batch_iterators import is_preview, iterator_shard, shard_advice
+from .batch_iterators import drawn_batches, is_preview, iterator_shard, shard_advice
 from .datasets import (
     Candidate,
     DatasetTrace,
@@ -169,6 +169,9 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
             why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
             advice, known = shard_advice(transform, planner.index,
                                          candidates[0].expr if candidates else None, planner.sdp)
+            drawn = None if candidates else drawn_batches(transform, where, planner.sdp)
+            if drawn is not None:
+                advice, known = drawn, True
             planner.note(where, f"training data not sharded{'' if known else f' ({why})'}: "
                          f"{advice}")
             plan.uses.append(TrainingData(where, None, traces[0][1] if traces else None))
