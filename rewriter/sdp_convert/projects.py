@@ -61,7 +61,8 @@ def project_options(
     # converted in this run, or neither changes for the other (the module keeps its note).
     starts: dict[Path, list[Path]] = {}
     for path in contents:
-        if path in written and not probes[path].script and not probes[path].library:
+        # (A training script is an entry point too: it initialises for the modules it runs.)
+        if path in written and not probes[path].library:
             tree = project.tree(path)
             # An entry point: a ``__main__`` block, or a module-level script that calls the
             # project's functions when it runs (``engine.train(model, loader, ...)``).
