@@ -122,6 +122,7 @@ _SHARDED_HERE = re.compile(
     r"|\[port_fit_generator\] .*each worker augments and trains on every sdp\.size\(\)-th"
     r"|\[shard_tf_dataset\] \S+ -> sdp\.shard\(.*each worker gets every sdp\.size\(\)-th sample"
     r"|\[wrap_keras_fit\] .*each worker reads every sdp\.size\(\)-th batch"
+    r"|\[shard_tf_dataset\] .* -> sdp\.shard\(.*each worker takes its own part of the indices"
 )
 #: Data the script splits between the ranks itself.
 _SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")

@@ -27,7 +27,7 @@ A file that trains is still not a training script, and is left alone byte for by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -687,3 +687,25 @@ def keras_backend(module: cst.Module, called: Mapping[str, list[cst.Call]]) -> s
             if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
                 return value.evaluated_value
     return None
+
+
+def steps_in_wrapper(
+    info: FileInfo, wrappers: Sequence[tuple[str, str, tuple[str, ...], bool]]
+) -> None:
+    """A PyTorch script that calls ``.backward()`` and a method of a class another module defines
+    that steps the optimizer it holds (``ScheduledOptim(...).step_and_update_lr()``, from
+    ``program.project.ModuleFacts.optimizer_wrappers``) trains, though it calls no ``.step()``."""
+    if (
+        info.framework != "torch" or info.training or info.origin != "vanilla"
+        or "backward" not in info.method_calls or not info.entry_point
+    ):
+        return
+    for qname, where, methods, _ in wrappers:
+        stepping = [m for m in methods if m in info.method_calls]
+        if qname in info.calls and stepping:
+            info.training = True
+            info.reason = (
+                f"calls .backward() and {qname.rsplit('.', 1)[-1]}.{stepping[0]}() ({where}), "
+                "which steps the torch optimizer it holds"
+            )
+            return

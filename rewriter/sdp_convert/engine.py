@@ -24,7 +24,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from . import inserted
-from .analysis import Detector, FileInfo, detect, worth_parsing
+from .analysis import Detector, FileInfo, detect, steps_in_wrapper, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .compiles import check as _check_syntax  # CPython's own verdict, its message
@@ -169,6 +169,8 @@ def _convert_once(data: bytes, options: Options) -> Result:
         return Result(data, data, FileInfo(reason="no training step"))
     module = _parse(data)
     wrapper, index, metadata, info = _read(module, options.framework, options.recheck)
+    if options.project is not None:
+        steps_in_wrapper(info, options.project.optimizer_wrappers)
     if options.parallel_importer and info.origin == "vanilla":
         info.origin = "distributed"
         info.reason = (
@@ -662,7 +664,8 @@ class _Probe(Transform):
 
 
 def probe_module(
-    source: bytes, options: Options, resolve: Callable[[str], tuple[Path, str] | None]
+    source: bytes, options: Options, resolve: Callable[[str], tuple[Path, str] | None],
+    stepping: Callable[[str], tuple[str, ...]] | None = None,
 ) -> ModuleProbe:
     """Classify a module, and find the calls of a training script into functions of
     other project modules (``resolve`` maps a qualified name to one, or None) whose results
@@ -674,6 +677,8 @@ def probe_module(
     except ConversionError:
         return ModuleProbe()
     wrapper, index, metadata, info = _read(module, options.framework, False)
+    if stepping is not None:  # ``stepping(name)``: the methods of a project class that step
+        steps_in_wrapper(info, [(q, "", m, False) for q in info.calls if (m := stepping(q))])
     if not info.convertible or options.parallel_importer:
         return ModuleProbe(framework=info.framework)
     if not info.entry_point:

@@ -128,6 +128,53 @@ class Project:
         return init is not None and any(
             _writes(n) and _name_of(n.func) in ("open", "FileHandler")  # type: ignore[attr-defined]
             for n in ast.walk(init))
+    def stepping_methods(self, path: Path, name: str) -> tuple[str, ...]:
+        """The methods of ``name``, a class of ``path`` that holds an optimizer, that step it:
+        ``ScheduledOptim`` whose ``__init__`` keeps its ``optimizer`` parameter as
+        ``self._optimizer`` and whose ``step_and_update_lr()`` calls ``self._optimizer.step()``.
+        Empty for anything else."""
+        tree = self.tree(path)
+        cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
+                   None) if tree is not None else None
+        if cls is None:
+            return ()
+        methods = {s.name: s for s in cls.body if isinstance(s, ast.FunctionDef)}
+        init = methods.get("__init__")
+        if init is None:
+            return ()
+        params = {a.arg for a in init.args.args[1:] + init.args.kwonlyargs}
+        held = {
+            target.attr
+            for node in ast.walk(init) if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Name) and node.value.id in params
+            for target in node.targets
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+        }
+        return tuple(
+            method for method, function in methods.items()
+            if method != "__init__" and any(
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "step" and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr in held
+                and isinstance(node.func.value.value, ast.Name)
+                and node.func.value.value.id == "self"
+                for node in ast.walk(function)
+            )
+        )
+
+    def sets_lr(self, path: Path, name: str) -> bool:
+        """Whether the class ``name`` of ``path`` writes a learning rate into parameter groups
+        (``param_group["lr"] = lr``)."""
+        tree = self.tree(path)
+        cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
+                   None) if tree is not None else None
+        return cls is not None and any(
+            isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                and t.slice.value == "lr" for t in node.targets)
+            for node in ast.walk(cls)
+        )
 
     def tree(self, path: Path) -> ast.Module | None:
         """The ``ast`` of a file (parsed once; None if it does not parse)."""

@@ -52,7 +52,8 @@ def project_options(
         t for targets in imported.values() for t in targets
     }
     probes: dict[Path, ModuleProbe] = {
-        path: probe_module(data, options, functools.partial(project.resolve, path))
+        path: probe_module(data, options, functools.partial(project.resolve, path),
+                           functools.partial(_stepping, project, path))
         if path in related else ModuleProbe()
         for path, data in contents.items()
     }
@@ -60,7 +61,8 @@ def project_options(
     # converted in this run, or neither changes for the other (the module keeps its note).
     starts: dict[Path, list[Path]] = {}
     for path in contents:
-        if path in written and not probes[path].script and not probes[path].library:
+        # (A training script is an entry point too: it initialises for the modules it runs.)
+        if path in written and not probes[path].library:
             tree = project.tree(path)
             # An entry point: a ``__main__`` block, or a module-level script that calls the
             # project's functions when it runs (``engine.train(model, loader, ...)``).
@@ -118,6 +120,8 @@ def project_options(
         handles = tuple(q for q, t in targets if project.writing_class(*t))
         importers = [p for p in written if path in imported.get(p, ())
                      and p in probes and (probes[p].script or starts.get(p))]
+        steppers = tuple((q, shown[t[0]], methods, project.sets_lr(*t)) for q, t in targets
+                         if (methods := project.stepping_methods(*t)))
         facts = ModuleFacts(
             tuple(feeds.get(path, ())), tuple(sources),
             starts=tuple(shown[p] for p in runs),
@@ -128,9 +132,16 @@ def project_options(
             writers=writers,
             handles=handles,
             helper=bool(importers),
+            optimizer_wrappers=steppers,
         )
         chosen[path] = replace(options, project=facts)
     return chosen
+
+
+def _stepping(project: Project, path: Path, qualified: str) -> tuple[str, ...]:
+    """The methods that step an optimizer of the project class ``qualified`` names in ``path``."""
+    target = project.resolve(path, qualified)
+    return project.stepping_methods(*target) if target is not None else ()
 
 
 @contextlib.contextmanager

@@ -92,7 +92,10 @@ class ProjectRuns:
         for name, (tree, factor, processes) in plans.items():
             run_dir = base / name
             shutil.copytree(tree, run_dir)
-            args, env = spec.command_line(spec.batch * factor, spec.lr * factor)
+            # A learning rate the converted project leaves to a person ("scales_lr": false) is
+            # given scaled, as that person would.
+            rate = factor * (processes if not spec.scales_lr else 1)
+            args, env = spec.command_line(spec.batch * factor, spec.lr * rate)
             cmd = ([sys.executable, ENTRY] if processes == 1
                    else [SDP_RUN, "-n", str(processes), ENTRY]) + args
             audit = base / f"{name}.audit"

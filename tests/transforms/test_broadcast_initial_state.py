@@ -348,3 +348,36 @@ def test_a_script_that_broadcasts_itself_and_unrelated_loops_are_left_alone():
 def test_a_script_made_data_parallel_by_hand_is_left_alone():
     # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
     check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
+
+
+FIT = """\
+import tensorflow as tf
+
+model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+{before}model.fit(x, y, epochs=1)
+{after}"""
+
+
+def test_keras_weights_read_before_fit_get_rank_0s_first():
+    result = run(FIT.format(before="initial = model.get_weights()\n", after=""), ONLY)
+    out = result.output.decode()
+    assert (
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "sdp.broadcast_variables(model.variables, root_rank=0)\n"
+        "initial = model.get_weights()\n"
+    ) in out
+    assert reported(result, ONLY, manual=False) == [
+        (5, "sdp.broadcast_variables(model.variables, root_rank=0) before this line: it reads "
+            "model's weights before fit, whose callback gives every worker rank 0's weights only "
+            "at its first batch")
+    ]
+    again = run(out, ONLY)
+    assert again.output.decode() == out and reported(again, ONLY, manual=False) == []
+
+
+def test_keras_weights_read_only_after_fit_get_no_broadcast():
+    result = run(FIT.format(before="model.summary()\n", after="final = model.get_weights()\n"),
+                 ONLY)
+    assert "broadcast_variables" not in result.output.decode()
+    assert reported(result, ONLY, manual=False) == []

@@ -470,3 +470,42 @@ def test_a_scheduler_of_an_unscaled_optimizer_asks_nothing():
         ONLY,
     )
     assert not any("OneCycleLR" in m for m in messages(result, ONLY))
+
+
+WRAPPER = '''\
+import torch
+
+
+class Wrapped:
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def step_and_update_lr(self):
+{update}        self._optimizer.step()
+
+
+opt = Wrapped(torch.optim.Adam(model.parameters(), lr=0.1))
+for x in torch.utils.data.DataLoader(data):
+    model(x).sum().backward()
+    opt.step_and_update_lr()
+'''
+
+
+def test_an_optimizer_whose_wrapper_sets_its_rate_every_step_needs_a_person():
+    # The wrapper writes param_group["lr"] on every step: a scaled lr=0.1 would be overwritten.
+    update = (
+        "        for group in self._optimizer.param_groups:\n"
+        "            group[\"lr\"] = 0.1 * 2\n"
+    )
+    result = run(WRAPPER.format(update=update), ONLY)
+    assert "lr=0.1)" in result.output.decode() and "sdp.size()" not in result.output.decode()
+    assert (14, "Adam: learning rate left as it is: Wrapped sets it anew in the parameter groups "
+                "on every step; scale the rate it sets by sdp.size() there") in [
+        (c.line, c.message) for c in result.manual
+    ]
+
+
+def test_an_optimizer_in_a_wrapper_that_leaves_its_rate_alone_is_scaled():
+    result = run(WRAPPER.format(update=""), ONLY)
+    assert "torch.optim.Adam(model.parameters(), lr=0.1 * sdp.size())" in result.output.decode()
+    assert result.manual == []

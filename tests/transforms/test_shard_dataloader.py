@@ -827,7 +827,11 @@ def test_eval_only_loader_is_untouched_and_unsharded_training_is_noted():
     )
     (note,) = [c for c in result.changes if c.transform == ONLY]
     assert note.manual and note.line == 8
-    assert note.message.startswith("no DataLoader feeding this training loop was found")
+    # A loader IS built above: the note names it rather than saying none was found (issue 30).
+    assert note.message.startswith(
+        "this training loop's data was not followed back to a DataLoader of this file "
+        "(val_loader is built here, but the converter cannot tell which, if any, feeds it)"
+    )
 
 
 def test_already_sharded_loader_is_left_alone():

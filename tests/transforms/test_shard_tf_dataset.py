@@ -138,20 +138,33 @@ def test_every_import_spelling_of_the_sources():
     )
 
 
-def test_file_names_from_list_files_are_sharded_and_their_shuffle_reported():
-    out, result = convert(
+def test_file_names_from_list_files_shuffled_differently_per_worker_are_not_sharded():
+    # Each worker's list_files order differs: every-other-file shards would overlap (and a
+    # scaled learning rate would then be wrong), so the data is reported, not sharded.
+    source = (
         'files = tf.data.Dataset.list_files("data/*.tfrecord")\n'
         "ds = files.interleave(tf.data.TFRecordDataset).map(parse).batch(32)\n" + loop("ds")
     )
-    assert out == (
-        'files = tf.data.Dataset.list_files("data/*.tfrecord").apply(sdp.shard)\n'
+    out, result = convert(source)
+    assert out == source
+    assert sharded(result) == []
+    assert notes(result) == [
+        (2, "training data not sharded: list_files shuffles the file names differently on each "
+            "worker, so the shards would overlap: pass shuffle=False (or the same seed on every "
+            "worker), then .apply(sdp.shard)")
+    ]
+
+
+def test_file_names_from_list_files_in_a_fixed_order_are_sharded():
+    out, result = convert(
+        'files = tf.data.Dataset.list_files("data/*.tfrecord", shuffle=False)\n'
         "ds = files.interleave(tf.data.TFRecordDataset).map(parse).batch(32)\n" + loop("ds")
     )
+    assert out.startswith(
+        'files = tf.data.Dataset.list_files("data/*.tfrecord", shuffle=False).apply(sdp.shard)\n'
+    )
     assert sharded(result) == [(2, shard_message("tf.data.Dataset.list_files"))]
-    assert notes(result) == [
-        (2, "list_files shuffles the file names differently on each worker: pass shuffle=False "
-            "(or the same seed everywhere) so that the shards do not overlap")
-    ]
+    assert notes(result) == []
 
 
 def test_tensorflow_datasets_load():
@@ -179,36 +192,35 @@ def test_tensorflow_datasets_load():
     )
 
 
-def test_tfds_splits_unpacked_from_a_tuple_and_shuffled_files():
-    result = check_transformed(
-        textwrap.dedent("""\
-        import tensorflow as tf
-        import tensorflow_datasets as tfds
+TFDS_SHUFFLED = textwrap.dedent("""\
+    import tensorflow_datasets as tfds
 
-        (train, test), info = tfds.load(
-            "mnist", split=["train", "test"], with_info=True, shuffle_files=True
-        )
-        train = train.shuffle(100).batch(32)
-        """)
-        + loop("train"),
-        textwrap.dedent("""\
-        import tensorflow as tf
-        import tensorflow_datasets as tfds
-        import sdp_runtime.tensorflow as sdp
-
-        sdp.init()
-
-        (train, test), info = tfds.load(
-            "mnist", split=["train", "test"], with_info=True, shuffle_files=True
-        )
-        train = train.apply(sdp.shard).shuffle(100).batch(32)
-        """)
-        + loop("train"),
-        only=ONLY,
+    (train, test), info = tfds.load(
+        "mnist", split=["train", "test"], with_info=True, shuffle_files=True{config}
     )
-    assert sharded(result) == [(7, shard_message("tfds.load"))]
-    assert [line for line, _ in notes(result)] == [4]
-    assert "shuffle_files=False" in notes(result)[0][1]
+    train = train.shuffle(100).batch(32)
+    """) + loop("train")
+
+
+def test_tfds_shuffled_files_are_not_sharded():
+    # Each worker reads the files in its own order: the shards would overlap (issue 30).
+    out, result = convert(TFDS_SHUFFLED.format(config=""))
+    assert "sdp.shard" not in out
+    assert sharded(result) == []
+    assert notes(result) == [
+        (4, "training data not sharded: tfds.load(shuffle_files=True) reads the files in a "
+            "different order on each worker, so the shards would overlap: pass "
+            "shuffle_files=False or read_config=tfds.ReadConfig(shuffle_seed=<the same on every "
+            "worker>), then .apply(sdp.shard)")
+    ]
+
+
+def test_tfds_shuffled_files_with_a_seed_are_sharded():
+    config = ",\n        read_config=tfds.ReadConfig(shuffle_seed=42)"
+    out, result = convert(TFDS_SHUFFLED.format(config=config))
+    assert "train = train.apply(sdp.shard).shuffle(100).batch(32)" in out
+    assert sharded(result) == [(8, shard_message("tfds.load"))]
+    assert notes(result) == []
 
 
 def test_from_tensors_is_sharded_once_it_holds_several_elements():
@@ -517,8 +529,9 @@ def test_data_the_converter_cannot_follow_needs_a_person():
     out, result = convert(loop("load_data()"))
     assert out == loop("load_data()")
     assert notes(result) == [
-        (2, "training data not sharded (built by load_data()): give each worker its own part, "
-            "e.g. .apply(sdp.shard) right after the source")
+        (2, "training data not sharded (built by load_data()): give each worker its own part: "
+            ".apply(sdp.shard) right after the source if it is a tf.data pipeline, "
+            "sdp.shard(...) if it is arrays")
     ]
 
 
@@ -766,3 +779,71 @@ def test_converted_fixtures_of_issue_22_have_nothing_left_to_say():
         result = convert_source(converted, Options(recheck=True))
         assert result.output.decode() == converted, case
         assert result.changes == [], (case, result.changes)
+
+
+ITERATOR = '''\
+import numpy as np
+
+
+class Batches:
+    def __init__(self, x, y, size):
+        self.x, self.y, self.size = x, y, size
+
+    def __iter__(self):
+        order = np.arange(len(self.x))
+        np.random.shuffle(order)
+        for start in range(0, {stop}, self.size):
+            pick = order[start:start + self.size]
+            yield self.x[pick], self.y[pick]
+
+
+'''
+
+
+def test_a_batch_iterator_class_gets_its_index_array_split_before_its_shuffle():
+    out, result = convert(ITERATOR.format(stop="len(order)") + loop("Batches(x, y, 32)"))
+    assert "        order = sdp.shard(np.arange(len(self.x)))\n" in out
+    assert notes(result) == []
+    assert [m for _, m in sharded(result)] == [
+        "np.arange(len(self.x)) -> sdp.shard(np.arange(len(self.x))): Batches shuffles this index "
+        "array and yields its batches, so each worker takes its own part of the indices (the same "
+        "number on every worker) before shuffling it"
+    ]
+    second = run(result.output.decode(), ONLY)
+    assert second.output == result.output and sharded(second) == [] and notes(second) == []
+
+
+def test_a_batch_iterator_that_counts_its_own_length_gets_a_note_for_a_python_object():
+    # range(0, len(self.x)) would run past a split index array: empty batches. A note, and no
+    # ``.apply(sdp.shard)`` for an object that has no such method.
+    out, result = convert(ITERATOR.format(stop="len(self.x)") + loop("Batches(x, y, 32)"))
+    assert "sdp.shard" not in out
+    assert notes(result) == [
+        (17, "training data not sharded: Batches is a class of this script, not a tf.data "
+             "pipeline: every worker reads all of its data; give it each worker's part of its "
+             "arrays (sdp.shard(x) of each, in the same order on every worker) or split its index "
+             "array with sdp.shard(...) before it shuffles")
+    ]
+
+
+def test_a_preview_take_is_no_train_test_split():
+    source = (
+        "ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=1).batch(32)\n"
+        "for xb, yb in ds.take(1):\n"
+        "    print(xb.shape)\n" + loop("ds")
+    )
+    out, result = convert(source)
+    assert out.startswith(
+        "ds = tf.data.Dataset.from_tensor_slices((x, y)).apply(sdp.shard).shuffle(256, seed=1)"
+    )
+    assert [m for _, m in sharded(result)] == [shard_message("tf.data.Dataset.from_tensor_slices")]
+
+
+def test_a_take_that_is_evaluated_is_still_a_split():
+    out, result = convert(
+        "ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256).batch(32)\n"
+        "for xb, yb in ds.take(2):\n"
+        "    model.evaluate(xb, yb)\n" + loop("ds.skip(2)")
+    )
+    assert "sdp.shard" not in out
+    assert "split after this shuffle" in notes(result)[0][1]

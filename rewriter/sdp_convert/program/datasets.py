@@ -234,6 +234,19 @@ class Candidate:
     loop: cst.For | cst.While | None = None
 
 
+def _counter(transform: Transform, iterable: cst.BaseExpression) -> bool:
+    """``range(n)``, ``trange(n)``, in ``enumerate``/``tqdm`` or not: a step counter, no data."""
+    while (
+        isinstance(iterable, cst.Call) and iterable.args
+        and transform.refers_to(iterable.func, *_WRAPPERS)
+    ):
+        iterable = iterable.args[0].value
+    return isinstance(iterable, cst.Call) and (
+        transform.refers_to(iterable.func, "builtins.range")
+        or any(q.endswith(".trange") for q in transform.qualified_names(iterable.func))
+    )
+
+
 def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[Candidate]]]:
     """(where, candidates) for each place a training dataset is consumed: the loops around the
     optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
@@ -247,10 +260,7 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
         candidates: list[Candidate] = []
         found: set[int] = set()
         for loop in site.loops:
-            if isinstance(loop, cst.For) and not (
-                isinstance(loop.iter, cst.Call)
-                and transform.refers_to(loop.iter.func, "builtins.range")
-            ):
+            if isinstance(loop, cst.For) and not _counter(transform, loop.iter):
                 candidates.append(Candidate(loop.iter))
             for call in m.findall(loop.body, m.Call(func=m.Name("next"))):
                 assert isinstance(call, cst.Call)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..base import Transform
+from .index import file_index
 from .syntax import arg_named
 
 _SCHEDULER_MODULES = ("torch.optim.lr_scheduler", "torch.optim.swa_utils")
@@ -28,3 +30,29 @@ def optimizer_class(transform: Transform, call: cst.Call) -> str | None:
 def params_argument(call: cst.Call) -> cst.Arg | None:
     """The ``params`` argument of an optimizer constructor."""
     return arg_named(call, "params", 0)
+
+
+def lr_set_by_wrapper(transform: Transform, call: cst.Call) -> str | None:
+    """``ScheduledOptim(torch.optim.Adam(...), ...)``: the class that holds the optimizer made
+    by ``call`` and writes its learning rate into the parameter groups itself (every step), as
+    ``"ScheduledOptim (optim.py)"``; None when no such wrapper receives it. The wrapper is a
+    class of this file, or one another module of the project defines
+    (``ModuleFacts.optimizer_wrappers``)."""
+    arg = transform.parent(call)
+    outer = transform.parent(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(outer, cst.Call) or arg not in outer.args:
+        return None
+    if isinstance(outer.func, cst.Name):
+        cls = file_index(transform).class_named(outer.func)
+        if cls is not None and any(
+            isinstance(t.target, cst.Subscript) and len(t.target.slice) == 1
+            and isinstance(index := t.target.slice[0].slice, cst.Index)
+            and isinstance(index.value, cst.SimpleString) and index.value.evaluated_value == "lr"
+            for a in m.findall(cls, m.Assign()) if isinstance(a, cst.Assign) for t in a.targets
+        ):
+            return cls.name.value
+    project = transform.state.options.project
+    for qname, where, _, sets_lr in project.optimizer_wrappers if project is not None else ():
+        if sets_lr and transform.refers_to(outer.func, qname):
+            return f"{qname.rsplit('.', 1)[-1]} ({where})"
+    return None

@@ -85,6 +85,10 @@ class ModuleFacts:
     #: Imported by a training script of the run: its own directory creation gets exist_ok=True
     #: (harmless for any other importer, one process or many).
     helper: bool = False
+    #: Classes other modules define that hold an optimizer and step it in their own methods
+    #: (``ScheduledOptim.step_and_update_lr()``): (qualified name as this module spells it, the
+    #: module's display name, the methods that step, whether it writes ``param_group["lr"]``).
+    optimizer_wrappers: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:

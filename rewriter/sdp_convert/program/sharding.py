@@ -37,7 +37,7 @@ from .optimizers import optimizer_class, params_argument
 from .project import imported_data
 from .scopes import training_loops
 from .steps import stepping_loops
-from .syntax import arg_named, is_none, is_simple_reference
+from .syntax import arg_named, code, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
@@ -111,6 +111,30 @@ def plain_sampler(t: Transform, loader: cst.Call) -> str | None:
         if t.refers_to(value.func, name):
             return shuffle
     return None
+
+
+def unfollowed_loaders(t: Transform, loaders: list[cst.Call]) -> str:
+    """The note for a training loop no DataLoader of the file was followed to: it names the
+    loaders the file does build (not "none was found" when one is 50 lines above)."""
+    part = (
+        f"give each rank its own part of the training data (a DistributedSampler, or "
+        f"indices[{t.sdp}.rank()::{t.sdp}.size()])"
+    )
+    if not loaders:
+        return f"no DataLoader feeding this training loop was found: {part}"
+    names = []
+    for call in loaders:
+        parent = t.parent(call)
+        target = (parent.targets[0].target if isinstance(parent, cst.Assign)
+                  and len(parent.targets) == 1 else None)
+        name = code(target) if target is not None else code(call.func) + "(...)"
+        if name not in names:
+            names.append(name)
+    return (
+        f"this training loop's data was not followed back to a DataLoader of this file "
+        f"({', '.join(names)} {'is' if len(names) == 1 else 'are'} built here, but the converter "
+        f"cannot tell which, if any, feeds it): {part}"
+    )
 
 
 def loader_problem(t: Transform, call: cst.Call) -> str | None:

@@ -41,6 +41,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
+from .batch_iterators import drawn_batches, is_preview, iterator_shard, shard_advice
 from .datasets import (
     Candidate,
     DatasetTrace,
@@ -108,6 +109,8 @@ class TfShardPlan:
     uses: list[TrainingData] = field(default_factory=list)
     #: unseeded permutations behind split arrays: rank 0's is used on every worker
     permutations: dict[cst.Call, str] = field(default_factory=dict)
+    #: index arrays of batch iterator classes to wrap in ``sdp.shard(...)`` -> the class's name
+    iterator_indices: dict[cst.BaseExpression, str] = field(default_factory=dict)
     #: id(source) -> how it is sharded ("converter", "script" or None)
     sources: dict[int, str | None] = field(default_factory=dict)
 
@@ -156,12 +159,21 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
                              "the same run: convert both together (or the directory)")
             continue
         if not usable:
+            shard = next((s for c in candidates
+                          if (s := iterator_shard(transform, planner.index, c.expr))), None)
+            if shard is not None:  # a batch iterator class of the script: split its indices
+                if shard.sharded_by == "converter":
+                    plan.iterator_indices[shard.indices] = shard.cls.name.value
+                plan.uses.append(TrainingData(where, shard.sharded_by))
+                continue
             why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
-            planner.note(
-                where,
-                f"training data not sharded ({why}): give each worker its own part, e.g. "
-                f".apply({planner.sdp}.shard) right after the source",
-            )
+            advice, known = shard_advice(transform, planner.index,
+                                         candidates[0].expr if candidates else None, planner.sdp)
+            drawn = None if candidates else drawn_batches(transform, where, planner.sdp)
+            if drawn is not None:
+                advice, known = drawn, True
+            planner.note(where, f"training data not sharded{'' if known else f' ({why})'}: "
+                         f"{advice}")
             plan.uses.append(TrainingData(where, None, traces[0][1] if traces else None))
             continue
         trace = usable[0][1]
@@ -329,6 +341,8 @@ class _Planner:
                 f".unbatch()) and .apply({self.sdp}.shard) before shuffle/batch",
             )
             return None
+        if self._note_order(trace.source, trace.source_name):
+            return None  # the workers' orders differ: their shards would overlap
         shared_helper = self._shared_helper(trace, anchor)
         if shared_helper is not None:
             return self._helper_arguments(trace, shared_helper, chain, position)
@@ -337,7 +351,6 @@ class _Planner:
             self.plan.after_split.add(anchor)
         if trace.problem is not None:  # a batching utility, in the same order everywhere
             self.plan.batched.add(anchor)
-        self._note_order(trace.source, trace.source_name)
         for step in chain[position + 1 :]:
             if _method(step) == "take" and isinstance(step, cst.Call) and step.args and not (
                 mentions_size(self.t, step)
@@ -405,7 +418,7 @@ class _Planner:
         parent = self.t.parent(node)
         if isinstance(parent, cst.Attribute) and parent.value is node:
             if parent.attr.value in _SPLITS:
-                return True
+                return not is_preview(self.t, self.t.parent(parent))
             call = self.t.parent(parent)
             if isinstance(call, cst.Call) and call.func is parent and depth < 8:
                 return self._splits_or_adapts(call, depth + 1)  # ds.map(...).adapt? follow on
@@ -558,26 +571,43 @@ class _Planner:
 
     # -- reports -------------------------------------------------------------------------------
 
-    def _note_order(self, source: cst.Call, name: str) -> None:
-        """Sources that shuffle differently on each worker make overlapping shards."""
+    def _note_order(self, source: cst.Call, name: str) -> bool:
+        """Sources that shuffle differently on each worker: their shards would overlap, so they
+        are not sharded (nor the learning rate scaled); True after the note."""
         if name.endswith("list_files"):
             shuffle = arg_named(source, "shuffle", 1)
             seed = arg_named(source, "seed", 2)
             if seed is None and not (shuffle is not None and code(shuffle.value) == "False"):
                 self.note(
                     source,
-                    "list_files shuffles the file names differently on each worker: pass "
-                    "shuffle=False (or the same seed everywhere) so that the shards do not overlap",
+                    "training data not sharded: list_files shuffles the file names differently "
+                    "on each worker, so the shards would overlap: pass shuffle=False (or the same "
+                    f"seed on every worker), then .apply({self.sdp}.shard)",
                 )
+                return True
         elif name == "tensorflow_datasets.load":
             shuffle = arg_named(source, "shuffle_files")
-            if shuffle is not None and code(shuffle.value) != "False":
+            if shuffle is not None and code(shuffle.value) != "False" and not self._seeded(source):
                 self.note(
                     source,
-                    "tfds.load(shuffle_files=True) reads the files in a different order on each "
-                    "worker: pass shuffle_files=False or a read_config with a fixed shuffle_seed "
-                    "so that the shards do not overlap",
+                    "training data not sharded: tfds.load(shuffle_files=True) reads the files in "
+                    "a different order on each worker, so the shards would overlap: pass "
+                    "shuffle_files=False or read_config=tfds.ReadConfig(shuffle_seed=<the same "
+                    f"on every worker>), then .apply({self.sdp}.shard)",
                 )
+                return True
+        return False
+
+    def _seeded(self, source: cst.Call) -> bool:
+        """``read_config=tfds.ReadConfig(shuffle_seed=...)``: the same file order everywhere."""
+        config = arg_named(source, "read_config")
+        return (
+            config is not None
+            and isinstance(config.value, cst.Call)
+            and self.t.refers_to(config.value.func, "tensorflow_datasets.ReadConfig")
+            and (seed := arg_named(config.value, "shuffle_seed")) is not None
+            and not (isinstance(seed.value, cst.Name) and seed.value.value == "None")
+        )
 
     def _evened(self, step: cst.CSTNode) -> bool:
         """``.apply(sdp.shard)``: the runtime's shard."""

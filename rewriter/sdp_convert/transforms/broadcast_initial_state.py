@@ -30,7 +30,11 @@ every worker it changes nothing at all.
 The model is the owner of the variables the tape differentiates (``model.trainable_variables`` ->
 ``model.variables``, so non-trainable state such as BatchNorm statistics goes too); the optimizer is
 the one that applies the gradients. Names the step function gets as parameters are translated to the
-call's arguments. Keras ``fit`` gets the same broadcast from ``wrap_keras_fit``'s callback: nothing
+call's arguments. Keras ``fit`` gets the same broadcast from ``wrap_keras_fit``'s callback, at its
+first batch: a read of the model's weights before the first ``fit`` (``get_weights``,
+``save_weights``, ``evaluate``, ...; ``program.keras_reads``) gets
+``sdp.broadcast_variables(model.variables, root_rank=0)`` right before it, so that every worker
+reads rank 0's weights. Nothing
 is added inside a ``train_step`` override (a loop there, a GAN's discriminator steps, runs in the
 graph ``fit`` traces, where a flag would broadcast on every step).
 """
@@ -44,6 +48,7 @@ import libcst as cst
 from ..base import Transform
 from ..program.datasets import in_keras_train_step
 from ..program.index import FileIndex, file_index, reaching_values
+from ..program.keras_reads import weights_read_before_fit
 from ..program.scopes import is_dead_definition
 from ..program.syntax import arg_named, code
 from ..program.training import StepSite, is_tf_function, training_facts
@@ -118,6 +123,24 @@ class BroadcastInitialState(Transform):
             )
         for plan in plans.values():
             self._plan(index, plan)
+        for stmt, model in weights_read_before_fit(self):
+            self._before_fit(stmt, model)
+
+    def _before_fit(self, stmt: cst.BaseStatement, model: str) -> None:
+        """Rank 0's weights before a read that comes before ``fit`` (whose callback broadcasts
+        them only at its first batch)."""
+        config = self.module.config_for_parsing
+        new = cst.parse_statement(
+            f"{self.sdp}.broadcast_variables({model}.variables, root_rank=0)\n", config
+        )
+        self.insert_before(stmt, new)
+        self.add_runtime_import()
+        self.record(
+            stmt,
+            f"{self.sdp}.broadcast_variables({model}.variables, root_rank=0) before this line: "
+            f"it reads {model}'s weights before fit, whose callback gives every worker rank 0's "
+            f"weights only at its first batch",
+        )
 
     def _plan(self, index: FileIndex, plan: _Plan) -> None:
         flag = "first_batch"

@@ -39,7 +39,12 @@ import libcst as cst
 
 from ..base import Transform
 from ..program.index import FileIndex, file_index, reaching_values
-from ..program.optimizers import _SCHEDULER_MODULES, optimizer_class, params_argument
+from ..program.optimizers import (
+    _SCHEDULER_MODULES,
+    lr_set_by_wrapper,
+    optimizer_class,
+    params_argument,
+)
 from ..program.sharding import optimizer_data
 from ..program.syntax import arg_named, code, insert_keyword, mentions, size_factor, times_size
 
@@ -147,6 +152,15 @@ class ScaleLearningRate(Transform):
                 call,
                 f"LBFGS (closure-based) is not converted: scale its learning rate by "
                 f"{self.factor} if the larger global batch needs it, and check the closure",
+                manual=True,
+            )
+            return
+        wrapper = lr_set_by_wrapper(self, call)
+        if wrapper is not None:
+            self.record(
+                call,
+                f"{cls}: learning rate left as it is: {wrapper} sets it anew in the parameter "
+                f"groups on every step; scale the rate it sets by {self.factor} there",
                 manual=True,
             )
             return

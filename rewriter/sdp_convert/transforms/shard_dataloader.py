@@ -81,6 +81,7 @@ from ..program.sharding import (
     loader_problem,
     plain_sampler,
     training_data,
+    unfollowed_loaders,
 )
 from ..program.syntax import (
     append_arg,
@@ -141,13 +142,7 @@ class ShardDataLoader(Transform):
                     manual=True,
                 )
             else:
-                self.record(
-                    backward[0],
-                    "no DataLoader feeding this training loop was found: give each rank its own "
-                    f"part of the training data (a DistributedSampler, or indices[{self.sdp}."
-                    f"rank()::{self.sdp}.size()])",
-                    manual=True,
-                )
+                self.record(backward[0], unfollowed_loaders(self, loaders), manual=True)
 
     def _imported(self) -> bool:
         """Loaders built (and sharded) in another module of the project: ``set_epoch`` in this

@@ -42,6 +42,8 @@ every worker evaluates the same data. Sources that shuffle by themselves without
 (``image_dataset_from_directory``, ``make_csv_dataset``, ``list_files`` without ``shuffle=False``,
 ``tfds.load(shuffle_files=True)``) are reported: their order differs between workers, so their
 shards would overlap; Keras utilities that batch in a fixed order are sharded by whole batches.
+A batch iterator class of the script that shuffles an index array in its ``__iter__``
+(``program.batch_iterators``) gets that array split: ``order = sdp.shard(np.arange(n))``.
 Where the plan goes (after a ``take``/``skip`` split or an ``adapt``, each input of a ``zip``, the
 arrays handed to a helper, unseeded draws made rank 0's) is ``program.tfshards``'s decision; this
 transform writes it and divides the step counts.
@@ -101,7 +103,7 @@ class ShardTfDataset(Transform):
         self.anchors, self.takes = plan.anchors, plan.takes
         for node, message, manual in plan.reports:
             self.record(node, message, manual=manual)
-        if plan.anchors or plan.arrays or plan.permutations:
+        if plan.anchors or plan.arrays or plan.permutations or plan.iterator_indices:
             self.add_runtime_import()
         for use in plan.uses:
             if use.sharded_by != "converter" or use.trace is None:
@@ -339,6 +341,16 @@ class ShardTfDataset(Transform):
                     cst.Arg(cst.Integer("0"), keyword=cst.Name("root_rank"), equal=_EQUAL),
                 ],
             )
+        if original_node in self.plan.iterator_indices:
+            cls = self.plan.iterator_indices[original_node]
+            self.record(
+                original_node,
+                f"{code(original_node)} -> {self.sdp}.shard({code(original_node)}): {cls} shuffles "
+                f"this index array and yields its batches, so each worker takes its own part of "
+                f"the indices (the same number on every worker) before shuffling it",
+            )
+            return cst.Call(func=cst.parse_expression(f"{self.sdp}.shard"),
+                            args=[cst.Arg(updated_node)])
         if original_node in self.anchors:
             return self._shard(original_node, updated_node)
         return updated_node

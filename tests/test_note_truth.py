@@ -1,0 +1,310 @@
+"""Every note says what is true (issue 30, section 7): each note kind, shown where it is right and
+absent where it would be wrong.
+
+One table: a note's text (a fragment of it), a snippet where the note is true (it must be
+reported), and a snippet where it would be false (it must not be). The whole pipeline converts
+each snippet, as a user's run does.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from sdp_convert.base import Options
+from sdp_convert.engine import convert
+
+
+def report(source: str) -> list[str]:
+    result = convert(textwrap.dedent(source).encode(), Options(line_length=10_000))
+    return [f"[{c.transform}] {c.message}" for c in result.changes]
+
+
+TF_LOOP = """\
+    for xb, yb in {data}:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+"""
+TF_HEAD = """\
+import numpy as np
+import tensorflow as tf
+
+model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(1)])
+optimizer = tf.keras.optimizers.SGD(0.01)
+"""
+
+
+def tf_script(setup: str, data: str) -> str:
+    return TF_HEAD + textwrap.dedent(setup) + textwrap.dedent(TF_LOOP.format(data=data))
+
+
+ITERATOR = """\
+class Batches:
+    def __init__(self, x, y, size):
+        self.x, self.y, self.size = x, y, size
+
+    def __iter__(self):
+        order = np.arange(len(self.x))
+        np.random.shuffle(order)
+        for start in range(0, {stop}, self.size):
+            pick = order[start:start + self.size]
+            yield self.x[pick], self.y[pick]
+
+
+"""
+
+TORCH_HEAD = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+TORCH_STEP = """\
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+WRAPPER = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Scheduled:
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+        self.n = 0
+
+    def step_and_update_lr(self):
+        self.n += 1
+{update}        self._optimizer.step()
+
+
+model = torch.nn.Linear(4, 1)
+opt = Scheduled(torch.optim.Adam(model.parameters()))
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+for x, y in loader:
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step_and_update_lr()
+"""
+SETS_LR = """\
+        for group in self._optimizer.param_groups:
+            group["lr"] = 0.01 * min(1.0, self.n / 100)
+"""
+
+DRAWN = TF_HEAD + """\
+from tqdm import tqdm
+
+for step in tqdm(range(100)):
+    xb = tf.random.normal((32, 8))
+    yb = tf.reduce_sum(xb, axis=1)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+"""
+
+#: (id, note fragment, a snippet where it is true, a snippet where it would be false)
+CASES = [
+    (
+        "class_of_the_script_not_a_pipeline",
+        "Batches is a class of this script, not a tf.data pipeline",
+        tf_script(ITERATOR.format(stop="len(self.x)"), "Batches(x, y, 32)"),
+        tf_script(ITERATOR.format(stop="len(order)"), "Batches(x, y, 32)"),
+    ),
+    (
+        "apply_shard_suggested_only_for_what_may_be_a_pipeline",
+        ".apply(sdp.shard) right after the source",
+        tf_script("", "load_data()"),
+        tf_script(ITERATOR.format(stop="len(self.x)"), "Batches(x, y, 32)"),
+    ),
+    (
+        "numpy_array_gets_sdp_shard_advice",
+        "np.array_split() makes a NumPy array: give each worker its part with sdp.shard(...)",
+        tf_script("batches = np.array_split(np.zeros((64, 8)), 8)\n", "batches"),
+        tf_script(
+            "batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)\n", "batches"
+        ),
+    ),
+    (
+        "tfds_shuffled_files_overlap",
+        "tfds.load(shuffle_files=True) reads the files in a different order on each worker",
+        tf_script(
+            "import tensorflow_datasets as tfds\n"
+            "ds = tfds.load('mnist', split='train', shuffle_files=True, as_supervised=True)\n"
+            "ds = ds.batch(32)\n",
+            "ds",
+        ),
+        tf_script(
+            "import tensorflow_datasets as tfds\n"
+            "ds = tfds.load('mnist', split='train', shuffle_files=True, as_supervised=True,\n"
+            "               read_config=tfds.ReadConfig(shuffle_seed=7))\n"
+            "ds = ds.batch(32)\n",
+            "ds",
+        ),
+    ),
+    (
+        "tfds_shuffled_files_lr_not_scaled",
+        "[scale_keras_learning_rate] SGD: learning rate 0.01 * sdp.size()",
+        tf_script(
+            "import tensorflow_datasets as tfds\n"
+            "ds = tfds.load('mnist', split='train', shuffle_files=False, as_supervised=True)\n"
+            "ds = ds.batch(32)\n",
+            "ds",
+        ),
+        tf_script(
+            "import tensorflow_datasets as tfds\n"
+            "ds = tfds.load('mnist', split='train', shuffle_files=True, as_supervised=True)\n"
+            "ds = ds.batch(32)\n",
+            "ds",
+        ),
+    ),
+    (
+        "list_files_shuffled_overlap",
+        "list_files shuffles the file names differently on each worker",
+        tf_script(
+            "files = tf.data.Dataset.list_files('data/*.tfrecord')\n"
+            "ds = files.interleave(tf.data.TFRecordDataset).batch(32)\n",
+            "ds",
+        ),
+        tf_script(
+            "files = tf.data.Dataset.list_files('data/*.tfrecord', shuffle=False)\n"
+            "ds = files.interleave(tf.data.TFRecordDataset).batch(32)\n",
+            "ds",
+        ),
+    ),
+    (
+        "split_after_an_unseeded_shuffle",
+        "the training and the evaluation data are split after this shuffle",
+        tf_script(
+            "ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(8)\n"
+            "test = ds.take(2)\n",
+            "ds.skip(2)",
+        ),
+        tf_script(
+            "ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(8)\n"
+            "for xb, yb in ds.take(1):\n"
+            "    print(xb.shape)\n",
+            "ds",
+        ),
+    ),
+    (
+        "preview_is_after_no_split",
+        "after the split of the training data",
+        tf_script(
+            "ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
+            "train, test = ds.take(48), ds.skip(48)\n"
+            "train = train.shuffle(48).batch(8)\n",
+            "train",
+        ),
+        tf_script(
+            "ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
+            "for xb, yb in ds.take(1):\n"
+            "    print(xb.shape)\n"
+            "ds = ds.shuffle(64).batch(8)\n",
+            "ds",
+        ),
+    ),
+    (
+        "batches_drawn_inside_the_loop",
+        "this loop reads no dataset: it draws its batches inside (tf.random.normal(...))",
+        DRAWN,
+        tf_script("ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)\n", "ds"),
+    ),
+    (
+        "built_by_names_a_call_that_makes_the_data",
+        "training data not sharded (built by",
+        tf_script("", "load_data()"),
+        DRAWN,
+    ),
+    (
+        "no_dataloader_found_only_where_none_is_built",
+        "no DataLoader feeding this training loop was found",
+        TORCH_HEAD + "for x, y in batches_from_somewhere():\n" + TORCH_STEP,
+        TORCH_HEAD
+        + "loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)\n"
+        + "gen = (b for b in loader)\n"
+        + "for step in range(8):\n    x, y = next(gen)\n" + TORCH_STEP,
+    ),
+    (
+        "lr_written_into_param_groups",
+        "learning rate written into param_groups: scale the new value by sdp.size()",
+        TORCH_HEAD
+        + "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))\n"
+        + "for x, y in loader:\n"
+        + "    for group in opt.param_groups:\n        group['lr'] = 0.05\n" + TORCH_STEP,
+        TORCH_HEAD
+        + "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))\n"
+        + "for x, y in loader:\n" + TORCH_STEP,
+    ),
+    (
+        "wrapper_sets_the_rate_every_step",
+        "Adam: learning rate left as it is: Scheduled sets it anew in the parameter groups",
+        WRAPPER.format(update=SETS_LR),
+        WRAPPER.format(update=""),
+    ),
+    (
+        "inner_rate_scaled_only_when_the_wrapper_leaves_it",
+        "Adam: default learning rate 0.001 written out, * sdp.size()",
+        WRAPPER.format(update=""),
+        WRAPPER.format(update=SETS_LR),
+    ),
+    (
+        "full_batch_training",
+        "full-batch training (the same tensors every step)",
+        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+        TORCH_HEAD
+        + "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))\n"
+        + "for x, y in loader:\n" + TORCH_STEP,
+    ),
+    (
+        "no_optimizer_steps",
+        "gradients are computed but no optimizer steps",
+        "import torch\n\nmodel = torch.nn.Linear(4, 1)\n"
+        "for x in torch.randn(8, 2, 4):\n    model(x).sum().backward()\n"
+        "    print(model.weight.grad.norm())\n",
+        WRAPPER.format(update=""),
+    ),
+    (
+        "keras_weights_read_before_fit",
+        "it reads model's weights before fit",
+        TF_HEAD + "model.compile(optimizer=optimizer, loss='mse')\n"
+        "initial = model.get_weights()\nmodel.fit(x, y, epochs=1)\n",
+        TF_HEAD + "model.compile(optimizer=optimizer, loss='mse')\n"
+        "model.fit(x, y, epochs=1)\nfinal = model.get_weights()\n",
+    ),
+    (
+        "keras_lr_left_for_unsplit_data",
+        "SGD: 0.01 left as it is",
+        TF_HEAD + "model.compile(optimizer=optimizer, loss='mse')\n"
+        "model.fit(tf.data.Dataset.list_files('d/*').map(load), epochs=1)\n",
+        TF_HEAD + "model.compile(optimizer=optimizer, loss='mse')\n"
+        "model.fit(x, y, epochs=1)\n",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "right"), [(c[1], c[2]) for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_the_note_is_there_where_it_is_true(text: str, right: str):
+    notes = report(right)
+    assert any(text in n for n in notes), "\n".join(notes)
+
+
+@pytest.mark.parametrize(("text", "wrong"), [(c[1], c[3]) for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_the_note_is_absent_where_it_would_be_false(text: str, wrong: str):
+    notes = report(wrong)
+    assert not any(text in n for n in notes), "\n".join(notes)
+
+
+def test_no_note_is_reported_twice_at_one_place():
+    for _, _, right, wrong in CASES:
+        for source in (right, wrong):
+            result = convert(textwrap.dedent(source).encode(), Options(line_length=10_000))
+            seen = [(c.line, c.transform, c.message) for c in result.changes]
+            assert len(seen) == len(set(seen)), seen
