@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import Any
 
 import sdp_runtime.torch.smp as smp
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from sdp_runtime import CommunicationError
 from sdp_runtime.torch.smp import model as smp_model
 from sdp_runtime.torch.smp import state
 from torch import nn
@@ -206,3 +208,35 @@ def single_process_partitioned() -> dict[str, Any]:
     return {"configured": raw.get("partitions"), "mp_size": smp.mp_size(),
             "dp_size": smp.dp_size(), "sharded": model._fsdp,
             "keys": list(model.state_dict()) == list(_net().state_dict())}
+
+
+def one_rank_gathers_a_sharded_model(folder: str) -> dict[str, Any]:
+    """Sharded data parallelism on 2 processes: rank 0 alone calls ``model.state_dict()``,
+    ``optimizer.state_dict()`` and ``smp.save(..., partial=True)`` (as under ``if smp.rank() ==
+    0:``): each raises naming the call instead of hanging; then both ranks call them and they
+    work."""
+    smp.init()
+    model = smp.DistributedModel(_net())
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    errors: list[str] = []
+    seconds: list[float] = []
+    path = os.path.join(folder, "partial.pt")
+    calls = (model.state_dict, optimizer.state_dict,
+             lambda: smp.save(model.local_state_dict(), path, partial=True))
+    for call in calls:
+        if smp.rank() == 0:
+            started = time.monotonic()
+            try:
+                call()
+            except CommunicationError as error:
+                errors.append(str(error))
+            seconds.append(time.monotonic() - started)
+        smp.barrier()
+    full = model.state_dict()  # both ranks: gathered
+    optimizer.state_dict()
+    smp.save(model.local_state_dict(), path, partial=True)
+    smp.barrier()
+    plain = _net()
+    return {"errors": errors, "seconds": seconds, "files": sorted(os.listdir(folder)),
+            "equal": all(torch.equal(full[k], v) for k, v in plain.state_dict().items()),
+            "sharded": model._fsdp}
