@@ -3,34 +3,19 @@
 Before::
 
     import smdistributed.modelparallel.torch as smp
+    ...
+    if smp.dp_rank() == 0:
+        smp.save(model.state_dict(), "model.pt", partial=False)
+    torch.save(model.state_dict(), "weights.pt")
 
-    smp.init()
-    model = smp.DistributedModel(model)
-    optimizer = smp.DistributedOptimizer(optimizer)
-
-    @smp.step
-    def train_step(model, data, target):
-        loss = F.nll_loss(model(data), target)
-        model.backward(loss)
-        return loss
-
-    torch.save(model.state_dict(), "model.pt")
-
-After::
+After (everything else, ``@smp.step`` and ``DistributedModel`` included, stays)::
 
     import sdp_runtime.torch.smp as smp
-
-    smp.init()
-    model = smp.DistributedModel(model)
-    optimizer = smp.DistributedOptimizer(optimizer)
-
-    @smp.step
-    def train_step(model, data, target):
-        loss = F.nll_loss(model(data), target)
-        model.backward(loss)
-        return loss
-
-    smp.save(model.state_dict(), "model.pt", partial=False)
+    ...
+    model_state = model.state_dict()
+    if smp.dp_rank() == 0:
+        smp.save(model_state, "model.pt", partial=False)
+    smp.save(model.state_dict(), "weights.pt", partial=False)
 
 Why: SMP runs only on SageMaker. ``sdp_runtime.torch.smp`` and ``sdp_runtime.tensorflow.smp``
 have SMP's names (``init``, the rank queries, ``DistributedModel``, ``DistributedOptimizer``,
@@ -45,8 +30,14 @@ Call by call:
 
 * ``torch.save(...)`` not under a rank check becomes ``smp.save(..., partial=False)``: written
   once, and ``model.state_dict()`` still runs on every rank, which a sharded model needs (a
-  ``torch.save`` put under ``if rank() == 0:`` would gather the shards on rank 0 alone and hang);
-  ``model.state_dict()`` already under a ``rank() == 0`` test gets a note saying so;
+  ``torch.save`` put under ``if rank() == 0:`` would gather the shards on rank 0 alone);
+* ``model.state_dict()`` / ``optimizer.state_dict()`` of SMP's ``DistributedModel`` /
+  ``DistributedOptimizer`` under ``if smp.<x>_rank() == 0:`` moves before the ``if``, onto every
+  rank: a sharded model gathers its state from every rank holding a shard, and on some ranks only
+  that gather waits for the others (``if smp.dp_rank() == 0:`` leaves out every rank but 0 under
+  sharded data parallelism). Where it cannot move (another test, an ``else``, a receiver the
+  file does not show to be SMP's, code before it that uses the receiver) it gets a note, and the
+  runtime raises naming the call rather than hanging;
 * ``optimizer.get_gradients(loss, variables)`` in a TensorFlow ``@smp.step`` function becomes
   ``smp.get_gradients(loss, variables)`` (Keras 3 optimizers have no ``get_gradients``; the
   runtime's step records the gradient tape);
@@ -63,10 +54,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .. import migration as hvd
 from ..analysis import FileInfo, Visitor
+from ..program.ranks import divergent_condition
+from ..program.scopes import assigned_values
 
 _ROOT = "smdistributed.modelparallel"
 
@@ -104,6 +98,11 @@ _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
 _ADVICE = {name: text for group, text in _ADVICE_GROUPS.items() for name in group}
 
 _TORCH_SAVE = "torch.save"
+#: SMP's rank queries: ``if <query>() == 0:`` keeps rank 0 and, under a sharded configuration,
+#: leaves out ranks holding shards that a gather of the whole state needs.
+_RANK_QUERIES = frozenset({"rank", "dp_rank", "rdp_rank", "mp_rank", "pp_rank", "tp_rank",
+                           "local_rank"})
+_WRAPPERS = tuple(f"{_ROOT}.torch.{name}" for name in ("DistributedModel", "DistributedOptimizer"))
 
 
 class MigrateSmp(hvd.Migration):
@@ -123,6 +122,10 @@ class MigrateSmp(hvd.Migration):
 
     def prepare(self, module: cst.Module) -> None:
         self._saves: set[int] = set()  # torch.save calls to write with smp.save (_check_saves)
+        #: {id(state_dict call): the name it is computed into before its rank guard}
+        self._hoisted: dict[int, str] = {}
+        self._moved: set[cst.CSTNode] = set()  # ``x = model.state_dict()`` moved out whole
+        self._lifted: set[cst.If] = set()  # guards whose leading lines moved up with a hoist
         super().prepare(module)
         self._steps = self._step_functions()
         if self.state.info.framework == "tensorflow":
@@ -144,27 +147,147 @@ class MigrateSmp(hvd.Migration):
             if self._under_rank_check(call) or self._mentions_rank(call):
                 continue
             self._saves.add(id(call))
+        if self.state.info.framework != "torch":
+            return
+        taken = {n.value for n in m.findall(self.module, m.Name()) if isinstance(n, cst.Name)}
         for call in self.method_calls("state_dict"):
-            if self._under_rank_check(call) and self._rank_test_only(call):
+            guard = self._rank_guard(call)
+            if guard is None or not self._may_be_sharded(call):
+                continue
+            test = self.module.code_for_node(guard.test)
+            code = self.module.code_for_node(call)
+            why = self._not_hoistable(call, guard)
+            if why is None:
+                self._hoist(call, guard, taken)
                 self.record(
                     call,
-                    f"{self.module.code_for_node(call)} under a rank() test: when the "
-                    "configuration shards the model (partitions, tensor or sharded data "
-                    "parallelism) every rank of a replica must call it; test smp.dp_rank() == 0 "
-                    "instead, or save with smp.save(..., partial=False) on every rank",
-                    manual=True,
+                    f"{code} moved before `if {test}:`, onto every rank: a sharded model "
+                    "(partitions, tensor or sharded data parallelism) gathers its state from "
+                    "every rank holding a shard; what the test guards still runs where it did",
                 )
+                continue
+            self.record(
+                call,
+                f"{code} under `if {test}:` ({why}): when the configuration shards the model "
+                "(partitions, tensor or sharded data parallelism) every rank holding a shard must "
+                "call it (at run time it raises CommunicationError naming the call); call it "
+                "before the test, on every rank, and write the result under the test",
+                manual=True,
+            )
 
-    def _rank_test_only(self, node: cst.CSTNode) -> bool:
-        """Whether a guard above ``node`` tests ``rank()``/``local_rank()``, not ``dp_rank()``."""
+    def _rank_guard(self, node: cst.CSTNode) -> cst.If | None:
+        """The innermost ``if`` whose body holds ``node`` and whose test asks for a rank."""
+        child: cst.CSTNode = node
         for parent in self.ancestors(node):
-            if isinstance(parent, cst.If) and self._mentions_rank(parent.test):
-                return True
-        return False
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            if isinstance(parent, cst.If) and child is parent.body and (
+                self._mentions_rank(parent.test) or self._asks_smp_rank(parent.test)
+            ):
+                return parent
+            child = parent
+        return None
+
+    def _asks_smp_rank(self, test: cst.BaseExpression) -> bool:
+        return any(
+            isinstance(c, cst.Call) and self._is_rank_query(c) for c in m.findall(test, m.Call())
+        )
+
+    def _is_rank_query(self, call: cst.Call) -> bool:
+        return not call.args and any(
+            q.startswith(_ROOT + ".") and q.rpartition(".")[2] in _RANK_QUERIES
+            for q in self.qualified_names(call.func)
+        )
+
+    def _is_rank0_query_test(self, test: cst.BaseExpression) -> bool:
+        """``smp.<x>_rank() == 0`` / ``0 == smp.<x>_rank()`` / ``not smp.<x>_rank()``."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            subject: cst.BaseExpression | None = test.expression
+        elif (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+              and isinstance(test.comparisons[0].operator, cst.Equal)):
+            left, right = test.left, test.comparisons[0].comparator
+            subject = left if m.matches(right, m.Integer("0")) else (
+                right if m.matches(left, m.Integer("0")) else None)
+        else:
+            subject = None
+        return isinstance(subject, cst.Call) and self._is_rank_query(subject)
+
+    def _receiver_values(self, call: cst.Call) -> list[cst.BaseExpression] | None:
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+            return None
+        return assigned_values(self, func.value)
+
+    def _is_smp_wrapper(self, call: cst.Call) -> bool:
+        values = self._receiver_values(call) or []
+        return any(isinstance(v, cst.Call) and self.refers_to(v.func, *_WRAPPERS) for v in values)
+
+    def _may_be_sharded(self, call: cst.Call) -> bool:
+        """SMP's model or optimizer, or a receiver the file does not show (``self.model``)."""
+        values = self._receiver_values(call)
+        return not values or self._is_smp_wrapper(call)
+
+    def _not_hoistable(self, call: cst.Call, guard: cst.If) -> str | None:
+        """Why ``call`` cannot move before ``guard``, or None when it can."""
+        if not self._is_rank0_query_test(guard.test) or guard.orelse is not None:
+            return "the test is not only `smp.<x>_rank() == 0`"
+        if not self._is_smp_wrapper(call) or call.args:
+            return "its receiver is not shown to be smp.DistributedModel/DistributedOptimizer"
+        if self._under_rank_check(guard) or divergent_condition(self, guard) is not None:
+            return "the test itself runs on some ranks only"
+        stmt = self.enclosing_statement(call)
+        body = guard.body
+        if stmt is None or not isinstance(body, cst.IndentedBlock) or stmt not in body.body:
+            return "it is not directly in the test's body"
+        for parent in self.ancestors(call):
+            if parent is stmt:
+                break
+            if isinstance(parent, (cst.Lambda, cst.BaseComp, cst.FunctionDef)):
+                return "it runs inside a function or comprehension"
+        receiver = cst.ensure_type(call.func, cst.Attribute).value
+        name = cst.ensure_type(receiver, cst.Name).value
+        for before in body.body[: body.body.index(stmt)]:
+            if m.findall(before, m.Name(name)):
+                return f"code before it in the test's body uses {name}"
+        return None
+
+    def _hoist(self, call: cst.Call, guard: cst.If, taken: set[str]) -> None:
+        """Compute ``call`` into a variable before ``guard``; move ``x = m.state_dict()``. The
+        blank lines and comments above ``guard`` move above the first statement put there."""
+        first = guard not in self._lifted
+        self._lifted.add(guard)
+        lines = guard.leading_lines if first else ()
+        stmt = self.enclosing_statement(call)
+        body = cst.ensure_type(guard.body, cst.IndentedBlock).body
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+        if (isinstance(small, cst.Assign) and small.value is call and len(stmt.body) == 1
+                and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                and any(s is not stmt and s not in self._moved for s in body)):
+            self._moved.add(stmt)
+            comments = [x for x in stmt.leading_lines if x.comment is not None]
+            self.insert_before(guard, stmt.with_changes(leading_lines=[*lines, *comments]))
+            self.replace_statement(stmt, [])
+            return
+        receiver = cst.ensure_type(cst.ensure_type(call.func, cst.Attribute).value, cst.Name)
+        name, number = f"{receiver.value}_state", 1
+        while name in taken:
+            number += 1
+            name = f"{receiver.value}_state_{number}"
+        taken.add(name)
+        self._hoisted[id(call)] = name
+        hoisted = cst.parse_statement(f"{name} = {receiver.value}.state_dict()\n")
+        self.insert_before(guard, hoisted.with_changes(leading_lines=lines))
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node in self._lifted:
+            return updated_node.with_changes(leading_lines=())
+        return updated_node
 
     # -- calls -----------------------------------------------------------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self._hoisted:
+            return cst.Name(self._hoisted[id(original_node)])
         if id(original_node) in self._saves:
             return self._save(original_node, updated_node)
         if self._is_get_gradients(original_node):
