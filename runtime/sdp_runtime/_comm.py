@@ -603,8 +603,11 @@ def meet(what: str, ranks: Sequence[int], advice: str = "") -> None:
             # Forget this call, so that a later one is counted the same on every rank.
             store.delete_key(f"{prefix}/{me}")
             _meetings[what] = number - 1
-            reason = left or (f"rank(s) {missing} did not call it within {limit:g} s (half "
-                              f"of SDP_TIMEOUT)")
+            if left is not None:  # ended its script, or failed: the launcher tells which
+                reason = f"rank(s) {missing} left the job without calling it"
+            else:
+                reason = (f"rank(s) {missing} did not call it within {limit:g} s (half of "
+                          f"SDP_TIMEOUT)")
             raise CommunicationError(
                 f"{what} on rank {me} needs ranks {list(ranks)} to call it together: {reason}."
                 + (f" {advice}" if advice else "")
