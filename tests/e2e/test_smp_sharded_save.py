@@ -21,9 +21,6 @@ still under the tests) stops under the sharded configuration with an error namin
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +31,7 @@ from .harness import (
     SDP_RUN,
     Output,
     assert_state_close,
+    converted_copy,
     copy_script,
     definitions_of,
     finish,
@@ -53,11 +51,7 @@ SHARDED = '{"sharded_data_parallel_degree": 2, "microbatches": 2}'
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("smp_guarded_save")
-    script = copy_script(CASE / "input.py", root / "convert", "train.py")
-    cli = shutil.which("sdp-convert", path=str(Path(sys.executable).parent))
-    assert cli, "sdp-convert is not installed next to this Python"
-    done = subprocess.run([cli, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    script = converted_copy(CASE / "input.py", root / "convert")
     plans = {
         "dp": (B, '{"microbatches": 2}'),
         "sharded": (B, SHARDED),
