@@ -295,3 +295,24 @@ def test_tf_checkpoint_manager_is_noted():
     )
     assert any(n.startswith("smp.CheckpointManager: not provided by sdp_runtime; write a "
                             "tf.train.Checkpoint") for n in messages(result, manual=True))
+
+
+def test_tensor_parallelism_says_it_is_emulated_with_fsdp():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.torch as smp
+        import torch
+
+        smp.init()
+        with smp.tensor_parallelism():
+            net = torch.nn.Linear(4, 2)
+        smp.tp_register(torch.nn.Linear, None)
+        """
+    )
+    infos = messages(result, manual=False)
+    assert any(n.startswith("smp.tensor_parallelism(): tensor parallelism is emulated with FSDP "
+                            "here: no layer is split across processes") for n in infos), infos
+    notes = messages(result, manual=True)
+    assert any(n.startswith("smp.tp_register: not provided by sdp_runtime; tensor parallelism is "
+                            "emulated with FSDP") and n.endswith(": remove the call")
+               for n in notes), notes

@@ -82,6 +82,14 @@ SMP_MODULES: Mapping[str, hvd.Target] = {
     f"{_ROOT}.tensorflow": hvd.Target("sdp_runtime.tensorflow.smp", _TF),
 }
 
+#: What ``tensor_parallel_degree`` does here, in every note about it.
+_TP_EMULATED = (
+    "tensor parallelism is emulated with FSDP here: no layer is split across processes; the "
+    "parameters, gradients and optimizer state are sharded over the replica's processes, and "
+    "each of them computes whole layers on the same batch (less memory per process for the "
+    "state, not for activations, and no speed-up)"
+)
+
 _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
     ("save_checkpoint", "resume_from_checkpoint"): "save with smp.save({'model': "
     "model.state_dict(), 'optimizer': optimizer.state_dict()}, path, partial=False) and resume "
@@ -89,8 +97,8 @@ _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
     ("nn",): "use the torch.nn layer it replaces (FSDP shards it like any other module)",
     ("optimizers",): "use the torch.optim optimizer it replaces",
     ("send",): "use broadcast/recv_from, or torch.distributed on get_world_process_group()",
-    ("tp_register", "tp_register_with_module", "set_tensor_parallelism"): "tensor parallelism "
-    "is FSDP sharding here: remove the call",
+    ("tp_register", "tp_register_with_module", "set_tensor_parallelism"): _TP_EMULATED
+    + ": remove the call",
     ("CheckpointManager",): "write a tf.train.Checkpoint (or model.save_weights) on rank 0 and "
     "restore it on every rank",
     ("state",): "SMP's internal state: use the rank and size functions",
@@ -130,6 +138,8 @@ class MigrateSmp(hvd.Migration):
         self._steps = self._step_functions()
         if self.state.info.framework == "tensorflow":
             self._note_tensorflow()
+        for call in self.calls_to(f"{_ROOT}.torch.tensor_parallelism"):
+            self.record(call, f"{self.module.code_for_node(call.func)}(): {_TP_EMULATED}")
 
     def _advice(self, member: str) -> str:
         return _ADVICE.get(member, "rewrite this part by hand")
