@@ -111,6 +111,28 @@ def check_optimizer_stays_the_same_object_for_schedulers() -> None:
     assert "_smp_is_partial" in optimizer.local_state_dict()
 
 
+def check_grad_scaler_skips_the_step_everywhere_when_one_rank_overflows() -> None:
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scaler = smp.amp.GradScaler()
+    scaler.scale(torch.tensor(1.0))  # (the scale exists from the first scale() on)
+    before = scaler.get_scale()
+    # Rank 1's gradient overflowed (its shard, say); rank 0's is finite: nobody steps.
+    weight.grad = torch.full((3,), float("inf") if smp.rank() == 1 else 1.0)
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.equal(weight.detach(), torch.ones(3)), weight
+    assert scaler.get_scale() == before / 2
+    # Finite everywhere: every rank steps.
+    optimizer.zero_grad()
+    weight.grad = torch.full((3,), scaler.get_scale())
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.allclose(weight.detach(), torch.full((3,), 0.5)), weight
+
+
 def check_save_full_once_and_partial_per_shard() -> None:
     model = smp.DistributedModel(_net())
     folder = smp.allgather(tempfile.mkdtemp() if smp.rank() == 0 else None)[0]
