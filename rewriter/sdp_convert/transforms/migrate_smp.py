@@ -92,8 +92,9 @@ _TP_EMULATED = (
 
 _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
     ("save_checkpoint", "resume_from_checkpoint"): "save with smp.save({'model': "
-    "model.state_dict(), 'optimizer': optimizer.state_dict()}, path, partial=False) and resume "
-    "with smp.load(path, partial=False) and load_state_dict",
+    "model.state_dict(), 'optimizer': optimizer.state_dict()}, path, partial=False) on every "
+    "rank, not under a rank test (a sharded model gathers its state from every rank; rank 0 "
+    "writes), and resume with smp.load(path, partial=False) and load_state_dict",
     ("nn",): "use the torch.nn layer it replaces (FSDP shards it like any other module)",
     ("optimizers",): "use the torch.optim optimizer it replaces",
     ("send",): "use broadcast/recv_from, or torch.distributed on get_world_process_group()",
