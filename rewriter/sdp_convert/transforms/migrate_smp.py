@@ -271,7 +271,8 @@ class MigrateSmp(hvd.Migration):
         stmt = self.enclosing_statement(call)
         body = cst.ensure_type(guard.body, cst.IndentedBlock).body
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
-        if (isinstance(small, cst.Assign) and small.value is call and len(stmt.body) == 1
+        if (isinstance(stmt, cst.SimpleStatementLine) and isinstance(small, cst.Assign)
+                and small.value is call and len(stmt.body) == 1
                 and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
                 and any(s is not stmt and s not in self._moved for s in body)):
             self._moved.add(stmt)
