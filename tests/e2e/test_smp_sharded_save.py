@@ -14,7 +14,8 @@ data-parallel replica:
   FSDP here too (one replica over both ranks, batch 2B, the same on both ranks).
 
 Their ``final.pt`` / ``epoch1.pt`` equal the reference within float tolerance and load into the
-plain ``Regressor()`` (and its ``Adam``). The script with only its import changed (the calls
+plain ``Regressor()`` (and its ``Adam``); the partial checkpoint saved under ``if smp.dp_rank() ==
+0:`` has one file per shard. The script with only its import changed (the calls
 still under the tests) stops under the sharded configuration with an error naming
 ``model.state_dict()`` within its time limit instead of hanging, and writes no checkpoint.
 """
@@ -79,6 +80,19 @@ def test_sharded_run_saved_under_rank_tests_equals_data_parallel(runs):
 def test_tensor_parallel_run_is_fsdp_and_equals_data_parallel(runs):
     assert_state_close(load_state(runs["tensor"], FINAL), load_state(runs["dp"], FINAL),
                        "tensor_parallel_degree 2 (FSDP) vs data parallel")
+
+
+@pytest.mark.timeout(600)
+def test_partial_checkpoint_saved_under_a_rank_test_has_every_shard(runs):
+    shards = {"dp": {"partial.pt_0"}, "sharded": {"partial.pt_0", "partial.pt_1"},
+              "tensor": {"partial.pt_0", "partial.pt_1"}}
+    for name, files in shards.items():
+        assert {p.name for p in runs[name].glob("partial.pt*")} == files, name
+    # Each rank's file holds its own shard: together they are the whole weight.
+    whole = load_state(runs["sharded"], FINAL)["body.0.weight"]
+    parts = [torch.load(runs["sharded"] / f"partial.pt_{i}", weights_only=False)["model"]
+             for i in (0, 1)]
+    assert torch.equal(torch.cat([p["body.0.weight"] for p in parts]), whole)
 
 
 @pytest.mark.timeout(600)

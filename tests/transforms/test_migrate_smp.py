@@ -316,3 +316,39 @@ def test_tensor_parallelism_says_it_is_emulated_with_fsdp():
     assert any(n.startswith("smp.tp_register: not provided by sdp_runtime; tensor parallelism is "
                             "emulated with FSDP") and n.endswith(": remove the call")
                for n in notes), notes
+
+
+def test_partial_save_under_a_rank_test_loses_the_test():
+    migrate(
+        TORCH_SCRIPT + """
+    # every shard
+    if smp.dp_rank() == 0:
+        smp.save(model.local_state_dict(), "p.pt", partial=True)
+        smp.save(optimizer.local_state_dict(), "o.pt")
+    if smp.rank() == 0:
+        smp.save(model.local_state_dict(), "whole.pt", partial=False)
+    """,
+        TORCH_SCRIPT.replace("import smdistributed.modelparallel.torch as smp",
+                             "import sdp_runtime.torch.smp as smp") + """
+    # every shard
+    smp.save(model.local_state_dict(), "p.pt", partial=True)
+    smp.save(optimizer.local_state_dict(), "o.pt")
+    if smp.rank() == 0:
+        smp.save(model.local_state_dict(), "whole.pt", partial=False)
+    """,
+    )
+
+
+def test_partial_save_that_keeps_its_rank_test_is_noted():
+    result = migrate(
+        TORCH_SCRIPT + """
+    if smp.dp_rank() == 0:
+        print("saving")
+        smp.save(model.local_state_dict(), "p.pt", partial=True)
+    """
+    )
+    (note,) = messages(result, manual=True)
+    assert note.startswith("smp.save(..., partial=True) under `if smp.dp_rank() == 0:` (the test "
+                           "guards more than smp.save(..., partial=True) calls): it writes each "
+                           "shard's file on the ranks of the first replica")
+    assert 'if smp.dp_rank() == 0:\n    print("saving")' in result.output.decode()

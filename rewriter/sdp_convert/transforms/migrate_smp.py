@@ -38,6 +38,9 @@ Call by call:
   sharded data parallelism). Where it cannot move (another test, an ``else``, a receiver the
   file does not show to be SMP's, code before it that uses the receiver) it gets a note, and the
   runtime raises naming the call rather than hanging;
+* an ``if smp.<x>_rank() == 0:`` holding only ``smp.save(..., partial=True)`` calls is removed:
+  each rank of the first replica writes its own shard's file, so the test could only leave shards
+  out (a note where the ``if`` holds more);
 * ``optimizer.get_gradients(loss, variables)`` in a TensorFlow ``@smp.step`` function becomes
   ``smp.get_gradients(loss, variables)`` (Keras 3 optimizers have no ``get_gradients``; the
   runtime's step records the gradient tape);
@@ -160,6 +163,7 @@ class MigrateSmp(hvd.Migration):
             self._saves.add(id(call))
         if self.state.info.framework != "torch":
             return
+        self._check_partial_saves()
         taken = {n.value for n in m.findall(self.module, m.Name()) if isinstance(n, cst.Name)}
         for call in self.method_calls("state_dict"):
             guard = self._rank_guard(call)
@@ -185,6 +189,62 @@ class MigrateSmp(hvd.Migration):
                 "before the test, on every rank, and write the result under the test",
                 manual=True,
             )
+
+    def _check_partial_saves(self) -> None:
+        """``smp.save(..., partial=True)`` under ``if smp.<x>_rank() == 0:``: each rank of the
+        first replica writes its own shard's file, so the test can only leave shards out (all
+        but rank 0's under sharded data parallelism); an ``if`` holding only such saves goes."""
+        done: set[cst.If] = set()
+        for call in self.calls_to(f"{_ROOT}.torch.save"):
+            guard = self._rank_guard(call)
+            if guard is None or guard in done or not _partial(call):
+                continue
+            test = self.module.code_for_node(guard.test)
+            code = self.module.code_for_node(call.func)
+            why = self._not_unguardable(guard)
+            if why is None:
+                done.add(guard)
+                stmts = list(cst.ensure_type(guard.body, cst.IndentedBlock).body)
+                comments = [x for x in stmts[0].leading_lines if x.comment is not None]
+                stmts[0] = stmts[0].with_changes(leading_lines=[*guard.leading_lines, *comments])
+                self.replace_statement(guard, stmts)
+                self.record(
+                    guard,
+                    f"`if {test}:` removed around {code}(..., partial=True): it writes each "
+                    "shard's file on the ranks of the first replica only, which must all call it; "
+                    "the test could only leave shards out of the checkpoint (all but rank 0's "
+                    "under sharded data parallelism)",
+                )
+                continue
+            self.record(
+                call,
+                f"{code}(..., partial=True) under `if {test}:` ({why}): it writes each shard's "
+                "file on the ranks of the first replica, which must all call it (at run time it "
+                "raises CommunicationError naming the call); under sharded data parallelism the "
+                "test leaves all but rank 0 out: call it on every rank",
+                manual=True,
+            )
+
+    def _not_unguardable(self, guard: cst.If) -> str | None:
+        """Why ``guard`` cannot give way to its body of ``smp.save(..., partial=True)`` calls."""
+        if not self._is_rank0_query_test(guard.test) or guard.orelse is not None:
+            return "the test is not only `smp.<x>_rank() == 0`"
+        if self._under_rank_check(guard) or divergent_condition(self, guard) is not None:
+            return "the test itself runs on some ranks only"
+        saves = {id(c) for c in self.calls_to(f"{_ROOT}.torch.save")}
+        for stmt in cst.ensure_type(guard.body, cst.IndentedBlock).body:
+            small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+            if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                    and isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                    and id(small.value) in saves and _partial(small.value)
+                    and isinstance(small.value.func, cst.Attribute)
+                    and isinstance(small.value.func.value, cst.Name)
+                    and not self.method_calls_in(stmt, "state_dict")):
+                return "the test guards more than smp.save(..., partial=True) calls"
+        return None
+
+    def method_calls_in(self, node: cst.CSTNode, method: str) -> bool:
+        return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name(method)))))
 
     def _rank_guard(self, node: cst.CSTNode) -> cst.If | None:
         """The innermost ``if`` whose body holds ``node`` and whose test asks for a rank."""
@@ -383,6 +443,14 @@ class MigrateSmp(hvd.Migration):
                     "for TensorFlow); with more than one partition configured it says so when "
                     "it starts, and the whole model must fit on one device",
                 )
+
+
+def _partial(call: cst.Call) -> bool:
+    """Whether an ``smp.save`` call writes one file per shard (``partial=True``, the default)."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "partial":
+            return m.matches(arg.value, m.Name("True"))
+    return len(call.args) < 3  # (a third positional argument is ``partial``)
 
 
 class _StepFinder(Visitor):
