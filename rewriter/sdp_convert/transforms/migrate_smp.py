@@ -62,10 +62,9 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .. import migration as hvd
 from ..analysis import FileInfo, Visitor
-from ..program.ranks import divergent_condition
-from ..program.scopes import assigned_values
+from ..program.smp_saves import ROOT, SAVE, SmpSaves, partial
 
-_ROOT = "smdistributed.modelparallel"
+_ROOT = ROOT
 
 _COMMON = hvd.names(
     """init is_initialized rank size local_rank local_size dp_rank dp_size mp_rank mp_size
@@ -110,12 +109,6 @@ _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
 _ADVICE = {name: text for group, text in _ADVICE_GROUPS.items() for name in group}
 
 _TORCH_SAVE = "torch.save"
-#: SMP's rank queries: ``if <query>() == 0:`` keeps rank 0 and, under a sharded configuration,
-#: leaves out ranks holding shards that a gather of the whole state needs.
-_RANK_QUERIES = frozenset({"rank", "dp_rank", "rdp_rank", "mp_rank", "pp_rank", "tp_rank",
-                           "local_rank"})
-_WRAPPERS = tuple(f"{_ROOT}.torch.{name}" for name in ("DistributedModel", "DistributedOptimizer"))
-
 
 class MigrateSmp(hvd.Migration):
     DESCRIPTION = "Point SageMaker smdistributed.modelparallel imports at sdp_runtime's SMP API."
@@ -163,15 +156,16 @@ class MigrateSmp(hvd.Migration):
             self._saves.add(id(call))
         if self.state.info.framework != "torch":
             return
+        self._guards = SmpSaves(self, self._mentions_rank, self._under_rank_check)
         self._check_partial_saves()
         taken = {n.value for n in m.findall(self.module, m.Name()) if isinstance(n, cst.Name)}
         for call in self.method_calls("state_dict"):
-            guard = self._rank_guard(call)
-            if guard is None or not self._may_be_sharded(call):
+            guard = self._guards.rank_guard(call)
+            if guard is None or not self._guards.may_be_sharded(call):
                 continue
             test = self.module.code_for_node(guard.test)
             code = self.module.code_for_node(call)
-            why = self._not_hoistable(call, guard)
+            why = self._guards.not_hoistable(call, guard)
             if why is None:
                 self._hoist(call, guard, taken)
                 self.record(
@@ -195,17 +189,18 @@ class MigrateSmp(hvd.Migration):
         first replica writes its own shard's file, so the test can only leave shards out (all
         but rank 0's under sharded data parallelism); an ``if`` holding only such saves goes."""
         done: set[cst.If] = set()
-        for call in self.calls_to(f"{_ROOT}.torch.save"):
-            guard = self._rank_guard(call)
-            if guard is None or guard in done or not _partial(call):
+        for call in self.calls_to(SAVE):
+            guard = self._guards.rank_guard(call)
+            if guard is None or guard in done or not partial(call):
                 continue
             test = self.module.code_for_node(guard.test)
             code = self.module.code_for_node(call.func)
-            why = self._not_unguardable(guard)
+            why = self._guards.not_unguardable(guard)
             if why is None:
                 done.add(guard)
                 stmts = list(cst.ensure_type(guard.body, cst.IndentedBlock).body)
-                comments = [x for x in stmts[0].leading_lines if x.comment is not None]
+                first = cst.ensure_type(stmts[0], cst.SimpleStatementLine)  # (not_unguardable)
+                comments = [x for x in first.leading_lines if x.comment is not None]
                 stmts[0] = stmts[0].with_changes(leading_lines=[*guard.leading_lines, *comments])
                 self.replace_statement(guard, stmts)
                 self.record(
@@ -224,103 +219,6 @@ class MigrateSmp(hvd.Migration):
                 "test leaves all but rank 0 out: call it on every rank",
                 manual=True,
             )
-
-    def _not_unguardable(self, guard: cst.If) -> str | None:
-        """Why ``guard`` cannot give way to its body of ``smp.save(..., partial=True)`` calls."""
-        if not self._is_rank0_query_test(guard.test) or guard.orelse is not None:
-            return "the test is not only `smp.<x>_rank() == 0`"
-        if self._under_rank_check(guard) or divergent_condition(self, guard) is not None:
-            return "the test itself runs on some ranks only"
-        saves = {id(c) for c in self.calls_to(f"{_ROOT}.torch.save")}
-        for stmt in cst.ensure_type(guard.body, cst.IndentedBlock).body:
-            small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
-            if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-                    and isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
-                    and id(small.value) in saves and _partial(small.value)
-                    and isinstance(small.value.func, cst.Attribute)
-                    and isinstance(small.value.func.value, cst.Name)
-                    and not self.method_calls_in(stmt, "state_dict")):
-                return "the test guards more than smp.save(..., partial=True) calls"
-        return None
-
-    def method_calls_in(self, node: cst.CSTNode, method: str) -> bool:
-        return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name(method)))))
-
-    def _rank_guard(self, node: cst.CSTNode) -> cst.If | None:
-        """The innermost ``if`` whose body holds ``node`` and whose test asks for a rank."""
-        child: cst.CSTNode = node
-        for parent in self.ancestors(node):
-            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                return None
-            if isinstance(parent, cst.If) and child is parent.body and (
-                self._mentions_rank(parent.test) or self._asks_smp_rank(parent.test)
-            ):
-                return parent
-            child = parent
-        return None
-
-    def _asks_smp_rank(self, test: cst.BaseExpression) -> bool:
-        return any(
-            isinstance(c, cst.Call) and self._is_rank_query(c) for c in m.findall(test, m.Call())
-        )
-
-    def _is_rank_query(self, call: cst.Call) -> bool:
-        return not call.args and any(
-            q.startswith(_ROOT + ".") and q.rpartition(".")[2] in _RANK_QUERIES
-            for q in self.qualified_names(call.func)
-        )
-
-    def _is_rank0_query_test(self, test: cst.BaseExpression) -> bool:
-        """``smp.<x>_rank() == 0`` / ``0 == smp.<x>_rank()`` / ``not smp.<x>_rank()``."""
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            subject: cst.BaseExpression | None = test.expression
-        elif (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-              and isinstance(test.comparisons[0].operator, cst.Equal)):
-            left, right = test.left, test.comparisons[0].comparator
-            subject = left if m.matches(right, m.Integer("0")) else (
-                right if m.matches(left, m.Integer("0")) else None)
-        else:
-            subject = None
-        return isinstance(subject, cst.Call) and self._is_rank_query(subject)
-
-    def _receiver_values(self, call: cst.Call) -> list[cst.BaseExpression] | None:
-        func = call.func
-        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
-            return None
-        return assigned_values(self, func.value)
-
-    def _is_smp_wrapper(self, call: cst.Call) -> bool:
-        values = self._receiver_values(call) or []
-        return any(isinstance(v, cst.Call) and self.refers_to(v.func, *_WRAPPERS) for v in values)
-
-    def _may_be_sharded(self, call: cst.Call) -> bool:
-        """SMP's model or optimizer, or a receiver the file does not show (``self.model``)."""
-        values = self._receiver_values(call)
-        return not values or self._is_smp_wrapper(call)
-
-    def _not_hoistable(self, call: cst.Call, guard: cst.If) -> str | None:
-        """Why ``call`` cannot move before ``guard``, or None when it can."""
-        if not self._is_rank0_query_test(guard.test) or guard.orelse is not None:
-            return "the test is not only `smp.<x>_rank() == 0`"
-        if not self._is_smp_wrapper(call) or call.args:
-            return "its receiver is not shown to be smp.DistributedModel/DistributedOptimizer"
-        if self._under_rank_check(guard) or divergent_condition(self, guard) is not None:
-            return "the test itself runs on some ranks only"
-        stmt = self.enclosing_statement(call)
-        body = guard.body
-        if stmt is None or not isinstance(body, cst.IndentedBlock) or stmt not in body.body:
-            return "it is not directly in the test's body"
-        for parent in self.ancestors(call):
-            if parent is stmt:
-                break
-            if isinstance(parent, (cst.Lambda, cst.BaseComp, cst.FunctionDef)):
-                return "it runs inside a function or comprehension"
-        receiver = cst.ensure_type(call.func, cst.Attribute).value
-        name = cst.ensure_type(receiver, cst.Name).value
-        for before in body.body[: body.body.index(stmt)]:
-            if m.findall(before, m.Name(name)):
-                return f"code before it in the test's body uses {name}"
-        return None
 
     def _hoist(self, call: cst.Call, guard: cst.If, taken: set[str]) -> None:
         """Compute ``call`` into a variable before ``guard``; move ``x = m.state_dict()``. The
@@ -443,14 +341,6 @@ class MigrateSmp(hvd.Migration):
                     "for TensorFlow); with more than one partition configured it says so when "
                     "it starts, and the whole model must fit on one device",
                 )
-
-
-def _partial(call: cst.Call) -> bool:
-    """Whether an ``smp.save`` call writes one file per shard (``partial=True``, the default)."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "partial":
-            return m.matches(arg.value, m.Name("True"))
-    return len(call.args) < 3  # (a third positional argument is ``partial``)
 
 
 class _StepFinder(Visitor):
