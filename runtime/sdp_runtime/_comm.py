@@ -82,6 +82,7 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "local_size",
+    "meet",
     "placement",
     "rank",
     "shutdown",
@@ -555,6 +556,64 @@ def barrier() -> None:
             dist.barrier(device_ids=[state.device.index])
         else:
             dist.barrier()
+
+
+_meetings: dict[str, int] = {}  # {name: calls of meet(name) so far on this rank}
+
+
+def meet(what: str, ranks: Sequence[int], advice: str = "") -> None:
+    """Wait until every rank of ``ranks`` has reached its own same-numbered call of
+    ``meet(what, ...)``, through the rendezvous store (outside the backend), before entering a
+    collective that only they take part in: a rank that never comes gives an error naming the
+    call, not a hang nor a collective matched with another one.
+
+    Arguments:
+        what: the call about to start (``model.state_dict()``): names the meeting and the error.
+        ranks: the ranks that take part (this one among them).
+        advice: what to do instead, appended to the error.
+
+    Raises:
+        CommunicationError: a rank of ``ranks`` did not come within half of ``SDP_TIMEOUT``
+            seconds (before a peer waiting in another collective times out there), or left the
+            job first.
+
+    Example:
+        >>> meet("model.state_dict()", [0, 1])
+    """
+    state = _require(what)
+    me = state.placement.rank
+    others = [r for r in ranks if r != me]
+    if not others:
+        return
+    number = _meetings.get(what, 0) + 1
+    _meetings[what] = number
+    store = _default_store()
+    prefix = f"sdp_runtime/meet/{what}/{min(ranks)}/{number}"
+    store.set(f"{prefix}/{me}", b"1")
+    keys = [f"{prefix}/{r}" for r in others]
+    # Half the backend's limit: a peer that went on into another collective times out there
+    # later, so the error that reaches the user is this one, naming the call.
+    limit = state.timeout_s / 2
+    deadline = time.monotonic() + limit
+    pause = 0.001
+    while not store.check(keys):
+        left = _exit.explain(what)
+        if left is not None or time.monotonic() > deadline:
+            missing = [r for r, k in zip(others, keys, strict=True) if not store.check([k])]
+            # Forget this call, so that a later one is counted the same on every rank.
+            store.delete_key(f"{prefix}/{me}")
+            _meetings[what] = number - 1
+            if left is not None:  # ended its script, or failed: the launcher tells which
+                reason = f"rank(s) {missing} left the job without calling it"
+            else:
+                reason = (f"rank(s) {missing} did not call it within {limit:g} s (half of "
+                          f"SDP_TIMEOUT)")
+            raise CommunicationError(
+                f"{what} on rank {me} needs ranks {list(ranks)} to call it together: {reason}."
+                + (f" {advice}" if advice else "")
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 # --------------------------------------------------------------------------------------------

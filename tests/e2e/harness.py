@@ -259,6 +259,17 @@ def copy_script(src: Path, dest_dir: Path, name: str) -> Path:
     return dest
 
 
+def converted_copy(src: Path, dest_dir: Path, name: str = "train.py") -> Path:
+    """``src`` copied to ``dest_dir/name`` and converted there by the ``sdp-convert`` command
+    installed next to this Python, as a user does (it must succeed)."""
+    script = copy_script(src, dest_dir, name)
+    cli = shutil.which("sdp-convert", path=str(Path(sys.executable).parent))
+    assert cli, "sdp-convert is not installed next to this Python"
+    done = subprocess.run([cli, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return script
+
+
 # -- what a run wrote ------------------------------------------------------------------------------
 
 

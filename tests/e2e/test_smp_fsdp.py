@@ -18,8 +18,6 @@ sharded run wrote one partial file per shard, the data-parallel run one.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from .harness import (
     SDP_RUN,
     Output,
     assert_state_close,
+    converted_copy,
     copy_script,
     definitions_of,
     files_in,
@@ -48,11 +47,7 @@ FINAL = Output("final.pt", key="model")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("smp_fsdp")
-    script = copy_script(CASE / "input.py", root / "convert", "train.py")
-    cli = shutil.which("sdp-convert", path=str(Path(sys.executable).parent))
-    assert cli, "sdp-convert is not installed next to this Python"
-    done = subprocess.run([cli, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    script = converted_copy(CASE / "input.py", root / "convert")
     assert "smdistributed" not in script.read_text()
     plans = {
         "one": ([sys.executable], 2 * B, None),

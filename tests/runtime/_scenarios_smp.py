@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import Any
 
 import sdp_runtime.torch.smp as smp
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from sdp_runtime import CommunicationError
 from sdp_runtime.torch.smp import model as smp_model
 from sdp_runtime.torch.smp import state
 from torch import nn
@@ -109,6 +111,28 @@ def check_optimizer_stays_the_same_object_for_schedulers() -> None:
     assert "_smp_is_partial" in optimizer.local_state_dict()
 
 
+def check_grad_scaler_skips_the_step_everywhere_when_one_rank_overflows() -> None:
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scaler = smp.amp.GradScaler()
+    scaler.scale(torch.tensor(1.0))  # (the scale exists from the first scale() on)
+    before = scaler.get_scale()
+    # Rank 1's gradient overflowed (its shard, say); rank 0's is finite: nobody steps.
+    weight.grad = torch.full((3,), float("inf") if smp.rank() == 1 else 1.0)
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.equal(weight.detach(), torch.ones(3)), weight
+    assert scaler.get_scale() == before / 2
+    # Finite everywhere: every rank steps.
+    optimizer.zero_grad()
+    weight.grad = torch.full((3,), scaler.get_scale())
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.allclose(weight.detach(), torch.full((3,), 0.5)), weight
+
+
 def check_save_full_once_and_partial_per_shard() -> None:
     model = smp.DistributedModel(_net())
     folder = smp.allgather(tempfile.mkdtemp() if smp.rank() == 0 else None)[0]
@@ -206,3 +230,35 @@ def single_process_partitioned() -> dict[str, Any]:
     return {"configured": raw.get("partitions"), "mp_size": smp.mp_size(),
             "dp_size": smp.dp_size(), "sharded": model._fsdp,
             "keys": list(model.state_dict()) == list(_net().state_dict())}
+
+
+def one_rank_gathers_a_sharded_model(folder: str) -> dict[str, Any]:
+    """Sharded data parallelism on 2 processes: rank 0 alone calls ``model.state_dict()``,
+    ``optimizer.state_dict()`` and ``smp.save(..., partial=True)`` (as under ``if smp.rank() ==
+    0:``): each raises naming the call instead of hanging; then both ranks call them and they
+    work."""
+    smp.init()
+    model = smp.DistributedModel(_net())
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    errors: list[str] = []
+    seconds: list[float] = []
+    path = os.path.join(folder, "partial.pt")
+    calls = (model.state_dict, optimizer.state_dict,
+             lambda: smp.save(model.local_state_dict(), path, partial=True))
+    for call in calls:
+        if smp.rank() == 0:
+            started = time.monotonic()
+            try:
+                call()
+            except CommunicationError as error:
+                errors.append(str(error))
+            seconds.append(time.monotonic() - started)
+        smp.barrier()
+    full = model.state_dict()  # both ranks: gathered
+    optimizer.state_dict()
+    smp.save(model.local_state_dict(), path, partial=True)
+    smp.barrier()
+    plain = _net()
+    return {"errors": errors, "seconds": seconds, "files": sorted(os.listdir(folder)),
+            "equal": all(torch.equal(full[k], v) for k, v in plain.state_dict().items()),
+            "sharded": model._fsdp}

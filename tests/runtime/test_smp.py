@@ -22,7 +22,7 @@ def suite(tmp_path_factory) -> list[dict[str, str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_suite_ran_every_check(suite):
-    assert len(CHECKS) == 10
+    assert len(CHECKS) == 11
     for outcome in suite:
         assert list(outcome) == CHECKS
 
@@ -82,3 +82,25 @@ def test_layout_of_data_parallelism_and_sharded_data_parallelism():
 def test_layout_refuses_a_degree_that_does_not_divide_the_processes():
     with pytest.raises(ValueError, match="does not divide the number of processes"):
         _smp_config.Layout(0, 3, _smp_config.read({"partitions": 2}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_sharded_state_gathered_on_one_rank_raises_naming_the_call_instead_of_hanging(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    # SDP_TIMEOUT 10: each call on rank 0 alone gives up after 5 s; the spawn kills at 90 s.
+    ranks = spawn("_scenarios_smp:one_rank_gathers_a_sharded_model", 2, tmp_path, timeout=90,
+                  args=[str(folder)], env={"SDP_TIMEOUT": "10", "SM_HP_MP_PARAMETERS":
+                                           '{"sharded_data_parallel_degree": 2}'})
+    rank0, rank1 = results(ranks)
+    assert rank0["sharded"] and rank1["sharded"]
+    for error, call in zip(rank0["errors"], ["model.state_dict()", "optimizer.state_dict()",
+                                             "smp.save(partial=True)"], strict=True):
+        assert error.startswith(f"{call} on rank 0 needs ranks [0, 1] to call it together: "
+                                "rank(s) [1] did not call it within 5 s"), error
+        assert "outside any rank test" in error
+    assert len(rank0["errors"]) == 3 and rank1["errors"] == []
+    assert all(4.5 < s < 30 for s in rank0["seconds"]), rank0["seconds"]
+    # Called on both ranks afterwards, the same calls work: the whole state, both shards' files.
+    assert rank0["equal"] and rank0["files"] == ["partial.pt_0", "partial.pt_1"]

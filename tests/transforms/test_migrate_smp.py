@@ -134,14 +134,73 @@ def test_unguarded_torch_save_becomes_smp_save_written_once():
     )
     out = result.output.decode()
     assert 'smp.save(model.state_dict(), "model.pt", partial=False)' in out
-    assert 'smp.save(optimizer.state_dict(), "opt.pt", partial=False)' in out
+    assert 'smp.save(optimizer_state, "opt.pt", partial=False)' in out
 
 
-def test_state_dict_under_a_rank_test_is_noted():
-    result = migrate(
-        textwrap.dedent(TORCH_SCRIPT) + 'if smp.rank() == 0:\n    smp.save(model.state_dict(), "m.pt", partial=False)\n'
+def test_state_dict_under_a_rank_test_moves_before_it_onto_every_rank():
+    migrate(
+        TORCH_SCRIPT + """\
+
+    # SMP: the whole model, once.
+    if smp.rank() == 0:
+        print("saving")
+        smp.save({"model": model.state_dict(), "opt": optimizer.state_dict()}, "m.pt", partial=False)
+    if smp.dp_rank() == 0:
+        # the weights
+        weights = model.state_dict()
+        torch.save(weights, "w.pt")
+    """,
+        TORCH_SCRIPT.replace("import smdistributed.modelparallel.torch as smp",
+                             "import sdp_runtime.torch.smp as smp") + """\
+
+    # SMP: the whole model, once.
+    model_state = model.state_dict()
+    optimizer_state = optimizer.state_dict()
+    if smp.rank() == 0:
+        print("saving")
+        smp.save({"model": model_state, "opt": optimizer_state}, "m.pt", partial=False)
+    # the weights
+    weights = model.state_dict()
+    if smp.dp_rank() == 0:
+        smp.save(weights, "w.pt", partial=False)
+    """,
     )
-    assert any("model.state_dict() under a rank() test" in n for n in messages(result, manual=True))
+
+
+def test_state_dict_that_cannot_move_before_its_rank_test_is_noted():
+    result = migrate(
+        TORCH_SCRIPT + """
+    if smp.rank() == 0 and loss.item() < 1:
+        smp.save(model.state_dict(), "best.pt", partial=False)
+    if smp.mp_rank() == 0:
+        model.eval()
+        smp.save(model.state_dict(), "eval.pt", partial=False)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    if smp.rank() == 0:
+        smp.save(scheduler.state_dict(), "sched.pt", partial=False)
+    """
+    )
+    notes = messages(result, manual=True)
+    assert len(notes) == 2, notes
+    assert notes[0].startswith("model.state_dict() under `if smp.rank() == 0 and loss.item() < 1:` "
+                               "(the test is not only `smp.<x>_rank() == 0`): when the "
+                               "configuration shards the model")
+    assert "(code before it in the test's body uses model)" in notes[1]
+    assert "raises CommunicationError naming the call" in notes[1]
+    assert "model_state" not in result.output.decode()
+
+
+def test_state_dict_under_a_rank_test_in_a_function_moves_within_the_function():
+    result = migrate(
+        TORCH_SCRIPT + """
+    def save(path):
+        if smp.rank() == 0:
+            smp.save(model.state_dict(), path, partial=False)
+    """
+    )
+    assert result.output.decode().endswith(
+        "def save(path):\n    model_state = model.state_dict()\n    if smp.rank() == 0:\n"
+        "        smp.save(model_state, path, partial=False)\n")
 
 
 def test_tf_get_gradients_in_a_step_uses_the_runtime_and_partitions_are_noted():
@@ -236,3 +295,60 @@ def test_tf_checkpoint_manager_is_noted():
     )
     assert any(n.startswith("smp.CheckpointManager: not provided by sdp_runtime; write a "
                             "tf.train.Checkpoint") for n in messages(result, manual=True))
+
+
+def test_tensor_parallelism_says_it_is_emulated_with_fsdp():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.torch as smp
+        import torch
+
+        smp.init()
+        with smp.tensor_parallelism():
+            net = torch.nn.Linear(4, 2)
+        smp.tp_register(torch.nn.Linear, None)
+        """
+    )
+    infos = messages(result, manual=False)
+    assert any(n.startswith("smp.tensor_parallelism(): tensor parallelism is emulated with FSDP "
+                            "here: no layer is split across processes") for n in infos), infos
+    notes = messages(result, manual=True)
+    assert any(n.startswith("smp.tp_register: not provided by sdp_runtime; tensor parallelism is "
+                            "emulated with FSDP") and n.endswith(": remove the call")
+               for n in notes), notes
+
+
+def test_partial_save_under_a_rank_test_loses_the_test():
+    migrate(
+        TORCH_SCRIPT + """
+    # every shard
+    if smp.dp_rank() == 0:
+        smp.save(model.local_state_dict(), "p.pt", partial=True)
+        smp.save(optimizer.local_state_dict(), "o.pt")
+    if smp.rank() == 0:
+        smp.save(model.local_state_dict(), "whole.pt", partial=False)
+    """,
+        TORCH_SCRIPT.replace("import smdistributed.modelparallel.torch as smp",
+                             "import sdp_runtime.torch.smp as smp") + """
+    # every shard
+    smp.save(model.local_state_dict(), "p.pt", partial=True)
+    smp.save(optimizer.local_state_dict(), "o.pt")
+    if smp.rank() == 0:
+        smp.save(model.local_state_dict(), "whole.pt", partial=False)
+    """,
+    )
+
+
+def test_partial_save_that_keeps_its_rank_test_is_noted():
+    result = migrate(
+        TORCH_SCRIPT + """
+    if smp.dp_rank() == 0:
+        print("saving")
+        smp.save(model.local_state_dict(), "p.pt", partial=True)
+    """
+    )
+    (note,) = messages(result, manual=True)
+    assert note.startswith("smp.save(..., partial=True) under `if smp.dp_rank() == 0:` (the test "
+                           "guards more than smp.save(..., partial=True) calls): it writes each "
+                           "shard's file on the ranks of the first replica")
+    assert 'if smp.dp_rank() == 0:\n    print("saving")' in result.output.decode()

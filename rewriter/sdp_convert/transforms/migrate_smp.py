@@ -3,34 +3,19 @@
 Before::
 
     import smdistributed.modelparallel.torch as smp
+    ...
+    if smp.dp_rank() == 0:
+        smp.save(model.state_dict(), "model.pt", partial=False)
+    torch.save(model.state_dict(), "weights.pt")
 
-    smp.init()
-    model = smp.DistributedModel(model)
-    optimizer = smp.DistributedOptimizer(optimizer)
-
-    @smp.step
-    def train_step(model, data, target):
-        loss = F.nll_loss(model(data), target)
-        model.backward(loss)
-        return loss
-
-    torch.save(model.state_dict(), "model.pt")
-
-After::
+After (everything else, ``@smp.step`` and ``DistributedModel`` included, stays)::
 
     import sdp_runtime.torch.smp as smp
-
-    smp.init()
-    model = smp.DistributedModel(model)
-    optimizer = smp.DistributedOptimizer(optimizer)
-
-    @smp.step
-    def train_step(model, data, target):
-        loss = F.nll_loss(model(data), target)
-        model.backward(loss)
-        return loss
-
-    smp.save(model.state_dict(), "model.pt", partial=False)
+    ...
+    model_state = model.state_dict()
+    if smp.dp_rank() == 0:
+        smp.save(model_state, "model.pt", partial=False)
+    smp.save(model.state_dict(), "weights.pt", partial=False)
 
 Why: SMP runs only on SageMaker. ``sdp_runtime.torch.smp`` and ``sdp_runtime.tensorflow.smp``
 have SMP's names (``init``, the rank queries, ``DistributedModel``, ``DistributedOptimizer``,
@@ -45,8 +30,17 @@ Call by call:
 
 * ``torch.save(...)`` not under a rank check becomes ``smp.save(..., partial=False)``: written
   once, and ``model.state_dict()`` still runs on every rank, which a sharded model needs (a
-  ``torch.save`` put under ``if rank() == 0:`` would gather the shards on rank 0 alone and hang);
-  ``model.state_dict()`` already under a ``rank() == 0`` test gets a note saying so;
+  ``torch.save`` put under ``if rank() == 0:`` would gather the shards on rank 0 alone);
+* ``model.state_dict()`` / ``optimizer.state_dict()`` of SMP's ``DistributedModel`` /
+  ``DistributedOptimizer`` under ``if smp.<x>_rank() == 0:`` moves before the ``if``, onto every
+  rank: a sharded model gathers its state from every rank holding a shard, and on some ranks only
+  that gather waits for the others (``if smp.dp_rank() == 0:`` leaves out every rank but 0 under
+  sharded data parallelism). Where it cannot move (another test, an ``else``, a receiver the
+  file does not show to be SMP's, code before it that uses the receiver) it gets a note, and the
+  runtime raises naming the call rather than hanging;
+* an ``if smp.<x>_rank() == 0:`` holding only ``smp.save(..., partial=True)`` calls is removed:
+  each rank of the first replica writes its own shard's file, so the test could only leave shards
+  out (a note where the ``if`` holds more);
 * ``optimizer.get_gradients(loss, variables)`` in a TensorFlow ``@smp.step`` function becomes
   ``smp.get_gradients(loss, variables)`` (Keras 3 optimizers have no ``get_gradients``; the
   runtime's step records the gradient tape);
@@ -63,12 +57,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .. import migration as hvd
 from ..analysis import FileInfo, Visitor
+from ..program.smp_saves import ROOT, SAVE, SmpSaves, partial
 
-_ROOT = "smdistributed.modelparallel"
+_ROOT = ROOT
 
 _COMMON = hvd.names(
     """init is_initialized rank size local_rank local_size dp_rank dp_size mp_rank mp_size
@@ -88,15 +84,24 @@ SMP_MODULES: Mapping[str, hvd.Target] = {
     f"{_ROOT}.tensorflow": hvd.Target("sdp_runtime.tensorflow.smp", _TF),
 }
 
+#: What ``tensor_parallel_degree`` does here, in every note about it.
+_TP_EMULATED = (
+    "tensor parallelism is emulated with FSDP here: no layer is split across processes; the "
+    "parameters, gradients and optimizer state are sharded over the replica's processes, and "
+    "each of them computes whole layers on the same batch (less memory per process for the "
+    "state, not for activations, and no speed-up)"
+)
+
 _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
     ("save_checkpoint", "resume_from_checkpoint"): "save with smp.save({'model': "
-    "model.state_dict(), 'optimizer': optimizer.state_dict()}, path, partial=False) and resume "
-    "with smp.load(path, partial=False) and load_state_dict",
+    "model.state_dict(), 'optimizer': optimizer.state_dict()}, path, partial=False) on every "
+    "rank, not under a rank test (a sharded model gathers its state from every rank; rank 0 "
+    "writes), and resume with smp.load(path, partial=False) and load_state_dict",
     ("nn",): "use the torch.nn layer it replaces (FSDP shards it like any other module)",
     ("optimizers",): "use the torch.optim optimizer it replaces",
     ("send",): "use broadcast/recv_from, or torch.distributed on get_world_process_group()",
-    ("tp_register", "tp_register_with_module", "set_tensor_parallelism"): "tensor parallelism "
-    "is FSDP sharding here: remove the call",
+    ("tp_register", "tp_register_with_module", "set_tensor_parallelism"): _TP_EMULATED
+    + ": remove the call",
     ("CheckpointManager",): "write a tf.train.Checkpoint (or model.save_weights) on rank 0 and "
     "restore it on every rank",
     ("state",): "SMP's internal state: use the rank and size functions",
@@ -104,7 +109,6 @@ _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
 _ADVICE = {name: text for group, text in _ADVICE_GROUPS.items() for name in group}
 
 _TORCH_SAVE = "torch.save"
-
 
 class MigrateSmp(hvd.Migration):
     DESCRIPTION = "Point SageMaker smdistributed.modelparallel imports at sdp_runtime's SMP API."
@@ -123,10 +127,16 @@ class MigrateSmp(hvd.Migration):
 
     def prepare(self, module: cst.Module) -> None:
         self._saves: set[int] = set()  # torch.save calls to write with smp.save (_check_saves)
+        #: {id(state_dict call): the name it is computed into before its rank guard}
+        self._hoisted: dict[int, str] = {}
+        self._moved: set[cst.CSTNode] = set()  # ``x = model.state_dict()`` moved out whole
+        self._lifted: set[cst.If] = set()  # guards whose leading lines moved up with a hoist
         super().prepare(module)
         self._steps = self._step_functions()
         if self.state.info.framework == "tensorflow":
             self._note_tensorflow()
+        for call in self.calls_to(f"{_ROOT}.torch.tensor_parallelism"):
+            self.record(call, f"{self.module.code_for_node(call.func)}(): {_TP_EMULATED}")
 
     def _advice(self, member: str) -> str:
         return _ADVICE.get(member, "rewrite this part by hand")
@@ -144,27 +154,110 @@ class MigrateSmp(hvd.Migration):
             if self._under_rank_check(call) or self._mentions_rank(call):
                 continue
             self._saves.add(id(call))
+        if self.state.info.framework != "torch":
+            return
+        self._guards = SmpSaves(self, self._mentions_rank, self._under_rank_check)
+        self._check_partial_saves()
+        taken = {n.value for n in m.findall(self.module, m.Name()) if isinstance(n, cst.Name)}
         for call in self.method_calls("state_dict"):
-            if self._under_rank_check(call) and self._rank_test_only(call):
+            guard = self._guards.rank_guard(call)
+            if guard is None or not self._guards.may_be_sharded(call):
+                continue
+            test = self.module.code_for_node(guard.test)
+            code = self.module.code_for_node(call)
+            why = self._guards.not_hoistable(call, guard)
+            if why is None:
+                self._hoist(call, guard, taken)
                 self.record(
                     call,
-                    f"{self.module.code_for_node(call)} under a rank() test: when the "
-                    "configuration shards the model (partitions, tensor or sharded data "
-                    "parallelism) every rank of a replica must call it; test smp.dp_rank() == 0 "
-                    "instead, or save with smp.save(..., partial=False) on every rank",
-                    manual=True,
+                    f"{code} moved before `if {test}:`, onto every rank: a sharded model "
+                    "(partitions, tensor or sharded data parallelism) gathers its state from "
+                    "every rank holding a shard; what the test guards still runs where it did",
                 )
+                continue
+            self.record(
+                call,
+                f"{code} under `if {test}:` ({why}): when the configuration shards the model "
+                "(partitions, tensor or sharded data parallelism) every rank holding a shard must "
+                "call it (at run time it raises CommunicationError naming the call); call it "
+                "before the test, on every rank, and write the result under the test",
+                manual=True,
+            )
 
-    def _rank_test_only(self, node: cst.CSTNode) -> bool:
-        """Whether a guard above ``node`` tests ``rank()``/``local_rank()``, not ``dp_rank()``."""
-        for parent in self.ancestors(node):
-            if isinstance(parent, cst.If) and self._mentions_rank(parent.test):
-                return True
-        return False
+    def _check_partial_saves(self) -> None:
+        """``smp.save(..., partial=True)`` under ``if smp.<x>_rank() == 0:``: each rank of the
+        first replica writes its own shard's file, so the test can only leave shards out (all
+        but rank 0's under sharded data parallelism); an ``if`` holding only such saves goes."""
+        done: set[cst.If] = set()
+        for call in self.calls_to(SAVE):
+            guard = self._guards.rank_guard(call)
+            if guard is None or guard in done or not partial(call):
+                continue
+            test = self.module.code_for_node(guard.test)
+            code = self.module.code_for_node(call.func)
+            why = self._guards.not_unguardable(guard)
+            if why is None:
+                done.add(guard)
+                stmts = list(cst.ensure_type(guard.body, cst.IndentedBlock).body)
+                first = cst.ensure_type(stmts[0], cst.SimpleStatementLine)  # (not_unguardable)
+                comments = [x for x in first.leading_lines if x.comment is not None]
+                stmts[0] = stmts[0].with_changes(leading_lines=[*guard.leading_lines, *comments])
+                self.replace_statement(guard, stmts)
+                self.record(
+                    guard,
+                    f"`if {test}:` removed around {code}(..., partial=True): it writes each "
+                    "shard's file on the ranks of the first replica only, which must all call it; "
+                    "the test could only leave shards out of the checkpoint (all but rank 0's "
+                    "under sharded data parallelism)",
+                )
+                continue
+            self.record(
+                call,
+                f"{code}(..., partial=True) under `if {test}:` ({why}): it writes each shard's "
+                "file on the ranks of the first replica, which must all call it (at run time it "
+                "raises CommunicationError naming the call); under sharded data parallelism the "
+                "test leaves all but rank 0 out: call it on every rank",
+                manual=True,
+            )
+
+    def _hoist(self, call: cst.Call, guard: cst.If, taken: set[str]) -> None:
+        """Compute ``call`` into a variable before ``guard``; move ``x = m.state_dict()``. The
+        blank lines and comments above ``guard`` move above the first statement put there."""
+        first = guard not in self._lifted
+        self._lifted.add(guard)
+        lines = guard.leading_lines if first else ()
+        stmt = self.enclosing_statement(call)
+        body = cst.ensure_type(guard.body, cst.IndentedBlock).body
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+        if (isinstance(stmt, cst.SimpleStatementLine) and isinstance(small, cst.Assign)
+                and small.value is call and len(stmt.body) == 1
+                and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                and any(s is not stmt and s not in self._moved for s in body)):
+            self._moved.add(stmt)
+            comments = [x for x in stmt.leading_lines if x.comment is not None]
+            self.insert_before(guard, stmt.with_changes(leading_lines=[*lines, *comments]))
+            self.replace_statement(stmt, [])
+            return
+        receiver = cst.ensure_type(cst.ensure_type(call.func, cst.Attribute).value, cst.Name)
+        name, number = f"{receiver.value}_state", 1
+        while name in taken:
+            number += 1
+            name = f"{receiver.value}_state_{number}"
+        taken.add(name)
+        self._hoisted[id(call)] = name
+        hoisted = cst.parse_statement(f"{name} = {receiver.value}.state_dict()\n")
+        self.insert_before(guard, hoisted.with_changes(leading_lines=lines))
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node in self._lifted:
+            return updated_node.with_changes(leading_lines=())
+        return updated_node
 
     # -- calls -----------------------------------------------------------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self._hoisted:
+            return cst.Name(self._hoisted[id(original_node)])
         if id(original_node) in self._saves:
             return self._save(original_node, updated_node)
         if self._is_get_gradients(original_node):

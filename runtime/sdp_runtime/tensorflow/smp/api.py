@@ -18,6 +18,17 @@ from .. import basics, collectives
 
 StepOutput = _smp_step.StepOutput
 
+__all__ = [
+    # joining the job, and where this process stands
+    "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mp_rank", "mp_size",
+    "dp_rank", "dp_size", "get_mp_group", "get_dp_group",
+    # the model and its step
+    "DistributedModel", "StepOutput", "step", "get_gradients", "partition",
+    # communication on SMP's groups
+    "CommGroup", "RankType", "WORLD", "MP_GROUP", "DP_GROUP", "barrier", "broadcast", "recv_from",
+    "allgather",
+]
+
 
 class CommGroup(enum.Enum):
     """SMP's process groups; with data parallelism only, all three hold every process."""

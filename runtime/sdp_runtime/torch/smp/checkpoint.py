@@ -16,10 +16,18 @@ def _partial_path(path: str | os.PathLike[str]) -> str:
     return f"{os.fspath(path)}_{layout.rank % layout.shard_size}"
 
 
+_PARTIAL_ADVICE = (
+    "Every rank holding a shard of the model writes its own file: call smp.save(..., "
+    "partial=True) on every rank, outside any rank test (only the first replica's ranks write)"
+)
+
+
 def save(obj: Any, f: str | os.PathLike[str] | Any, partial: bool = True, **kwargs: Any) -> None:
     """``torch.save`` for SMP: ``partial=False`` writes ``f`` once, on rank 0 (a whole state:
     ``model.state_dict()`` loads into the plain model); ``partial=True`` writes this shard's
-    ``f_<shard>`` (``_<mp_rank>`` as SMP names it) on the ranks of the first replica only.
+    ``f_<shard>`` (``_<mp_rank>`` as SMP names it) on the ranks of the first replica only, which
+    must all call it (one that does not gives ``CommunicationError`` after half of
+    ``SDP_TIMEOUT``, not a checkpoint missing its shard).
 
     Arguments:
         obj: what to save (``{"model_state_dict": model.state_dict(), ...}``).
@@ -28,12 +36,13 @@ def save(obj: Any, f: str | os.PathLike[str] | Any, partial: bool = True, **kwar
         **kwargs: given to ``torch.save`` (``pickle_module``, ``pickle_protocol``).
 
     Example:
-        >>> if smp.dp_rank() == 0:
-        ...     smp.save({"model_state_dict": model.state_dict()}, "model.pt", partial=False)
+        >>> smp.save({"model_state_dict": model.state_dict()}, "model.pt", partial=False)
     """
     layout = state.layout()
     if partial and isinstance(f, (str, os.PathLike)):
         if layout.rank < layout.shard_size:
+            # A shard missing from the checkpoint would only show when resuming: stop here.
+            _comm.meet("smp.save(partial=True)", range(layout.shard_size), _PARTIAL_ADVICE)
             torch.save(obj, _partial_path(f), **kwargs)
     elif layout.rank == 0:  # one file (a file object: always one)
         torch.save(obj, f if not isinstance(f, (str, os.PathLike)) else os.fspath(f), **kwargs)

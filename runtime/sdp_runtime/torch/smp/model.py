@@ -200,7 +200,11 @@ class DistributedModel(nn.Module):
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """The whole model's state with the plain module's keys. Sharded: gathered from the
-        ranks of this replica, which must all call it (as ``if smp.dp_rank() == 0:`` does)."""
+        ranks that shard this replica, which must all call it; called on some of them only
+        (under ``if smp.rank() == 0:``), it raises ``CommunicationError`` naming the call after
+        half of ``SDP_TIMEOUT`` seconds instead of hanging."""
+        if self._fsdp:
+            _meet_shards("model.state_dict()")
         full = self.module.state_dict(*args, **kwargs)
         if self._fsdp:
             for key, value in full.items():
@@ -352,6 +356,20 @@ def current_model() -> DistributedModel | None:
     return _model
 
 
+_GATHER_ADVICE = (
+    "A sharded model (partitions, tensor or sharded data parallelism) gathers its whole state "
+    "from every rank holding a shard: call state_dict() on every rank, outside any rank test, "
+    "and let smp.save(state, path, partial=False) write it once (on rank 0)"
+)
+
+
+def _meet_shards(what: str) -> None:
+    """Before gathering a sharded state: every rank sharding this replica must be here too."""
+    layout = state.layout()
+    first = layout.rank - layout.rank % layout.shard_size
+    _comm.meet(what, range(first, first + layout.shard_size), _GATHER_ADVICE)
+
+
 # -- the optimizer --------------------------------------------------------------------------------
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: float = 1.0,
@@ -385,7 +403,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: fl
 
 
 def _optimizer_state_dict(self: Any) -> dict[str, Any]:
-    """The whole optimizer state (torch's layout: loads into the plain model's optimizer)."""
+    """The whole optimizer state (torch's layout: loads into the plain model's optimizer).
+    Sharded: gathered, so every rank sharding the model must call it (see ``state_dict``)."""
+    if any(hasattr(p, "device_mesh") for group in self.param_groups for p in group["params"]):
+        _meet_shards("optimizer.state_dict()")
     sd = super(type(self), self).state_dict()
     for values in sd["state"].values():
         for key, value in values.items():
