@@ -81,8 +81,7 @@ from ..program.syntax import (
 _RUNTIME_LR_ATTRS = ("learning_rate", "lr")
 #: Why the learning rate stays, by ``DataSharding.kind``.
 UNSHARDED = {
-    "not sharded": "the training data is not sharded (see the data's note), so every worker "
-    "would average the same gradient",
+    "not sharded": "the training data is not split between the workers (see the data's note)",
     "environment": "the data comes from an environment, not a dataset the workers can split",
     "input": "it optimises an input tensor, not a model: not data-parallel as written",
     "full batch": "full-batch training, every worker sees the same data",

@@ -76,8 +76,7 @@ _ABSOLUTE_RATES: dict[str, tuple[tuple[str, int], ...]] = {
 }
 #: Why the learning rate stays, by ``DataSharding.kind``.
 UNSHARDED = {
-    "not sharded": "the training data is not sharded (see the data's note), so every rank "
-    "would average the same gradient",
+    "not sharded": "the training data is not split between the ranks (see the data's note)",
     "environment": "the data comes from an environment, not a dataset the ranks can split",
     "input": "it optimises an input tensor, not a model's parameters: not data-parallel as "
     "written",
