@@ -30,6 +30,29 @@ import sys
 _LOG_DIR = os.environ.get("SDP_E2E_AUDIT")
 
 
+class _WrapOnImport:
+    """Runs ``wrappers[name](module)`` once the module ``name`` has been executed."""
+
+    def __init__(self, wrappers):  # type: ignore[no-untyped-def]
+        self.wrappers = wrappers
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        wrap = self.wrappers.get(name)
+        if wrap is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):  # type: ignore[no-untyped-def]
+            exec_module(module)
+            wrap(module)
+
+        spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+        return spec
+
+
 def _install(log_dir: str) -> None:
     root = os.getcwd()
     log_file = os.path.join(log_dir, f"writes.{os.getpid()}.log")
@@ -134,35 +157,14 @@ def _install(log_dir: str) -> None:
 
         module.create_file_writer_v2 = audited_create
 
-    class WrapOnImport:
-        """Runs ``wrappers[name](module)`` once the module ``name`` has been executed."""
-
-        wrappers = {
-            "h5py._hl.files": wrap_h5py_file,
-            "tensorflow.python.checkpoint.checkpoint": wrap_tf_checkpoint,
-            "tensorflow.python.checkpoint.checkpoint_management": wrap_tf_checkpoint_state,
-            "tensorflow.python.ops.summary_ops_v2": wrap_tf_summary,
-        }
-
-        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-            wrap = self.wrappers.get(name)
-            if wrap is None:
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None:
-                return spec
-            exec_module = spec.loader.exec_module
-
-            def exec_and_wrap(module):  # type: ignore[no-untyped-def]
-                exec_module(module)
-                wrap(module)
-
-            spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
-            return spec
-
     sys.addaudithook(hook)
     sys.meta_path.insert(0, WrapTorchSave())
-    sys.meta_path.insert(0, WrapOnImport())
+    sys.meta_path.insert(0, _WrapOnImport({
+        "h5py._hl.files": wrap_h5py_file,
+        "tensorflow.python.checkpoint.checkpoint": wrap_tf_checkpoint,
+        "tensorflow.python.checkpoint.checkpoint_management": wrap_tf_checkpoint_state,
+        "tensorflow.python.ops.summary_ops_v2": wrap_tf_summary,
+    }))
 
 
 def _log_gpu_use(log_file: str) -> None:
@@ -182,22 +184,6 @@ def _log_gpu_use(log_file: str) -> None:
 
         module.init_process_group = watched
 
-    class WrapDistributed:
-        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-            if name != "torch.distributed.distributed_c10d":
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None:
-                return spec
-            exec_module = spec.loader.exec_module
-
-            def exec_and_wrap(module):  # type: ignore[no-untyped-def]
-                exec_module(module)
-                remember_backend(module)
-
-            spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
-            return spec
-
     def report() -> None:
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_initialized():
@@ -208,7 +194,7 @@ def _log_gpu_use(log_file: str) -> None:
         with open(log_file, "a") as f:
             f.write(json.dumps(line) + "\n")
 
-    sys.meta_path.insert(0, WrapDistributed())
+    sys.meta_path.insert(0, _WrapOnImport({"torch.distributed.distributed_c10d": remember_backend}))
     atexit.register(report)
 
 
