@@ -31,18 +31,13 @@ from libcst.matchers._decorators import (
     VISIT_NEGATIVE_MATCHER_ATTR,
     VISIT_POSITIVE_MATCHER_ATTR,
 )
-from libcst.metadata import (
-    QualifiedName,
-    QualifiedNameProvider,
-)
+from libcst.metadata import QualifiedNameProvider
 
-from .analysis import FileInfo, canonical_name
+from .analysis import FileInfo
 from .options import LrScaling, Options  # noqa: F401 - re-exported (the public names)
 
-if TYPE_CHECKING:
-    from .program.index import FileIndex
-    from .program.sharding import DataSharding
-    from .program.training import TrainingFacts
+if TYPE_CHECKING:  # the program layer is below this module: its types only
+    from .program.model import Facts, FileModel
 
 
 @dataclass
@@ -71,57 +66,40 @@ class EditPlan:
 
 
 @dataclass
-class Facts:
-    """Answers about one file that the program layer computes once, on first use (None before).
-
-    Typed fields, not a string-keyed dict: a misspelt name fails at once, and a reader sees what
-    is shared between transforms.
-    """
-
-    #: Bindings and uses of every name (``program.index``).
-    index: FileIndex | None = None
-    #: Tapes, their steps and the loops that drive them (``program.training``).
-    training: TrainingFacts | None = None
-    #: ``backward()``/``step()`` calls and calls of the file's functions that make them.
-    training_calls: set[cst.CSTNode] | None = None
-    #: Loops around those calls.
-    training_loops: set[cst.CSTNode] | None = None
-    #: id(function, class or module) -> every identifier used inside it.
-    names: dict[int, set[str]] | None = None
-    #: The migration that reports the library's usual mistakes (once, if two migrations apply).
-    migration_checks: str | None = None
-    #: Models wrap_model_ddp wraps; None when it did not run on the file (its DataParallel notes
-    #: are then flag_manual_steps's).
-    wrapped_models: list[str] | None = None
-    #: Whether the training data is (or will be) split between the ranks (``program.sharding``).
-    data_sharding: DataSharding | None = None
-    #: Where the TensorFlow training data is sharded (``program.tfshards.TfShardPlan``).
-    tf_shards: object | None = None
-    #: SageMaker host comparisons (``current_host == hosts[0]``) found by that migration.
-    sagemaker_host_checks: list[cst.Comparison] = field(default_factory=list)
-    #: Loaders this module shards (or finds sharded) for another module of the project:
-    #: (the DataLoader call, function returning it, index in the returned tuple, shuffles,
-    #: sharded already).
-    exports: list[tuple[cst.Call, str, int | None, bool, bool]] = field(default_factory=list)
-
-
-@dataclass
 class FileState:
-    """Everything the transforms of one file share."""
+    """Everything the transforms of one file share: the program model they read (``model``,
+    ``program.model.FileModel``), the options, and what they edit and report."""
 
-    info: FileInfo
+    model: FileModel
     options: Options
-    module: cst.Module
-    runtime_alias: str = "sdp"
     edits: EditPlan = field(default_factory=EditPlan)
     # (original node, transform, message, manual); positions are resolved once, at the end.
     records: list[tuple[cst.CSTNode, str, str, bool]] = field(default_factory=list)
-    # What the program layer computed once for this file (see ``Facts``).
-    facts: Facts = field(default_factory=lambda: Facts())
+
+    @property
+    def info(self) -> FileInfo:
+        return self.model.info
+
+    @property
+    def module(self) -> cst.Module:
+        return self.model.module
+
+    @property
+    def facts(self) -> Facts:
+        """What the program layer computed once for this file (``program.model.Facts``)."""
+        return self.model.facts
+
+    @property
+    def runtime_alias(self) -> str:
+        return self.model.runtime_alias
+
+    @runtime_alias.setter
+    def runtime_alias(self, alias: str) -> None:
+        self.model.runtime_alias = alias
 
     @property
     def runtime_module(self) -> str:
-        return "sdp_runtime.torch" if self.info.framework == "torch" else "sdp_runtime.tensorflow"
+        return self.model.runtime_module
 
 
 _MATCHER_MARKERS = (
@@ -173,6 +151,9 @@ class Transform(VisitorBasedCodemodCommand):
         Codemod.__init__(self, context)
         cst.CSTTransformer.__init__(self)
         self.state = state
+        #: The program model of the file (``program.model.FileModel``): what the program layer's
+        #: functions take. The transform reads it; it edits and reports through ``state``.
+        self.model = state.model
 
     # -- the pipeline's questions -------------------------------------------------------------
 
@@ -195,69 +176,53 @@ class Transform(VisitorBasedCodemodCommand):
         """The name the runtime module is imported as in this file."""
         return self.state.runtime_alias
 
+    # The tree and its names: the program model's answers (``program.model.FileModel``).
+
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully qualified names ``node`` may refer to (``torch.optim.SGD`` for ``optim.SGD``)."""
-        found: Iterable[QualifiedName] = self.get_metadata(QualifiedNameProvider, node, set())
-        return {canonical_name(q.name) for q in found}
+        return self.model.qualified_names(node)
 
     def refers_to(self, node: cst.CSTNode, *names: str, prefix: bool = False) -> bool:
         """Whether ``node`` refers to one of ``names`` (or to something under them if
         ``prefix``)."""
-        for q in self.qualified_names(node):
-            for name in names:
-                if q == name or (prefix and q.startswith(name + ".")):
-                    return True
-        return False
+        return self.model.refers_to(node, *names, prefix=prefix)
 
     def calls_to(self, *names: str, prefix: bool = False) -> list[cst.Call]:
         """Original ``Call`` nodes whose callee refers to one of ``names``, in file order.
 
         An index built once per file (cheap): prefer it to walking the tree in ``prepare``.
         """
-        found: dict[int, cst.Call] = {}
-        for qname, calls in self.state.info.calls.items():
-            if qname in names or (prefix and any(qname.startswith(n + ".") for n in names)):
-                for call in calls:
-                    found[id(call)] = call
-        return sorted(found.values(), key=self._order)
+        return self.model.calls_to(*names, prefix=prefix)
 
     def method_calls(self, method: str) -> list[cst.Call]:
         """Original calls of the form ``<anything>.<method>(...)``, in file order."""
-        return list(self.state.info.method_calls.get(method, ()))
+        return self.model.method_calls(method)
 
     def _order(self, node: cst.CSTNode) -> int:
-        return self.state.info.call_order.get(id(node), -1)
+        return self.model.order(node)
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The parent of an original node (from the map the detection pass builds)."""
-        return self.state.info.parents.get(node)
+        return self.model.parents.get(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-        current = self.parent(node)
-        while current is not None:
-            yield current
-            current = self.parent(current)
+        return self.model.ancestors(node)
 
     def enclosing_statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         """The statement holding ``node`` that sits directly in a module or block body."""
-        child: cst.CSTNode = node
-        for parent in self.ancestors(node):
-            if isinstance(parent, (cst.Module, cst.IndentedBlock)) and isinstance(
-                child, cst.BaseStatement
-            ):
-                return child
-            child = parent
-        return None
+        return self.model.enclosing_statement(node)
 
     def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        for parent in self.ancestors(node):
-            if isinstance(parent, cst.FunctionDef):
-                return parent
-        return None
+        return self.model.enclosing_function(node)
 
     def record(self, node: cst.CSTNode, message: str, *, manual: bool = False) -> None:
         """Report a change (or, with ``manual``, a spot a person must look at) at ``node``."""
         self.state.records.append((node, self.NAME, message, manual))
+
+    def add_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
+        """Schedule ``import module [as asname]`` / ``from module import obj [as asname]`` (the
+        edit the program layer's spelling helpers ask for when a file lacks a name)."""
+        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
 
     def add_runtime_import(self) -> None:
         AddImportsVisitor.add_needed_import(

@@ -32,6 +32,7 @@ from .formatting import format_changed
 from .pipeline import PIPELINE
 from .program.builders import rank0_test
 from .program.index import FileIndex, index_module
+from .program.model import FileModel
 from .program.project import Export, training_results
 from .program.sharding import input_optimisation
 
@@ -202,8 +203,8 @@ def _convert_once(data: bytes, options: Options) -> Result:
         return Result(data, data, info, _hidden_framework(info))
 
     context = CodemodContext(wrapper=wrapper)
-    state = FileState(info=info, options=options, module=module)
-    state.facts.index = index
+    model = FileModel(module, info, index, project=options.project, skip=options.skip)
+    state = FileState(model=model, options=options)
     state.runtime_alias = _runtime_alias(index, state.runtime_module)
     transforms = [cls(context, state) for cls in selected]
     for transform in transforms:
@@ -683,8 +684,8 @@ def probe_module(
         return ModuleProbe(framework=info.framework)
     if not info.entry_point:
         return ModuleProbe(framework=info.framework, library=True)
-    state = FileState(info=info, options=options, module=module)
-    state.facts.index = index
+    model = FileModel(module, info, index, project=options.project, skip=options.skip)
+    state = FileState(model=model, options=options)
     probe = _Probe(CodemodContext(wrapper=wrapper), state)
     probe.metadata = metadata  # type: ignore[assignment]
     found: list[tuple[cst.Call, str, tuple[Path, str], int | None]] = []

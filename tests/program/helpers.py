@@ -12,6 +12,7 @@ from sdp_convert.analysis import detect
 from sdp_convert.base import FileState, Options, Transform
 from sdp_convert.engine import _resolve
 from sdp_convert.program.index import index_module
+from sdp_convert.program.model import FileModel
 
 
 class Probe(Transform):
@@ -26,8 +27,7 @@ def probe(source: str) -> Probe:
     index = index_module(module)
     metadata = _resolve(wrapper, index)
     info = detect(module, metadata, "auto", False)
-    state = FileState(info=info, options=Options(), module=module)
-    state.facts.index = index
+    state = FileState(model=FileModel(module, info, index), options=Options())
     transform = Probe(CodemodContext(wrapper=wrapper), state)
     transform.metadata = metadata  # type: ignore[assignment]
     return transform

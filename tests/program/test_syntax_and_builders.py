@@ -65,8 +65,15 @@ def test_end_of_import_block_skips_docstring_and_future():
 
 
 def test_torch_spelling_follows_the_files_alias():
-    assert torch_spelling(probe("import torch as th\nx = th.ones(1)\n")) == "th"
-    assert torch_spelling(probe("import torch.nn as nn\nx = 1\n")) == "torch"
+    asked: list[tuple[object, ...]] = []
+
+    def add_import(*args: object) -> None:
+        asked.append(args)
+
+    assert torch_spelling(probe("import torch as th\nx = th.ones(1)\n"), add_import) == "th"
+    assert asked == []
+    assert torch_spelling(probe("import torch.nn as nn\nx = 1\n"), add_import) == "torch"
+    assert asked == [("torch.utils.data.distributed",)]  # the import that binds ``torch``
 
 
 def test_statement_is_laid_out_to_fit_the_line():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
 from .index import imported_names
 from .scopes import names_in
+from .syntax import AddImport
 
 _MAX_LINE = 99
 
@@ -19,8 +19,9 @@ def rank0_test(sdp: str) -> cst.BaseExpression:
     return cst.parse_expression(f"{sdp}.rank() == 0")
 
 
-def torch_spelling(t: Transform) -> str:
-    """The module-level name bound to ``torch``; schedules an import if there is none."""
+def torch_spelling(t: Transform, add_import: AddImport) -> str:
+    """The module-level name bound to ``torch``; asks ``add_import`` for an import if there is
+    none."""
     for stmt in t.module.body:
         if not m.matches(stmt, m.SimpleStatementLine(body=[m.Import()])):
             continue
@@ -34,7 +35,7 @@ def torch_spelling(t: Transform) -> str:
                     return alias.asname.name.value
             elif full == "torch" or full.startswith("torch."):
                 return "torch"
-    AddImportsVisitor.add_needed_import(t.context, "torch.utils.data.distributed")
+    add_import("torch.utils.data.distributed")
     return "torch"
 
 
@@ -52,13 +53,13 @@ def statement(t: Transform, head: str, args: list[str], at: cst.CSTNode) -> cst.
     return cst.parse_statement(f"{head}\n{lines})\n")
 
 
-def module_spelling(transform: Transform, module_name: str) -> str:
+def module_spelling(transform: Transform, module_name: str, add_import: AddImport) -> str:
     """The name this file reaches ``module_name`` by (``torch``, or ``T`` after ``import torch as
-    T``); schedules ``import <module_name>`` when the file has no such name."""
+    T``); asks ``add_import`` for ``import <module_name>`` when the file has no such name."""
     for name, qualified, _ in imported_names(transform):
         if module_name in qualified:
             return name
-    AddImportsVisitor.add_needed_import(transform.context, module_name)
+    add_import(module_name)
     return module_name
 
 

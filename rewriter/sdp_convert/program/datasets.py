@@ -502,10 +502,14 @@ def seeded_split(t: Transform, call: cst.Call, torch: str) -> cst.Call:
     return call.with_changes(args=append_arg(list(call.args), generator, call))
 
 
-def note_unseeded_split(t: Transform, dataset: cst.BaseExpression, seen: set[cst.Call]) -> None:
-    """Add the unseeded ``random_split`` behind ``dataset`` (if any, and new) to ``seen``, the
-    calls ``seeded_split`` rewrites, and report it."""
+def new_unseeded_split(
+    t: Transform, dataset: cst.BaseExpression, seen: set[cst.Call]
+) -> cst.Call | None:
+    """The unseeded ``random_split`` behind ``dataset``, if any and not in ``seen`` yet (the
+    calls ``seeded_split`` rewrites): added to ``seen`` and returned (the caller reports it,
+    with ``SEEDED_SPLIT``); None otherwise."""
     split = unseeded_random_split(t, dataset)
     if split is not None and split not in seen:
         seen.add(split)
-        t.record(split, SEEDED_SPLIT)
+        return split
+    return None

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..base import Transform
 from .index import FileIndex, file_index, imported_names, reaching_values
-from .syntax import _EQUAL, arg_named, code, divided_by_size, mentions_size, replace_arg
+from .syntax import _EQUAL, AddImport, arg_named, code, divided_by_size, mentions_size, replace_arg
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
 
@@ -98,11 +97,11 @@ def schedule_class(transform: Transform, call: cst.Call) -> str | None:
     return None
 
 
-def keras_spelling(transform: Transform, dotted: str) -> str:
+def keras_spelling(transform: Transform, dotted: str, add_import: AddImport) -> str:
     """How this file can spell ``keras.<dotted>`` (``optimizers.Adam``):
     ``tf.keras.optimizers.Adam`` after ``import tensorflow as tf``, ``keras.optimizers.Adam`` after
-    ``import keras``, ``Adam`` after ``from keras.optimizers import Adam``. Schedules an import when
-    the file has none."""
+    ``import keras``, ``Adam`` after ``from keras.optimizers import Adam``. Asks ``add_import`` for
+    an import (``add_import(module, name, asname)``) when the file has none."""
     wanted = "keras." + dotted
     best: tuple[int, str] | None = None
     for bound, qualified, _ in imported_names(transform):
@@ -131,17 +130,17 @@ def keras_spelling(transform: Transform, dotted: str) -> str:
     # everywhere, and a second pass would take the file's own calls for Keras ones.
     taken = {bound for _, bound in file_index(transform).bindings}
     if first not in taken:
-        AddImportsVisitor.add_needed_import(transform.context, package, first)
+        add_import(package, first)
         return f"{first}.{name}"
     top, asname = ("tensorflow", "tf") if root == "tensorflow.keras" else ("keras", None)
     bound = asname or top
     if bound not in taken:
-        AddImportsVisitor.add_needed_import(transform.context, top, asname=asname)
+        add_import(top, asname=asname)
         return f"{bound}{root[len(top):]}.{dotted}"  # keras.optimizers.Adam, tf.keras...
     alias = f"keras_{first}"
     while alias in taken:
         alias = "_" + alias
-    AddImportsVisitor.add_needed_import(transform.context, package, first, asname=alias)
+    add_import(package, first, asname=alias)
     return f"{alias}.{name}"
 
 
@@ -211,13 +210,14 @@ def compile_optimizer_arg(call: cst.Call) -> cst.Arg | None:
 
 
 def optimizer_from_string(
-    transform: Transform, name: str, learning_rate: cst.BaseExpression | None
+    transform: Transform, name: str, learning_rate: cst.BaseExpression | None,
+    add_import: AddImport,
 ) -> cst.Call | None:
     """``"adam"`` -> ``tf.keras.optimizers.Adam(learning_rate=...)`` in this file's spelling."""
     cls = OPTIMIZER_STRINGS.get(name.lower())
     if cls is None:
         return None
-    func = cst.parse_expression(keras_spelling(transform, f"optimizers.{cls}"))
+    func = cst.parse_expression(keras_spelling(transform, f"optimizers.{cls}", add_import))
     args = [cst.Arg(learning_rate, keyword=cst.Name("learning_rate"), equal=_EQUAL)] if (
         learning_rate is not None
     ) else []

@@ -220,18 +220,20 @@ def enters_collective(t: Transform, stmt: cst.CSTNode) -> cst.Call | None:
     return None
 
 
-def kept_off_rank0(t: Transform, action: object, describe: Callable[[cst.CSTNode], str]) -> bool:
-    """Whether the write of ``action`` (a guard_rank0_writes action: the statement ``node``,
-    reported at ``anchor``) must stay on every rank because its statement also enters a
-    collective (``f.write(str(model(x)))``: on rank 0 alone, the model's forward would wait for
-    the other ranks: BatchNorm's buffers, DDP's reductions); then says so, as a manual note."""
+def kept_off_rank0(
+    t: Transform, action: object, describe: Callable[[cst.CSTNode], str]
+) -> str | None:
+    """Why the write of ``action`` (a guard_rank0_writes action: the statement ``node``, reported
+    at ``anchor``, named by ``describe``) must stay on every rank, as a manual note for the
+    transform to report, because its statement also enters a collective
+    (``f.write(str(model(x)))``: on rank 0 alone, the model's forward would wait for the other
+    ranks: BatchNorm's buffers, DDP's reductions); None when it may move onto rank 0."""
     stmt, at = action.node, action.anchor  # type: ignore[attr-defined]
     what = describe(at)
     shared = enters_collective(t, stmt)
     if shared is None:
-        return False
-    t.record(at, f"{what} writes on every rank, but the statement also calls "
-                 f"{t.module.code_for_node(shared.func)}(...), which every rank must run "
-                 f"together: not moved onto rank 0. Compute the value on every rank first, then "
-                 f"write it under `if {t.sdp}.rank() == 0:`", manual=True)
-    return True
+        return None
+    return (f"{what} writes on every rank, but the statement also calls "
+            f"{t.module.code_for_node(shared.func)}(...), which every rank must run "
+            f"together: not moved onto rank 0. Compute the value on every rank first, then "
+            f"write it under `if {t.sdp}.rank() == 0:`")

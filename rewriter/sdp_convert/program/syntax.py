@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
+
+#: How a spelling helper (``builders.torch_spelling``, ``keras.keras_spelling``) asks for an import
+#: the file lacks: ``add_import(module, obj=None, asname=None)`` (a transform's ``add_import``).
+#: The program layer only asks; scheduling the edit is the transform's.
+AddImport = Callable[..., None]
 
 _EQUAL = cst.AssignEqual(
     whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")

@@ -381,9 +381,10 @@ class GuardRank0Writes(Transform):
         # Deletions one after another share one guard and one barrier, after the last of them.
         waits, ancestors = {id(a.node) for a in self._actions if a.barrier}, self.ancestors
         for action in self._actions:
-            if action.anchor in earlier or any(p in guarded for p in ancestors(action.anchor)) or (
-                action.kind == "guard" and kept_off_rank0(self, action, self._describe)
-            ):  # inside a statement guarded whole, or one every rank must run (it says so)
+            if action.anchor in earlier or any(p in guarded for p in ancestors(action.anchor)):
+                continue  # inside a statement guarded whole
+            if action.kind == "guard" and (note := kept_off_rank0(self, action, self._describe)):
+                self.record(action.anchor, note, manual=True)  # every rank must run it
                 continue
             if action.kind == "guard":
                 self.guard_rank0(action.node)

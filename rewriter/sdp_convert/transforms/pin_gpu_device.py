@@ -206,7 +206,7 @@ class PinGpuDevice(Transform):
     # -- rewriting ----------------------------------------------------------------------------
 
     def _pin(self, anchor: cst.CSTNode) -> None:
-        torch = module_spelling(self, "torch")
+        torch = module_spelling(self, "torch", self.add_import)
         self.add_runtime_import()
         self.insert_after(
             anchor,

@@ -301,7 +301,7 @@ class ScaleKerasLearningRate(Transform):
                 return updated
         self.add_runtime_import()
         lr = times_size(cst.Float(OPTIMIZER_DEFAULT_LR[cls]), self.sdp, self.mode)
-        optimizer = optimizer_from_string(self, cls, lr)
+        optimizer = optimizer_from_string(self, cls, lr, self.add_import)
         assert optimizer is not None
         what = f"optimizer {code(arg.value)}" if arg is not None else "default optimizer"
         self.record(

@@ -66,7 +66,7 @@ import libcst as cst
 
 from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
-from ..program.datasets import note_unseeded_split, seeded_split
+from ..program.datasets import SEEDED_SPLIT, new_unseeded_split, seeded_split
 from ..program.flow import Site, epoch_loop, holds_only, loader_sites
 from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
 from ..program.project import imported_loaders, returned_feed, single_process_fallback
@@ -221,7 +221,8 @@ class ShardDataLoader(Transform):
                 "explicitly"
             )
 
-        note_unseeded_split(self, dataset.value, self._splits)
+        if (split := new_unseeded_split(self, dataset.value, self._splits)) is not None:
+            self.record(split, SEEDED_SPLIT)
         new_statements: list[cst.BaseStatement] = []
         dataset_code = self.module.code_for_node(dataset.value)
         if not is_simple_reference(dataset.value):
@@ -229,7 +230,7 @@ class ShardDataLoader(Transform):
             plan.dataset_arg = dataset_index
             new_statements.append(cst.parse_statement(f"{plan.dataset_name} = {dataset_code}\n"))
             dataset_code = plan.dataset_name
-        torch = torch_spelling(self)
+        torch = torch_spelling(self, self.add_import)
         sampler_args = [dataset_code, f"num_replicas={self.sdp}.size()", f"rank={self.sdp}.rank()",
                         f"shuffle={shuffle}"]
         head = f"{sampler_code} = {torch}.utils.data.distributed.DistributedSampler("
@@ -369,7 +370,7 @@ class ShardDataLoader(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._splits:
-            return seeded_split(self, updated_node, torch_spelling(self))
+            return seeded_split(self, updated_node, torch_spelling(self, self.add_import))
         plan = self._plans.get(original_node)
         if plan is None or len(updated_node.args) != len(original_node.args):
             return updated_node

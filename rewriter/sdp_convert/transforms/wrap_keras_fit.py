@@ -174,7 +174,9 @@ class WrapKerasFit(Transform):
     def _compile(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         arg = compile_optimizer_arg(updated)
         if arg is None:
-            optimizer = optimizer_from_string(self, DEFAULT_COMPILE_OPTIMIZER, None)
+            optimizer = optimizer_from_string(
+                self, DEFAULT_COMPILE_OPTIMIZER, None, self.add_import
+            )
             assert optimizer is not None
             self.record(original, f"Keras' default optimizer made explicit: {code(optimizer)}")
             updated = add_keyword(updated, "optimizer", optimizer, first=True)
@@ -183,7 +185,9 @@ class WrapKerasFit(Transform):
         value = arg.value
         if isinstance(value, cst.SimpleString):
             name = value.evaluated_value
-            converted = optimizer_from_string(self, name, None) if isinstance(name, str) else None
+            converted = optimizer_from_string(
+                self, name, None, self.add_import
+            ) if isinstance(name, str) else None
             if converted is None:
                 self.record(
                     original,
