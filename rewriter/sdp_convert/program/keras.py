@@ -286,23 +286,26 @@ def keras_own_train_step(
     )
 
 
-def per_worker_save_freq(transform: Transform, original: cst.Call, updated: cst.Call) -> cst.Call:
-    """``ModelCheckpoint(save_freq=<batches>)`` -> ``max(1, <batches> // sdp.size())``, reported:
-    each worker runs 1/N of the batches, so rank 0's checkpoint comes as often as before. Other
-    calls, ``save_freq="epoch"`` and a frequency that mentions ``size()`` come back as they are."""
+def per_worker_save_freq(
+    transform: Transform, original: cst.Call, updated: cst.Call
+) -> tuple[cst.Call, tuple[cst.CSTNode, str] | None]:
+    """``ModelCheckpoint(save_freq=<batches>)`` -> ``max(1, <batches> // sdp.size())``, and what
+    to report where (the transform reports it): each worker runs 1/N of the batches, so rank 0's
+    checkpoint comes as often as before. Other calls, ``save_freq="epoch"`` and a frequency that
+    mentions ``size()`` come back as they are, with nothing to report."""
     names = keras_names(transform, original.func)
     if not any(k.endswith("callbacks.ModelCheckpoint") for k in names):
-        return updated
+        return updated, None
     arg, original_arg = arg_named(updated, "save_freq"), arg_named(original, "save_freq")
     if arg is None or original_arg is None or isinstance(
         original_arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
     ) or mentions_size(transform, original_arg.value):
-        return updated
+        return updated, None
     sdp, value = transform.sdp, code(arg.value)
-    transform.record(original_arg, f"save_freq={value} -> max(1, {value} // {sdp}.size()): each "
-                                   f"worker runs its part of the batches")
+    note = (f"save_freq={value} -> max(1, {value} // {sdp}.size()): each worker runs its part of "
+            "the batches")
     return replace_arg(updated, arg, cst.parse_expression(
-        f"max(1, {code(divided_by_size(arg.value, sdp))})"))
+        f"max(1, {code(divided_by_size(arg.value, sdp))})")), (original_arg, note)
 
 
 def hidden_fit_arguments(original: cst.Call, sdp: str) -> list[str]:

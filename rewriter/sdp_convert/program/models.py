@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
@@ -258,9 +259,10 @@ def model_creation(t: Transform, bindings: list[Binding], reaching: Binding | No
     return creations[0]
 
 
-def part_of_a_model(t: Transform, name: str, scope: Scope) -> bool:
-    """``name`` is handed to a model's constructor (``Decoder(encoder)``) or returned."""
-    for model in t.models.values():
+def part_of_a_model(t: Transform, name: str, scope: Scope, models: Mapping[Any, Any]) -> bool:
+    """``name`` is handed to the constructor of one of ``models`` (``Decoder(encoder)``; each
+    value with its ``creation`` binding and ``scope``) or returned."""
+    for model in models.values():
         value = model.creation.value
         if model.scope is scope and value is not None and any(
             n.value == name for n in m.findall(value, m.Name())
@@ -275,7 +277,7 @@ def part_of_a_model(t: Transform, name: str, scope: Scope) -> bool:
     return False
 
 
-def _branch(compound: cst.CSTNode, node: cst.CSTNode, t: Transform) -> int | None:
+def _branch(t: Transform, compound: cst.CSTNode, node: cst.CSTNode) -> int | None:
     """Which branch (suite) of an ``if``/``try`` holds ``node``: an index, None if none."""
     if isinstance(compound, cst.If):
         suites: list[cst.CSTNode | None] = [compound.body, compound.orelse]
@@ -310,9 +312,9 @@ def branch_join(t: Transform, creation: cst.CSTNode, others: list[cst.CSTNode]
             break
         if not isinstance(parent, (cst.If, cst.Try)):
             continue
-        mine = _branch(parent, creation, t)
+        mine = _branch(t, parent, creation)
         for other in rivals:
-            theirs = _branch(parent, other, t)
+            theirs = _branch(t, parent, other)
             if (theirs is not None and theirs != mine) or (
                 theirs is None and index.is_before(other, parent)
             ):
@@ -383,17 +385,18 @@ def user_methods_in_training(
 
 
 def untrained_models(
-    t: Transform, index: FileIndex, trained: set[tuple[str, int]]
+    t: Transform, index: FileIndex, trained: set[tuple[str, int]], models: Mapping[Any, Any]
 ) -> Iterator[tuple[str, Binding]]:
     """``(name, binding)`` of modules built and called in this file that are not in ``trained``
-    (``(name, id(scope))``) nor part of another model: evaluation models, teachers."""
+    (``(name, id(scope))``) nor part of another model (of ``models``, the models a transform
+    found: ``part_of_a_model``): evaluation models, teachers."""
     for (scope_id, name), bindings in index.bindings.items():
         if (name, scope_id) in trained:
             continue
         for binding in bindings:
             if binding.kind != "assign" or not is_module_value_expr(t, binding.value):
                 continue
-            if part_of_a_model(t, name, binding.scope):
+            if part_of_a_model(t, name, binding.scope, models):
                 break
             if any(
                 isinstance(p := t.parent(load), cst.Call) and p.func is load

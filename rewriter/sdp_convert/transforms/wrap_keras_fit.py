@@ -437,7 +437,10 @@ class WrapKerasFit(Transform):
         if original_node in self.fits:
             return self._fit(original_node, updated_node)
         if self.fits:
-            return per_worker_save_freq(self, original_node, updated_node)
+            call, note = per_worker_save_freq(self, original_node, updated_node)
+            if note is not None:
+                self.record(*note)
+            return call
         return updated_node
 
 

@@ -426,7 +426,7 @@ class WrapModelDdp(Transform):
     def _note_untrained(self) -> None:
         """Models built and called here that no optimizer trains (evaluation, a teacher)."""
         trained = {(m_.target, id(m_.scope)) for m_ in self.models.values() if m_.owner is None}
-        for name, binding in untrained_models(self, self.index, trained):
+        for name, binding in untrained_models(self, self.index, trained, self.models):
             self.record(
                 binding.stmt,
                 f"{name} is not trained here (no optimizer gets its parameters): left "
