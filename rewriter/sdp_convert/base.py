@@ -151,9 +151,10 @@ class Transform(VisitorBasedCodemodCommand):
         Codemod.__init__(self, context)
         cst.CSTTransformer.__init__(self)
         self.state = state
-        #: The program model of the file (``program.model.FileModel``): what the program layer's
-        #: functions take. The transform reads it; it edits and reports through ``state``.
-        self.model = state.model
+        #: The file's program model (``program.model.FileModel``, ``state.model``): what the
+        #: program layer's functions take (``origin(self.fm, call)``). A transform reads it; it
+        #: edits and reports through ``state`` (``insert_before``, ``record``, ...).
+        self.fm = state.model
 
     # -- the pipeline's questions -------------------------------------------------------------
 
@@ -180,40 +181,40 @@ class Transform(VisitorBasedCodemodCommand):
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully qualified names ``node`` may refer to (``torch.optim.SGD`` for ``optim.SGD``)."""
-        return self.model.qualified_names(node)
+        return self.fm.qualified_names(node)
 
     def refers_to(self, node: cst.CSTNode, *names: str, prefix: bool = False) -> bool:
         """Whether ``node`` refers to one of ``names`` (or to something under them if
         ``prefix``)."""
-        return self.model.refers_to(node, *names, prefix=prefix)
+        return self.fm.refers_to(node, *names, prefix=prefix)
 
     def calls_to(self, *names: str, prefix: bool = False) -> list[cst.Call]:
         """Original ``Call`` nodes whose callee refers to one of ``names``, in file order.
 
         An index built once per file (cheap): prefer it to walking the tree in ``prepare``.
         """
-        return self.model.calls_to(*names, prefix=prefix)
+        return self.fm.calls_to(*names, prefix=prefix)
 
     def method_calls(self, method: str) -> list[cst.Call]:
         """Original calls of the form ``<anything>.<method>(...)``, in file order."""
-        return self.model.method_calls(method)
+        return self.fm.method_calls(method)
 
     def _order(self, node: cst.CSTNode) -> int:
-        return self.model.order(node)
+        return self.fm.order(node)
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The parent of an original node (from the map the detection pass builds)."""
-        return self.model.parents.get(node)
+        return self.fm.parents.get(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-        return self.model.ancestors(node)
+        return self.fm.ancestors(node)
 
     def enclosing_statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         """The statement holding ``node`` that sits directly in a module or block body."""
-        return self.model.enclosing_statement(node)
+        return self.fm.enclosing_statement(node)
 
     def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        return self.model.enclosing_function(node)
+        return self.fm.enclosing_function(node)
 
     def record(self, node: cst.CSTNode, message: str, *, manual: bool = False) -> None:
         """Report a change (or, with ``manual``, a spot a person must look at) at ``node``."""

@@ -330,9 +330,9 @@ class GuardRank0Writes(Transform):
                 if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
                 else None
             )
-            derived = assigned_binding(self, small.value) if isinstance(small, cst.Assign) else None
+            made = assigned_binding(self, small.value) if isinstance(small, cst.Assign) else None
             if (
-                derived is not None
+                made is not None
                 and stmt is not None
                 and isinstance(small, cst.Assign)
                 and why_not_guardable(self, use, small) is None
@@ -343,9 +343,9 @@ class GuardRank0Writes(Transform):
                     small,
                     stmt,
                     use,
-                    f"{derived.code} is made on rank 0 only, like {binding.code}",
+                    f"{made.code} is made on rank 0 only, like {binding.code}",
                 )
-                self._guard_uses(derived, depth + 1)
+                self._guard_uses(made, depth + 1)
                 continue
             if (
                 stmt is not None

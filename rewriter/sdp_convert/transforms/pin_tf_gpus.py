@@ -278,7 +278,9 @@ class PinTfGpus(Transform):
 
     def _runs_later_in_same_block(self, first: cst.CSTNode, then: cst.CSTNode) -> bool:
         """Whether ``first`` comes after ``then`` in the same block."""
-        return self.parent(first) is self.parent(then) and file_index(self).is_before(then, first)
+        return self.parent(first) is self.parent(then) and file_index(self).is_before(
+            then, first
+        )
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         # add_runtime_init inserts its init() after the import block in its leave_Module, which

@@ -127,7 +127,9 @@ class ShardTfDataset(Transform):
         iterator = code(call.args[0].value)
         holder, bound = self._step_bound(loop)
         datasets = _per_worker_names(trace, self.anchors)
-        if bound is not None and (mentions_size(self, bound) or self._per_worker(bound, datasets)):
+        if bound is not None and (
+            mentions_size(self, bound) or self._per_worker(bound, datasets)
+        ):
             return  # counted per worker already (len(ds) of the sharded dataset, ...)
         if length == "finite" and holder is not None and bound is not None and self._is_plain(
             bound

@@ -358,7 +358,7 @@ class WrapModelDdp(Transform):
             self.record(frozen[0], f"{frozen[1]}: not wrapped in {self.sdp}.DistributedData"
                         f"Parallel (no gradient to average); {sync} instead")
             return
-        unused = discarded_outputs(self, model.target, model.scope) if model.owner is None else None
+        unused = None if model.owner else discarded_outputs(self, model.target, model.scope)
         frozen_part = no_grad_submodule(self, model.creation.value)
         extra = ", find_unused_parameters=True" if unused or frozen_part else ""
         wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
@@ -393,7 +393,7 @@ class WrapModelDdp(Transform):
     def _join(self, model: _Model, same: list[Binding], first: cst.BaseStatement
               ) -> cst.BaseStatement:
         """A model chosen in ``if``/``else`` (or ``try``) is wrapped where the branches join."""
-        creations = [b.stmt for b in same if b.value is not None and not is_wrapper(self, b.value)]
+        creations = [b.stmt for b in same if b.value and not is_wrapper(self, b.value)]
         join = branch_join(self, model.creation.stmt, creations)
         if join is None or not used_inside(self, self._uses(model), join):
             return join or first
