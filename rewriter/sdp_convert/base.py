@@ -274,4 +274,4 @@ class Transform(VisitorBasedCodemodCommand):
         """Whether ``node`` already runs on rank 0 only (``program.ranks.rank0_only``)."""
         from .program.ranks import rank0_only  # the program layer builds on this module
 
-        return rank0_only(self, node)
+        return rank0_only(self.fm, node)

@@ -268,7 +268,7 @@ def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
     data-parallel as written, so left as it is."""
     if t.state.info.framework != "torch" or not t.state.info.convertible:
         return []
-    tensor = input_optimisation(t)
+    tensor = input_optimisation(t.fm)
     if tensor is None:
         return []
     name = module.code_for_node(tensor)
@@ -694,7 +694,7 @@ def probe_module(
         if target is None:
             continue
         for call in calls:
-            found += [(call, qualified, target, i) for i, _ in training_results(probe, call)]
+            found += [(call, qualified, target, i) for i, _ in training_results(probe.fm, call)]
     where = _lines(module, [call for call, *_ in found])
     calls_found = tuple(
         ProjectCall(qualified, target, index, where[i])

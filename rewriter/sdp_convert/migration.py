@@ -235,7 +235,7 @@ class Migration(Transform):
     def _unmapped_root_uses(self, module: cst.Module) -> list[cst.CSTNode]:
         """Uses of the name a bare ``import horovod`` binds that the migration leaves as they
         are: not ``horovod.torch...`` (a mapped module, rewritten) nor ``horovod.__version__``."""
-        index = file_index(self)
+        index = file_index(self.fm)
         kept = {*self.modules, f"{self.ROOT}.__version__"}
         left: list[cst.CSTNode] = []
         seen: set[int] = set()

@@ -15,14 +15,17 @@ and the arrays a class of the script reads).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .datasets import _WRAPPERS
 from .index import FileIndex
 from .syntax import code
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 _SHUFFLES = ("numpy.random.shuffle", "random.shuffle")
 _INDEX_SOURCES = ("numpy.arange", "builtins.range")
@@ -43,12 +46,12 @@ class IteratorShard:
 
 
 def iterated_class(
-    transform: Transform, index: FileIndex, expr: cst.BaseExpression
+    fm: FileModel, index: FileIndex, expr: cst.BaseExpression
 ) -> cst.ClassDef | None:
     """The class of this file whose instance ``expr`` is (``BatchIterator(...)``, or a name bound
     once to one)."""
     while (
-        isinstance(expr, cst.Call) and expr.args and transform.refers_to(expr.func, *_WRAPPERS)
+        isinstance(expr, cst.Call) and expr.args and fm.refers_to(expr.func, *_WRAPPERS)
     ):
         expr = expr.args[0].value
     if isinstance(expr, cst.Name):
@@ -69,11 +72,11 @@ def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
 
 
 def iterator_shard(
-    transform: Transform, index: FileIndex, expr: cst.BaseExpression
+    fm: FileModel, index: FileIndex, expr: cst.BaseExpression
 ) -> IteratorShard | None:
     """The index array to split when ``expr`` is an instance of a batch iterator class of the
     script whose ``__iter__`` has the proven structure (module docstring); None otherwise."""
-    cls = iterated_class(transform, index, expr)
+    cls = iterated_class(fm, index, expr)
     if cls is None:
         return None
     function = _method(cls, "__iter__")
@@ -81,7 +84,7 @@ def iterator_shard(
         return None
     shuffles = [
         c for c in m.findall(function, m.Call())
-        if isinstance(c, cst.Call) and transform.refers_to(c.func, *_SHUFFLES)
+        if isinstance(c, cst.Call) and fm.refers_to(c.func, *_SHUFFLES)
     ]
     if len(shuffles) != 1:
         return None
@@ -97,42 +100,42 @@ def iterator_shard(
     inner = value
     if (
         isinstance(inner, cst.Call)
-        and transform.refers_to(inner.func, f"{transform.state.runtime_module}.shard")
+        and fm.refers_to(inner.func, f"{fm.runtime_module}.shard")
         and len(inner.args) == 1
     ):
         inner, sharded_by = inner.args[0].value, "script"
-    if isinstance(inner, cst.Call) and transform.refers_to(inner.func, "builtins.list"):
+    if isinstance(inner, cst.Call) and fm.refers_to(inner.func, "builtins.list"):
         if len(inner.args) != 1:
             return None
         inner = inner.args[0].value
-    if not (isinstance(inner, cst.Call) and transform.refers_to(inner.func, *_INDEX_SOURCES)):
+    if not (isinstance(inner, cst.Call) and fm.refers_to(inner.func, *_INDEX_SOURCES)):
         return None
     if not index.is_before(bindings[0].stmt, shuffle):
         return None
     reads = [r for r in index.loads_of(name, function) if r is not shuffle.args[0].value]
-    loop = _yielding_loop(transform, function, name)
-    if loop is None or any(loop not in transform.ancestors(r) for r in reads):
+    loop = _yielding_loop(fm, function, name)
+    if loop is None or any(loop not in fm.ancestors(r) for r in reads):
         return None
     assert value is not None
     return IteratorShard(cls, value, shuffle, sharded_by)
 
 
 def _yielding_loop(
-    transform: Transform, function: cst.FunctionDef, name: str
+    fm: FileModel, function: cst.FunctionDef, name: str
 ) -> cst.For | None:
     """The one ``for start in range(0, len(name), step)`` of ``function`` around its yields."""
     loops = [
         f for f in m.findall(function, m.For())
         if isinstance(f, cst.For) and m.findall(f.body, m.Yield())
     ]
-    outer = [f for f in loops if not any(o is not f and o in transform.ancestors(f) for o in loops)]
+    outer = [f for f in loops if not any(o is not f and o in fm.ancestors(f) for o in loops)]
     if len(outer) != 1 or len(m.findall(function, m.Yield())) != len(
         m.findall(outer[0].body, m.Yield())
     ):
         return None
     loop = outer[0]
     it = loop.iter
-    if not (isinstance(it, cst.Call) and transform.refers_to(it.func, "builtins.range")):
+    if not (isinstance(it, cst.Call) and fm.refers_to(it.func, "builtins.range")):
         return None
     args = it.args
     if len(args) < 2 or any(a.keyword is not None or a.star for a in args):
@@ -142,7 +145,7 @@ def _yielding_loop(
         return None
     counts = (
         isinstance(stop, cst.Call)
-        and transform.refers_to(stop.func, *_LENGTHS)
+        and fm.refers_to(stop.func, *_LENGTHS)
         and len(stop.args) == 1
         and isinstance(stop.args[0].value, cst.Name)
         and stop.args[0].value.value == name
@@ -162,12 +165,12 @@ def _generator_called(index: FileIndex, expr: cst.BaseExpression) -> cst.Functio
 
 
 def shard_advice(
-    transform: Transform, index: FileIndex, expr: cst.BaseExpression | None, sdp: str
+    fm: FileModel, index: FileIndex, expr: cst.BaseExpression | None, sdp: str
 ) -> tuple[str, bool]:
     """How to give each worker its own part of what ``expr`` holds, for its type as far as the
     file shows it: a class of the script, a NumPy/array value, or a ``tf.data`` pipeline; and
     whether the type is known (the advice then says what the data is)."""
-    cls = iterated_class(transform, index, expr) if expr is not None else None
+    cls = iterated_class(fm, index, expr) if expr is not None else None
     if cls is not None:
         return (
             f"{cls.name.value} is a class of this script, not a tf.data pipeline: every worker "
@@ -187,7 +190,7 @@ def shard_advice(
         binding = index.reaching(expr.value, expr)
         value = binding.value if binding is not None and binding.kind == "assign" else None
     if isinstance(value, cst.Call) and any(
-        q.startswith("numpy.") for q in transform.qualified_names(value.func)
+        q.startswith("numpy.") for q in fm.qualified_names(value.func)
     ):
         return (
             f"{code(value.func)}() makes a NumPy array: give each worker its part with "
@@ -204,14 +207,14 @@ _WORK = frozenset({"fit", "evaluate", "apply_gradients", "train_on_batch", "test
                    "GradientTape", "gradient"})
 
 
-def is_preview(transform: Transform, call: cst.CSTNode | None) -> bool:
+def is_preview(fm: FileModel, call: cst.CSTNode | None) -> bool:
     """``for batch in ds.take(1): print(batch.shape)``: a ``take`` iterated by a loop that only
     looks at the data (no training, no evaluation) selects nothing the training data misses, so
     it is no train/test split."""
     if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
             and call.func.attr.value == "take"):
         return False
-    loop = transform.parent(call)
+    loop = fm.parent(call)
     if not (isinstance(loop, cst.For) and loop.iter is call):
         return False
     for inner in m.findall(loop.body, m.Call()):
@@ -227,12 +230,12 @@ def is_preview(transform: Transform, call: cst.CSTNode | None) -> bool:
 _RANDOM = frozenset({"rand", "randn", "randint", "normal", "uniform"})
 
 
-def drawn_batches(transform: Transform, loop: cst.CSTNode, sdp: str) -> str | None:
+def drawn_batches(fm: FileModel, loop: cst.CSTNode, sdp: str) -> str | None:
     """The note for a training loop that reads no dataset but draws its batches inside
     (``x = tf.random.normal(...)`` every step); None when it draws nothing."""
     for call in m.findall(loop, m.Call()):
         assert isinstance(call, cst.Call)
-        names = transform.qualified_names(call.func)
+        names = fm.qualified_names(call.func)
         if any(".random." in q or q.split(".")[-1] in _RANDOM for q in names):
             return (
                 f"this loop reads no dataset: it draws its batches inside "

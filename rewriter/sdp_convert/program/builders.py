@@ -3,13 +3,17 @@ would, names not yet taken in a scope."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import imported_names
 from .scopes import names_in
 from .syntax import AddImport
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 _MAX_LINE = 99
 
@@ -19,10 +23,10 @@ def rank0_test(sdp: str) -> cst.BaseExpression:
     return cst.parse_expression(f"{sdp}.rank() == 0")
 
 
-def torch_spelling(t: Transform, add_import: AddImport) -> str:
+def torch_spelling(fm: FileModel, add_import: AddImport) -> str:
     """The module-level name bound to ``torch``; asks ``add_import`` for an import if there is
     none."""
-    for stmt in t.module.body:
+    for stmt in fm.module.body:
         if not m.matches(stmt, m.SimpleStatementLine(body=[m.Import()])):
             continue
         assert isinstance(stmt, cst.SimpleStatementLine)
@@ -39,11 +43,11 @@ def torch_spelling(t: Transform, add_import: AddImport) -> str:
     return "torch"
 
 
-def statement(t: Transform, head: str, args: list[str], at: cst.CSTNode) -> cst.BaseStatement:
+def statement(fm: FileModel, head: str, args: list[str], at: cst.CSTNode) -> cst.BaseStatement:
     """``head`` + ``args`` + ``)``: on one line, on three, or one argument a line (as black
     would), whichever first fits in ``_MAX_LINE`` columns where it goes."""
-    step = t.module.default_indent
-    indent = len(step) * sum(1 for a in t.ancestors(at) if isinstance(a, cst.IndentedBlock))
+    step = fm.module.default_indent
+    indent = len(step) * sum(1 for a in fm.ancestors(at) if isinstance(a, cst.IndentedBlock))
     inner = ", ".join(args)
     if indent + len(head) + len(inner) + 1 <= _MAX_LINE:
         return cst.parse_statement(f"{head}{inner})\n")
@@ -53,24 +57,24 @@ def statement(t: Transform, head: str, args: list[str], at: cst.CSTNode) -> cst.
     return cst.parse_statement(f"{head}\n{lines})\n")
 
 
-def module_spelling(transform: Transform, module_name: str, add_import: AddImport) -> str:
+def module_spelling(fm: FileModel, module_name: str, add_import: AddImport) -> str:
     """The name this file reaches ``module_name`` by (``torch``, or ``T`` after ``import torch as
     T``); asks ``add_import`` for ``import <module_name>`` when the file has no such name."""
-    for name, qualified, _ in imported_names(transform):
+    for name, qualified, _ in imported_names(fm):
         if module_name in qualified:
             return name
     add_import(module_name)
     return module_name
 
 
-def runs_right_before(t: Transform, call: cst.Call, stmt: cst.CSTNode) -> bool:
+def runs_right_before(fm: FileModel, call: cst.Call, stmt: cst.CSTNode) -> bool:
     """Statements can be inserted before ``stmt`` and run right before ``call``.
 
     ``stmt`` may also be an expression around ``call`` that a transform hoisted into a
     statement of its own: then whether ``call`` runs whenever that expression does."""
     if call is stmt:
         return True
-    for parent in t.ancestors(call):
+    for parent in fm.ancestors(call):
         if parent is stmt:
             return True
         if isinstance(
@@ -84,7 +88,7 @@ def runs_right_before(t: Transform, call: cst.Call, stmt: cst.CSTNode) -> bool:
 
 
 def fresh_name(
-    t: Transform, taken: dict[cst.CSTNode, set[str]], name: str, scope: cst.CSTNode
+    fm: FileModel, taken: dict[cst.CSTNode, set[str]], name: str, scope: cst.CSTNode
 ) -> str:
     """``name``, or ``name_2``, ...: not yet a name in ``scope`` (a function, class, module),
     and reserved there (``taken`` caches the names per scope for one transform).
@@ -94,11 +98,11 @@ def fresh_name(
     """
     names = taken.get(scope)
     if names is None:
-        names = taken[scope] = names_in(t, scope)
+        names = taken[scope] = names_in(fm, scope)
     candidate, n = name, 2
     while candidate in names:
         candidate, n = f"{name}_{n}", n + 1
     names.add(candidate)
-    if scope is not t.module:
-        taken.setdefault(t.module, names_in(t, t.module)).add(candidate)
+    if scope is not fm.module:
+        taken.setdefault(fm.module, names_in(fm, fm.module)).add(candidate)
     return candidate

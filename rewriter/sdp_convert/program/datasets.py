@@ -8,11 +8,11 @@ parameters to its source call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .flow import origin
 from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
@@ -20,6 +20,9 @@ from .project import fed_returns
 from .scopes import callers, param_for_arg, referents
 from .syntax import _EQUAL, append_arg, arg_named, code
 from .training import training_facts
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 _SOURCES = frozenset(
     {
@@ -81,15 +84,15 @@ class DatasetTrace:
 
 
 def trace_dataset(
-    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+    fm: FileModel, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode | None = None
 ) -> DatasetTrace:
     trace = DatasetTrace()
-    _walk(transform, index, expr, at if at is not None else expr, trace, 0)
+    _walk(fm, index, expr, at if at is not None else expr, trace, 0)
     return trace
 
 
-def _source_name(transform: Transform, call: cst.Call) -> tuple[str, bool] | None:
-    for q in transform.qualified_names(call.func):
+def _source_name(fm: FileModel, call: cst.Call) -> tuple[str, bool] | None:
+    for q in fm.qualified_names(call.func):
         if q in _SOURCES:
             return q, False
         if q in _BATCHED_SOURCES or keras_name(q) in _BATCHED_SOURCES:
@@ -98,7 +101,7 @@ def _source_name(transform: Transform, call: cst.Call) -> tuple[str, bool] | Non
 
 
 def _walk(
-    transform: Transform,
+    fm: FileModel,
     index: FileIndex,
     expr: cst.BaseExpression,
     at: cst.CSTNode,
@@ -112,29 +115,29 @@ def _walk(
         trace.problem = "too many steps to follow"
         return
     if isinstance(expr, cst.Call):
-        found = _source_name(transform, expr)
+        found = _source_name(fm, expr)
         if found is not None:
             trace.source, trace.source_name = expr, found[0]
             if found[1]:
                 trace.problem = f"{_short(found[0])} shuffles and batches by itself"
             return
-        if transform.refers_to(expr.func, *_WRAPPERS) and expr.args:
-            _walk(transform, index, expr.args[0].value, at, trace, depth + 1)
+        if fm.refers_to(expr.func, *_WRAPPERS) and expr.args:
+            _walk(fm, index, expr.args[0].value, at, trace, depth + 1)
             return
         if isinstance(expr.func, cst.Attribute):
             trace.steps.append(expr)
-            _walk(transform, index, expr.func.value, at, trace, depth + 1)
+            _walk(fm, index, expr.func.value, at, trace, depth + 1)
             return
         if isinstance(expr.func, cst.Name):
             binding = index.reaching(expr.func.value, expr)
             if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
-                _through_function(transform, index, binding.stmt, expr, trace, depth)
+                _through_function(fm, index, binding.stmt, expr, trace, depth)
                 return
     if isinstance(expr, cst.Name) and _through_entered_call(
-        transform, index, expr, at, trace, depth
+        fm, index, expr, at, trace, depth
     ):
         return
-    back = origin(transform, index, expr, at)
+    back = origin(fm, index, expr, at)
     if back is None:
         trace.problem = (
             f"built by {code(expr.func)}()" if isinstance(expr, cst.Call)
@@ -143,7 +146,7 @@ def _walk(
         return
     if back.problem is not None:
         unpacked = back.unpacked
-        found = _source_name(transform, unpacked) if isinstance(unpacked, cst.Call) else None
+        found = _source_name(fm, unpacked) if isinstance(unpacked, cst.Call) else None
         if found is not None:  # ``(train, test), info = tfds.load(...)``: the source itself
             trace.steps.append(expr)
             trace.source, trace.unpacked, trace.source_name = unpacked, True, found[0]
@@ -155,11 +158,11 @@ def _walk(
         isinstance(expr, cst.Name) and isinstance(back.at, cst.Call)
     ):
         trace.steps.append(expr)  # a name the pipeline was held in (not a parameter)
-    _walk(transform, index, back.value, back.at or at, trace, depth + 1)
+    _walk(fm, index, back.value, back.at or at, trace, depth + 1)
 
 
 def _through_function(
-    transform: Transform,
+    fm: FileModel,
     index: FileIndex,
     function: cst.FunctionDef,
     call: cst.Call,
@@ -173,14 +176,14 @@ def _through_function(
     if len(returns) != 1:
         trace.problem = f"{function.name.value}() has {len(returns)} return statements"
         return
-    trace.functions.append((function, call, len(callers(transform, function))))
+    trace.functions.append((function, call, len(callers(fm, function))))
     value = returns[0].value
     assert value is not None
-    _walk(transform, index, value, returns[0], trace, depth + 1)
+    _walk(fm, index, value, returns[0], trace, depth + 1)
 
 
 def _through_entered_call(
-    transform: Transform,
+    fm: FileModel,
     index: FileIndex,
     name: cst.Name,
     at: cst.CSTNode,
@@ -208,7 +211,7 @@ def _through_entered_call(
             if arg is None:
                 trace.problem = f"parameter {name.value!r} of {function.name.value}() is not passed"
             else:
-                _walk(transform, index, arg.value, through, trace, depth + 1)
+                _walk(fm, index, arg.value, through, trace, depth + 1)
             return True
     return False
 
@@ -234,33 +237,33 @@ class Candidate:
     loop: cst.For | cst.While | None = None
 
 
-def _counter(transform: Transform, iterable: cst.BaseExpression) -> bool:
+def _counter(fm: FileModel, iterable: cst.BaseExpression) -> bool:
     """``range(n)``, ``trange(n)``, in ``enumerate``/``tqdm`` or not: a step counter, no data."""
     while (
         isinstance(iterable, cst.Call) and iterable.args
-        and transform.refers_to(iterable.func, *_WRAPPERS)
+        and fm.refers_to(iterable.func, *_WRAPPERS)
     ):
         iterable = iterable.args[0].value
     return isinstance(iterable, cst.Call) and (
-        transform.refers_to(iterable.func, "builtins.range")
-        or any(q.endswith(".trange") for q in transform.qualified_names(iterable.func))
+        fm.refers_to(iterable.func, "builtins.range")
+        or any(q.endswith(".trange") for q in fm.qualified_names(iterable.func))
     )
 
 
-def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[Candidate]]]:
+def training_dataset_uses(fm: FileModel) -> list[tuple[cst.CSTNode, list[Candidate]]]:
     """(where, candidates) for each place a training dataset is consumed: the loops around the
     optimizer steps (their iterables, ``next(it)`` inside), and Keras ``fit``."""
     uses: list[tuple[cst.CSTNode, list[Candidate]]] = []
     seen: set[int] = set()
-    facts = training_facts(transform)
+    facts = training_facts(fm)
     for site in facts.sites:
-        if id(site.loops[-1]) in seen or in_keras_train_step(transform, site.loops[-1]):
+        if id(site.loops[-1]) in seen or in_keras_train_step(fm, site.loops[-1]):
             continue
         seen.add(id(site.loops[-1]))
         candidates: list[Candidate] = []
         found: set[int] = set()
         for loop in site.loops:
-            if isinstance(loop, cst.For) and not _counter(transform, loop.iter):
+            if isinstance(loop, cst.For) and not _counter(fm, loop.iter):
                 candidates.append(Candidate(loop.iter))
             for call in m.findall(loop.body, m.Call(func=m.Name("next"))):
                 assert isinstance(call, cst.Call)
@@ -268,22 +271,22 @@ def training_dataset_uses(transform: Transform) -> list[tuple[cst.CSTNode, list[
                     found.add(id(call))
                     candidates.append(Candidate(call.args[0].value, call, loop))
         uses.append((site.loops[0], candidates))
-    for fit in keras_fit_calls(transform):
+    for fit in keras_fit_calls(fm):
         x = fit_arg(fit, "x")
         if (
             x is not None
             and fit_arg(fit, "y") is None
-            and generator_flow(transform, fit) is None
-            and not holds_arrays(transform, x.value, fit)
-            and keras_sequence(transform, x.value, fit) is None
+            and generator_flow(fm, fit) is None
+            and not holds_arrays(fm, x.value, fit)
+            and keras_sequence(fm, x.value, fit) is None
             and not (  # sdp.shard(x): split already
                 isinstance(x.value, cst.Call)
-                and transform.refers_to(x.value.func, f"{transform.state.runtime_module}.shard")
+                and fm.refers_to(x.value.func, f"{fm.runtime_module}.shard")
             )
         ):
             uses.append((fit, [Candidate(x.value)]))
     # Project mode: datasets this module returns for another module's training loop.
-    uses += [(ret, [Candidate(value)]) for ret, value, _feed in fed_returns(transform)]
+    uses += [(ret, [Candidate(value)]) for ret, value, _feed in fed_returns(fm)]
     return uses
 
 
@@ -307,33 +310,33 @@ _ARRAY_CALLS = frozenset(
 
 
 def holds_arrays(
-    transform: Transform, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+    fm: FileModel, expr: cst.BaseExpression, at: cst.CSTNode | None = None
 ) -> bool:
     """Whether ``expr`` (original) is an array, tensor or table, or a tuple, list or dict of them,
     as far as its assignments show: ``np.random.rand(...)``, ``x_train`` unpacked from
     ``keras.datasets.mnist.load_data()``, ``x / 255.0``, ``x[idx].astype("float32")``, ``(x1,
     x2)``. A ``tf.data`` pipeline, a generator, a ``Sequence`` or anything the converter cannot
     follow is not (``fit`` gets it whole; the dataset transforms look at it)."""
-    return _arrays(transform, file_index(transform), expr, at if at is not None else expr, 0)
+    return _arrays(fm, file_index(fm), expr, at if at is not None else expr, 0)
 
 
 def _arrays(
-    transform: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode, depth: int
+    fm: FileModel, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode, depth: int
 ) -> bool:
     if depth > 12:
         return False
     if isinstance(expr, (cst.Tuple, cst.List)):
         elements = [e.value for e in expr.elements if isinstance(e, cst.Element)]
         return bool(elements) and len(elements) == len(expr.elements) and all(
-            _arrays(transform, index, e, at, depth + 1) for e in elements
+            _arrays(fm, index, e, at, depth + 1) for e in elements
         )
     if isinstance(expr, cst.Dict):
         values = [e.value for e in expr.elements if isinstance(e, cst.DictElement)]
         return bool(values) and len(values) == len(expr.elements) and all(
-            _arrays(transform, index, v, at, depth + 1) for v in values
+            _arrays(fm, index, v, at, depth + 1) for v in values
         )
     if isinstance(expr, cst.Call):
-        names = transform.qualified_names(expr.func)
+        names = fm.qualified_names(expr.func)
         if any(q.startswith(_ARRAY_PREFIXES) or q in _ARRAY_CALLS for q in names):
             return True
         if any(
@@ -344,16 +347,16 @@ def _arrays(
             return True
         if isinstance(expr.func, cst.Attribute):
             # x.astype(...), rng.normal(...) of rng = np.random.RandomState(0), df.to_numpy()
-            return _arrays(transform, index, expr.func.value, at, depth + 1)
+            return _arrays(fm, index, expr.func.value, at, depth + 1)
         return False
     if isinstance(expr, cst.Subscript):
-        return _arrays(transform, index, expr.value, at, depth + 1)
+        return _arrays(fm, index, expr.value, at, depth + 1)
     if isinstance(expr, cst.BinaryOperation):
-        return _arrays(transform, index, expr.left, at, depth + 1) or _arrays(
-            transform, index, expr.right, at, depth + 1
+        return _arrays(fm, index, expr.left, at, depth + 1) or _arrays(
+            fm, index, expr.right, at, depth + 1
         )
     if isinstance(expr, cst.UnaryOperation):
-        return _arrays(transform, index, expr.expression, at, depth + 1)
+        return _arrays(fm, index, expr.expression, at, depth + 1)
     if isinstance(expr, cst.Name):
         binding = index.reaching(expr.value, at)
         if binding is None or binding.kind != "assign" or binding.value is None:
@@ -362,16 +365,16 @@ def _arrays(
         if binding.unpacked:
             element = _unpacked_element(binding.stmt, expr.value, value)
             if element is not None:
-                return _arrays(transform, index, element, binding.stmt, depth + 1)
+                return _arrays(fm, index, element, binding.stmt, depth + 1)
             # (x_train, y_train), _ = keras.datasets.mnist.load_data(), train_test_split(...)
             return isinstance(value, cst.Call) and _arrays(
-                transform, index, value, binding.stmt, depth + 1
+                fm, index, value, binding.stmt, depth + 1
             )
-        return _arrays(transform, index, value, binding.stmt, depth + 1)
+        return _arrays(fm, index, value, binding.stmt, depth + 1)
     if isinstance(expr, cst.Attribute):
         found = index.attribute_bindings.get(code(expr), [])
         if found and found[-1].value is not None and not found[-1].unpacked:
-            return _arrays(transform, index, found[-1].value, found[-1].stmt, depth + 1)
+            return _arrays(fm, index, found[-1].value, found[-1].stmt, depth + 1)
     return False
 
 
@@ -379,11 +382,11 @@ _SEQUENCES = frozenset({"keras.utils.Sequence", "keras.utils.PyDataset"})
 
 
 def keras_sequence(
-    transform: Transform, expr: cst.BaseExpression, at: cst.CSTNode | None = None
+    fm: FileModel, expr: cst.BaseExpression, at: cst.CSTNode | None = None
 ) -> cst.ClassDef | None:
     """The class of this file, a ``keras.utils.Sequence``/``PyDataset``, that ``expr`` (original)
     is an instance of (``train_gen = DataGenerator(files, batch_size=32)``), or None."""
-    index = file_index(transform)
+    index = file_index(fm)
     value: cst.BaseExpression | None = expr
     where: cst.CSTNode = at if at is not None else expr
     for _ in range(4):
@@ -401,7 +404,7 @@ def keras_sequence(
     if not isinstance(cls, cst.ClassDef):
         return None
     for base in cls.bases:
-        if any(keras_name(q) in _SEQUENCES for q in transform.qualified_names(base.value)):
+        if any(keras_name(q) in _SEQUENCES for q in fm.qualified_names(base.value)):
             return cls
     return None
 
@@ -425,13 +428,13 @@ def _unpacked_element(
     return None
 
 
-def in_keras_train_step(transform: Transform, node: cst.CSTNode) -> bool:
+def in_keras_train_step(fm: FileModel, node: cst.CSTNode) -> bool:
     """Whether ``node`` is inside a Keras model's ``train_step`` override (that applies a tape's
     gradients): Keras ``fit`` calls it once per batch, inside a traced graph. A loop there (a
     GAN's discriminator steps) is no training loop of its own: ``fit`` feeds it, and
     ``wrap_keras_fit``'s callbacks broadcast and average for it."""
-    steps = training_facts(transform).train_step_methods
-    return any(step in transform.ancestors(node) for step in steps)
+    steps = training_facts(fm).train_step_methods
+    return any(step in fm.ancestors(node) for step in steps)
 
 
 #: Sources whose length the converter cannot tell (a generator may never end).
@@ -464,19 +467,19 @@ TORCH_SEEDS = ("torch.manual_seed", "torch.random.manual_seed", "lightning.seed_
                "pytorch_lightning.seed_everything", "transformers.set_seed")
 
 
-def unseeded_random_split(t: Transform, dataset: cst.BaseExpression) -> cst.Call | None:
+def unseeded_random_split(fm: FileModel, dataset: cst.BaseExpression) -> cst.Call | None:
     """The ``random_split(...)`` call (no ``generator=``, no torch seed anywhere in the file)
     that ``dataset`` is a part of: ``train_set, val_set = random_split(ds, [n, m])``.
 
     Unseeded, each rank draws its own split: the training part of one rank overlaps the
     validation part of another, and the shards of the training part are not disjoint."""
-    if not isinstance(dataset, cst.Name) or t.calls_to(*TORCH_SEEDS):
+    if not isinstance(dataset, cst.Name) or fm.calls_to(*TORCH_SEEDS):
         return None
-    for binding in referents(t, dataset):
+    for binding in referents(fm, dataset):
         value = binding.value
         if (
             binding.kind == "assign" and isinstance(value, cst.Call)
-            and t.refers_to(value.func, *RANDOM_SPLITS)
+            and fm.refers_to(value.func, *RANDOM_SPLITS)
             and arg_named(value, "generator") is None and len(value.args) < 3
         ):
             return value
@@ -489,11 +492,11 @@ SEEDED_SPLIT = (
 )
 
 
-def seeded_split(t: Transform, call: cst.Call, torch: str) -> cst.Call:
+def seeded_split(fm: FileModel, call: cst.Call, torch: str) -> cst.Call:
     """``random_split(ds, [n, m], generator=torch.Generator().manual_seed(
     sdp.broadcast_object(torch.initial_seed(), root_rank=0)))``: every rank draws rank 0's split
     (``torch``: how the file spells the torch module)."""
-    seed = f"{t.sdp}.broadcast_object({torch}.initial_seed(), root_rank=0)"
+    seed = f"{fm.sdp}.broadcast_object({torch}.initial_seed(), root_rank=0)"
     generator = cst.Arg(
         keyword=cst.Name("generator"),
         value=cst.parse_expression(f"{torch}.Generator().manual_seed({seed})"),
@@ -503,12 +506,12 @@ def seeded_split(t: Transform, call: cst.Call, torch: str) -> cst.Call:
 
 
 def new_unseeded_split(
-    t: Transform, dataset: cst.BaseExpression, seen: set[cst.Call]
+    fm: FileModel, dataset: cst.BaseExpression, seen: set[cst.Call]
 ) -> cst.Call | None:
     """The unseeded ``random_split`` behind ``dataset``, if any and not in ``seen`` yet (the
     calls ``seeded_split`` rewrites): added to ``seen`` and returned (the caller reports it,
     with ``SEEDED_SPLIT``); None otherwise."""
-    split = unseeded_random_split(t, dataset)
+    split = unseeded_random_split(fm, dataset)
     if split is not None and split not in seen:
         seen.add(split)
         return split

@@ -16,12 +16,16 @@ of its function), nor under a file-system test that could not go to rank 0 with 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .scopes import assigned_values, binding_of, callers, uses
 from .syntax import target_names
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Calls deleting a file or a directory tree.
 DELETIONS = (
@@ -62,74 +66,74 @@ FILE_SYSTEM_READS = (
 PATH_READS = ("exists", "is_dir", "is_file", "iterdir", "glob", "rglob")
 
 
-def is_deletion(t: Transform, call: cst.Call) -> bool:
+def is_deletion(fm: FileModel, call: cst.Call) -> bool:
     """``call`` deletes a file or directory (see the module docstring)."""
-    if t.refers_to(call.func, *DELETIONS):
+    if fm.refers_to(call.func, *DELETIONS):
         return True
     return (
         isinstance(call.func, cst.Attribute)
         and call.func.attr.value in PATH_DELETIONS
-        and is_path(t, call.func.value)
+        and is_path(fm, call.func.value)
     )
 
 
-def path_deletions(t: Transform) -> list[cst.Call]:
+def path_deletions(fm: FileModel) -> list[cst.Call]:
     """``<path>.unlink()`` / ``<path>.rmdir()`` of a ``pathlib`` path made in this file."""
     return [
         call
         for method in PATH_DELETIONS
-        for call in t.method_calls(method)
-        if is_deletion(t, call)
+        for call in fm.method_calls(method)
+        if is_deletion(fm, call)
     ]
 
 
-def is_path(t: Transform, expr: cst.BaseExpression, depth: int = 0) -> bool:
+def is_path(fm: FileModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
     """``expr`` is a ``pathlib`` path: ``Path(p)``, ``Path(p) / "x"``, ``Path(p).with_suffix(s)``,
     or a name only ever assigned one."""
     if depth > 3:
         return False
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
-        return is_path(t, expr.left, depth + 1)
+        return is_path(fm, expr.left, depth + 1)
     if isinstance(expr, cst.Call):
-        if t.refers_to(expr.func, *PATHS):
+        if fm.refers_to(expr.func, *PATHS):
             return True
-        return isinstance(expr.func, cst.Attribute) and is_path(t, expr.func.value, depth + 1)
+        return isinstance(expr.func, cst.Attribute) and is_path(fm, expr.func.value, depth + 1)
     if isinstance(expr, cst.Name):
-        values = assigned_values(t, expr)
-        return bool(values) and all(is_path(t, v, depth + 1) for v in values)
+        values = assigned_values(fm, expr)
+        return bool(values) and all(is_path(fm, v, depth + 1) for v in values)
     return False
 
 
-def reads_file_system(t: Transform, expr: cst.CSTNode) -> bool:
+def reads_file_system(fm: FileModel, expr: cst.CSTNode) -> bool:
     """``expr`` (a test or a loop's iterable) asks the file system what is there now."""
     for call in m.findall(expr, m.Call()):
         assert isinstance(call, cst.Call)
-        if t.refers_to(call.func, *FILE_SYSTEM_READS):
+        if fm.refers_to(call.func, *FILE_SYSTEM_READS):
             return True
         if (
             isinstance(call.func, cst.Attribute)
             and call.func.attr.value in PATH_READS
-            and is_path(t, call.func.value)
+            and is_path(fm, call.func.value)
         ):
             return True
     return False
 
 
-def deletion_unit(t: Transform, stmt: cst.BaseStatement) -> tuple[cst.BaseStatement, bool]:
+def deletion_unit(fm: FileModel, stmt: cst.BaseStatement) -> tuple[cst.BaseStatement, bool]:
     """``(statement to run on rank 0, whether a barrier may follow it)`` for the statement
     ``stmt`` that holds a deletion (see the module docstring)."""
     unit = stmt
     uniform = True
     child: cst.CSTNode = stmt
-    for parent in t.ancestors(stmt):
+    for parent in fm.ancestors(stmt):
         if isinstance(parent, cst.FunctionDef):
-            uniform = uniform and _called_alike(t, parent, 0)
+            uniform = uniform and _called_alike(fm, parent, 0)
             break
         if isinstance(parent, (cst.ClassDef, cst.Lambda, cst.Module)):
             break
         header = _header(parent, child)
-        if header is not None and reads_file_system(t, header):
-            if _movable(t, parent):
+        if header is not None and reads_file_system(fm, header):
+            if _movable(fm, parent):
                 unit, uniform = parent, True  # type: ignore[assignment]
             else:
                 uniform = False
@@ -139,17 +143,17 @@ def deletion_unit(t: Transform, stmt: cst.BaseStatement) -> tuple[cst.BaseStatem
     return unit, uniform
 
 
-def _called_alike(t: Transform, function: cst.FunctionDef, depth: int) -> bool:
+def _called_alike(fm: FileModel, function: cst.FunctionDef, depth: int) -> bool:
     """Every call of ``function`` (and of the functions calling it) is outside loops, ``except``
     and ``finally``: where it runs, every rank runs it the same number of times."""
     if depth > 3:
         return False
-    for call in callers(t, function):
-        for parent in t.ancestors(call):
+    for call in callers(fm, function):
+        for parent in fm.ancestors(call):
             if isinstance(parent, (cst.For, cst.While, cst.ExceptHandler, cst.Finally, cst.Lambda)):
                 return False
             if isinstance(parent, cst.FunctionDef):
-                if not _called_alike(t, parent, depth + 1):
+                if not _called_alike(fm, parent, depth + 1):
                     return False
                 break
     return True
@@ -164,10 +168,10 @@ def _header(compound: cst.CSTNode, child: cst.CSTNode) -> cst.CSTNode | None:
     return None
 
 
-def _movable(t: Transform, compound: cst.CSTNode) -> bool:
+def _movable(fm: FileModel, compound: cst.CSTNode) -> bool:
     """``compound`` is a whole statement of a block that can run on rank 0 alone: it returns,
     breaks and yields nothing, and binds no name read outside it."""
-    if t.enclosing_statement(compound) is not compound:
+    if fm.enclosing_statement(compound) is not compound:
         return False  # an ``elif``: the outer ``if`` decides
     if m.findall(compound, m.Return() | m.Yield() | m.Break() | m.Continue() | m.Raise()):
         return False
@@ -179,17 +183,17 @@ def _movable(t: Transform, compound: cst.CSTNode) -> bool:
         if not isinstance(target, (cst.Name, cst.Tuple, cst.List)):
             return False  # ``self.x = ...``, ``d[k] = ...``: read who knows where
         for name in names:
-            binding = binding_of(t, name)
+            binding = binding_of(fm, name)
             if binding is None:
                 return False
-            if any(not any(p is compound for p in t.ancestors(u)) for u in uses(t, binding)):
+            if any(not any(p is compound for p in fm.ancestors(u)) for u in uses(fm, binding)):
                 return False
     return True
 
 
-def next_statement(t: Transform, stmt: cst.CSTNode) -> cst.CSTNode | None:
+def next_statement(fm: FileModel, stmt: cst.CSTNode) -> cst.CSTNode | None:
     """The statement after ``stmt`` in its block (None: the last one)."""
-    body = getattr(t.parent(stmt), "body", None)
+    body = getattr(fm.parent(stmt), "body", None)
     if not isinstance(body, (list, tuple)):
         return None
     index = next((i for i, s in enumerate(body) if s is stmt), len(body))

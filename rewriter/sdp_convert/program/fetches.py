@@ -24,11 +24,11 @@ audit saw it), and its value is needed on every rank: a manual note.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .deletions import deletion_unit
 from .guards import why_not_guardable
 from .scopes import assigned_values, binding_of, referents, uses
@@ -45,6 +45,9 @@ from .vocab import (
 )
 from .writes import OPENERS, WRITES, open_mode
 
+if TYPE_CHECKING:
+    from .model import FileModel
+
 
 @dataclass
 class FetchUnit:
@@ -56,43 +59,43 @@ class FetchUnit:
     problem: str | None = None
 
 
-def file_fetches(t: Transform) -> list[cst.Call]:
+def file_fetches(fm: FileModel) -> list[cst.Call]:
     """The calls that download or unpack into files every time they run (module docstring)."""
-    found = [c for c in t.calls_to(*FILE_DOWNLOADS, *EXTRACTIONS) if not _to_own_temp_file(t, c)]
+    found = [c for c in fm.calls_to(*FILE_DOWNLOADS, *EXTRACTIONS) if not _to_own_temp_file(fm, c)]
     for method in EXTRACT_METHODS:
-        found += [c for c in t.method_calls(method) if _on_archive(t, c)]
-    found += [c for c in t.calls_to(*RESPONSES) if _written_statements(t, c)]
+        found += [c for c in fm.method_calls(method) if _on_archive(fm, c)]
+    found += [c for c in fm.calls_to(*RESPONSES) if _written_statements(fm, c)]
     return found
 
 
-def _to_own_temp_file(t: Transform, call: cst.Call) -> bool:
+def _to_own_temp_file(fm: FileModel, call: cst.Call) -> bool:
     """``urlretrieve(url)`` without a file name: a temporary file of this process."""
-    return t.refers_to(call.func, "urllib.request.urlretrieve") and arg_named(
+    return fm.refers_to(call.func, "urllib.request.urlretrieve") and arg_named(
         call, "filename", 1) is None
 
 
-def is_response(t: Transform, call: cst.Call) -> bool:
-    return t.refers_to(call.func, *RESPONSES)
+def is_response(fm: FileModel, call: cst.Call) -> bool:
+    return fm.refers_to(call.func, *RESPONSES)
 
 
-def fetch_unit(t: Transform, call: cst.Call) -> FetchUnit:
-    stmt = t.enclosing_statement(call)
+def fetch_unit(fm: FileModel, call: cst.Call) -> FetchUnit:
+    stmt = fm.enclosing_statement(call)
     if stmt is None:
         return FetchUnit([], problem="it is not in a statement")
-    if is_response(t, call):
-        statements = _written_statements(t, call)
+    if is_response(fm, call):
+        statements = _written_statements(fm, call)
         if statements is None:
             return FetchUnit([], problem="what it returns is used outside the statements that "
                                          "write it")
     else:
-        statements = [_opened_for(t, stmt)]
+        statements = [_opened_for(fm, stmt)]
     for s in statements:
-        problem = why_not_guardable(t, call if s is stmt else s, s)
+        problem = why_not_guardable(fm, call if s is stmt else s, s)
         if problem is not None and not (
-            problem.startswith("it assigns a name used later") and _confined(t, s, statements)
+            problem.startswith("it assigns a name used later") and _confined(fm, s, statements)
         ):
             return FetchUnit([], problem=problem)
-    unit, barrier = deletion_unit(t, statements[0])
+    unit, barrier = deletion_unit(fm, statements[0])
     if unit is not statements[0]:
         # ``if not os.path.exists(p): urlretrieve(url, p)``, whole: another rank would test it
         # while rank 0 writes, skip the barrier, and leave the others waiting there.
@@ -100,18 +103,18 @@ def fetch_unit(t: Transform, call: cst.Call) -> FetchUnit:
     return FetchUnit(statements, barrier)
 
 
-def _opened_for(t: Transform, stmt: cst.BaseStatement) -> cst.BaseStatement:
+def _opened_for(fm: FileModel, stmt: cst.BaseStatement) -> cst.BaseStatement:
     """The ``with tarfile.open(p) as tar:`` whose one statement ``stmt`` is, else ``stmt``."""
-    block = t.parent(stmt)
-    owner = t.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    block = fm.parent(stmt)
+    owner = fm.parent(block) if isinstance(block, cst.IndentedBlock) else None
     if isinstance(owner, cst.With) and len(block.body) == 1 and all(  # type: ignore[union-attr]
-        isinstance(i.item, cst.Call) and t.refers_to(i.item.func, *ARCHIVES) for i in owner.items
+        isinstance(i.item, cst.Call) and fm.refers_to(i.item.func, *ARCHIVES) for i in owner.items
     ):
         return owner
     return stmt
 
 
-def _confined(t: Transform, stmt: cst.BaseStatement, statements: list[cst.BaseStatement]) -> bool:
+def _confined(fm: FileModel, stmt: cst.BaseStatement, statements: list[cst.BaseStatement]) -> bool:
     """Every name ``stmt`` assigns is read only inside ``statements``."""
     for assign in m.findall(stmt, m.Assign() | m.AnnAssign()):
         targets = (
@@ -122,48 +125,48 @@ def _confined(t: Transform, stmt: cst.BaseStatement, statements: list[cst.BaseSt
             if not isinstance(target, (cst.Name, cst.Tuple, cst.List)):
                 return False
             for name in target_names(target):
-                binding = binding_of(t, name)
+                binding = binding_of(fm, name)
                 if binding is None or not all(
-                    any(p in statements for p in t.ancestors(u)) for u in uses(t, binding)
+                    any(p in statements for p in fm.ancestors(u)) for u in uses(fm, binding)
                 ):
                     return False
     return True
 
 
-def _written_statements(t: Transform, call: cst.Call) -> list[cst.BaseStatement] | None:
+def _written_statements(fm: FileModel, call: cst.Call) -> list[cst.BaseStatement] | None:
     """For a network read: its statement through the last one of its block that uses what it
     returned, when one of those writes a file; None when it writes nothing, or is used elsewhere.
     """
-    stmt = t.enclosing_statement(call)
-    block = t.parent(stmt) if stmt is not None else None
+    stmt = fm.enclosing_statement(call)
+    block = fm.parent(stmt) if stmt is not None else None
     body = getattr(block, "body", None)
     if stmt is None or not isinstance(body, (list, tuple)):
         return None
-    names = _received(t, call, stmt)
+    names = _received(fm, call, stmt)
     if names is None:
         return None
     start = next(i for i, s in enumerate(body) if s is stmt)
     last = start
     for name in names:
-        binding = binding_of(t, name)
+        binding = binding_of(fm, name)
         if binding is None:
             return None
-        for use in uses(t, binding):
-            if any(p is stmt for p in t.ancestors(use)):
+        for use in uses(fm, binding):
+            if any(p is stmt for p in fm.ancestors(use)):
                 continue
             index = next((i for i, s in enumerate(body)
-                          if any(p is s for p in t.ancestors(use))), None)
+                          if any(p is s for p in fm.ancestors(use))), None)
             if index is None or index < start:
                 return None
             last = max(last, index)
     statements = list(body[start:last + 1])
-    return statements if any(_writes_file(t, s) for s in statements) else None
+    return statements if any(_writes_file(fm, s) for s in statements) else None
 
 
-def _received(t: Transform, call: cst.Call, stmt: cst.BaseStatement) -> list[cst.Name] | None:
+def _received(fm: FileModel, call: cst.Call, stmt: cst.BaseStatement) -> list[cst.Name] | None:
     """The names the network read's result goes to: ``r = requests.get(u)``, ``data =
     urlopen(u).read()``, ``with urlopen(u) as r``; [] when it is used where it is."""
-    for parent in t.ancestors(call):
+    for parent in fm.ancestors(call):
         if isinstance(parent, cst.WithItem):
             return [parent.asname.name] if parent.asname is not None and isinstance(
                 parent.asname.name, cst.Name) else []
@@ -174,10 +177,10 @@ def _received(t: Transform, call: cst.Call, stmt: cst.BaseStatement) -> list[cst
     return []
 
 
-def _writes_file(t: Transform, stmt: cst.CSTNode) -> bool:
+def _writes_file(fm: FileModel, stmt: cst.CSTNode) -> bool:
     for node in m.findall(stmt, m.Call()):
         assert isinstance(node, cst.Call)
-        names = t.qualified_names(node.func)
+        names = fm.qualified_names(node.func)
         opener = next((n for n in names if n in OPENERS), None)
         if opener is not None:
             mode = open_mode(node, *OPENERS[opener])
@@ -192,7 +195,7 @@ def _writes_file(t: Transform, stmt: cst.CSTNode) -> bool:
     return False
 
 
-def _on_archive(t: Transform, call: cst.Call) -> bool:
+def _on_archive(fm: FileModel, call: cst.Call) -> bool:
     """``<archive>.extractall(...)`` of ``zipfile.ZipFile(p)``/``tarfile.open(p)``, directly, or
     through a name it was assigned to or opened as (``with tarfile.open(p) as tar:``)."""
     func = call.func
@@ -201,31 +204,31 @@ def _on_archive(t: Transform, call: cst.Call) -> bool:
     if isinstance(receiver, cst.Call):
         values = [receiver]
     elif isinstance(receiver, cst.Name):
-        values = [b.value for b in referents(t, receiver)
+        values = [b.value for b in referents(fm, receiver)
                   if b.kind in ("assign", "with") and not b.unpacked and b.value is not None]
     return bool(values) and all(
-        isinstance(v, cst.Call) and t.refers_to(v.func, *ARCHIVES) for v in values
+        isinstance(v, cst.Call) and fm.refers_to(v.func, *ARCHIVES) for v in values
     )
 
 
-def url_reads(t: Transform) -> list[cst.Call]:
+def url_reads(fm: FileModel) -> list[cst.Call]:
     """Reads of a URL into memory: a ``URL_READERS`` call given a URL (a literal, or a name
     bound to one), and network reads whose result is not written to a file."""
-    found = [c for c in t.calls_to(*URL_READERS) if _given_url(t, c)]
-    found += [c for c in t.calls_to(*RESPONSES) if _written_statements(t, c) is None]
+    found = [c for c in fm.calls_to(*URL_READERS) if _given_url(fm, c)]
+    found += [c for c in fm.calls_to(*RESPONSES) if _written_statements(fm, c) is None]
     return found
 
 
-def url_cache_reads(t: Transform) -> list[cst.Call]:
+def url_cache_reads(fm: FileModel) -> list[cst.Call]:
     """``np.loadtxt(URL)``-style reads, which download into the working directory first."""
-    return [c for c in t.calls_to(*URL_CACHING_READERS) if _given_url(t, c)]
+    return [c for c in fm.calls_to(*URL_CACHING_READERS) if _given_url(fm, c)]
 
 
-def _given_url(t: Transform, call: cst.Call) -> bool:
-    return bool(call.args) and call.args[0].keyword is None and is_url(t, call.args[0].value, 0)
+def _given_url(fm: FileModel, call: cst.Call) -> bool:
+    return bool(call.args) and call.args[0].keyword is None and is_url(fm, call.args[0].value, 0)
 
 
-def is_url(t: Transform, expr: cst.BaseExpression, depth: int) -> bool:
+def is_url(fm: FileModel, expr: cst.BaseExpression, depth: int) -> bool:
     """``expr`` is a URL: a string starting with a scheme of ``URL_SCHEMES``, an f-string or a
     sum whose first part is one, or a name only ever assigned one."""
     if depth > 3:
@@ -236,13 +239,13 @@ def is_url(t: Transform, expr: cst.BaseExpression, depth: int) -> bool:
     if isinstance(expr, cst.FormattedString):
         first = expr.parts[0] if expr.parts else None
         if isinstance(first, cst.FormattedStringExpression):  # f"{BASE}/a.csv"
-            return is_url(t, first.expression, depth + 1)
+            return is_url(fm, first.expression, depth + 1)
         return isinstance(first, cst.FormattedStringText) and first.value.startswith(URL_SCHEMES)
     if isinstance(expr, cst.ConcatenatedString):
-        return is_url(t, expr.left, depth + 1)  # type: ignore[arg-type]
+        return is_url(fm, expr.left, depth + 1)  # type: ignore[arg-type]
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
-        return is_url(t, expr.left, depth + 1)
+        return is_url(fm, expr.left, depth + 1)
     if isinstance(expr, cst.Name):
-        values = assigned_values(t, expr)
-        return bool(values) and all(is_url(t, v, depth + 1) for v in values)
+        values = assigned_values(fm, expr)
+        return bool(values) and all(is_url(fm, v, depth + 1) for v in values)
     return False

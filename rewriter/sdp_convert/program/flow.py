@@ -16,11 +16,11 @@ the trace with its reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import FileIndex, file_index
 from .scopes import (
     Binding,
@@ -35,6 +35,9 @@ from .scopes import (
 )
 from .syntax import code
 
+if TYPE_CHECKING:
+    from .model import FileModel
+
 
 @dataclass
 class Site:
@@ -47,9 +50,9 @@ class Site:
     trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...] = ()
 
 
-def unpacked_target(t: Transform, value: cst.CSTNode, index: int, size: int) -> cst.CSTNode | None:
+def unpacked_target(fm: FileModel, value: cst.CSTNode, index: int, size: int) -> cst.CSTNode | None:
     """In ``a, b = value``, the ``index``-th target (when there are ``size``, none starred)."""
-    assign = t.parent(value)
+    assign = fm.parent(value)
     if not (isinstance(assign, cst.Assign) and assign.value is value and len(assign.targets) == 1):
         return None
     target = assign.targets[0].target
@@ -60,10 +63,10 @@ def unpacked_target(t: Transform, value: cst.CSTNode, index: int, size: int) -> 
     return target.elements[index].value
 
 
-def range_loop_around(t: Transform, node: cst.CSTNode) -> cst.For | None:
+def range_loop_around(fm: FileModel, node: cst.CSTNode) -> cst.For | None:
     """The nearest ``for <name> in range(...)`` (or ``trange``/``tqdm(range(...))``) around node."""
     child = node
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             return None
         if (
@@ -73,12 +76,12 @@ def range_loop_around(t: Transform, node: cst.CSTNode) -> cst.For | None:
         ):
             it = parent.iter
             if isinstance(it, cst.Call) and (
-                t.refers_to(it.func, "builtins.range")
-                or any(q.endswith(".trange") for q in t.qualified_names(it.func))
+                fm.refers_to(it.func, "builtins.range")
+                or any(q.endswith(".trange") for q in fm.qualified_names(it.func))
                 or (
                     it.args
                     and isinstance(it.args[0].value, cst.Call)
-                    and t.refers_to(it.args[0].value.func, "builtins.range")
+                    and fm.refers_to(it.args[0].value.func, "builtins.range")
                 )
             ):
                 return parent
@@ -98,7 +101,7 @@ class Step:
 
 
 def forward(
-    t: Transform,
+    fm: FileModel,
     node: cst.CSTNode,
     binding: Binding | None,
     trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...] = (),
@@ -108,51 +111,51 @@ def forward(
     list or tuple literal (``loaders["train"]``), the parameter a call passes it to (every read in
     the function), the callers of a function returning it (a tuple: the matching unpacked
     target). An unknown callee ends the flow: nothing is guessed."""
-    parent = t.parent(node)
-    target = assigned_binding(t, node)
+    parent = fm.parent(node)
+    target = assigned_binding(fm, node)
     if target is not None:
-        return [Step(use, target, trail) for use in uses(t, target)]
+        return [Step(use, target, trail) for use in uses(fm, target)]
     if isinstance(parent, cst.Element | cst.DictElement) and parent.value is node:
-        container = t.parent(parent)
+        container = fm.parent(parent)
         key = _literal_key(container, parent)
         # ``a, b = x, y``: the value goes to the matching target.
         if isinstance(container, cst.Tuple) and key is not None:
-            element = unpacked_target(t, container, key, len(container.elements))  # type: ignore[arg-type]
-            unpacked = binding_of(t, element) if element is not None else None
+            element = unpacked_target(fm, container, key, len(container.elements))  # type: ignore[arg-type]
+            unpacked = binding_of(fm, element) if element is not None else None
             if unpacked is not None:
-                return [Step(use, unpacked, trail) for use in uses(t, unpacked)]
-        holder = assigned_binding(t, container) if container is not None else None
+                return [Step(use, unpacked, trail) for use in uses(fm, unpacked)]
+        holder = assigned_binding(fm, container) if container is not None else None
         if holder is not None and key is not None:
             return [
                 Step(pick, holder, trail)
-                for use in uses(t, holder)
-                if (pick := t.parent(use)) is not None and _subscript_key(pick, use) == key
+                for use in uses(fm, holder)
+                if (pick := fm.parent(use)) is not None and _subscript_key(pick, use) == key
             ]
-        returned = t.parent(container) if isinstance(container, cst.Tuple) else None
+        returned = fm.parent(container) if isinstance(container, cst.Tuple) else None
         if isinstance(returned, cst.Return) and returned.value is container and key is not None:
             assert isinstance(container, cst.Tuple)
-            function = t.enclosing_function(node)
+            function = fm.enclosing_function(node)
             steps = []
-            for caller in callers(t, function) if function is not None else ():
-                element = unpacked_target(t, caller, key, len(container.elements))  # type: ignore[arg-type]
-                unpacked = binding_of(t, element) if element is not None else None
+            for caller in callers(fm, function) if function is not None else ():
+                element = unpacked_target(fm, caller, key, len(container.elements))  # type: ignore[arg-type]
+                unpacked = binding_of(fm, element) if element is not None else None
                 if unpacked is not None:
-                    steps += [Step(use, unpacked, (), 1) for use in uses(t, unpacked)]
+                    steps += [Step(use, unpacked, (), 1) for use in uses(fm, unpacked)]
             return steps
         return []
     if isinstance(parent, cst.Arg) and parent.value is node:
-        call = t.parent(parent)
-        function = callee(t, call) if isinstance(call, cst.Call) else None
+        call = fm.parent(parent)
+        function = callee(fm, call) if isinstance(call, cst.Call) else None
         param = param_for_arg(function, call, parent) if function is not None else None  # type: ignore[arg-type]
-        param_binding = binding_of(t, param) if param is not None else None
+        param_binding = binding_of(fm, param) if param is not None else None
         if param_binding is None:
             return []
         crossed = (*trail, (call, node, binding))
-        return [Step(use, param_binding, crossed, 1) for use in uses(t, param_binding)]  # type: ignore[arg-type]
+        return [Step(use, param_binding, crossed, 1) for use in uses(fm, param_binding)]  # type: ignore[arg-type]
     if isinstance(parent, cst.Return) and parent.value is node:
-        function = t.enclosing_function(node)
+        function = fm.enclosing_function(node)
         return [
-            Step(caller, None, (), 1) for caller in (callers(t, function) if function else ())
+            Step(caller, None, (), 1) for caller in (callers(fm, function) if function else ())
         ]
     return []
 
@@ -208,7 +211,7 @@ _HOW_BOUND = {
 
 
 def origin(
-    t: Transform, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
+    fm: FileModel, index: FileIndex, expr: cst.BaseExpression, at: cst.CSTNode
 ) -> Origin | None:
     """Where the value of a name, attribute, literal subscript or call of this file's function
     comes from, one step back (None for other expressions: the caller knows them).
@@ -223,7 +226,7 @@ def origin(
         if binding.kind == "assign" and binding.value is not None:
             if not binding.unpacked:
                 return Origin(binding.value, binding.stmt)
-            element = _unpacked_element(t, index, binding.stmt, expr.value, binding.value)
+            element = _unpacked_element(fm, index, binding.stmt, expr.value, binding.value)
             if element is not None:
                 return Origin(*element)
             return Origin(
@@ -231,7 +234,7 @@ def origin(
                 unpacked=binding.value,
             )
         if binding.kind == "param" and isinstance(binding.stmt, cst.FunctionDef):
-            return _through_parameter(t, binding.stmt, expr.value)
+            return _through_parameter(fm, binding.stmt, expr.value)
         return Origin(problem=f"{expr.value} {_HOW_BOUND.get(binding.kind, 'is bound')}")
     if isinstance(expr, cst.Attribute):
         found = index.attribute_bindings.get(code(expr), [])
@@ -245,7 +248,7 @@ def origin(
         for _ in range(4):  # through plain names to the literal
             if container is None or isinstance(container, (cst.Dict, cst.List, cst.Tuple)):
                 break
-            back = origin(t, index, container, where)
+            back = origin(fm, index, container, where)
             if back is None or back.value is None:
                 return None
             container, where = back.value, back.at or where
@@ -254,7 +257,7 @@ def origin(
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
         binding = index.reaching(expr.func.value, expr)
         if binding is not None and isinstance(binding.stmt, cst.FunctionDef):
-            return _through_function(t, index, binding.stmt)
+            return _through_function(fm, index, binding.stmt)
     return None
 
 
@@ -274,7 +277,7 @@ def _element_for(container: cst.CSTNode | None, key: object) -> cst.BaseExpressi
 
 
 def _unpacked_element(
-    t: Transform, index: FileIndex, stmt: cst.CSTNode, name: str, value: cst.BaseExpression
+    fm: FileModel, index: FileIndex, stmt: cst.CSTNode, name: str, value: cst.BaseExpression
 ) -> tuple[cst.BaseExpression, cst.CSTNode] | None:
     """``a, b = x, y`` -> ``x``; ``train, test = make()`` with ``make`` returning one ``a, b``
     and called once -> ``a`` (and its return statement)."""
@@ -294,7 +297,7 @@ def _unpacked_element(
         return None
     binding = index.reaching(value.func.value, value)
     function = binding.stmt if binding is not None else None
-    if not isinstance(function, cst.FunctionDef) or len(callers(t, function)) > 1:
+    if not isinstance(function, cst.FunctionDef) or len(callers(fm, function)) > 1:
         return None
     returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
     if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
@@ -305,9 +308,9 @@ def _unpacked_element(
     return elements[position].value, returns[0]
 
 
-def _through_function(t: Transform, index: FileIndex, function: cst.FunctionDef) -> Origin:
+def _through_function(fm: FileModel, index: FileIndex, function: cst.FunctionDef) -> Origin:
     returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
-    calls = callers(t, function)
+    calls = callers(fm, function)
     if len(returns) != 1:
         return Origin(problem=f"{function.name.value}() has {len(returns)} return statements")
     if len(calls) > 1:
@@ -318,13 +321,13 @@ def _through_function(t: Transform, index: FileIndex, function: cst.FunctionDef)
     return Origin(returns[0].value, returns[0])
 
 
-def _through_parameter(t: Transform, function: cst.FunctionDef, name: str) -> Origin:
+def _through_parameter(fm: FileModel, function: cst.FunctionDef, name: str) -> Origin:
     passed = [
         (value, call)
-        for value, call in arguments_for(t, function, name)
-        if function not in t.ancestors(call)
+        for value, call in arguments_for(fm, function, name)
+        if function not in fm.ancestors(call)
     ]
-    calls = [c for c in callers(t, function) if function not in t.ancestors(c)]
+    calls = [c for c in callers(fm, function) if function not in fm.ancestors(c)]
     if len(calls) != 1:
         return Origin(problem=f"parameter {name!r} of {function.name.value}(), called "
                       f"{len(calls)} times")
@@ -333,11 +336,11 @@ def _through_parameter(t: Transform, function: cst.FunctionDef, name: str) -> Or
     return Origin(passed[0][0], passed[0][1])
 
 
-def loader_sites(t: Transform, call: cst.Call) -> tuple[list[Site], set[int]]:
+def loader_sites(fm: FileModel, call: cst.Call) -> tuple[list[Site], set[int]]:
     """The loops iterating the loader, and every node its value was followed through."""
     sites: list[Site] = []
     seen: set[int] = set()
-    follow(t, call, None, (), 0, sites, seen)
+    follow(fm, call, None, (), 0, sites, seen)
     return sites, seen
 
 
@@ -346,7 +349,7 @@ MAX_CALLS = 4
 
 
 def follow(
-    t: Transform,
+    fm: FileModel,
     node: cst.CSTNode,
     binding: Binding | None,
     trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...],
@@ -358,22 +361,22 @@ def follow(
     if id(node) in seen or depth > MAX_CALLS:
         return
     seen.add(id(node))
-    loop = iterated_by(t, node)
+    loop = iterated_by(fm, node)
     if loop is not None:
         sites.append(Site(loop, node, binding, trail))
         return
-    parent = t.parent(node)
+    parent = fm.parent(node)
     if isinstance(parent, cst.Arg) and parent.value is node:
-        call = t.parent(parent)
-        if isinstance(call, cst.Call) and t.refers_to(call.func, "builtins.iter"):
-            _follow_iterator(t, call, binding, trail, depth, sites, seen)
+        call = fm.parent(parent)
+        if isinstance(call, cst.Call) and fm.refers_to(call.func, "builtins.iter"):
+            _follow_iterator(fm, call, binding, trail, depth, sites, seen)
             return
-    for step in forward(t, node, binding, trail):
-        follow(t, step.node, step.binding, step.trail, depth + step.calls, sites, seen)
+    for step in forward(fm, node, binding, trail):
+        follow(fm, step.node, step.binding, step.trail, depth + step.calls, sites, seen)
 
 
 def _follow_iterator(
-    t: Transform,
+    fm: FileModel,
     iter_call: cst.Call,
     binding: Binding | None,
     trail: tuple[tuple[cst.Call, cst.CSTNode, Binding | None], ...],
@@ -382,28 +385,28 @@ def _follow_iterator(
     seen: set[int],
 ) -> None:
     """``it = iter(loader)`` ... ``next(it)`` inside a loop: that loop iterates the loader."""
-    target = assigned_binding(t, iter_call)
+    target = assigned_binding(fm, iter_call)
     if target is None:
         return
-    for use in uses(t, target):
-        arg = t.parent(use)
-        call = t.parent(arg) if isinstance(arg, cst.Arg) else None
-        if isinstance(call, cst.Call) and t.refers_to(call.func, "builtins.next"):
-            loop = enclosing_loop(t, call)
+    for use in uses(fm, target):
+        arg = fm.parent(use)
+        call = fm.parent(arg) if isinstance(arg, cst.Arg) else None
+        if isinstance(call, cst.Call) and fm.refers_to(call.func, "builtins.next"):
+            loop = enclosing_loop(fm, call)
             if loop is not None:
                 sites.append(Site(loop, iter_call.args[0].value, binding, trail))
 
 
-def iterated_by(t: Transform, node: cst.CSTNode) -> cst.For | None:
+def iterated_by(fm: FileModel, node: cst.CSTNode) -> cst.For | None:
     """The ``for`` whose iterable is ``node``, possibly wrapped (``enumerate(node)``)."""
     for _ in range(4):
-        parent = t.parent(node)
+        parent = fm.parent(node)
         if isinstance(parent, cst.For) and parent.iter is node:
             return parent
         if not (isinstance(parent, cst.Arg) and parent.value is node):
             return None
-        call = t.parent(parent)
-        if not isinstance(call, cst.Call) or t.refers_to(
+        call = fm.parent(parent)
+        if not isinstance(call, cst.Call) or fm.refers_to(
             call.func, "builtins.iter", "builtins.len"
         ):
             return None
@@ -411,8 +414,8 @@ def iterated_by(t: Transform, node: cst.CSTNode) -> cst.For | None:
     return None
 
 
-def enclosing_loop(t: Transform, node: cst.CSTNode) -> cst.For | cst.While | None:
-    for parent in t.ancestors(node):
+def enclosing_loop(fm: FileModel, node: cst.CSTNode) -> cst.For | cst.While | None:
+    for parent in fm.ancestors(node):
         if isinstance(parent, (cst.For, cst.While)):
             return parent
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
@@ -420,15 +423,15 @@ def enclosing_loop(t: Transform, node: cst.CSTNode) -> cst.For | cst.While | Non
     return None
 
 
-def holds_only(t: Transform, holder: Binding, flow: set[int]) -> bool:
+def holds_only(fm: FileModel, holder: Binding, flow: set[int]) -> bool:
     """A parameter: whether every call of its function passes this loader to it."""
     param = holder.node
     if not isinstance(param, cst.Param):
         return True
-    function = t.enclosing_function(param)
+    function = fm.enclosing_function(param)
     if function is None:
         return False
-    calls = callers(t, function)
+    calls = callers(fm, function)
     for call in calls:
         arg = next((a for a in call.args if param_for_arg(function, call, a) is param), None)
         if arg is None or id(arg.value) not in flow:
@@ -436,29 +439,29 @@ def holds_only(t: Transform, holder: Binding, flow: set[int]) -> bool:
     return bool(calls)
 
 
-def _epoch_loop_of_callers(t: Transform, root: Binding, start: cst.CSTNode) -> cst.For | None:
-    frontier = [t.enclosing_function(start)]
+def _epoch_loop_of_callers(fm: FileModel, root: Binding, start: cst.CSTNode) -> cst.For | None:
+    frontier = [fm.enclosing_function(start)]
     for _ in range(3):
         next_frontier: list[cst.FunctionDef | None] = []
         for function in frontier:
-            for caller in callers(t, function) if function is not None else ():
-                loop = range_loop_around(t, caller)
+            for caller in callers(fm, function) if function is not None else ():
+                loop = range_loop_around(fm, caller)
                 if loop is not None and (
-                    root.cls is None or _method_class(t, caller) is root.cls
+                    root.cls is None or _method_class(fm, caller) is root.cls
                 ):
                     return loop
-                next_frontier.append(t.enclosing_function(caller))
+                next_frontier.append(fm.enclosing_function(caller))
         frontier = next_frontier
     return None
 
 
-def epoch_loop(t: Transform, site: Site) -> tuple[cst.For, Binding | None] | None:
+def epoch_loop(fm: FileModel, site: Site) -> tuple[cst.For, Binding | None] | None:
     """The ``for epoch in range(...)`` around a training loop, and what holds the loader."""
-    loop = range_loop_around(t, site.loop)
+    loop = range_loop_around(fm, site.loop)
     if loop is not None:
         return loop, site.binding
     for call, _use, binding in reversed(site.trail):
-        loop = range_loop_around(t, call)
+        loop = range_loop_around(fm, call)
         if loop is not None:
             return loop, binding
     # A loader in a global or ``self.<attr>``: look where the function using it is called. The
@@ -470,7 +473,7 @@ def epoch_loop(t: Transform, site: Site) -> tuple[cst.For, Binding | None] | Non
     if site.trail and site.trail[0][2] is not None and site.trail[0][2].is_shared:
         starts.append((site.trail[0][2], site.trail[0][0]))
     for root, start in starts:
-        found = _epoch_loop_of_callers(t, root, start)
+        found = _epoch_loop_of_callers(fm, root, start)
         if found is not None:
             return found, root
     return None
@@ -490,50 +493,50 @@ _COUNTING = (
 )
 
 
-def decided_per_rank(t: Transform, expr: cst.BaseExpression) -> bool:
+def decided_per_rank(fm: FileModel, expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` (original; a loop's exit condition, say) may have a different value on
     each worker: it reads a value computed from the data, the model or an environment (a loss, a
     metric, a reward), through assignments (``+=`` too) or under a condition that does. Loop
     counters, constants, parameters and configuration are the same everywhere."""
-    return _differs(t, expr, set(), 0)
+    return _differs(fm, expr, set(), 0)
 
 
-def _differs(t: Transform, expr: cst.CSTNode, seen: set[tuple[str, int]], depth: int) -> bool:
+def _differs(fm: FileModel, expr: cst.CSTNode, seen: set[tuple[str, int]], depth: int) -> bool:
     if depth > 12:
         return True
     if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString,
                          cst.ConcatenatedString, cst.FormattedString)):
         return False
     if isinstance(expr, cst.Name):
-        return _name_differs(t, expr, seen, depth)
+        return _name_differs(fm, expr, seen, depth)
     if isinstance(expr, cst.Attribute):
-        return _differs(t, expr.value, seen, depth + 1)
+        return _differs(fm, expr.value, seen, depth + 1)
     if isinstance(expr, cst.Call):
-        if not t.refers_to(expr.func, *_SAME_CALLS):
+        if not fm.refers_to(expr.func, *_SAME_CALLS):
             return True
-        return any(_differs(t, a.value, seen, depth + 1) for a in expr.args)
+        return any(_differs(fm, a.value, seen, depth + 1) for a in expr.args)
     if isinstance(expr, (cst.BinaryOperation, cst.BooleanOperation)):
-        return _differs(t, expr.left, seen, depth + 1) or _differs(t, expr.right, seen, depth + 1)
+        return _differs(fm, expr.left, seen, depth + 1) or _differs(fm, expr.right, seen, depth + 1)
     if isinstance(expr, cst.UnaryOperation):
-        return _differs(t, expr.expression, seen, depth + 1)
+        return _differs(fm, expr.expression, seen, depth + 1)
     if isinstance(expr, cst.Comparison):
-        return _differs(t, expr.left, seen, depth + 1) or any(
-            _differs(t, c.comparator, seen, depth + 1) for c in expr.comparisons
+        return _differs(fm, expr.left, seen, depth + 1) or any(
+            _differs(fm, c.comparator, seen, depth + 1) for c in expr.comparisons
         )
     if isinstance(expr, cst.Subscript):
-        return _differs(t, expr.value, seen, depth + 1) or any(
-            isinstance(e.slice, cst.Index) and _differs(t, e.slice.value, seen, depth + 1)
+        return _differs(fm, expr.value, seen, depth + 1) or any(
+            isinstance(e.slice, cst.Index) and _differs(fm, e.slice.value, seen, depth + 1)
             for e in expr.slice
         )
     if isinstance(expr, (cst.Tuple, cst.List)):
-        return any(_differs(t, e.value, seen, depth + 1) for e in expr.elements)
+        return any(_differs(fm, e.value, seen, depth + 1) for e in expr.elements)
     return True
 
 
-def _name_differs(t: Transform, name: cst.Name, seen: set[tuple[str, int]], depth: int) -> bool:
+def _name_differs(fm: FileModel, name: cst.Name, seen: set[tuple[str, int]], depth: int) -> bool:
     if name.value in ("True", "False", "None"):
         return False
-    index = file_index(t)
+    index = file_index(fm)
     reaching = index.reaching(name.value, name)
     if reaching is None:
         return False  # a builtin, or a global of another module: configuration
@@ -541,31 +544,31 @@ def _name_differs(t: Transform, name: cst.Name, seen: set[tuple[str, int]], dept
     if key in seen:
         return False  # being decided further up
     seen.add(key)
-    scope_node = _scope_node(t, reaching.stmt)
+    scope_node = _scope_node(fm, reaching.stmt)
     for binding in index.bindings_of(name.value, reaching.scope):
         if binding.kind in ("param", "import", "def"):
             continue
         if binding.kind == "for" and isinstance(binding.stmt, cst.For):
             loop = binding.stmt
             if not (
-                isinstance(loop.iter, cst.Call) and t.refers_to(loop.iter.func, *_COUNTING)
+                isinstance(loop.iter, cst.Call) and fm.refers_to(loop.iter.func, *_COUNTING)
                 and not (binding.unpacked and _not_the_count(loop, name.value))
             ):
                 return True
-            if _differs(t, loop.iter.args[0].value, seen, depth + 1) if (
-                t.refers_to(loop.iter.func, "builtins.range") and loop.iter.args
+            if _differs(fm, loop.iter.args[0].value, seen, depth + 1) if (
+                fm.refers_to(loop.iter.func, "builtins.range") and loop.iter.args
             ) else False:
                 return True
             continue
         if binding.kind != "assign" or binding.value is None:
             return True
-        if _differs(t, binding.value, seen, depth + 1):
+        if _differs(fm, binding.value, seen, depth + 1):
             return True
-        if _under_differing_test(t, binding.stmt, scope_node, seen, depth):
+        if _under_differing_test(fm, binding.stmt, scope_node, seen, depth):
             return True
     for aug in _aug_assigns(scope_node, name.value):
-        if _differs(t, aug.value, seen, depth + 1) or _under_differing_test(
-            t, aug, scope_node, seen, depth
+        if _differs(fm, aug.value, seen, depth + 1) or _under_differing_test(
+            fm, aug, scope_node, seen, depth
         ):
             return True
     return False
@@ -580,9 +583,9 @@ def _not_the_count(loop: cst.For, name: str) -> bool:
     return False
 
 
-def _scope_node(t: Transform, node: cst.CSTNode) -> cst.CSTNode:
-    function = t.enclosing_function(node)
-    return function if function is not None else t.module
+def _scope_node(fm: FileModel, node: cst.CSTNode) -> cst.CSTNode:
+    function = fm.enclosing_function(node)
+    return function if function is not None else fm.module
 
 
 def _aug_assigns(scope: cst.CSTNode, name: str) -> list[cst.AugAssign]:
@@ -593,12 +596,12 @@ def _aug_assigns(scope: cst.CSTNode, name: str) -> list[cst.AugAssign]:
 
 
 def _under_differing_test(
-    t: Transform, node: cst.CSTNode, scope: cst.CSTNode, seen: set[tuple[str, int]], depth: int
+    fm: FileModel, node: cst.CSTNode, scope: cst.CSTNode, seen: set[tuple[str, int]], depth: int
 ) -> bool:
     """Whether ``node`` runs only when an ``if`` or ``while`` test that may differ holds."""
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if parent is scope:
             return False
-        if isinstance(parent, (cst.If, cst.While)) and _differs(t, parent.test, seen, depth + 1):
+        if isinstance(parent, (cst.If, cst.While)) and _differs(fm, parent.test, seen, depth + 1):
             return True
     return False

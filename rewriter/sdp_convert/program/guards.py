@@ -3,25 +3,29 @@ and is a use of a rank-0-only handle already testing it for None."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import Binding
 from .scopes import binding_of, uses
 from .syntax import target_names
 
+if TYPE_CHECKING:
+    from .model import FileModel
 
-def why_not_guardable(t: Transform, node: cst.CSTNode, stmt: cst.CSTNode | None) -> str | None:
+
+def why_not_guardable(fm: FileModel, node: cst.CSTNode, stmt: cst.CSTNode | None) -> str | None:
     """Why ``stmt`` (holding ``node``) cannot go under ``if <rank> == 0:``, in words; None when
     it can: not in a lambda, condition or ``for`` header, not sharing a line with a def, its
     result neither returned nor assigned to a name read later."""
     child = node
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if isinstance(parent, cst.Lambda):
             return "it is inside a lambda"
         if isinstance(parent, cst.SimpleStatementSuite) and parent is not stmt:
-            compound = t.parent(parent)
+            compound = fm.parent(parent)
             if isinstance(compound, (cst.FunctionDef, cst.ClassDef)):
                 return "it shares its line with a def, class or try"
         if parent is stmt:
@@ -39,13 +43,13 @@ def why_not_guardable(t: Transform, node: cst.CSTNode, stmt: cst.CSTNode | None)
                 return "its result is returned"
             if isinstance(
                 small, (cst.Assign, cst.AnnAssign, cst.AugAssign)
-            ) and binds_used_names(t, small):
+            ) and binds_used_names(fm, small):
                 return "it assigns a name used later, which the other ranks would miss"
     if isinstance(stmt, (cst.If, cst.While)) and isinstance(stmt.body, cst.IndentedBlock):
         return "it is in a condition"
     return None
 
-def binds_used_names(t: Transform, small: cst.Assign | cst.AnnAssign | cst.AugAssign) -> bool:
+def binds_used_names(fm: FileModel, small: cst.Assign | cst.AnnAssign | cst.AugAssign) -> bool:
     targets = (
         [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
     )
@@ -58,15 +62,15 @@ def binds_used_names(t: Transform, small: cst.Assign | cst.AnnAssign | cst.AugAs
         if names is None or isinstance(small, cst.AugAssign):
             return True
         for name in names:
-            binding = binding_of(t, name)
-            if binding is None or uses(t, binding):
+            binding = binding_of(fm, name)
+            if binding is None or uses(fm, binding):
                 return True
     return False
 
-def under_handle_test(t: Transform, use: cst.CSTNode, binding: Binding) -> bool:
+def under_handle_test(fm: FileModel, use: cst.CSTNode, binding: Binding) -> bool:
     """``use`` is in ``if handle:`` / ``if handle is not None:`` (None on the other ranks)."""
     child = use
-    for parent in t.ancestors(use):
+    for parent in fm.ancestors(use):
         if isinstance(parent, cst.If) and child is parent.body:
             test = parent.test
             if m.matches(
@@ -75,14 +79,14 @@ def under_handle_test(t: Transform, use: cst.CSTNode, binding: Binding) -> bool:
             ):
                 assert isinstance(test, cst.Comparison)
                 test = test.left
-            if t.module.code_for_node(test) == binding.code:
+            if fm.module.code_for_node(test) == binding.code:
                 return True
         child = parent
     return False
 
-def is_none_test(t: Transform, use: cst.CSTNode) -> bool:
+def is_none_test(fm: FileModel, use: cst.CSTNode) -> bool:
     """``handle is None``, ``not handle``, ``if handle:``: reading None there is fine."""
-    parent = t.parent(use)
+    parent = fm.parent(use)
     if isinstance(parent, cst.Comparison) and parent.left is use:
         return all(
             isinstance(c.operator, (cst.Is, cst.IsNot))

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import libcst as cst
 
 from ..analysis import Visitor
-from ..base import Transform
 from .names import Collector, QualifiedNames
 from .syntax import code
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 Scope = cst.FunctionDef | cst.ClassDef | None
 N = TypeVar("N", bound=cst.CSTNode)
@@ -586,19 +588,19 @@ def index_module(module: cst.Module, *riders: cst.CSTVisitor) -> FileIndex:
     return indexer.finish()
 
 
-def file_index(transform: Transform) -> FileIndex:
+def file_index(fm: FileModel) -> FileIndex:
     """The file's ``FileIndex``, built once and shared by the transforms (the engine builds it
     before detection, which needs the qualified names)."""
-    facts = transform.state.facts
+    facts = fm.facts
     if facts.index is None:
-        facts.index = index_module(transform.module)
+        facts.index = index_module(fm.module)
     return facts.index
 
 
-def nodes_of(transform: Transform, kind: type[N]) -> list[N]:
+def nodes_of(fm: FileModel, kind: type[N]) -> list[N]:
     """Every ``kind`` node of the file, in file order: ``m.findall(module, kind())`` without a
     walk of its own (the file's index is built once and shared)."""
-    return file_index(transform).by_type.get(kind, [])  # type: ignore[return-value]
+    return file_index(fm).by_type.get(kind, [])  # type: ignore[return-value]
 
 
 def reaching_values(
@@ -620,13 +622,13 @@ def reaching_values(
                 yield from reaching_values(index, binding.value, binding.stmt, depth + 1)
 
 
-def imported_names(transform: Transform) -> list[tuple[str, set[str], cst.CSTNode]]:
+def imported_names(fm: FileModel) -> list[tuple[str, set[str], cst.CSTNode]]:
     """Module-level names bound by imports: ``(name, qualified names, import statement)``.
 
     The qualified names are the ones ``Transform.qualified_names`` reads (``program.names``,
     libcst's rules), so ``import torch.nn as nn`` and ``from tensorflow import keras`` resolve
     as Python would."""
-    names = file_index(transform).names
+    names = file_index(fm).names
     assert names is not None
     return [
         (name, {q.name for q in names.module_names(name)}, node)

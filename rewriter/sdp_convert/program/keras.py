@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import libcst as cst
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+from typing import TYPE_CHECKING
 
-from ..base import Transform
+import libcst as cst
+from libcst.metadata import QualifiedNameSource
+
 from .index import FileIndex, file_index, imported_names, reaching_values
 from .syntax import _EQUAL, AddImport, arg_named, code, divided_by_size, mentions_size, replace_arg
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
 
@@ -37,9 +41,9 @@ def keras_name(qname: str) -> str | None:
     return ".".join(["keras", *parts])
 
 
-def keras_names(transform: Transform, node: cst.CSTNode) -> set[str]:
+def keras_names(fm: FileModel, node: cst.CSTNode) -> set[str]:
     """``keras_name`` of every qualified name ``node`` (original) may refer to."""
-    return {k for q in transform.qualified_names(node) if (k := keras_name(q))}
+    return {k for q in fm.qualified_names(node) if (k := keras_name(q))}
 
 
 #: Keras 3 defaults (keras/src/optimizers/*.py); tf_keras 2 has the same ones.
@@ -80,31 +84,31 @@ _SCHEDULE_RATES: dict[str, tuple[tuple[str, int, str | None], ...]] = {
 }
 
 
-def optimizer_class(transform: Transform, call: cst.Call) -> str | None:
+def optimizer_class(fm: FileModel, call: cst.Call) -> str | None:
     """``Adam`` when ``call`` (original) constructs a Keras optimizer, else None."""
-    for name in keras_names(transform, call.func):
+    for name in keras_names(fm, call.func):
         parts = name.split(".")
         if len(parts) == 3 and parts[1] == "optimizers" and parts[2] in OPTIMIZER_DEFAULT_LR:
             return parts[2]
     return None
 
 
-def schedule_class(transform: Transform, call: cst.Call) -> str | None:
-    for name in keras_names(transform, call.func):
+def schedule_class(fm: FileModel, call: cst.Call) -> str | None:
+    for name in keras_names(fm, call.func):
         parts = name.split(".")
         if parts[1:3] == ["optimizers", "schedules"] and parts[-1] in _SCHEDULE_RATES:
             return parts[-1]
     return None
 
 
-def keras_spelling(transform: Transform, dotted: str, add_import: AddImport) -> str:
+def keras_spelling(fm: FileModel, dotted: str, add_import: AddImport) -> str:
     """How this file can spell ``keras.<dotted>`` (``optimizers.Adam``):
     ``tf.keras.optimizers.Adam`` after ``import tensorflow as tf``, ``keras.optimizers.Adam`` after
     ``import keras``, ``Adam`` after ``from keras.optimizers import Adam``. Asks ``add_import`` for
     an import (``add_import(module, name, asname)``) when the file has none."""
     wanted = "keras." + dotted
     best: tuple[int, str] | None = None
-    for bound, qualified, _ in imported_names(transform):
+    for bound, qualified, _ in imported_names(fm):
         for q in sorted(qualified):
             canonical = "tensorflow" if q == "tensorflow" else keras_name(q)
             if canonical is None:
@@ -121,14 +125,14 @@ def keras_spelling(transform: Transform, dotted: str, add_import: AddImport) -> 
     if best is not None:
         return best[1]
     root = "tensorflow.keras" if any(
-        q.startswith("tensorflow.keras.") for q in transform.state.info.calls
+        q.startswith("tensorflow.keras.") for q in fm.info.calls
     ) else "keras"
     module, _, name = f"{root}.{dotted}".rpartition(".")
     package, _, first = module.rpartition(".")
     # The import must not take a name the file already uses for something else (``from keras.src
     # import optimizers``, a project's own ``optimizers.py``): it would change what that name means
     # everywhere, and a second pass would take the file's own calls for Keras ones.
-    taken = {bound for _, bound in file_index(transform).bindings}
+    taken = {bound for _, bound in file_index(fm).bindings}
     if first not in taken:
         add_import(package, first)
         return f"{first}.{name}"
@@ -144,19 +148,19 @@ def keras_spelling(transform: Transform, dotted: str, add_import: AddImport) -> 
     return f"{alias}.{name}"
 
 
-def is_keras_compile(transform: Transform, call: cst.Call) -> bool:
+def is_keras_compile(fm: FileModel, call: cst.Call) -> bool:
     """``<model>.compile(...)`` (original): a method called ``compile`` on something that is not an
     imported module (``re.compile``, ``torch.compile``) and takes Keras' arguments."""
     func = call.func
     if not (isinstance(func, cst.Attribute) and func.attr.value == "compile"):
         return False
-    if _is_imported(transform, func.value):
+    if _is_imported(fm, func.value):
         return False
     keywords = {a.keyword.value for a in call.args if a.keyword}
     return bool(keywords & {"optimizer", "loss", "metrics"}) or (
         bool(call.args)
         and not call.args[0].keyword
-        and _is_optimizer_like(transform, call.args[0].value)
+        and _is_optimizer_like(fm, call.args[0].value)
     )
 
 
@@ -166,19 +170,19 @@ _FIT_KEYWORDS = frozenset(
 )
 
 
-def keras_fit_calls(transform: Transform) -> list[cst.Call]:
+def keras_fit_calls(fm: FileModel) -> list[cst.Call]:
     """``<model>.fit(...)`` calls (original) of a Keras model: on something ``compile`` is called
     on, or with Keras' own arguments (so that ``scaler.fit(x)`` of scikit-learn is left alone)."""
     compiled = {
         code(c.func.value)  # type: ignore[attr-defined]
-        for c in transform.method_calls("compile")
-        if is_keras_compile(transform, c)
+        for c in fm.method_calls("compile")
+        if is_keras_compile(fm, c)
     }
     found = []
-    for call in (*transform.method_calls("fit"), *transform.method_calls("fit_generator")):
+    for call in (*fm.method_calls("fit"), *fm.method_calls("fit_generator")):
         func = call.func
         assert isinstance(func, cst.Attribute)
-        if _is_imported(transform, func.value):
+        if _is_imported(fm, func.value):
             continue
         keywords = {a.keyword.value for a in call.args if a.keyword}
         if code(func.value) in compiled or keywords & _FIT_KEYWORDS:
@@ -186,16 +190,16 @@ def keras_fit_calls(transform: Transform) -> list[cst.Call]:
     return found
 
 
-def _is_optimizer_like(transform: Transform, expr: cst.BaseExpression) -> bool:
+def _is_optimizer_like(fm: FileModel, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value.lower() in OPTIMIZER_STRINGS if isinstance(
             expr.evaluated_value, str
         ) else False
-    return isinstance(expr, cst.Call) and optimizer_class(transform, expr) is not None
+    return isinstance(expr, cst.Call) and optimizer_class(fm, expr) is not None
 
 
-def _is_imported(transform: Transform, expr: cst.BaseExpression) -> bool:
-    found = transform.get_metadata(QualifiedNameProvider, expr, set())
+def _is_imported(fm: FileModel, expr: cst.BaseExpression) -> bool:
+    found = fm.raw_qualified_names(expr)
     return any(q.source in (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN) for q in found)
 
 
@@ -210,14 +214,14 @@ def compile_optimizer_arg(call: cst.Call) -> cst.Arg | None:
 
 
 def optimizer_from_string(
-    transform: Transform, name: str, learning_rate: cst.BaseExpression | None,
+    fm: FileModel, name: str, learning_rate: cst.BaseExpression | None,
     add_import: AddImport,
 ) -> cst.Call | None:
     """``"adam"`` -> ``tf.keras.optimizers.Adam(learning_rate=...)`` in this file's spelling."""
     cls = OPTIMIZER_STRINGS.get(name.lower())
     if cls is None:
         return None
-    func = cst.parse_expression(keras_spelling(transform, f"optimizers.{cls}", add_import))
+    func = cst.parse_expression(keras_spelling(fm, f"optimizers.{cls}", add_import))
     args = [cst.Arg(learning_rate, keyword=cst.Name("learning_rate"), equal=_EQUAL)] if (
         learning_rate is not None
     ) else []
@@ -250,12 +254,12 @@ def fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
     return arg_named(call, name, _FIT_POSITIONS.get(name))
 
 
-def generator_flow(transform: Transform, fit: cst.Call) -> cst.Call | None:
+def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
     """The ``ImageDataGenerator(...).flow(x, y, ...)`` call whose batches ``fit`` trains on."""
     x = fit_arg(fit, "x")
     if x is None:
         return None
-    index = file_index(transform)
+    index = file_index(fm)
     for value in reaching_values(index, x.value, fit):
         if not (
             isinstance(value, cst.Call)
@@ -265,14 +269,14 @@ def generator_flow(transform: Transform, fit: cst.Call) -> cst.Call | None:
             continue
         for receiver in reaching_values(index, value.func.value, value):
             if isinstance(receiver, cst.Call) and any(
-                k.endswith(".ImageDataGenerator") for k in keras_names(transform, receiver.func)
+                k.endswith(".ImageDataGenerator") for k in keras_names(fm, receiver.func)
             ):
                 return value
     return None
 
 
 def keras_own_train_step(
-    transform: Transform, index: FileIndex, receiver: cst.BaseExpression, call: cst.Call
+    fm: FileModel, index: FileIndex, receiver: cst.BaseExpression, call: cst.Call
 ) -> bool:
     """The model compiled by ``call`` is a ``keras.Sequential``, a functional ``keras.Model``,
     or a loaded, cloned or applications model: it trains with Keras' own ``train_step``."""
@@ -280,28 +284,28 @@ def keras_own_train_step(
         isinstance(value, cst.Call) and any(
             k.rsplit(".", 1)[-1] in ("Sequential", "Model", "load_model", "clone_model")
             or k.startswith("keras.applications.")
-            for k in keras_names(transform, value.func)
+            for k in keras_names(fm, value.func)
         )
         for value in reaching_values(index, receiver, call)
     )
 
 
 def per_worker_save_freq(
-    transform: Transform, original: cst.Call, updated: cst.Call
+    fm: FileModel, original: cst.Call, updated: cst.Call
 ) -> tuple[cst.Call, tuple[cst.CSTNode, str] | None]:
     """``ModelCheckpoint(save_freq=<batches>)`` -> ``max(1, <batches> // sdp.size())``, and what
     to report where (the transform reports it): each worker runs 1/N of the batches, so rank 0's
     checkpoint comes as often as before. Other calls, ``save_freq="epoch"`` and a frequency that
     mentions ``size()`` come back as they are, with nothing to report."""
-    names = keras_names(transform, original.func)
+    names = keras_names(fm, original.func)
     if not any(k.endswith("callbacks.ModelCheckpoint") for k in names):
         return updated, None
     arg, original_arg = arg_named(updated, "save_freq"), arg_named(original, "save_freq")
     if arg is None or original_arg is None or isinstance(
         original_arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
-    ) or mentions_size(transform, original_arg.value):
+    ) or mentions_size(fm, original_arg.value):
         return updated, None
-    sdp, value = transform.sdp, code(arg.value)
+    sdp, value = fm.sdp, code(arg.value)
     note = (f"save_freq={value} -> max(1, {value} // {sdp}.size()): each worker runs its part of "
             "the batches")
     return replace_arg(updated, arg, cst.parse_expression(

@@ -12,12 +12,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
-from ..base import Transform
 from .keras import is_keras_compile, keras_fit_calls, keras_names, optimizer_class
 from .scopes import assigned_values
 from .syntax import arg_named, code
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Wrappers that return the optimizer they are given (its ``variables`` stay a property).
 OPTIMIZER_WRAPPERS = (
@@ -33,70 +37,74 @@ OPTIMIZER_WRAPPERS = (
 SAVE_EXTENSIONS = (".keras", ".h5", ".hdf5")
 
 
-def _values(t: Transform, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
-    return assigned_values(t, expr) if isinstance(expr, cst.Name) else []
+def _values(fm: FileModel, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    return assigned_values(fm, expr) if isinstance(expr, cst.Name) else []
 
 
-def is_keras3_optimizer(t: Transform, expr: cst.BaseExpression, depth: int = 0) -> bool:
+def is_keras3_optimizer(fm: FileModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
     """``expr`` holds a Keras optimizer made here (``tf.keras.optimizers.Adam(...)``, not a
     ``legacy`` one), maybe wrapped in a DistributedOptimizer."""
     if depth > 3:
         return False
     if isinstance(expr, cst.Call):
-        if any("legacy" in q for q in t.qualified_names(expr.func)):
+        if any("legacy" in q for q in fm.qualified_names(expr.func)):
             return False
-        if optimizer_class(t, expr) is not None:
+        if optimizer_class(fm, expr) is not None:
             return True
-        if t.refers_to(expr.func, *OPTIMIZER_WRAPPERS) and expr.args:
-            return is_keras3_optimizer(t, expr.args[0].value, depth + 1)
+        if fm.refers_to(expr.func, *OPTIMIZER_WRAPPERS) and expr.args:
+            return is_keras3_optimizer(fm, expr.args[0].value, depth + 1)
         return False
-    values = _values(t, expr)
-    return bool(values) and all(is_keras3_optimizer(t, v, depth + 1) for v in values)
+    values = _values(fm, expr)
+    return bool(values) and all(is_keras3_optimizer(fm, v, depth + 1) for v in values)
 
 
-def optimizer_variables_calls(t: Transform) -> list[cst.Call]:
+def optimizer_variables_calls(fm: FileModel) -> list[cst.Call]:
     """``<optimizer>.variables()`` calls (no arguments) of a Keras 3 optimizer."""
     found = []
-    for call in t.method_calls("variables"):
+    for call in fm.method_calls("variables"):
         func = call.func
-        if not call.args and isinstance(func, cst.Attribute) and is_keras3_optimizer(t, func.value):
+        if (
+            not call.args
+            and isinstance(func, cst.Attribute)
+            and is_keras3_optimizer(fm, func.value)
+        ):
             found.append(call)
     return found
 
 
-def is_keras_metric(t: Transform, expr: cst.BaseExpression) -> bool:
-    values = [expr] if isinstance(expr, cst.Call) else _values(t, expr)
+def is_keras_metric(fm: FileModel, expr: cst.BaseExpression) -> bool:
+    values = [expr] if isinstance(expr, cst.Call) else _values(fm, expr)
     return bool(values) and all(
         isinstance(v, cst.Call)
-        and any(k.startswith("keras.metrics.") for k in keras_names(t, v.func))
+        and any(k.startswith("keras.metrics.") for k in keras_names(fm, v.func))
         for v in values
     )
 
 
-def metric_reset_states_calls(t: Transform) -> list[cst.Call]:
+def metric_reset_states_calls(fm: FileModel) -> list[cst.Call]:
     return [
-        c for c in t.method_calls("reset_states")
-        if isinstance(c.func, cst.Attribute) and is_keras_metric(t, c.func.value)
+        c for c in fm.method_calls("reset_states")
+        if isinstance(c.func, cst.Attribute) and is_keras_metric(fm, c.func.value)
     ]
 
 
-def keras_models(t: Transform) -> set[str]:
+def keras_models(fm: FileModel) -> set[str]:
     """The code of the receivers of Keras ``compile``/``fit`` calls: the script's models."""
-    found = {code(c.func.value) for c in keras_fit_calls(t)}  # type: ignore[attr-defined]
+    found = {code(c.func.value) for c in keras_fit_calls(fm)}  # type: ignore[attr-defined]
     found |= {
         code(c.func.value)  # type: ignore[attr-defined]
-        for c in t.method_calls("compile")
-        if is_keras_compile(t, c)
+        for c in fm.method_calls("compile")
+        if is_keras_compile(fm, c)
     }
     return found
 
 
-def directory_saves(t: Transform) -> list[cst.Call]:
+def directory_saves(fm: FileModel) -> list[cst.Call]:
     """``model.save("dir")`` (a literal path without a Keras 3 extension, or ``save_format=``)
     of a Keras model of this script."""
-    models = keras_models(t)
+    models = keras_models(fm)
     found = []
-    for call in t.method_calls("save"):
+    for call in fm.method_calls("save"):
         func = call.func
         if not isinstance(func, cst.Attribute) or code(func.value) not in models:
             continue
@@ -105,7 +113,7 @@ def directory_saves(t: Transform) -> list[cst.Call]:
             continue
         path = arg_named(call, "filepath", 0)
         value = path.value if path is not None else None
-        if isinstance(value, cst.Call) and t.refers_to(value.func, "os.path.join") and value.args:
+        if isinstance(value, cst.Call) and fm.refers_to(value.func, "os.path.join") and value.args:
             value = value.args[-1].value  # os.path.join(model_dir, "1"): its last part
         text = value.evaluated_value if isinstance(value, cst.SimpleString) else None
         if isinstance(text, str) and not text.endswith(SAVE_EXTENSIONS):
@@ -113,12 +121,12 @@ def directory_saves(t: Transform) -> list[cst.Call]:
     return found
 
 
-def run_tf_function_args(t: Transform) -> list[cst.Arg]:
+def run_tf_function_args(fm: FileModel) -> list[cst.Arg]:
     """``experimental_run_tf_function=`` arguments of Keras ``compile`` calls."""
     found = []
-    for call in t.method_calls("compile"):
+    for call in fm.method_calls("compile"):
         arg = arg_named(call, "experimental_run_tf_function")
-        if arg is not None and is_keras_compile(t, call):
+        if arg is not None and is_keras_compile(fm, call):
             found.append(arg)
     return found
 
@@ -127,22 +135,22 @@ def run_tf_function_args(t: Transform) -> list[cst.Arg]:
 FIT_WORKER_ARGS = ("workers", "use_multiprocessing", "max_queue_size")
 
 
-def keras2_arguments(t: Transform) -> list[tuple[cst.Arg, str]]:
+def keras2_arguments(fm: FileModel) -> list[tuple[cst.Arg, str]]:
     """Arguments Keras 3 rejects, with what replaces them: ``Adam(lr=...)`` (``learning_rate=``)
     and ``fit(workers=..., use_multiprocessing=..., max_queue_size=...)`` (a ``PyDataset``'s
     own ``workers=``/``use_multiprocessing=``, or a ``tf.data`` pipeline)."""
     found: list[tuple[cst.Arg, str]] = []
-    for name in t.state.info.calls:
-        for call in t.state.info.calls[name]:
-            if optimizer_class(t, call) is None or any(
-                "legacy" in q for q in t.qualified_names(call.func)
+    for name in fm.info.calls:
+        for call in fm.info.calls[name]:
+            if optimizer_class(fm, call) is None or any(
+                "legacy" in q for q in fm.qualified_names(call.func)
             ):
                 continue
             arg = arg_named(call, "lr")
             if arg is not None:
                 found.append((arg, f"{code(call.func)}(lr=...): Keras 3 optimizers take "
                                    "learning_rate= (lr= raises); rename it"))
-    for call in keras_fit_calls(t):
+    for call in keras_fit_calls(fm):
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "fit"):
             continue  # fit_generator: port_fit_generator drops them as it ports the call
         for keyword in FIT_WORKER_ARGS:

@@ -3,12 +3,16 @@ questions about them (is this sampler distributed, is this dataset a stream)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
-from ..base import Transform
 from .index import Binding
 from .scopes import _self_attribute_values, assigned_values, referents, uses
 from .syntax import is_false, is_movable, literal_keys
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 LOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
 
@@ -32,72 +36,72 @@ _ITERABLE_DATASETS = (
 _ITERABLE_PREFIXES = ("torchdata.", "webdataset.", "torch.utils.data.datapipes.")
 
 
-def is_distributed_sampler(t: Transform, expr: cst.BaseExpression) -> bool:
+def is_distributed_sampler(fm: FileModel, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.IfExp):
-        return is_distributed_sampler(t, expr.body) or is_distributed_sampler(t, expr.orelse)
+        return is_distributed_sampler(fm, expr.body) or is_distributed_sampler(fm, expr.orelse)
     if isinstance(expr, cst.Call):
-        return t.refers_to(expr.func, *DISTRIBUTED_SAMPLERS)
+        return fm.refers_to(expr.func, *DISTRIBUTED_SAMPLERS)
     if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
         if expr.value.value == "self":
             return any(
-                is_distributed_sampler(t, v) for v in _self_attribute_values(t, expr)
+                is_distributed_sampler(fm, v) for v in _self_attribute_values(fm, expr)
             )
         return False
     if isinstance(expr, cst.Name):
-        return any(is_distributed_sampler(t, v) for v in assigned_values(t, expr))
+        return any(is_distributed_sampler(fm, v) for v in assigned_values(fm, expr))
     return False
 
 
-def is_iterable_dataset(t: Transform, expr: cst.BaseExpression) -> bool:
+def is_iterable_dataset(fm: FileModel, expr: cst.BaseExpression) -> bool:
     values: list[cst.BaseExpression] = [expr]
     if isinstance(expr, cst.Name):
-        values = assigned_values(t, expr)
+        values = assigned_values(fm, expr)
     for value in values:
         if not isinstance(value, cst.Call):
             continue
-        if t.refers_to(value.func, "datasets.load_dataset") and any(
+        if fm.refers_to(value.func, "datasets.load_dataset") and any(
             a.keyword is not None and a.keyword.value == "streaming" and not is_false(a.value)
             for a in value.args
         ):
             return True
-        if _is_iterable_class(t, value.func, 0):
+        if _is_iterable_class(fm, value.func, 0):
             return True
     return False
 
 
-def _is_iterable_class(t: Transform, func: cst.BaseExpression, depth: int) -> bool:
-    names = t.qualified_names(func)
+def _is_iterable_class(fm: FileModel, func: cst.BaseExpression, depth: int) -> bool:
+    names = fm.qualified_names(func)
     if any(n in _ITERABLE_DATASETS or n.startswith(_ITERABLE_PREFIXES) for n in names):
         return True
     if depth > 3 or not isinstance(func, cst.Name):
         return False
-    for assignment in referents(t, func):
+    for assignment in referents(fm, func):
         cls = getattr(assignment, "node", None)
         if isinstance(cls, cst.ClassDef) and any(
-            _is_iterable_class(t, base.value, depth + 1) for base in cls.bases
+            _is_iterable_class(fm, base.value, depth + 1) for base in cls.bases
         ):
             return True
     return False
 
 
-def kwargs_literal(t: Transform, value: cst.BaseExpression) -> tuple[cst.Dict, int | None] | None:
+def kwargs_literal(fm: FileModel, value: cst.BaseExpression) -> tuple[cst.Dict, int | None] | None:
     """``kw`` bound once to a dict literal that nothing else can add "shuffle" to."""
     if not isinstance(value, cst.Name):
         return None
-    refs = referents(t, value)
+    refs = referents(fm, value)
     if len(refs) != 1:
         return None
     (assignment,) = refs
-    dict_node = _assigned_dict(t, assignment)
+    dict_node = _assigned_dict(fm, assignment)
     if dict_node is None:
         return None
     keys = literal_keys(dict_node)
     if keys is None:
         return None
-    for use in uses(t, assignment):
+    for use in uses(fm, assignment):
         if use is value:
             continue
-        parent = t.parent(use)
+        parent = fm.parent(use)
         if isinstance(parent, cst.Arg) and parent.star == "**":
             continue  # splatted into another call: fine
         if not (isinstance(parent, cst.Attribute) and parent.value is use):
@@ -107,9 +111,9 @@ def kwargs_literal(t: Transform, value: cst.BaseExpression) -> tuple[cst.Dict, i
             continue
         if method != "update":
             return None
-        update = t.parent(parent)
+        update = fm.parent(parent)
         if not isinstance(update, cst.Call) or not all(
-            a.keyword is None and not a.star and _dict_without_shuffle(t, a.value)
+            a.keyword is None and not a.star and _dict_without_shuffle(fm, a.value)
             for a in update.args
         ):
             return None
@@ -119,12 +123,12 @@ def kwargs_literal(t: Transform, value: cst.BaseExpression) -> tuple[cst.Dict, i
     return dict_node, (shuffle[0] if shuffle else None)
 
 
-def _dict_without_shuffle(t: Transform, expr: cst.BaseExpression) -> bool:
+def _dict_without_shuffle(fm: FileModel, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.Name):
-        refs = referents(t, expr)
+        refs = referents(fm, expr)
         if len(refs) != 1:
             return False
-        found = _assigned_dict(t, next(iter(refs)))
+        found = _assigned_dict(fm, next(iter(refs)))
         if found is None:
             return False
         expr = found
@@ -132,10 +136,10 @@ def _dict_without_shuffle(t: Transform, expr: cst.BaseExpression) -> bool:
     return keys is not None and "shuffle" not in keys
 
 
-def _assigned_dict(t: Transform, assignment: Binding) -> cst.Dict | None:
+def _assigned_dict(fm: FileModel, assignment: Binding) -> cst.Dict | None:
     target = getattr(assignment, "node", None)
-    holder = t.parent(target) if target is not None else None
-    assign = t.parent(holder) if isinstance(holder, cst.AssignTarget) else None
+    holder = fm.parent(target) if target is not None else None
+    assign = fm.parent(holder) if isinstance(holder, cst.AssignTarget) else None
     if (
         isinstance(assign, cst.Assign)
         and len(assign.targets) == 1
@@ -156,12 +160,12 @@ def loader_base_name(binding: Binding | None) -> str:
     return name
 
 
-def sets_epoch(t: Transform, loop: cst.For, receiver: str) -> bool:
+def sets_epoch(fm: FileModel, loop: cst.For, receiver: str) -> bool:
     """Whether ``loop`` calls ``<receiver>.set_epoch(...)`` (``receiver`` as code) already."""
-    for call in t.method_calls("set_epoch"):
+    for call in fm.method_calls("set_epoch"):
         assert isinstance(call.func, cst.Attribute)
-        if t.module.code_for_node(call.func.value) == receiver and any(
-            a is loop for a in t.ancestors(call)
+        if fm.module.code_for_node(call.func.value) == receiver and any(
+            a is loop for a in fm.ancestors(call)
         ):
             return True
     return False

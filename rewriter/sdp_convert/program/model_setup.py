@@ -22,14 +22,17 @@ functions (it may train) other than the ones that only set weights.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import Scope, file_index, nodes_of
 from .models import MODULE_API, PARAMETER_METHODS
 from .scopes import callee, training_calls
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Context managers and decorators under which no gradient is recorded.
 NO_GRAD = ("torch.no_grad", "torch.inference_mode")
@@ -42,20 +45,20 @@ _IN_PLACE = frozenset({
 })
 
 
-def not_trained(t: Transform, target: str, scope: Scope, creation: cst.CSTNode
+def not_trained(fm: FileModel, target: str, scope: Scope, creation: cst.CSTNode
                 ) -> tuple[cst.CSTNode, str] | None:
     """``(where, why)`` when the model ``target`` (a name of ``scope``, created by the statement
     ``creation``) gets no gradient; None when it may (see the module docstring)."""
-    index = file_index(t)
+    index = file_index(fm)
     # Every read of the name, in nested functions too (a global model read in ``train()``).
     found = {id(r): r for b in index.bindings_of(target, scope) for r in index.uses(b)}
     loads = sorted(found.values(), key=lambda n: index.order.get(id(n), 0))
-    frozen = _frozen_at(t, target, loads, creation)
+    frozen = _frozen_at(fm, target, loads, creation)
     if frozen is not None:
         return frozen, f"every parameter of {target} is frozen (requires_grad False)"
     calls = []
     for load in loads:
-        parent = t.parent(load)
+        parent = fm.parent(load)
         if isinstance(parent, cst.Call) and parent.func is load:
             calls.append(parent)
         elif not (
@@ -63,7 +66,7 @@ def not_trained(t: Transform, target: str, scope: Scope, creation: cst.CSTNode
             and parent.attr.value in MODULE_API - {"forward"}
         ):
             return None  # handed on, returned, or a method of its own: not followed
-    if calls and all(_without_grad(t, c) for c in calls):
+    if calls and all(_without_grad(fm, c) for c in calls):
         return calls[0], f"{target} only runs under torch.no_grad() (a fixed feature extractor)"
     return None
 
@@ -72,27 +75,27 @@ def not_trained(t: Transform, target: str, scope: Scope, creation: cst.CSTNode
 BROADCASTS = ("sdp_runtime.torch.broadcast_parameters",)
 
 
-def broadcast_already(t: Transform, target: str) -> bool:
+def broadcast_already(fm: FileModel, target: str) -> bool:
     """``sdp.broadcast_parameters(<target>.state_dict(), ...)`` is in the file."""
     return any(
         call.args and any(
             isinstance(n, cst.Name) and n.value == target
             for n in m.findall(call.args[0].value, m.Name())
         )
-        for call in t.calls_to(*BROADCASTS)
+        for call in fm.calls_to(*BROADCASTS)
     )
 
 
-def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.CSTNode
+def _frozen_at(fm: FileModel, target: str, loads: list[cst.Name], creation: cst.CSTNode
                ) -> cst.CSTNode | None:
     """The statement freezing every parameter of ``target`` in the block of ``creation``."""
-    if _unfreezes(t):
+    if _unfreezes(fm):
         return None
-    made = t.enclosing_statement(creation)
-    block = t.parent(made) if made is not None else None
+    made = fm.enclosing_statement(creation)
+    block = fm.parent(made) if made is not None else None
     for i, load in enumerate(loads):
-        stmt = t.enclosing_statement(load)
-        if stmt is None or t.parent(stmt) is not block:
+        stmt = fm.enclosing_statement(load)
+        if stmt is None or fm.parent(stmt) is not block:
             continue
         if m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call(
             func=m.Attribute(value=m.Name(target), attr=m.Name("requires_grad_")),
@@ -101,7 +104,7 @@ def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.C
             func=m.Attribute(value=m.Name(target), attr=PARAMETER_METHODS),
         )) and _freezes_each(stmt)):
             # ``model.fc = nn.Linear(...)`` after the freeze: a new, trainable head.
-            return None if any(gets_module(t, later) for later in loads[i + 1:]) else stmt
+            return None if any(gets_module(fm, later) for later in loads[i + 1:]) else stmt
     return None
 
 
@@ -109,21 +112,21 @@ def _frozen_at(t: Transform, target: str, loads: list[cst.Name], creation: cst.C
 _ADDS_MODULE = frozenset({"add_module", "register_module", "append", "extend", "insert"})
 
 
-def gets_module(t: Transform, load: cst.Name) -> bool:
+def gets_module(fm: FileModel, load: cst.Name) -> bool:
     """``load`` is the model a submodule is assigned to (``model.fc = ...``,
     ``model.classifier[6] = ...``, ``model.add_module(...)``, ``setattr(model, ...)``)."""
     node: cst.CSTNode = load
-    parent = t.parent(node)
+    parent = fm.parent(node)
     while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
-        node, parent = parent, t.parent(parent)
+        node, parent = parent, fm.parent(parent)
         if isinstance(node, cst.Attribute) and node.attr.value in _ADDS_MODULE and isinstance(
             parent, cst.Call
         ) and parent.func is node:
             return True
     if node is not load and isinstance(parent, cst.AssignTarget) and parent.target is node:
         return True
-    return (isinstance(parent, cst.Arg) and isinstance(t.parent(parent), cst.Call)
-            and m.matches(t.parent(parent).func, m.Name("setattr")))
+    return (isinstance(parent, cst.Arg) and isinstance(fm.parent(parent), cst.Call)
+            and m.matches(fm.parent(parent).func, m.Name("setattr")))
 
 
 def _freezes_each(loop: cst.For) -> bool:
@@ -146,29 +149,29 @@ def _freezes_each(loop: cst.For) -> bool:
     )
 
 
-def _unfreezes(t: Transform) -> bool:
+def _unfreezes(fm: FileModel) -> bool:
     """Anything in the file may set ``requires_grad`` back on."""
     assigns_flag = m.Assign(targets=[m.AssignTarget(m.Attribute(attr=m.Name("requires_grad")))])
-    for node in nodes_of(t, cst.Assign):
+    for node in nodes_of(fm, cst.Assign):
         if m.matches(node, assigns_flag) and not m.matches(node.value, m.Name("False")):
             return True
-    for call in t.method_calls("requires_grad_"):
+    for call in fm.method_calls("requires_grad_"):
         if not (call.args and m.matches(call.args[0].value, m.Name("False"))):
             return True
     return False
 
 
-def _without_grad(t: Transform, call: cst.Call) -> bool:
+def _without_grad(fm: FileModel, call: cst.Call) -> bool:
     """``call`` runs under ``with torch.no_grad():`` or in a function decorated with it."""
-    for parent in t.ancestors(call):
+    for parent in fm.ancestors(call):
         if isinstance(parent, cst.With) and any(
-            isinstance(item.item, cst.Call) and t.refers_to(item.item.func, *NO_GRAD)
+            isinstance(item.item, cst.Call) and fm.refers_to(item.item.func, *NO_GRAD)
             for item in parent.items
         ):
             return True
         if isinstance(parent, cst.FunctionDef):
             return any(
-                t.refers_to(d.decorator.func if isinstance(d.decorator, cst.Call)
+                fm.refers_to(d.decorator.func if isinstance(d.decorator, cst.Call)
                             else d.decorator, *NO_GRAD)
                 for d in parent.decorators
             )
@@ -177,11 +180,11 @@ def _without_grad(t: Transform, call: cst.Call) -> bool:
     return False
 
 
-def sets_weights(t: Transform, call: cst.Call) -> bool:
+def sets_weights(fm: FileModel, call: cst.Call) -> bool:
     """``call`` calls a function of this file that only changes weights in place (see the
     module docstring)."""
-    function = callee(t, call)
-    if function is None or call in training_calls(t):
+    function = callee(fm, call)
+    if function is None or call in training_calls(fm):
         return False
     params = {p.name.value for p in function.params.params}
     changes = False
@@ -192,9 +195,9 @@ def sets_weights(t: Transform, call: cst.Call) -> bool:
             return False  # runs the model
         if isinstance(func, cst.Attribute) and func.attr.value == "forward":
             return False
-        if callee(t, inner) is not None:
+        if callee(fm, inner) is not None:
             return False  # another function of the file: not followed
-        if t.refers_to(func, "torch.nn.init", prefix=True) or (
+        if fm.refers_to(func, "torch.nn.init", prefix=True) or (
             isinstance(func, cst.Attribute) and func.attr.value in _IN_PLACE
         ):
             changes = True
@@ -202,7 +205,7 @@ def sets_weights(t: Transform, call: cst.Call) -> bool:
 
 
 def training_starts(
-    t: Transform,
+    fm: FileModel,
     uses: list[cst.CSTNode],
     level: Callable[[cst.CSTNode], cst.BaseStatement | None],
     order: Callable[[cst.CSTNode], int],
@@ -210,12 +213,12 @@ def training_starts(
 ) -> Iterator[int]:
     """Where training may begin after ``start`` (see the module docstring), as orders of
     statements at the model's block level (``level``)."""
-    triggers: list[cst.CSTNode] = [*t.method_calls("backward"), *t.method_calls("step")]
-    index = file_index(t)
+    triggers: list[cst.CSTNode] = [*fm.method_calls("backward"), *fm.method_calls("step")]
+    index = file_index(fm)
     for name in index.functions:
-        triggers.extend(c for c in index.calls_by_name.get(name, ()) if not sets_weights(t, c))
+        triggers.extend(c for c in index.calls_by_name.get(name, ()) if not sets_weights(fm, c))
     for use in uses:
-        parent = t.parent(use)
+        parent = fm.parent(use)
         if isinstance(parent, cst.Call) and parent.func is use:
             triggers.append(parent)
     for node in triggers:

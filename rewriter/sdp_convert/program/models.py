@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .scopes import arguments_for
 from .syntax import code
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 DDP = (
     "sdp_runtime.torch.DistributedDataParallel",
@@ -96,7 +98,7 @@ def freezes(stmt: cst.CSTNode) -> bool:
 
 
 def trained_models(
-    t: Transform, expr: cst.BaseExpression, depth: int
+    fm: FileModel, expr: cst.BaseExpression, depth: int
 ) -> Iterator[cst.BaseExpression]:
     """``X`` of every ``X.parameters()`` / ``X.named_parameters()`` that ``expr`` (original)
     passes on, through variables and function parameters."""
@@ -107,52 +109,52 @@ def trained_models(
         yield call.func.value
     for name in m.findall(expr, m.Name()):
         assert isinstance(name, cst.Name)
-        parent = t.parent(name)
+        parent = fm.parent(name)
         if isinstance(parent, cst.Attribute) or (
             isinstance(parent, (cst.Call, cst.Arg))
             and name is not getattr(parent, "value", None)
         ):
             continue  # ``model.x``, ``list(...)``, ``lr=``: not a value passed on
-        binding = file_index(t).reaching(name.value, name)
+        binding = file_index(fm).reaching(name.value, name)
         if binding is None:
             continue
         if binding.kind == "assign" and binding.value is not None and not binding.unpacked:
-            yield from trained_models(t, binding.value, depth + 1)
+            yield from trained_models(fm, binding.value, depth + 1)
         elif binding.kind == "param":
-            for value, _ in arguments(t, binding):
-                yield from trained_models(t, value, depth + 1)
+            for value, _ in arguments(fm, binding):
+                yield from trained_models(fm, value, depth + 1)
 
 
-def arguments(t: Transform, binding: Binding) -> Iterator[tuple[cst.BaseExpression, cst.Call]]:
+def arguments(fm: FileModel, binding: Binding) -> Iterator[tuple[cst.BaseExpression, cst.Call]]:
     """What the callers pass for a function parameter: ``(argument, call)``."""
     function = binding.stmt
     if isinstance(function, cst.FunctionDef):
-        yield from arguments_for(t, function, binding.name)
+        yield from arguments_for(fm, function, binding.name)
 
 
-def stepped_optimizers(t: Transform) -> Iterator[cst.Call]:
+def stepped_optimizers(fm: FileModel) -> Iterator[cst.Call]:
     """Constructors of objects whose ``.step()`` is called (optimizers from other libraries,
     factories) that are not torch.optim's (those are handled with notes)."""
-    for step in t.method_calls("step"):
+    for step in fm.method_calls("step"):
         func = step.func
         assert isinstance(func, cst.Attribute)
         if not isinstance(func.value, (cst.Name, cst.Attribute)):
             continue
         binding = (
-            file_index(t).reaching(func.value.value, func.value)
+            file_index(fm).reaching(func.value.value, func.value)
             if isinstance(func.value, cst.Name)
-            else next(iter(file_index(t).attribute_bindings.get(code(func.value), [])[-1:]), None)
+            else next(iter(file_index(fm).attribute_bindings.get(code(func.value), [])[-1:]), None)
         )
         value = binding.value if binding is not None else None
-        if isinstance(value, cst.Call) and optimizer_class(t, value) is None and not (
-            t.refers_to(value.func, "torch.optim", prefix=True)
+        if isinstance(value, cst.Call) and optimizer_class(fm, value) is None and not (
+            fm.refers_to(value.func, "torch.optim", prefix=True)
         ):
             yield value
 
 
-def models_from_backward(t: Transform) -> Iterator[tuple[cst.BaseExpression, cst.CSTNode]]:
+def models_from_backward(fm: FileModel) -> Iterator[tuple[cst.BaseExpression, cst.CSTNode]]:
     """Modules called in the computation of what ``.backward()`` is called on."""
-    for backward in t.method_calls("backward"):
+    for backward in fm.method_calls("backward"):
         func = backward.func
         assert isinstance(func, cst.Attribute)
         todo: list[tuple[cst.BaseExpression, int]] = [(func.value, 0)]
@@ -165,56 +167,56 @@ def models_from_backward(t: Transform) -> Iterator[tuple[cst.BaseExpression, cst
             for call in m.findall(expr, m.Call()):
                 assert isinstance(call, cst.Call)
                 callee = call.func
-                if model_expression(callee) is callee and is_module_value(t, callee):
+                if model_expression(callee) is callee and is_module_value(fm, callee):
                     yield callee, backward
             for name in m.findall(expr, m.Name()):
                 assert isinstance(name, cst.Name)
-                binding = file_index(t).reaching(name.value, name)
+                binding = file_index(fm).reaching(name.value, name)
                 if binding is not None and binding.kind == "assign" and binding.value:
                     todo.append((binding.value, depth + 1))
 
 
-def owner_class(t: Transform, node: cst.CSTNode) -> cst.ClassDef | None:
-    for parent in t.ancestors(node):
+def owner_class(fm: FileModel, node: cst.CSTNode) -> cst.ClassDef | None:
+    for parent in fm.ancestors(node):
         if isinstance(parent, cst.ClassDef):
             return parent
     return None
 
 
-def is_wrapper(t: Transform, value: cst.BaseExpression | None, names: tuple[str, ...] = WRAPPERS
+def is_wrapper(fm: FileModel, value: cst.BaseExpression | None, names: tuple[str, ...] = WRAPPERS
 ) -> bool:
-    return isinstance(value, cst.Call) and t.refers_to(value.func, *names)
+    return isinstance(value, cst.Call) and fm.refers_to(value.func, *names)
 
 
-def is_plain_object(t: Transform, value: cst.BaseExpression | None) -> bool:
+def is_plain_object(fm: FileModel, value: cst.BaseExpression | None) -> bool:
     """``Trainer(cfg)`` where ``Trainer`` is a class of this file that is no torch module."""
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return False
-    cls = file_index(t).class_named(value.func)
-    return cls is not None and not is_module_class(t, cls, 0)
+    cls = file_index(fm).class_named(value.func)
+    return cls is not None and not is_module_class(fm, cls, 0)
 
 
-def is_module_class(t: Transform, cls: cst.ClassDef, depth: int) -> bool:
+def is_module_class(fm: FileModel, cls: cst.ClassDef, depth: int) -> bool:
     for base in cls.bases:
-        if t.refers_to(base.value, "torch.nn", prefix=True):
+        if fm.refers_to(base.value, "torch.nn", prefix=True):
             return True
         if isinstance(base.value, cst.Name) and depth < 4:
-            parent = file_index(t).class_named(base.value)
-            if parent is not None and is_module_class(t, parent, depth + 1):
+            parent = file_index(fm).class_named(base.value)
+            if parent is not None and is_module_class(fm, parent, depth + 1):
                 return True
     return False
 
 
-def is_module_value(t: Transform, callee: cst.BaseExpression) -> bool:
+def is_module_value(fm: FileModel, callee: cst.BaseExpression) -> bool:
     """Whether the name ``callee`` (original) was assigned a torch module with weights."""
     if isinstance(callee, cst.Name):
-        binding = file_index(t).reaching(callee.value, callee)
-        return binding is not None and is_module_value_expr(t, binding.value)
-    found = file_index(t).attribute_bindings.get(code(callee), [])
-    return bool(found) and is_module_value_expr(t, found[0].value)
+        binding = file_index(fm).reaching(callee.value, callee)
+        return binding is not None and is_module_value_expr(fm, binding.value)
+    found = file_index(fm).attribute_bindings.get(code(callee), [])
+    return bool(found) and is_module_value_expr(fm, found[0].value)
 
 
-def is_module_value_expr(t: Transform, value: cst.BaseExpression | None) -> bool:
+def is_module_value_expr(fm: FileModel, value: cst.BaseExpression | None) -> bool:
     while (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Attribute)
@@ -223,32 +225,32 @@ def is_module_value_expr(t: Transform, value: cst.BaseExpression | None) -> bool
         value = value.func.value
     if not isinstance(value, cst.Call):
         return False
-    for q in t.qualified_names(value.func):
+    for q in fm.qualified_names(value.func):
         if q.startswith("torch.nn.") and q.count(".") == 2:
             if q.rsplit(".", 1)[-1].startswith(NN_WEIGHTED):
                 return True
         elif q.startswith(MODEL_FACTORIES) or q.endswith(".from_pretrained"):
             return True
     if isinstance(value.func, cst.Name):
-        cls = file_index(t).class_named(value.func)
-        return cls is not None and is_module_class(t, cls, 0)
+        cls = file_index(fm).class_named(value.func)
+        return cls is not None and is_module_class(fm, cls, 0)
     return False
 
 
-def model_creation(t: Transform, bindings: list[Binding], reaching: Binding | None, at: cst.CSTNode
+def model_creation(fm: FileModel, bindings: list[Binding], reaching: Binding | None, at: cst.CSTNode
 ) -> Binding | None:
     """The assignment that creates the model used at ``at``, skipping wrappers
     (``torch.compile(model)``, ``nn.DataParallel(model)``)."""
     creations = [
         b for b in bindings
-        if b.kind == "assign" and b.value is not None and not is_wrapper(t, b.value)
+        if b.kind == "assign" and b.value is not None and not is_wrapper(fm, b.value)
     ]
     if not creations:
         return None
     same_function = [
         b for b in creations
-        if t.enclosing_function(b.stmt) is t.enclosing_function(at)
-        and file_index(t).is_before(b.stmt, at)
+        if fm.enclosing_function(b.stmt) is fm.enclosing_function(at)
+        and file_index(fm).is_before(b.stmt, at)
     ]
     if same_function:
         return same_function[-1]
@@ -259,7 +261,7 @@ def model_creation(t: Transform, bindings: list[Binding], reaching: Binding | No
     return creations[0]
 
 
-def part_of_a_model(t: Transform, name: str, scope: Scope, models: Mapping[Any, Any]) -> bool:
+def part_of_a_model(fm: FileModel, name: str, scope: Scope, models: Mapping[Any, Any]) -> bool:
     """``name`` is handed to the constructor of one of ``models`` (``Decoder(encoder)``; each
     value with its ``creation`` binding and ``scope``) or returned."""
     for model in models.values():
@@ -269,7 +271,7 @@ def part_of_a_model(t: Transform, name: str, scope: Scope, models: Mapping[Any, 
         ):
             return True
     if isinstance(scope, cst.FunctionDef):
-        for ret in file_index(t).returns.get(id(scope), ()):
+        for ret in file_index(fm).returns.get(id(scope), ()):
             if ret.value is not None and any(
                 n.value == name for n in m.findall(ret.value, m.Name())
             ):
@@ -277,7 +279,7 @@ def part_of_a_model(t: Transform, name: str, scope: Scope, models: Mapping[Any, 
     return False
 
 
-def _branch(t: Transform, compound: cst.CSTNode, node: cst.CSTNode) -> int | None:
+def _branch(fm: FileModel, compound: cst.CSTNode, node: cst.CSTNode) -> int | None:
     """Which branch (suite) of an ``if``/``try`` holds ``node``: an index, None if none."""
     if isinstance(compound, cst.If):
         suites: list[cst.CSTNode | None] = [compound.body, compound.orelse]
@@ -286,7 +288,7 @@ def _branch(t: Transform, compound: cst.CSTNode, node: cst.CSTNode) -> int | Non
     else:
         return None
     ids = {id(s): i for i, s in enumerate(suites) if s is not None}
-    for parent in (node, *t.ancestors(node)):
+    for parent in (node, *fm.ancestors(node)):
         if id(parent) in ids:
             return ids[id(parent)]
         if parent is compound:
@@ -294,7 +296,7 @@ def _branch(t: Transform, compound: cst.CSTNode, node: cst.CSTNode) -> int | Non
     return None
 
 
-def branch_join(t: Transform, creation: cst.CSTNode, others: list[cst.CSTNode]
+def branch_join(fm: FileModel, creation: cst.CSTNode, others: list[cst.CSTNode]
 ) -> cst.If | cst.Try | None:
     """Where the branches that create one model join: the outermost ``if``/``try`` around
     ``creation`` (in its function) with another creation of the same model (``others``) in another
@@ -303,18 +305,18 @@ def branch_join(t: Transform, creation: cst.CSTNode, others: list[cst.CSTNode]
 
     Example: ``if a: model = A()`` / ``else: model = B()``: the ``if`` statement.
     """
-    function = t.enclosing_function(creation)
-    index = file_index(t)
-    rivals = [o for o in others if o is not creation and t.enclosing_function(o) is function]
+    function = fm.enclosing_function(creation)
+    index = file_index(fm)
+    rivals = [o for o in others if o is not creation and fm.enclosing_function(o) is function]
     join: cst.If | cst.Try | None = None
-    for parent in t.ancestors(creation):
+    for parent in fm.ancestors(creation):
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Module)):
             break
         if not isinstance(parent, (cst.If, cst.Try)):
             continue
-        mine = _branch(t, parent, creation)
+        mine = _branch(fm, parent, creation)
         for other in rivals:
-            theirs = _branch(t, parent, other)
+            theirs = _branch(fm, parent, other)
             if (theirs is not None and theirs != mine) or (
                 theirs is None and index.is_before(other, parent)
             ):
@@ -323,35 +325,35 @@ def branch_join(t: Transform, creation: cst.CSTNode, others: list[cst.CSTNode]
     return join
 
 
-def used_inside(t: Transform, uses: list[cst.CSTNode], node: cst.CSTNode) -> bool:
+def used_inside(fm: FileModel, uses: list[cst.CSTNode], node: cst.CSTNode) -> bool:
     """A load of the model in ``node`` other than a setup call (``model.to(device)``)."""
     for use in uses:
-        if not any(p is node for p in t.ancestors(use)):
+        if not any(p is node for p in fm.ancestors(use)):
             continue
-        parent = t.parent(use)
+        parent = fm.parent(use)
         if not (isinstance(parent, cst.Attribute) and parent.value is use
                 and parent.attr.value in SETUP_METHODS):
             return True
     return False
 
 
-def discarded_outputs(t: Transform, target: str, scope: Scope) -> cst.Call | None:
+def discarded_outputs(fm: FileModel, target: str, scope: Scope) -> cst.Call | None:
     """A call of the model ``target`` that throws part of its outputs away (``validity, _, _ =
     D(x)``, ``D(x)[0]``): parameters that only produce those get no gradient, and DDP, which
     expects a gradient for every parameter, fails at the next step unless told to look for unused
     ones (``find_unused_parameters=True``)."""
     from .model_setup import _without_grad  # it builds on this module
 
-    backward_functions = {t.enclosing_function(c) for c in t.method_calls("backward")}
-    for name in file_index(t).loads_of(target, scope):
-        call = t.parent(name)
+    backward_functions = {fm.enclosing_function(c) for c in fm.method_calls("backward")}
+    for name in file_index(fm).loads_of(target, scope):
+        call = fm.parent(name)
         if not (isinstance(call, cst.Call) and call.func is name):
             continue
         # Only a call that trains counts: evaluation (under no_grad, or in a function that
         # computes no gradient) needs no gradient for any parameter.
-        if _without_grad(t, call) or t.enclosing_function(call) not in backward_functions:
+        if _without_grad(fm, call) or fm.enclosing_function(call) not in backward_functions:
             continue
-        parent = t.parent(call)
+        parent = fm.parent(call)
         if isinstance(parent, cst.Subscript) and parent.value is call:
             return call
         if isinstance(parent, cst.Assign) and any(
@@ -367,25 +369,25 @@ def discarded_outputs(t: Transform, target: str, scope: Scope) -> cst.Call | Non
 
 
 def user_methods_in_training(
-    t: Transform, uses: list[cst.CSTNode]
+    fm: FileModel, uses: list[cst.CSTNode]
 ) -> Iterator[tuple[cst.Call, cst.Attribute, cst.CSTNode]]:
     """``(call, model.method, model)`` for each call of a user method of the model (not the
     ``nn.Module`` API) in a function that calls ``backward()``: it runs around DDP's forward."""
-    trains = {id(t.enclosing_function(c)) for c in t.method_calls("backward")}
+    trains = {id(fm.enclosing_function(c)) for c in fm.method_calls("backward")}
     for use in uses:
-        parent = t.parent(use)
-        call = t.parent(parent) if parent is not None else None
+        parent = fm.parent(use)
+        call = fm.parent(parent) if parent is not None else None
         if (
             isinstance(parent, cst.Attribute) and parent.value is use
             and parent.attr.value not in MODULE_API
             and isinstance(call, cst.Call) and call.func is parent
-            and id(t.enclosing_function(call)) in trains
+            and id(fm.enclosing_function(call)) in trains
         ):
             yield call, parent, use
 
 
 def untrained_models(
-    t: Transform, index: FileIndex, trained: set[tuple[str, int]], models: Mapping[Any, Any]
+    fm: FileModel, index: FileIndex, trained: set[tuple[str, int]], models: Mapping[Any, Any]
 ) -> Iterator[tuple[str, Binding]]:
     """``(name, binding)`` of modules built and called in this file that are not in ``trained``
     (``(name, id(scope))``) nor part of another model (of ``models``, the models a transform
@@ -394,12 +396,12 @@ def untrained_models(
         if (name, scope_id) in trained:
             continue
         for binding in bindings:
-            if binding.kind != "assign" or not is_module_value_expr(t, binding.value):
+            if binding.kind != "assign" or not is_module_value_expr(fm, binding.value):
                 continue
-            if part_of_a_model(t, name, binding.scope, models):
+            if part_of_a_model(fm, name, binding.scope, models):
                 break
             if any(
-                isinstance(p := t.parent(load), cst.Call) and p.func is load
+                isinstance(p := fm.parent(load), cst.Call) and p.func is load
                 for load in index.loads_of(name, binding.scope)
             ):
                 yield name, binding
@@ -407,19 +409,19 @@ def untrained_models(
 
 
 def model_bindings(
-    t: Transform, target: str, scope: Scope, owner: cst.ClassDef | None
+    fm: FileModel, target: str, scope: Scope, owner: cst.ClassDef | None
 ) -> list[Binding]:
     """Where the model ``target`` is assigned: the name in ``scope``, or ``self.<attr>`` in the
     methods of ``owner``."""
-    index = file_index(t)
+    index = file_index(fm)
     if owner is None:
         return index.bindings_of(target, scope)
     return [
-        b for b in index.attribute_bindings.get(target, []) if owner_class(t, b.stmt) is owner
+        b for b in index.attribute_bindings.get(target, []) if owner_class(fm, b.stmt) is owner
     ]
 
 
-def no_grad_submodule(t: Transform, value: cst.BaseExpression | None) -> cst.Call | None:
+def no_grad_submodule(fm: FileModel, value: cst.BaseExpression | None) -> cst.Call | None:
     """A submodule call (``self.encoder(x)``) under ``torch.no_grad()`` in the ``forward`` of the
     class of this file that ``value`` builds (``Net()``, ``Net().to(device)``), whose parameters
     are not frozen: they never get a gradient, and DDP, which waits for one from every parameter
@@ -427,15 +429,15 @@ def no_grad_submodule(t: Transform, value: cst.BaseExpression | None) -> cst.Cal
     from .model_setup import NO_GRAD  # it builds on this module
 
     names = [c.func.value for c in m.findall(value, m.Call(func=m.Name()))] if value else []
-    classes = {s.name.value: s for s in t.module.body if isinstance(s, cst.ClassDef)}
+    classes = {s.name.value: s for s in fm.module.body if isinstance(s, cst.ClassDef)}
     cls = next((classes[n] for n in names if n in classes), None)
     if cls is None:
         return None
-    text = t.module.code_for_node(cls)
+    text = fm.module.code_for_node(cls)
     for function in m.findall(cls, m.FunctionDef(name=m.Name("forward"))):
         for block in m.findall(function, m.With()):
             assert isinstance(block, cst.With)
-            if not any(isinstance(i.item, cst.Call) and t.refers_to(i.item.func, *NO_GRAD)
+            if not any(isinstance(i.item, cst.Call) and fm.refers_to(i.item.func, *NO_GRAD)
                        for i in block.items):
                 continue
             for call in m.findall(block.body, m.Call(func=m.Attribute(value=m.Name("self")))):

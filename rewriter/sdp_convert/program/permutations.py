@@ -12,13 +12,16 @@ in-place shuffles (``np.random.shuffle``, ``sklearn.utils.shuffle``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import FileIndex, file_index
 from .syntax import arg_named, code
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Not draws from numpy's global generator: seeding, in-place shuffling, generator types.
 _NOT_DRAWS = frozenset(
@@ -45,21 +48,21 @@ class UnseededOrders:
     notes: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
 
-def unseeded_orders(transform: Transform, arrays: list[cst.BaseExpression]) -> UnseededOrders:
+def unseeded_orders(fm: FileModel, arrays: list[cst.BaseExpression]) -> UnseededOrders:
     """The unseeded random orders the values of ``arrays`` (original expressions the conversion
     splits by worker) come through."""
     found = UnseededOrders()
-    if any(transform.calls_to(*_SEEDS)):
+    if any(fm.calls_to(*_SEEDS)):
         return found  # numpy's generator is seeded alike on every worker
-    index = file_index(transform)
+    index = file_index(fm)
     seen: set[int] = set()
     for expr in arrays:
-        _walk(transform, index, expr, found, seen, 0)
+        _walk(fm, index, expr, found, seen, 0)
     return found
 
 
 def _walk(
-    t: Transform,
+    fm: FileModel,
     index: FileIndex,
     expr: cst.CSTNode,
     found: UnseededOrders,
@@ -71,16 +74,16 @@ def _walk(
     seen.add(id(expr))
     for node in m.findall(expr, m.Call() | m.Name()):
         if isinstance(node, cst.Call):
-            _call(t, index, node, found)
+            _call(fm, index, node, found)
         elif isinstance(node, cst.Name):
             binding = index.reaching(node.value, node)
             if binding is None or binding.kind != "assign" or binding.value is None:
                 continue
-            _in_place(t, index, node.value, binding.stmt, found)
+            _in_place(fm, index, node.value, binding.stmt, found)
             value = binding.value
             if binding.unpacked and isinstance(binding.stmt, cst.Assign):
                 value = _element(binding.stmt.targets[0].target, value, node.value) or value
-            _walk(t, index, value, found, seen, depth + 1)
+            _walk(fm, index, value, found, seen, depth + 1)
 
 
 def _element(
@@ -104,16 +107,16 @@ def _element(
     return None
 
 
-def _call(t: Transform, index: FileIndex, call: cst.Call, found: UnseededOrders) -> None:
+def _call(fm: FileModel, index: FileIndex, call: cst.Call, found: UnseededOrders) -> None:
     draws = any(
         q.startswith("numpy.random.")
         and q[len("numpy.random.") :].isidentifier()
         and q[len("numpy.random.") :] not in _NOT_DRAWS
-        for q in t.qualified_names(call.func)
+        for q in fm.qualified_names(call.func)
     )
-    if draws or _unseeded_generator_method(t, index, call):
+    if draws or _unseeded_generator_method(fm, index, call):
         found.permutations.setdefault(call, code(call.args[0].value) if call.args else "")
-    elif t.refers_to(call.func, *_SKLEARN) and arg_named(call, "random_state") is None:
+    elif fm.refers_to(call.func, *_SKLEARN) and arg_named(call, "random_state") is None:
         name = code(call.func)
         found.notes.append(
             (call, f"{name}() without random_state splits or shuffles differently on each "
@@ -121,7 +124,7 @@ def _call(t: Transform, index: FileIndex, call: cst.Call, found: UnseededOrders)
         )
 
 
-def _unseeded_generator_method(t: Transform, index: FileIndex, call: cst.Call) -> bool:
+def _unseeded_generator_method(fm: FileModel, index: FileIndex, call: cst.Call) -> bool:
     """``rng.permutation(n)`` (or any draw) with ``rng = np.random.default_rng()`` (no seed)."""
     func = call.func
     if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
@@ -130,16 +133,16 @@ def _unseeded_generator_method(t: Transform, index: FileIndex, call: cst.Call) -
     value = binding.value if binding is not None else None
     return (
         isinstance(value, cst.Call)
-        and t.refers_to(value.func, *_GENERATORS)
+        and fm.refers_to(value.func, *_GENERATORS)
         and not value.args
     )
 
 
 def _in_place(
-    t: Transform, index: FileIndex, name: str, stmt: cst.CSTNode, found: UnseededOrders
+    fm: FileModel, index: FileIndex, name: str, stmt: cst.CSTNode, found: UnseededOrders
 ) -> None:
     """``np.random.shuffle(name)`` after ``name`` is assigned at ``stmt``."""
-    for call in t.calls_to("numpy.random.shuffle"):
+    for call in fm.calls_to("numpy.random.shuffle"):
         if not call.args or code(call.args[0].value) != name:
             continue
         if index.is_before(stmt, call) and all(c is not call for c, _ in found.notes):

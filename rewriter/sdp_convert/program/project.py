@@ -22,14 +22,17 @@ below are asked by the transforms of one file about those facts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from ..base import Transform
 from ..modules import Project, module_name  # noqa: F401 - re-exported (its users import them here)
 from .flow import Site, epoch_loop, follow, holds_only, unpacked_target
 from .loaders import sets_epoch
 from .scopes import assigned_binding, binding_of, training_loops, uses
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 
 @dataclass(frozen=True)
@@ -113,65 +116,65 @@ class Export:
 # -- questions a transform asks about its file -------------------------------------------------
 
 
-def module_facts(t: Transform) -> ModuleFacts | None:
-    return t.state.options.project
+def module_facts(fm: FileModel) -> ModuleFacts | None:
+    return fm.project
 
 
 def result_sites(
-    t: Transform, call: cst.Call, index: int | None
+    fm: FileModel, call: cst.Call, index: int | None
 ) -> tuple[list[Site], set[int]]:
     """The loops that iterate what ``call`` returns (``index``: the unpacked element), and every
     node its value was followed through."""
     sites: list[Site] = []
     seen: set[int] = set()
     if index is None:
-        follow(t, call, None, (), 1, sites, seen)
+        follow(fm, call, None, (), 1, sites, seen)
         return sites, seen
-    target = _unpacked(t, call)
-    element = unpacked_target(t, call, index, len(target)) if target is not None else None
-    binding = binding_of(t, element) if element is not None else None
-    for use in uses(t, binding) if binding is not None else ():
-        follow(t, use, binding, (), 1, sites, seen)
+    target = _unpacked(fm, call)
+    element = unpacked_target(fm, call, index, len(target)) if target is not None else None
+    binding = binding_of(fm, element) if element is not None else None
+    for use in uses(fm, binding) if binding is not None else ():
+        follow(fm, use, binding, (), 1, sites, seen)
     return sites, seen
 
 
-def _unpacked(t: Transform, call: cst.Call) -> list[cst.BaseElement] | None:
-    assign = t.parent(call)
+def _unpacked(fm: FileModel, call: cst.Call) -> list[cst.BaseElement] | None:
+    assign = fm.parent(call)
     if not (isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1):
         return None
     target = assign.targets[0].target
     return list(target.elements) if isinstance(target, (cst.Tuple, cst.List)) else None
 
 
-def _training_loops(t: Transform) -> set[cst.CSTNode]:
+def _training_loops(fm: FileModel) -> set[cst.CSTNode]:
     """PyTorch: loops around ``backward()``/``step()``; TensorFlow: around the optimizer steps."""
-    if t.state.info.framework == "torch":
-        return training_loops(t)
+    if fm.info.framework == "torch":
+        return training_loops(fm)
     from .training import training_facts  # (tensorflow) builds on this module's neighbours
 
-    return {loop for site in training_facts(t).sites for loop in site.loops}
+    return {loop for site in training_facts(fm).sites for loop in site.loops}
 
 
-def training_results(t: Transform, call: cst.Call) -> list[tuple[int | None, Site]]:
+def training_results(fm: FileModel, call: cst.Call) -> list[tuple[int | None, Site]]:
     """``(index, site)`` for each part of what ``call`` returns that a training loop iterates."""
-    loops = _training_loops(t)
-    target = _unpacked(t, call)
+    loops = _training_loops(fm)
+    target = _unpacked(fm, call)
     indices: list[int | None] = list(range(len(target))) if target is not None else [None]
     found = []
     for index in indices:
-        site = next((s for s in result_sites(t, call, index)[0] if s.loop in loops), None)
+        site = next((s for s in result_sites(fm, call, index)[0] if s.loop in loops), None)
         if site is not None:
             found.append((index, site))
     return found
 
 
-def feeds_training(t: Transform, call: cst.Call, index: int | None) -> bool:
+def feeds_training(fm: FileModel, call: cst.Call, index: int | None) -> bool:
     """Whether a training loop of this file iterates what ``call`` returns (at ``index``)."""
-    return any(i == index for i, _ in training_results(t, call))
+    return any(i == index for i, _ in training_results(fm, call))
 
 
 def single_process_fallback(
-    t: Transform, sampler: str, call: str, args: list[str], shuffle: str
+    fm: FileModel, sampler: str, call: str, args: list[str], shuffle: str
 ) -> cst.BaseStatement:
     """``sampler = (<call>(<args>) if sdp.is_initialized() else <what DataLoader would use>)``.
 
@@ -186,34 +189,34 @@ def single_process_fallback(
         fallback = random
     else:
         fallback = f"{random} if {shuffle} else None"
-    step = t.module.default_indent
+    step = fm.module.default_indent
     return cst.parse_statement(
         f"{sampler} = (\n{step}{call}(\n{step * 2}{', '.join(args)}\n{step})\n"
-        f"{step}if {t.sdp}.is_initialized()\n{step}else {fallback}\n)\n"
+        f"{step}if {fm.sdp}.is_initialized()\n{step}else {fallback}\n)\n"
     )
 
 
-def imported_data(t: Transform, loops: set[cst.CSTNode] | None = None) -> cst.Call | bool:
+def imported_data(fm: FileModel, loops: set[cst.CSTNode] | None = None) -> cst.Call | bool:
     """Loaders built in other modules that feed ``loops`` (default: every training loop of the
     file): False if none does; True if all are sharded where they are built (in this run, or
     already); else the first call whose loader is not."""
-    loops = _training_loops(t) if loops is None else loops
+    loops = _training_loops(fm) if loops is None else loops
     found: cst.Call | bool = False
-    for call, source in sourced_calls(t):
-        if any(s.loop in loops for s in result_sites(t, call, source.index)[0]):
+    for call, source in sourced_calls(fm):
+        if any(s.loop in loops for s in result_sites(fm, call, source.index)[0]):
             if not source.sharded:
                 return call
             found = True
     return found
 
 
-def fed_returns(t: Transform) -> list[tuple[cst.Return, cst.BaseExpression, LoaderFeed]]:
+def fed_returns(fm: FileModel) -> list[tuple[cst.Return, cst.BaseExpression, LoaderFeed]]:
     """``(return statement, returned value, feed)``: the values this module's functions return
     for another module's training loops (``index``: that element of a returned tuple)."""
-    facts = module_facts(t)
+    facts = module_facts(fm)
     found = []
     for feed in facts.feeds if facts is not None else ():
-        function = next((s for s in t.module.body if isinstance(s, cst.FunctionDef)
+        function = next((s for s in fm.module.body if isinstance(s, cst.FunctionDef)
                          and s.name.value == feed.function), None)
         for ret in cst.matchers.findall(function, cst.matchers.Return()) if function else ():
             assert isinstance(ret, cst.Return)
@@ -221,62 +224,62 @@ def fed_returns(t: Transform) -> list[tuple[cst.Return, cst.BaseExpression, Load
             if feed.index is not None:
                 elements = value.elements if isinstance(value, cst.Tuple) else ()
                 value = elements[feed.index].value if feed.index < len(elements) else None
-            if value is not None and t.enclosing_function(ret) is function:
+            if value is not None and fm.enclosing_function(ret) is function:
                 found.append((ret, value, feed))
     return found
 
 
-def imported_sites(t: Transform) -> list[tuple[Site, ShardedSource]]:
+def imported_sites(fm: FileModel) -> list[tuple[Site, ShardedSource]]:
     """The loops of this file that iterate data another module builds, and its facts."""
     return [
         (site, source)
-        for call, source in sourced_calls(t)
-        for site in result_sites(t, call, source.index)[0]
+        for call, source in sourced_calls(fm)
+        for site in result_sites(fm, call, source.index)[0]
     ]
 
 
-def returned_feed(t: Transform, call: cst.Call) -> LoaderFeed | None:
+def returned_feed(fm: FileModel, call: cst.Call) -> LoaderFeed | None:
     """The ``LoaderFeed`` of this module that ``call`` (a DataLoader) is returned for."""
-    facts = module_facts(t)
+    facts = module_facts(fm)
     if facts is None or not facts.feeds:
         return None
-    for function, index in returned_by(t, call):
+    for function, index in returned_by(fm, call):
         for feed in facts.feeds:
             if feed.function == function and feed.index == index:
                 return feed
     return None
 
 
-def returned_by(t: Transform, call: cst.Call) -> list[tuple[str, int | None]]:
+def returned_by(fm: FileModel, call: cst.Call) -> list[tuple[str, int | None]]:
     """``(top-level function, tuple index or None)`` for each ``return`` that gives ``call``'s
     value (directly, or through the one name it is assigned to)."""
     nodes: list[cst.CSTNode] = [call]
-    binding = assigned_binding(t, call)
+    binding = assigned_binding(fm, call)
     if binding is not None:
-        nodes += uses(t, binding)
+        nodes += uses(fm, binding)
     found = []
     for node in nodes:
-        parent = t.parent(node)
+        parent = fm.parent(node)
         index: int | None = None
-        if isinstance(parent, cst.Element) and isinstance(t.parent(parent), cst.Tuple):
-            container = t.parent(parent)
+        if isinstance(parent, cst.Element) and isinstance(fm.parent(parent), cst.Tuple):
+            container = fm.parent(parent)
             assert isinstance(container, cst.Tuple)
             index = next(i for i, e in enumerate(container.elements) if e is parent)
-            node, parent = container, t.parent(container)
+            node, parent = container, fm.parent(container)
         if not (isinstance(parent, cst.Return) and parent.value is node):
             continue
-        function = t.enclosing_function(node)
-        if function is not None and isinstance(t.parent(function), cst.Module):
+        function = fm.enclosing_function(node)
+        if function is not None and isinstance(fm.parent(function), cst.Module):
             found.append((function.name.value, index))
     return found
 
 
-def sourced_calls(t: Transform) -> list[tuple[cst.Call, ShardedSource]]:
+def sourced_calls(fm: FileModel) -> list[tuple[cst.Call, ShardedSource]]:
     """Calls of this file whose results another module's conversion shards where they are built."""
-    facts = module_facts(t)
+    facts = module_facts(fm)
     found = []
     for source in facts.sources if facts is not None else ():
-        for call in t.calls_to(source.callee):
+        for call in fm.calls_to(source.callee):
             found.append((call, source))
     return found
 
@@ -293,43 +296,43 @@ class ImportedLoaders:
     set_epochs: list[tuple[cst.For, str, ShardedSource]] = field(default_factory=list)
 
 
-def imported_loaders(t: Transform) -> ImportedLoaders:
+def imported_loaders(fm: FileModel) -> ImportedLoaders:
     """Which loaders built elsewhere feed this file's training, and where their ``set_epoch``
     goes (first in the epoch loop; none where that loop calls it already, or with no shuffle)."""
     found = ImportedLoaders()
     done: set[tuple[int, str]] = set()
-    for call, source in sourced_calls(t):
-        if not feeds_training(t, call, source.index):
+    for call, source in sourced_calls(fm):
+        if not feeds_training(fm, call, source.index):
             continue
         found.feeds = True
         if not source.sharded:
             found.unsharded.append((call, source))
             continue
-        receivers = epoch_receivers(t, call, source.index) if source.shuffles else []
+        receivers = epoch_receivers(fm, call, source.index) if source.shuffles else []
         for loop, receiver, _site in receivers:
             target = loop.target
             if (id(loop), receiver) in done or not isinstance(loop.body, cst.IndentedBlock):
                 continue
             done.add((id(loop), receiver))
-            if not isinstance(target, cst.Name) or sets_epoch(t, loop, receiver):
+            if not isinstance(target, cst.Name) or sets_epoch(fm, loop, receiver):
                 continue
             found.set_epochs.append((loop, f"{receiver}.set_epoch({target.value})", source))
     return found
 
 
 def epoch_receivers(
-    t: Transform, call: cst.Call, index: int | None
+    fm: FileModel, call: cst.Call, index: int | None
 ) -> list[tuple[cst.For, str, Site]]:
     """``(epoch loop, code of the loader, site)``: where ``<loader>.sampler.set_epoch(epoch)``
     goes for a loader built in another module (the loop that drives each training site)."""
-    loops = training_loops(t)
+    loops = training_loops(fm)
     found = []
-    sites, flow = result_sites(t, call, index)
+    sites, flow = result_sites(fm, call, index)
     for site in sites:
         if site.loop not in loops:
             continue
-        where = epoch_loop(t, site)
-        if where is None or where[1] is None or not holds_only(t, where[1], flow):
+        where = epoch_loop(fm, site)
+        if where is None or where[1] is None or not holds_only(fm, where[1], flow):
             continue
         found.append((where[0], f"{where[1].code}.sampler", site))
     return found

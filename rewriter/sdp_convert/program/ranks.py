@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from ..base import Transform
 from .scopes import assigned_values, class_of, function_references, training_calls
 from .writes import COLLECTIVE_PREFIXES
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Calls whose result is this process's global rank, in every library the converter reads.
 RANK_FUNCTIONS = (
@@ -38,30 +41,30 @@ RANK_FUNCTIONS = (
 _EXITS = ("sys.exit", "exit", "quit")
 
 
-def is_rank_call(t: Transform, expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Call) and t.refers_to(expr.func, *RANK_FUNCTIONS)
+def is_rank_call(fm: FileModel, expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and fm.refers_to(expr.func, *RANK_FUNCTIONS)
 
 
-def is_rank0_test(t: Transform, test: cst.BaseExpression) -> bool:
+def is_rank0_test(fm: FileModel, test: cst.BaseExpression) -> bool:
     """``<rank call> == 0`` / ``0 == <rank call>`` / ``not <rank call>`` with a known rank call."""
     subject = _rank_subject(test, equal=True)
-    return subject is not None and is_rank_call(t, subject)
+    return subject is not None and is_rank_call(fm, subject)
 
 
-def is_rank0_condition(t: Transform, test: cst.BaseExpression) -> bool:
+def is_rank0_condition(fm: FileModel, test: cst.BaseExpression) -> bool:
     """``is_rank0_test``, or the same with a variable that holds a rank call."""
-    if is_rank0_test(t, test):
+    if is_rank0_test(fm, test):
         return True
     subject = _rank_subject(test, equal=True)
-    return _holds_rank(t, subject)
+    return _holds_rank(fm, subject)
 
 
-def is_not_rank0_condition(t: Transform, test: cst.BaseExpression) -> bool:
+def is_not_rank0_condition(fm: FileModel, test: cst.BaseExpression) -> bool:
     """``<rank> != 0`` / ``0 != <rank>`` / ``<rank> > 0`` / a bare ``<rank>`` (true off rank 0)."""
     subject = _rank_subject(test, equal=False)
     if subject is None and not isinstance(test, (cst.Comparison, cst.UnaryOperation)):
         subject = test  # ``if rank:``
-    return subject is not None and (is_rank_call(t, subject) or _holds_rank(t, subject))
+    return subject is not None and (is_rank_call(fm, subject) or _holds_rank(fm, subject))
 
 
 def is_rank_exit(
@@ -86,15 +89,15 @@ def is_rank_exit(
     )
 
 
-def rank0_only(t: Transform, node: cst.CSTNode) -> bool:
+def rank0_only(fm: FileModel, node: cst.CSTNode) -> bool:
     """Whether ``node`` runs on rank 0 only already (see the module's docstring)."""
     child = node
     same_function = True  # an exit before a def does not govern when the def's body runs
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if (
             isinstance(parent, (cst.If, cst.IfExp))
             and child is parent.body
-            and is_rank0_condition(t, parent.test)
+            and is_rank0_condition(fm, parent.test)
         ):
             return True
         if (
@@ -105,7 +108,7 @@ def rank0_only(t: Transform, node: cst.CSTNode) -> bool:
             for stmt in parent.body:
                 if stmt is child:
                     break
-                if is_rank_exit(stmt, lambda test: is_not_rank0_condition(t, test)):
+                if is_rank_exit(stmt, lambda test: is_not_rank0_condition(fm, test)):
                     return True
         if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
             same_function = False
@@ -113,18 +116,18 @@ def rank0_only(t: Transform, node: cst.CSTNode) -> bool:
     return False
 
 
-def only_called_on_rank0(t: Transform, node: cst.CSTNode) -> bool:
+def only_called_on_rank0(fm: FileModel, node: cst.CSTNode) -> bool:
     """``node`` is in a function of this file that is only ever called on rank 0."""
-    function = t.enclosing_function(node)
+    function = fm.enclosing_function(node)
     if function is None:
         return False
-    if class_of(t, function) is not None:
+    if class_of(fm, function) is not None:
         # A method: every ``<something>.<name>(...)`` call of the file.
-        calls = t.method_calls(function.name.value)
-        return bool(calls) and all(rank0_only(t, c) for c in calls)
-    refs = function_references(t, function)
+        calls = fm.method_calls(function.name.value)
+        return bool(calls) and all(rank0_only(fm, c) for c in calls)
+    refs = function_references(fm, function)
     return bool(refs) and all(
-        isinstance(call := t.parent(ref), cst.Call) and call.func is ref and rank0_only(t, call)
+        isinstance(call := fm.parent(ref), cst.Call) and call.func is ref and rank0_only(fm, call)
         for ref in refs
     )
 
@@ -147,17 +150,17 @@ def _rank_subject(test: cst.BaseExpression, *, equal: bool) -> cst.BaseExpressio
     return None
 
 
-def _holds_rank(t: Transform, subject: cst.BaseExpression | None) -> bool:
+def _holds_rank(fm: FileModel, subject: cst.BaseExpression | None) -> bool:
     if not isinstance(subject, cst.Name):
         return False
-    values = assigned_values(t, subject)
-    return bool(values) and all(is_rank_call(t, v) for v in values)
+    values = assigned_values(fm, subject)
+    return bool(values) and all(is_rank_call(fm, v) for v in values)
 
 
-def runs_collectives(t: Transform, body: cst.BaseSuite) -> bool:
+def runs_collectives(fm: FileModel, body: cst.BaseSuite) -> bool:
     """Whether a block trains or communicates: skipping it on some ranks would hang them."""
-    calls = training_calls(t) | set(t.calls_to(*COLLECTIVE_PREFIXES, prefix=True))
-    return any(any(p is body for p in t.ancestors(c)) for c in calls)
+    calls = training_calls(fm) | set(fm.calls_to(*COLLECTIVE_PREFIXES, prefix=True))
+    return any(any(p is body for p in fm.ancestors(c)) for c in calls)
 
 
 #: Tests whose answer can differ between ranks, read from their code: the rank, and what each
@@ -169,20 +172,20 @@ _PER_RANK_TEST = re.compile(
 )
 
 
-def divergent_condition(t: Transform, node: cst.CSTNode) -> cst.BaseExpression | None:
+def divergent_condition(fm: FileModel, node: cst.CSTNode) -> cst.BaseExpression | None:
     """The test of the innermost ``if``/``while`` (or conditional expression) around ``node``
     whose answer can differ between ranks, or None: a collective placed there would be entered
     by some ranks only (deadlock), so none may be."""
     child: cst.CSTNode = node
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             return None  # what calls the function decides; not followed here
         test = None
         if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and child is not parent.test:
             test = parent.test
         if test is not None and (
-            _PER_RANK_TEST.search(t.module.code_for_node(test)) or any(
-                _holds_rank(t, n) for n in _names(test))
+            _PER_RANK_TEST.search(fm.module.code_for_node(test)) or any(
+                _holds_rank(fm, n) for n in _names(test))
         ):
             return test
         child = parent
@@ -198,21 +201,21 @@ _DDP = ("sdp_runtime.torch.DistributedDataParallel", "torch.nn.parallel.Distribu
         "sdp_runtime.torch.parallel.DistributedDataParallel")
 
 
-def enters_collective(t: Transform, stmt: cst.CSTNode) -> cst.Call | None:
+def enters_collective(fm: FileModel, stmt: cst.CSTNode) -> cst.Call | None:
     """A call in ``stmt`` that every rank must make together: a wrapped model's forward (DDP
     syncs buffers, BatchNorm's included, and may reduce), or a runtime/torch.distributed call.
     Such a statement must never be moved onto rank 0 alone."""
-    models = set(t.state.facts.wrapped_models or ())
+    models = set(fm.facts.wrapped_models or ())
     for call in m.findall(stmt, m.Call()):
         assert isinstance(call, cst.Call)
-        if models and t.module.code_for_node(call.func) in models:
+        if models and fm.module.code_for_node(call.func) in models:
             return call
         if isinstance(call.func, cst.Name) and any(
-            isinstance(v, cst.Call) and t.refers_to(v.func, *_DDP)
-            for v in assigned_values(t, call.func)
+            isinstance(v, cst.Call) and fm.refers_to(v.func, *_DDP)
+            for v in assigned_values(fm, call.func)
         ):  # the converted file (its second pass): ``model = sdp.DistributedDataParallel(...)``
             return call
-        if t.refers_to(call.func, *COLLECTIVE_PREFIXES, prefix=True) and not t.refers_to(
+        if fm.refers_to(call.func, *COLLECTIVE_PREFIXES, prefix=True) and not fm.refers_to(
             call.func, *RANK_FUNCTIONS, "sdp_runtime.torch.size", "sdp_runtime.tensorflow.size",
             "sdp_runtime.torch.local_rank", "sdp_runtime.tensorflow.local_rank",
         ):
@@ -221,7 +224,7 @@ def enters_collective(t: Transform, stmt: cst.CSTNode) -> cst.Call | None:
 
 
 def kept_off_rank0(
-    t: Transform, action: object, describe: Callable[[cst.CSTNode], str]
+    fm: FileModel, action: object, describe: Callable[[cst.CSTNode], str]
 ) -> str | None:
     """Why the write of ``action`` (a guard_rank0_writes action: the statement ``node``, reported
     at ``anchor``, named by ``describe``) must stay on every rank, as a manual note for the
@@ -230,10 +233,10 @@ def kept_off_rank0(
     ranks: BatchNorm's buffers, DDP's reductions); None when it may move onto rank 0."""
     stmt, at = action.node, action.anchor  # type: ignore[attr-defined]
     what = describe(at)
-    shared = enters_collective(t, stmt)
+    shared = enters_collective(fm, stmt)
     if shared is None:
         return None
     return (f"{what} writes on every rank, but the statement also calls "
-            f"{t.module.code_for_node(shared.func)}(...), which every rank must run "
+            f"{fm.module.code_for_node(shared.func)}(...), which every rank must run "
             f"together: not moved onto rank 0. Compute the value on every rank first, then "
-            f"write it under `if {t.sdp}.rank() == 0:`")
+            f"write it under `if {fm.sdp}.rank() == 0:`")

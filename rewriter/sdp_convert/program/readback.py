@@ -13,11 +13,12 @@ its own, so a write there must not be guarded.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+from libcst.metadata import QualifiedNameSource
 
-from ..base import Transform
 from .scopes import assigned_values, referents
 from .syntax import names_read
 from .writes import (
@@ -30,6 +31,9 @@ from .writes import (
     in_memory,
     open_mode,
 )
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Calls reading a file, with where the path is.
 READS: dict[str, tuple[int, str]] = {
@@ -93,115 +97,115 @@ def _path_arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression
     return arg.value if arg is not None else None
 
 
-def written_path(t: Transform, call: cst.Call, framework: str) -> str | None:
+def written_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
     """The code of the path ``call`` writes to (None: not a write to a known path)."""
-    names = t.qualified_names(call.func)
+    names = fm.qualified_names(call.func)
     for name in names:
         if name in OPENERS:
             default, position = OPENERS[name]
             mode = open_mode(call, default, position)
             if mode is None or not any(c in mode for c in "wax+"):
                 return None
-            return _code(t, _path_arg(call, 0, "file"))
+            return _code(fm, _path_arg(call, 0, "file"))
     table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {}), **PATH_WRITES}
     for name in names:
         if name in table:
             where = table[name]
-            if where is None or in_memory(t, argument(call, *where)):
+            if where is None or in_memory(fm, argument(call, *where)):
                 return None
-            return _code(t, _path_arg(call, *where))
+            return _code(fm, _path_arg(call, *where))
     if isinstance(call.func, cst.Attribute) and not names & set(READS):
         method = call.func.attr.value
         if method in METHOD_WRITES and call.args:  # df.to_csv(path), model.save_pretrained(dir)
-            return _code(t, call.args[0].value)
+            return _code(fm, call.args[0].value)
         if method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             if not call.args:  # manager.save(): read back through manager.latest_checkpoint
-                return f"{t.module.code_for_node(call.func.value)}.latest_checkpoint"
-            return _code(t, call.args[0].value)
+                return f"{fm.module.code_for_node(call.func.value)}.latest_checkpoint"
+            return _code(fm, call.args[0].value)
     return None
 
 
-def read_path(t: Transform, call: cst.Call, framework: str) -> str | None:
+def read_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
     """The code of the path ``call`` reads (None: not a read of a known path)."""
-    names = t.qualified_names(call.func)
+    names = fm.qualified_names(call.func)
     for name in names:
         if name in OPENERS:
             default, position = OPENERS[name]
             mode = open_mode(call, default, position)
             if mode is None or any(c in mode for c in "wax+"):
                 return None
-            return _code(t, _path_arg(call, 0, "file"))
+            return _code(fm, _path_arg(call, 0, "file"))
         if name in READS:
             arg = argument(call, *READS[name])
-            if arg is None or in_memory(t, arg):
+            if arg is None or in_memory(fm, arg):
                 return None
-            return _code(t, arg.value)
+            return _code(fm, arg.value)
     if (
         isinstance(call.func, cst.Attribute)
         and call.func.attr.value in METHOD_READS.get(framework, ())
         and call.args
         # ``AutoModel.from_pretrained(dir)``: a class method of an imported class.
-        and (call.func.attr.value == "from_pretrained" or not _is_module(t, call.func.value))
+        and (call.func.attr.value == "from_pretrained" or not _is_module(fm, call.func.value))
     ):
-        return _code(t, call.args[0].value)
+        return _code(fm, call.args[0].value)
     return None
 
 
-def writes_private_temp(t: Transform, call: cst.Call, framework: str) -> bool:
+def writes_private_temp(fm: FileModel, call: cst.Call, framework: str) -> bool:
     """``call`` writes under a temporary file or directory of this process (never guard it:
     every rank has its own, and the rank's own code reads it back)."""
-    names = t.qualified_names(call.func)
+    names = fm.qualified_names(call.func)
     table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
     where = next((table[n] for n in names if table.get(n)), None)
     if any(n in OPENERS for n in names):
         where = (0, "file")
     if where is not None:
         arg = argument(call, *where)
-        return arg is not None and is_private_temp(t, arg.value)
+        return arg is not None and is_private_temp(fm, arg.value)
     positional = [a for a in call.args if a.keyword is None and not a.star]
     if not positional and isinstance(call.func, cst.Attribute):
-        return is_private_temp(t, call.func.value)  # ``(Path(tmp) / "x").unlink()``
+        return is_private_temp(fm, call.func.value)  # ``(Path(tmp) / "x").unlink()``
     # shutil.copy(src, dst), os.remove(path), model.save(path): the destination comes last.
-    return bool(positional) and is_private_temp(t, positional[-1].value)
+    return bool(positional) and is_private_temp(fm, positional[-1].value)
 
 
-def is_private_temp(t: Transform, expr: cst.BaseExpression | None, depth: int = 0) -> bool:
+def is_private_temp(fm: FileModel, expr: cst.BaseExpression | None, depth: int = 0) -> bool:
     """``expr`` (a path) is under a temporary file or directory made by this process
     (``os.path.join(tmp, "x")``, ``f"{tmp}/x"``, ``Path(tmp) / "x"``, or a name holding one)."""
     if expr is None or depth > 3:
         return False
     for name in [expr] if isinstance(expr, cst.Name) else names_read(expr):
-        if _names_private_temp(t, name) or any(
-            is_private_temp(t, value, depth + 1) for value in assigned_values(t, name)
+        if _names_private_temp(fm, name) or any(
+            is_private_temp(fm, value, depth + 1) for value in assigned_values(fm, name)
         ):
             return True
     return False
 
 
-def _names_private_temp(t: Transform, name: cst.Name) -> bool:
-    for value in assigned_values(t, name):
-        if isinstance(value, cst.Call) and t.refers_to(value.func, *PRIVATE_TEMPS):
+def _names_private_temp(fm: FileModel, name: cst.Name) -> bool:
+    for value in assigned_values(fm, name):
+        if isinstance(value, cst.Call) and fm.refers_to(value.func, *PRIVATE_TEMPS):
             return True
     # ``with tempfile.TemporaryDirectory() as tmp:``
-    for assignment in _with_targets(t, name):
-        if t.refers_to(assignment.func, *PRIVATE_TEMPS):
+    for assignment in _with_targets(fm, name):
+        if fm.refers_to(assignment.func, *PRIVATE_TEMPS):
             return True
     return False
 
 
-def _with_targets(t: Transform, name: cst.Name) -> list[cst.Call]:
+def _with_targets(fm: FileModel, name: cst.Name) -> list[cst.Call]:
     found = []
-    for assignment in referents(t, name):
+    for assignment in referents(fm, name):
         node = getattr(assignment, "node", None)
-        parent = t.parent(node) if node is not None else None
+        parent = fm.parent(node) if node is not None else None
         if isinstance(parent, cst.AsName):
-            item = t.parent(parent)
+            item = fm.parent(parent)
             if isinstance(item, cst.WithItem) and isinstance(item.item, cst.Call):
                 found.append(item.item)
     return found
 
 
-def is_barrier(t: Transform, stmt: cst.CSTNode | None) -> bool:
+def is_barrier(fm: FileModel, stmt: cst.CSTNode | None) -> bool:
     """``stmt`` is a statement calling a barrier (``sdp.barrier()``)."""
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return False
@@ -209,26 +213,26 @@ def is_barrier(t: Transform, stmt: cst.CSTNode | None) -> bool:
     if not (isinstance(expr, cst.Expr) and isinstance(expr.value, cst.Call)):
         return False
     func = expr.value.func
-    if t.refers_to(func, *BARRIERS):
+    if fm.refers_to(func, *BARRIERS):
         return True
     return m.matches(func, m.Attribute(attr=m.Name("barrier")))
 
 
-def _code(t: Transform, expr: cst.BaseExpression | None) -> str | None:
-    if expr is None or _is_handle(t, expr):
+def _code(fm: FileModel, expr: cst.BaseExpression | None) -> str | None:
+    if expr is None or _is_handle(fm, expr):
         return None
-    return t.module.code_for_node(expr).strip()
+    return fm.module.code_for_node(expr).strip()
 
 
-def _is_handle(t: Transform, expr: cst.BaseExpression) -> bool:
+def _is_handle(fm: FileModel, expr: cst.BaseExpression) -> bool:
     """``f`` of ``with open(p) as f`` / ``f = open(p)``: the opening names the path."""
     if not isinstance(expr, cst.Name):
         return False
-    values: list[cst.BaseExpression] = [*assigned_values(t, expr), *_with_targets(t, expr)]
-    return any(isinstance(v, cst.Call) and t.refers_to(v.func, *OPENERS) for v in values)
+    values: list[cst.BaseExpression] = [*assigned_values(fm, expr), *_with_targets(fm, expr)]
+    return any(isinstance(v, cst.Call) and fm.refers_to(v.func, *OPENERS) for v in values)
 
 
-def _is_module(t: Transform, expr: cst.BaseExpression) -> bool:
+def _is_module(fm: FileModel, expr: cst.BaseExpression) -> bool:
     """``expr`` is an imported module or name (``np`` in ``np.load``), not an object."""
-    found = t.get_metadata(QualifiedNameProvider, expr, set())
+    found = fm.raw_qualified_names(expr)
     return any(q.source is QualifiedNameSource.IMPORT for q in found)

@@ -4,38 +4,42 @@ a file, and file order."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .index import Binding, file_index
 
+if TYPE_CHECKING:
+    from .model import FileModel
 
-def binding_of(t: Transform, target: cst.CSTNode) -> Binding | None:
+
+def binding_of(fm: FileModel, target: cst.CSTNode) -> Binding | None:
     """The binding a store target (Name, Param, ``self.<attr>``) of the original tree creates."""
     if isinstance(target, cst.Attribute):
         if m.matches(target.value, m.Name("self")):
-            cls = _method_class(t, target)
+            cls = _method_class(fm, target)
             if cls is not None:
                 attr = target.attr.value
                 return Binding(attr, None, "attribute", target, target=target, cls=cls, attr=attr)
         return None
     if isinstance(target, (cst.Param, cst.Name)):
-        return file_index(t).by_target.get(id(target))
+        return file_index(fm).by_target.get(id(target))
     return None
 
 
-def assigned_binding(t: Transform, value: cst.CSTNode) -> Binding | None:
+def assigned_binding(fm: FileModel, value: cst.CSTNode) -> Binding | None:
     """The binding of ``target = value`` / ``target: T = value`` (one plain target)."""
-    parent = t.parent(value)
+    parent = fm.parent(value)
     if isinstance(parent, cst.Assign) and parent.value is value and len(parent.targets) == 1:
-        return binding_of(t, parent.targets[0].target)
+        return binding_of(fm, parent.targets[0].target)
     if isinstance(parent, cst.AnnAssign) and parent.value is value:
-        return binding_of(t, parent.target)
+        return binding_of(fm, parent.target)
     return None
 
 
-def uses(t: Transform, binding: Binding) -> list[cst.CSTNode]:
+def uses(fm: FileModel, binding: Binding) -> list[cst.CSTNode]:
     """Where the binding is read, in file order (Names, or ``self.<attr>`` Attributes)."""
     if binding.cls is not None:
         found = [
@@ -43,35 +47,35 @@ def uses(t: Transform, binding: Binding) -> list[cst.CSTNode]:
             for node in m.findall(
                 binding.cls, m.Attribute(value=m.Name("self"), attr=m.Name(binding.attr))
             )
-            if not _is_store(t, node)
+            if not _is_store(fm, node)
         ]
         return found
-    return list(file_index(t).uses(binding))
+    return list(file_index(fm).uses(binding))
 
 
-def _is_store(t: Transform, node: cst.CSTNode) -> bool:
-    parent = t.parent(node)
+def _is_store(fm: FileModel, node: cst.CSTNode) -> bool:
+    parent = fm.parent(node)
     if isinstance(parent, (cst.AssignTarget, cst.AugAssign)):
         return True
     return isinstance(parent, cst.AnnAssign) and parent.target is node
 
 
-def referents(t: Transform, name: cst.Name) -> list[Binding]:
+def referents(fm: FileModel, name: cst.Name) -> list[Binding]:
     """The bindings an original Name (a read) may refer to, whatever the order."""
-    return file_index(t).referents(name)
+    return file_index(fm).referents(name)
 
 
-def assigned_values(t: Transform, name: cst.Name) -> list[cst.BaseExpression]:
+def assigned_values(fm: FileModel, name: cst.Name) -> list[cst.BaseExpression]:
     """The values assigned (``name = value``, not unpacked) to what a Name reads."""
     return [
         b.value
-        for b in referents(t, name)
+        for b in referents(fm, name)
         if b.kind == "assign" and not b.unpacked and b.value is not None
     ]
 
 
-def _self_attribute_values(t: Transform, attribute: cst.Attribute) -> list[cst.BaseExpression]:
-    cls = _method_class(t, attribute)
+def _self_attribute_values(fm: FileModel, attribute: cst.Attribute) -> list[cst.BaseExpression]:
+    cls = _method_class(fm, attribute)
     if cls is None:
         return []
     values: list[cst.BaseExpression] = []
@@ -84,7 +88,7 @@ def _self_attribute_values(t: Transform, attribute: cst.Attribute) -> list[cst.B
     return values
 
 
-def callee(t: Transform, call: cst.Call) -> cst.FunctionDef | None:
+def callee(fm: FileModel, call: cst.Call) -> cst.FunctionDef | None:
     """The function of this file that ``call`` calls, or None when that is not known.
 
     ``f(...)``; ``self.method(...)`` inside the class; ``Cls(...)`` (its ``__init__``);
@@ -93,7 +97,7 @@ def callee(t: Transform, call: cst.Call) -> cst.FunctionDef | None:
     """
     func = call.func
     if isinstance(func, cst.Name):
-        for assignment in referents(t, func):
+        for assignment in referents(fm, func):
             node = getattr(assignment, "node", None)
             if isinstance(node, cst.FunctionDef):
                 return node
@@ -103,18 +107,18 @@ def callee(t: Transform, call: cst.Call) -> cst.FunctionDef | None:
     if not isinstance(func, cst.Attribute):
         return None
     if m.matches(func.value, m.Name("self")):
-        cls = _method_class(t, call)
+        cls = _method_class(fm, call)
         return _method(cls, func.attr.value) if cls is not None else None
-    cls = _instance_class(t, func.value)
+    cls = _instance_class(fm, func.value)
     return _method(cls, func.attr.value) if cls is not None else None
 
 
-def is_dead_definition(t: Transform, function: cst.FunctionDef) -> bool:
+def is_dead_definition(fm: FileModel, function: cst.FunctionDef) -> bool:
     """A function nothing can reach: never read, and replaced by a later binding of its name
     that always runs (so importing the module does not reach it either)."""
-    index = file_index(t)
+    index = file_index(fm)
     binding = index.by_target.get(id(function))
-    if binding is None or class_of(t, function) is not None or index.uses(binding):
+    if binding is None or class_of(fm, function) is not None or index.uses(binding):
         return False
     return any(
         other.order > binding.order and other.kind != "augassign" and other.blocks == binding.blocks
@@ -122,37 +126,37 @@ def is_dead_definition(t: Transform, function: cst.FunctionDef) -> bool:
     )
 
 
-def callers(t: Transform, function: cst.FunctionDef) -> list[cst.Call]:
+def callers(fm: FileModel, function: cst.FunctionDef) -> list[cst.Call]:
     """The calls of ``function`` in this file: by name; for a method, ``self.<name>`` in its
     class and ``obj.<name>`` on an instance of it (see ``callee``); ``Cls(...)`` for
     ``__init__``."""
-    cls = class_of(t, function)
+    cls = class_of(fm, function)
     if cls is not None:
         found = [
-            call for call in t.method_calls(function.name.value) if callee(t, call) is function
+            call for call in fm.method_calls(function.name.value) if callee(fm, call) is function
         ]
         if function.name.value == "__init__":
             found += [
                 parent
-                for ref in _class_references(t, cls)
-                if isinstance(parent := t.parent(ref), cst.Call) and parent.func is ref
+                for ref in _class_references(fm, cls)
+                if isinstance(parent := fm.parent(ref), cst.Call) and parent.func is ref
             ]
-        order = node_order(t)
+        order = node_order(fm)
         return sorted(found, key=lambda n: order.get(id(n), -1))
     found = []
-    for ref in function_references(t, function):
-        parent = t.parent(ref)
+    for ref in function_references(fm, function):
+        parent = fm.parent(ref)
         if isinstance(parent, cst.Call) and parent.func is ref:
             found.append(parent)
     return found
 
 
 def arguments_for(
-    t: Transform, function: cst.FunctionDef, name: str
+    fm: FileModel, function: cst.FunctionDef, name: str
 ) -> list[tuple[cst.BaseExpression, cst.Call]]:
     """What the callers of ``function`` pass for its parameter ``name``: ``(value, call)``."""
     found = []
-    for call in callers(t, function):
+    for call in callers(fm, function):
         for arg in call.args:
             param = param_for_arg(function, call, arg)
             if param is not None and param.name.value == name:
@@ -168,12 +172,12 @@ def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     return None
 
 
-def _instance_class(t: Transform, expr: cst.BaseExpression) -> cst.ClassDef | None:
+def _instance_class(fm: FileModel, expr: cst.BaseExpression) -> cst.ClassDef | None:
     """The class of this file that ``expr`` is an instance of: ``Cls(...)``, or a name bound
     only to ``Cls(...)``."""
     values: list[cst.BaseExpression] = [expr]
     if isinstance(expr, cst.Name):
-        values = assigned_values(t, expr)
+        values = assigned_values(fm, expr)
         if not values:
             return None
     classes = set()
@@ -181,7 +185,7 @@ def _instance_class(t: Transform, expr: cst.BaseExpression) -> cst.ClassDef | No
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
             return None
         found = [
-            node for a in referents(t, value.func)
+            node for a in referents(fm, value.func)
             if isinstance(node := getattr(a, "node", None), cst.ClassDef)
         ]
         if len(found) != 1:
@@ -190,17 +194,17 @@ def _instance_class(t: Transform, expr: cst.BaseExpression) -> cst.ClassDef | No
     return classes.pop() if len(classes) == 1 else None
 
 
-def _class_references(t: Transform, cls: cst.ClassDef) -> list[cst.CSTNode]:
-    binding = file_index(t).by_target.get(id(cls))
-    return list(uses(t, binding)) if binding is not None else []
+def _class_references(fm: FileModel, cls: cst.ClassDef) -> list[cst.CSTNode]:
+    binding = file_index(fm).by_target.get(id(cls))
+    return list(uses(fm, binding)) if binding is not None else []
 
 
-def function_references(t: Transform, function: cst.FunctionDef) -> list[cst.CSTNode]:
+def function_references(fm: FileModel, function: cst.FunctionDef) -> list[cst.CSTNode]:
     """Where a function's name is read (calls, callbacks), in file order; [] for methods."""
-    binding = file_index(t).by_target.get(id(function))
-    if binding is None or class_of(t, function) is not None:
+    binding = file_index(fm).by_target.get(id(function))
+    if binding is None or class_of(fm, function) is not None:
         return []
-    return list(uses(t, binding))
+    return list(uses(fm, binding))
 
 
 def param_for_arg(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> cst.Param | None:
@@ -226,71 +230,71 @@ def param_for_arg(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> cs
     return params[index] if index < len(params) else None
 
 
-def class_of(t: Transform, function: cst.FunctionDef) -> cst.ClassDef | None:
-    block = t.parent(function)
-    cls = t.parent(block) if isinstance(block, cst.IndentedBlock) else None
+def class_of(fm: FileModel, function: cst.FunctionDef) -> cst.ClassDef | None:
+    block = fm.parent(function)
+    cls = fm.parent(block) if isinstance(block, cst.IndentedBlock) else None
     return cls if isinstance(cls, cst.ClassDef) else None
 
 
-def _method_class(t: Transform, node: cst.CSTNode) -> cst.ClassDef | None:
+def _method_class(fm: FileModel, node: cst.CSTNode) -> cst.ClassDef | None:
     """The class of the method ``node`` is in (through nested functions)."""
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if isinstance(parent, cst.FunctionDef):
-            cls = class_of(t, parent)
+            cls = class_of(fm, parent)
             if cls is not None:
                 return cls
     return None
 
 
-def training_calls(t: Transform) -> set[cst.CSTNode]:
+def training_calls(fm: FileModel) -> set[cst.CSTNode]:
     """``.backward()``/``.step()`` calls, and calls of this file's functions that make them."""
-    facts = t.state.facts
+    facts = fm.facts
     if facts.training_calls is not None:
         return facts.training_calls
-    sites: set[cst.CSTNode] = {*t.method_calls("backward"), *t.method_calls("step")}
+    sites: set[cst.CSTNode] = {*fm.method_calls("backward"), *fm.method_calls("step")}
     functions: set[cst.FunctionDef] = set()
-    frontier = [f for f in (t.enclosing_function(s) for s in sites) if f is not None]
+    frontier = [f for f in (fm.enclosing_function(s) for s in sites) if f is not None]
     while frontier:
         function = frontier.pop()
         if function in functions:
             continue
         functions.add(function)
-        for call in callers(t, function):
+        for call in callers(fm, function):
             sites.add(call)
-            outer = t.enclosing_function(call)
+            outer = fm.enclosing_function(call)
             if outer is not None:
                 frontier.append(outer)
     facts.training_calls = sites
     return sites
 
 
-def training_loops(t: Transform) -> set[cst.CSTNode]:
+def training_loops(fm: FileModel) -> set[cst.CSTNode]:
     """Loops whose body calls ``.backward()``/``.step()``, directly or via this file's functions."""
-    facts = t.state.facts
+    facts = fm.facts
     if facts.training_loops is not None:
         return facts.training_loops
     loops: set[cst.CSTNode] = set()
-    for site in training_calls(t):
-        for parent in t.ancestors(site):
+    for site in training_calls(fm):
+        for parent in fm.ancestors(site):
             if isinstance(parent, (cst.For, cst.While)):
                 loops.add(parent)
     facts.training_loops = loops
     return loops
 
 
-def node_order(t: Transform) -> dict[int, int]:
+def node_order(fm: FileModel) -> dict[int, int]:
     """Position of every original node in a pre-order walk (to sort nodes in file order)."""
-    return file_index(t).order
+    return file_index(fm).order
 
 
-def names_in(t: Transform, scope: cst.CSTNode) -> set[str]:
+def names_in(fm: FileModel, scope: cst.CSTNode) -> set[str]:
     """Every identifier (variables, attributes, parameters) used inside ``scope``, a function,
     class or the module: a new name must avoid them. Built once per file from the parent map."""
-    cached = t.state.facts.names
+    cached = fm.facts.names
     if cached is None:
-        cached = {id(t.module): set[str]()}
+        cached = {id(fm.module): set[str]()}
         owner: dict[int, cst.CSTNode] = {}  # node -> nearest enclosing def/class
-        for node, parent in t.state.info.parents.items():
+        for node, parent in fm.info.parents.items():
             holder: cst.CSTNode | None = (
                 parent if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) else None
             )
@@ -298,9 +302,9 @@ def names_in(t: Transform, scope: cst.CSTNode) -> set[str]:
             if holder is not None:
                 owner[id(node)] = holder
             if type(node) is cst.Name:
-                cached[id(t.module)].add(node.value)
+                cached[id(fm.module)].add(node.value)
                 while holder is not None:
                     cached.setdefault(id(holder), set()).add(node.value)
                     holder = owner.get(id(holder))
-        t.state.facts.names = cached
+        fm.facts.names = cached
     return set(cached.get(id(scope), ()))

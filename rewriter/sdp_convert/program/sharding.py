@@ -22,11 +22,11 @@ the converter does not follow) or ``"not sharded"`` (a loader or dataset it cann
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .builders import runs_right_before
 from .flow import loader_sites
 from .index import file_index, reaching_values
@@ -39,6 +39,9 @@ from .scopes import training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, code, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positional indices.
 _POSITIONS = {"dataset": 0, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
@@ -81,9 +84,9 @@ def loader_arg(call: cst.Call, args: dict, name: str) -> cst.Arg | None:
     return call.args[index] if index is not None else None
 
 
-def has_distributed_sampler(t: Transform, call: cst.Call) -> bool:
+def has_distributed_sampler(fm: FileModel, call: cst.Call) -> bool:
     sampler = loader_arg(call, loader_args(call), "sampler")
-    return sampler is not None and is_distributed_sampler(t, sampler.value)
+    return sampler is not None and is_distributed_sampler(fm, sampler.value)
 
 
 #: Samplers that only order the whole dataset: -> the ``shuffle=`` of the DistributedSampler
@@ -96,7 +99,7 @@ PLAIN_SAMPLERS = {
 }
 
 
-def plain_sampler(t: Transform, loader: cst.Call) -> str | None:
+def plain_sampler(fm: FileModel, loader: cst.Call) -> str | None:
     """The ``shuffle=`` code of a DistributedSampler replacing the ``sampler=`` of ``loader``,
     when that is a plain ``RandomSampler(ds)`` / ``SequentialSampler(ds)`` (no
     ``replacement=``, ``num_samples=`` or generator); None otherwise."""
@@ -108,23 +111,23 @@ def plain_sampler(t: Transform, loader: cst.Call) -> str | None:
     if keyword is not None and keyword.value != "data_source":
         return None
     for name, shuffle in PLAIN_SAMPLERS.items():
-        if t.refers_to(value.func, name):
+        if fm.refers_to(value.func, name):
             return shuffle
     return None
 
 
-def unfollowed_loaders(t: Transform, loaders: list[cst.Call]) -> str:
+def unfollowed_loaders(fm: FileModel, loaders: list[cst.Call]) -> str:
     """The note for a training loop no DataLoader of the file was followed to: it names the
     loaders the file does build (not "none was found" when one is 50 lines above)."""
     part = (
         f"give each rank its own part of the training data (a DistributedSampler, or "
-        f"indices[{t.sdp}.rank()::{t.sdp}.size()])"
+        f"indices[{fm.sdp}.rank()::{fm.sdp}.size()])"
     )
     if not loaders:
         return f"no DataLoader feeding this training loop was found: {part}"
     names = []
     for call in loaders:
-        parent = t.parent(call)
+        parent = fm.parent(call)
         target = (parent.targets[0].target if isinstance(parent, cst.Assign)
                   and len(parent.targets) == 1 else None)
         name = code(target) if target is not None else code(call.func) + "(...)"
@@ -137,16 +140,16 @@ def unfollowed_loaders(t: Transform, loaders: list[cst.Call]) -> str:
     )
 
 
-def loader_problem(t: Transform, call: cst.Call) -> str | None:
+def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     """Why a DistributedSampler cannot be added to this loader (None: it can, or it has one)."""
-    if has_distributed_sampler(t, call):
+    if has_distributed_sampler(fm, call):
         return None
     args = loader_args(call)
-    sdp = t.sdp
+    sdp = fm.sdp
     if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
         return "pass its arguments by keyword, then add a DistributedSampler"
     sampler = loader_arg(call, args, "sampler")
-    if sampler is not None and not is_none(sampler.value) and plain_sampler(t, call) is None:
+    if sampler is not None and not is_none(sampler.value) and plain_sampler(fm, call) is None:
         return (
             "it has its own sampler; make it yield only this rank's indices "
             f"(e.g. indices[{sdp}.rank()::{sdp}.size()])"
@@ -159,19 +162,19 @@ def loader_problem(t: Transform, call: cst.Call) -> str | None:
     dataset = loader_arg(call, args, "dataset")
     if dataset is None:
         return "its dataset is not passed as an argument we can see"
-    if is_iterable_dataset(t, dataset.value):
+    if is_iterable_dataset(fm, dataset.value):
         return (
             "its dataset is an IterableDataset (a stream), which a sampler cannot split; "
             f"skip the items whose index % {sdp}.size() != {sdp}.rank() in its __iter__"
         )
-    stmt = t.enclosing_statement(call)
-    if stmt is None or not runs_right_before(t, call, stmt):
+    stmt = fm.enclosing_statement(call)
+    if stmt is None or not runs_right_before(fm, call, stmt):
         return "put the DataLoader(...) call on a line of its own"
     if args.get("shuffle") is None:
         splats = [a for a in call.args if a.star == "**"]
         if len(splats) > 1 or (
             splats
-            and kwargs_literal(t, splats[0].value) is None
+            and kwargs_literal(fm, splats[0].value) is None
             and not is_simple_reference(splats[0].value)
         ):
             return (
@@ -181,13 +184,13 @@ def loader_problem(t: Transform, call: cst.Call) -> str | None:
     return None
 
 
-def training_loaders(t: Transform) -> list[cst.Call]:
+def training_loaders(fm: FileModel) -> list[cst.Call]:
     """The DataLoader calls whose loaders a training loop iterates."""
-    loaders = t.calls_to(*LOADERS)
+    loaders = fm.calls_to(*LOADERS)
     if not loaders:
         return []
-    loops = training_loops(t)
-    return [c for c in loaders if any(s.loop in loops for s in loader_sites(t, c)[0])]
+    loops = training_loops(fm)
+    return [c for c in loaders if any(s.loop in loops for s in loader_sites(fm, c)[0])]
 
 
 # -- TensorFlow datasets and fit arrays -----------------------------------------------------------
@@ -201,7 +204,7 @@ def flow_arg(call: cst.Call, name: str) -> cst.Arg | None:
     return arg_named(call, name, _FLOW_POSITIONS.get(name))
 
 
-def fit_arrays(t: Transform, fit: cst.Call, flow: bool = False) -> tuple[str, cst.Arg | None]:
+def fit_arrays(fm: FileModel, fit: cst.Call, flow: bool = False) -> tuple[str, cst.Arg | None]:
     """``fit(x, y)`` on arrays (or ``ImageDataGenerator.flow(x, y)`` with ``flow``):
     ``("none", None)`` (no y: a dataset), ``("sharded", None)`` (strided or ``sdp.shard``
     already), ``("plain", None)`` (arrays ``wrap_keras_fit`` / ``port_fit_generator`` stride),
@@ -210,14 +213,14 @@ def fit_arrays(t: Transform, fit: cst.Call, flow: bool = False) -> tuple[str, cs
     x, y = get(fit, "x"), get(fit, "y")
     if x is None or y is None:
         return "none", None
-    index = file_index(t)
+    index = file_index(fm)
     keywords = ["x", "y"]
     if get(fit, "sample_weight") is not None:
         keywords.append("sample_weight")
     for keyword in keywords:
         arg = get(fit, keyword)
         assert arg is not None
-        if split_already(t, arg):
+        if split_already(fm, arg):
             return "sharded", None
         for value in reaching_values(index, arg.value, fit):
             if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
@@ -228,76 +231,76 @@ def fit_arrays(t: Transform, fit: cst.Call, flow: bool = False) -> tuple[str, cs
 # -- the answer --------------------------------------------------------------------------------
 
 
-def enabled(t: Transform, name: str) -> bool:
+def enabled(fm: FileModel, name: str) -> bool:
     """Whether the user left the transform ``name`` on: ``--skip`` turns it off. (``--only`` a
     learning-rate transform asks for that step alone, over data the full run would shard.)"""
-    return name not in t.state.options.skip
+    return name not in fm.skip
 
 
-def environment_call(t: Transform) -> cst.Call | None:
+def environment_call(fm: FileModel) -> cst.Call | None:
     """The first call into a reinforcement-learning environment library (``gym.make``)."""
     found = [
         call
-        for qname, calls in t.state.info.calls.items()
+        for qname, calls in fm.info.calls.items()
         if qname.split(".", 1)[0] in ENVIRONMENTS
         for call in calls
     ]
-    return min(found, key=t._order) if found else None
+    return min(found, key=fm.order) if found else None
 
 
-def training_data(t: Transform) -> DataSharding:
+def training_data(fm: FileModel) -> DataSharding:
     """Whether this file's training data is (or will be, in this run) split between the ranks."""
-    facts = t.state.facts
+    facts = fm.facts
     if facts.data_sharding is None:
         facts.data_sharding = (
-            _torch(t) if t.state.info.framework == "torch" else _tensorflow(t)
+            _torch(fm) if fm.info.framework == "torch" else _tensorflow(fm)
         )
     return facts.data_sharding
 
 
-def optimizer_data(t: Transform, call: cst.Call) -> DataSharding:
+def optimizer_data(fm: FileModel, call: cst.Call) -> DataSharding:
     """Whether the data of the loops that step the torch optimizer ``call`` makes is split:
     the loaders feeding those loops (``program.steps.stepping_loops``), or, when no loader feeds
     them, what they read instead (full batch, batches made by hand). The file's answer
     (``training_data``) where those loops are not known, and for environments and optimised
     inputs, which concern every optimizer of the file."""
-    whole = training_data(t)
+    whole = training_data(fm)
     if whole.kind in ("environment", "input"):
         return whole
-    loops = stepping_loops(t, call)
+    loops = stepping_loops(fm, call)
     if loops is None:
         return whole
     loaders = [
-        c for c in t.calls_to(*LOADERS) if any(s.loop in loops for s in loader_sites(t, c)[0])
+        c for c in fm.calls_to(*LOADERS) if any(s.loop in loops for s in loader_sites(fm, c)[0])
     ]
     # Loaders another module of the project builds for these loops (sharded there, or not).
-    imported = imported_data(t, set(loops))
+    imported = imported_data(fm, set(loops))
     if isinstance(imported, cst.Call):
         return DataSharding(False, "not sharded", imported)
     if not loaders and not imported:
-        return _without_source(t, [lp for lp in loops if isinstance(lp, (cst.For, cst.While))])
-    will = enabled(t, "shard_dataloader")
+        return _without_source(fm, [lp for lp in loops if isinstance(lp, (cst.For, cst.While))])
+    will = enabled(fm, "shard_dataloader")
     for loader in loaders:
-        if not has_distributed_sampler(t, loader) and (
-            not will or loader_problem(t, loader) is not None
+        if not has_distributed_sampler(fm, loader) and (
+            not will or loader_problem(fm, loader) is not None
         ):
             return DataSharding(False, "not sharded", loader)
     return DataSharding(True, "sharded")
 
 
-def optimised_input(t: Transform) -> cst.CSTNode | None:
+def optimised_input(fm: FileModel) -> cst.CSTNode | None:
     """The tensor an optimizer trains when no optimizer trains a model's parameters
     (``Adam([input_img])``: neural style transfer optimises an image)."""
     found: cst.CSTNode | None = None
-    for call in t.calls_to("torch.optim", prefix=True):
-        if optimizer_class(t, call) is None:
+    for call in fm.calls_to("torch.optim", prefix=True):
+        if optimizer_class(fm, call) is None:
             continue
         params = params_argument(call)
         if params is None:
             return None
         if m.findall(params.value, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
             return None
-        values = list(reaching_values(file_index(t), params.value))
+        values = list(reaching_values(file_index(fm), params.value))
         literal = next((v for v in values if isinstance(v, (cst.List, cst.Tuple))), None)
         if literal is None or not literal.elements or any(
             not isinstance(e.value, cst.Name) for e in literal.elements
@@ -307,52 +310,52 @@ def optimised_input(t: Transform) -> cst.CSTNode | None:
     return found
 
 
-def input_optimisation(t: Transform) -> cst.CSTNode | None:
+def input_optimisation(fm: FileModel) -> cst.CSTNode | None:
     """The tensor the optimizers train (``optimised_input``) when nothing else feeds training: no
     DataLoader, and loops that read the same tensors every step (neural style transfer). Weights
     kept as plain tensors and trained on batches are not this."""
-    tensor = optimised_input(t)
-    if tensor is None or training_loaders(t):
+    tensor = optimised_input(fm)
+    if tensor is None or training_loaders(fm):
         return None
-    loops = [loop for loop in training_loops(t) if isinstance(loop, (cst.For, cst.While))]
-    return tensor if loops and _without_source(t, loops).kind == "full batch" else None
+    loops = [loop for loop in training_loops(fm) if isinstance(loop, (cst.For, cst.While))]
+    return tensor if loops and _without_source(fm, loops).kind == "full batch" else None
 
 
-def _torch(t: Transform) -> DataSharding:
-    env = environment_call(t)
+def _torch(fm: FileModel) -> DataSharding:
+    env = environment_call(fm)
     if env is not None:
         return DataSharding(False, "environment", env)
-    tensor = optimised_input(t)
+    tensor = optimised_input(fm)
     if tensor is not None:
         return DataSharding(False, "input", tensor)
-    loaders = training_loaders(t)
+    loaders = training_loaders(fm)
     # Loaders another module of the project builds (and shards there, in this run).
-    imported = imported_data(t)
+    imported = imported_data(fm)
     if isinstance(imported, cst.Call):
         return DataSharding(False, "not sharded", imported)
     if loaders or imported:
-        will = enabled(t, "shard_dataloader")
+        will = enabled(fm, "shard_dataloader")
         for call in loaders:
-            if has_distributed_sampler(t, call):
+            if has_distributed_sampler(fm, call):
                 continue
-            if not will or loader_problem(t, call) is not None:
+            if not will or loader_problem(fm, call) is not None:
                 return DataSharding(False, "not sharded", call)
         return DataSharding(True, "sharded")
-    loops = [loop for loop in training_loops(t) if isinstance(loop, (cst.For, cst.While))]
-    return _without_source(t, loops)
+    loops = [loop for loop in training_loops(fm) if isinstance(loop, (cst.For, cst.While))]
+    return _without_source(fm, loops)
 
 
-def _tensorflow(t: Transform) -> DataSharding:
+def _tensorflow(fm: FileModel) -> DataSharding:
     """TensorFlow: ``program.tfshards`` plans where each training loop's and ``fit``'s data is
     split (by this conversion or already by the script); ``fit_generator(datagen.flow(x, y))`` is
     ``port_fit_generator``'s."""
-    env = environment_call(t)
+    env = environment_call(fm)
     if env is not None:
         return DataSharding(False, "environment", env)
     found = False
     empty: list[cst.CSTNode] = []
-    fits = {id(f) for f in keras_fit_calls(t)}
-    for use in tf_training_data(t):
+    fits = {id(f) for f in keras_fit_calls(fm)}
+    for use in tf_training_data(fm):
         is_fit = id(use.where) in fits
         if use.sharded_by is None:
             if use.trace is None and not use.candidates and not is_fit:
@@ -360,17 +363,17 @@ def _tensorflow(t: Transform) -> DataSharding:
                 continue
             return DataSharding(False, "not sharded", use.where)
         if use.sharded_by == "converter" and not enabled(
-            t, "wrap_keras_fit" if is_fit else "shard_tf_dataset"
+            fm, "wrap_keras_fit" if is_fit else "shard_tf_dataset"
         ):
             return DataSharding(False, "not sharded", use.where)
         found = True
-    for fit in keras_fit_calls(t):
-        flow = generator_flow(t, fit)
+    for fit in keras_fit_calls(fm):
+        flow = generator_flow(fm, fit)
         if flow is None:
             continue
-        status, arg = fit_arrays(t, flow, flow=True)
+        status, arg = fit_arrays(fm, flow, flow=True)
         if status in ("none", "container") or (
-            status == "plain" and not enabled(t, "port_fit_generator")
+            status == "plain" and not enabled(fm, "port_fit_generator")
         ):  # flow(x) without labels, or of a container: not followed
             return DataSharding(False, "not sharded", arg.value if arg is not None else fit)
         found = True
@@ -378,21 +381,21 @@ def _tensorflow(t: Transform) -> DataSharding:
         loops = [w for w in empty if isinstance(w, (cst.For, cst.While))]
         if found:
             return DataSharding(False, "not found", empty[0])
-        return _without_source(t, loops) if loops else DataSharding(False, "not found", empty[0])
+        return _without_source(fm, loops) if loops else DataSharding(False, "not found", empty[0])
     return DataSharding(True, "sharded") if found else DataSharding(False, "not found")
 
 
-def _without_source(t: Transform, loops: list[cst.For | cst.While]) -> DataSharding:
+def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataSharding:
     """No loader or dataset feeds training: the same tensors every step (full batch), or batches
     made in a way the converter does not follow."""
     if not loops:
         return DataSharding(False, "not found")
     for loop in loops:
-        if isinstance(loop, cst.For) and not _counts(t, loop):
+        if isinstance(loop, cst.For) and not _counts(fm, loop):
             return DataSharding(False, "not found", loop)
         if m.findall(loop.body, m.Call(func=m.Name("next"))):
             return DataSharding(False, "not found", loop)
-        if any(_makes_random(t, call) for call in m.findall(loop.body, m.Call())):
+        if any(_makes_random(fm, call) for call in m.findall(loop.body, m.Call())):
             return DataSharding(False, "not found", loop)  # synthetic data, drawn every step
         target = loop.target if isinstance(loop, cst.For) else None
         names = {n.value for n in m.findall(target, m.Name())} if target is not None else set()
@@ -404,28 +407,28 @@ def _without_source(t: Transform, loops: list[cst.For | cst.While]) -> DataShard
     return DataSharding(False, "full batch", loops[0])
 
 
-def _makes_random(t: Transform, call: cst.CSTNode) -> bool:
+def _makes_random(fm: FileModel, call: cst.CSTNode) -> bool:
     """``torch.randn(...)``, ``np.random.rand(...)``, ``tf.random.normal(...)``: new data."""
     assert isinstance(call, cst.Call)
     return any(
-        ".random." in q or q.split(".")[-1] in _RANDOM for q in t.qualified_names(call.func)
+        ".random." in q or q.split(".")[-1] in _RANDOM for q in fm.qualified_names(call.func)
     )
 
 
 _RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "normal", "uniform"})
 
 
-def _counts(t: Transform, loop: cst.For) -> bool:
+def _counts(fm: FileModel, loop: cst.For) -> bool:
     """``for i in range(...)`` / ``trange`` (possibly in ``enumerate``/``tqdm``): a counter."""
     it = loop.iter
     if (
         isinstance(it, cst.Call)
         and it.args
         and isinstance(it.args[0].value, cst.Call)
-        and any(q.split(".")[-1] in ("enumerate", "tqdm") for q in t.qualified_names(it.func))
+        and any(q.split(".")[-1] in ("enumerate", "tqdm") for q in fm.qualified_names(it.func))
     ):
         it = it.args[0].value
     return isinstance(it, cst.Call) and (
-        t.refers_to(it.func, "builtins.range")
-        or any(q.endswith(".trange") for q in t.qualified_names(it.func))
+        fm.refers_to(it.func, "builtins.range")
+        or any(q.endswith(".trange") for q in fm.qualified_names(it.func))
     )

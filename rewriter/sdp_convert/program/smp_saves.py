@@ -21,13 +21,16 @@ rank test can only leave shards out. For one file this answers:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .ranks import divergent_condition
 from .scopes import assigned_values
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 ROOT = "smdistributed.modelparallel"
 SAVE = f"{ROOT}.torch.save"
@@ -50,15 +53,15 @@ class SmpSaves:
             early exit).
     """
 
-    def __init__(self, t: Transform, mentions_rank: Callable[[cst.CSTNode], bool],
+    def __init__(self, fm: FileModel, mentions_rank: Callable[[cst.CSTNode], bool],
                  under_rank_check: Callable[[cst.CSTNode], bool]) -> None:
-        self.t = t
+        self.fm = fm
         self.mentions_rank = mentions_rank
         self.under_rank_check = under_rank_check
 
     def rank_guard(self, node: cst.CSTNode) -> cst.If | None:
         child: cst.CSTNode = node
-        for parent in self.t.ancestors(node):
+        for parent in self.fm.ancestors(node):
             if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return None
             if isinstance(parent, cst.If) and child is parent.body and (
@@ -73,7 +76,7 @@ class SmpSaves:
     def is_rank_query(self, call: cst.Call) -> bool:
         return not call.args and any(
             q.startswith(ROOT + ".") and q.rpartition(".")[2] in RANK_QUERIES
-            for q in self.t.qualified_names(call.func)
+            for q in self.fm.qualified_names(call.func)
         )
 
     def is_rank0_query_test(self, test: cst.BaseExpression) -> bool:
@@ -94,11 +97,11 @@ class SmpSaves:
         func = call.func
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
             return None
-        return assigned_values(self.t, func.value)
+        return assigned_values(self.fm, func.value)
 
     def is_smp_wrapper(self, call: cst.Call) -> bool:
         """Whether ``x.method()``'s ``x`` is assigned from SMP's model or optimizer wrapper."""
-        return any(isinstance(v, cst.Call) and self.t.refers_to(v.func, *WRAPPERS)
+        return any(isinstance(v, cst.Call) and self.fm.refers_to(v.func, *WRAPPERS)
                    for v in self._receiver_values(call) or [])
 
     def may_be_sharded(self, call: cst.Call) -> bool:
@@ -108,7 +111,7 @@ class SmpSaves:
     def _guard_problem(self, guard: cst.If) -> str | None:
         if not self.is_rank0_query_test(guard.test) or guard.orelse is not None:
             return NOT_ONLY_RANK0
-        if self.under_rank_check(guard) or divergent_condition(self.t, guard) is not None:
+        if self.under_rank_check(guard) or divergent_condition(self.fm, guard) is not None:
             return "the test itself runs on some ranks only"
         return None
 
@@ -120,11 +123,11 @@ class SmpSaves:
         problem = self._guard_problem(guard)
         if problem is not None:
             return problem
-        stmt = self.t.enclosing_statement(call)
+        stmt = self.fm.enclosing_statement(call)
         body = guard.body
         if stmt is None or not isinstance(body, cst.IndentedBlock) or stmt not in body.body:
             return "it is not directly in the test's body"
-        for parent in self.t.ancestors(call):
+        for parent in self.fm.ancestors(call):
             if parent is stmt:
                 break
             if isinstance(parent, (cst.Lambda, cst.BaseComp, cst.FunctionDef)):
@@ -139,7 +142,7 @@ class SmpSaves:
         problem = self._guard_problem(guard)
         if problem is not None:
             return problem
-        saves = {id(c) for c in self.t.calls_to(SAVE)}
+        saves = {id(c) for c in self.fm.calls_to(SAVE)}
         for stmt in cst.ensure_type(guard.body, cst.IndentedBlock).body:
             small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
             if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1

@@ -11,11 +11,15 @@ method of an object): then only the file as a whole can answer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
-from ..base import Transform
 from .index import Binding
 from .scopes import assigned_binding, binding_of, callee, callers, param_for_arg, uses
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: How many assignments and calls the optimizer is followed through.
 _DEPTH = 5
@@ -27,21 +31,21 @@ _QUIET = frozenset({
 })
 
 
-def stepping_loops(t: Transform, call: cst.Call) -> set[cst.CSTNode] | None:
+def stepping_loops(fm: FileModel, call: cst.Call) -> set[cst.CSTNode] | None:
     """The loops that run a ``step()`` of the optimizer ``call`` makes (see the docstring)."""
-    binding = assigned_binding(t, call)
+    binding = assigned_binding(fm, call)
     if binding is None:
         return None
     steps: list[cst.Call] = []
-    if not _steps(t, binding, steps, 0, set()):
+    if not _steps(fm, binding, steps, 0, set()):
         return None
     loops: set[cst.CSTNode] = set()
     for step in steps:
-        _loops_around(t, step, loops, 0, set())
+        _loops_around(fm, step, loops, 0, set())
     return loops or None
 
 
-def _steps(t: Transform, binding: Binding, found: list[cst.Call], depth: int, seen: set[int]
+def _steps(fm: FileModel, binding: Binding, found: list[cst.Call], depth: int, seen: set[int]
            ) -> bool:
     """Add the ``step()`` calls of ``binding``'s value to ``found``; False: not followed."""
     if depth > _DEPTH:
@@ -50,54 +54,54 @@ def _steps(t: Transform, binding: Binding, found: list[cst.Call], depth: int, se
     if key in seen:
         return True
     seen.add(key)
-    for use in uses(t, binding):
-        parent = t.parent(use)
+    for use in uses(fm, binding):
+        parent = fm.parent(use)
         if isinstance(parent, cst.Attribute) and parent.value is use:
-            outer = t.parent(parent)
+            outer = fm.parent(parent)
             if parent.attr.value == "step" and isinstance(outer, cst.Call):
                 found.append(outer)
             elif parent.attr.value not in _QUIET:
                 return False
             continue
         if isinstance(parent, cst.Arg) and parent.value is use:
-            call = t.parent(parent)
+            call = fm.parent(parent)
             assert isinstance(call, cst.Call)
             if isinstance(call.func, cst.Attribute) and call.func.attr.value == "step":
                 found.append(call)  # ``scaler.step(optimizer)``
                 continue
-            function = callee(t, call)
+            function = callee(fm, call)
             if function is None:
-                if _is_scheduler(t, call):
+                if _is_scheduler(fm, call):
                     continue
                 return False
             param = param_for_arg(function, call, parent)
-            inner = binding_of(t, param) if param is not None else None
-            if inner is None or not _steps(t, inner, found, depth + 1, seen):
+            inner = binding_of(fm, param) if param is not None else None
+            if inner is None or not _steps(fm, inner, found, depth + 1, seen):
                 return False
             continue
         if isinstance(parent, cst.Assign) and parent.value is use and len(parent.targets) == 1:
-            inner = binding_of(t, parent.targets[0].target)
-            if inner is None or not _steps(t, inner, found, depth + 1, seen):
+            inner = binding_of(fm, parent.targets[0].target)
+            if inner is None or not _steps(fm, inner, found, depth + 1, seen):
                 return False
             continue
         return False
     return True
 
 
-def _is_scheduler(t: Transform, call: cst.Call) -> bool:
-    return t.refers_to(call.func, "torch.optim.lr_scheduler", prefix=True)
+def _is_scheduler(fm: FileModel, call: cst.Call) -> bool:
+    return fm.refers_to(call.func, "torch.optim.lr_scheduler", prefix=True)
 
 
-def _loops_around(t: Transform, node: cst.CSTNode, loops: set[cst.CSTNode], depth: int,
+def _loops_around(fm: FileModel, node: cst.CSTNode, loops: set[cst.CSTNode], depth: int,
                   seen: set[int]) -> None:
     """Every loop around ``node``, and around the calls of its function, out to the top."""
-    for parent in t.ancestors(node):
+    for parent in fm.ancestors(node):
         if isinstance(parent, (cst.For, cst.While)):
             loops.add(parent)
         if isinstance(parent, cst.FunctionDef):
             if depth >= _DEPTH or id(parent) in seen:
                 return
             seen.add(id(parent))
-            for call in callers(t, parent):
-                _loops_around(t, call, loops, depth + 1, seen)
+            for call in callers(fm, parent):
+                _loops_around(fm, call, loops, depth + 1, seen)
             return

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: How a spelling helper (``builders.torch_spelling``, ``keras.keras_spelling``) asks for an import
 #: the file lacks: ``add_import(module, obj=None, asname=None)`` (a transform's ``add_import``).
@@ -57,17 +59,17 @@ def divided_by_size(expr: cst.BaseExpression, sdp: str) -> cst.BaseExpression:
     )
 
 
-def mentions(transform: Transform, node: cst.CSTNode, *names: str) -> bool:
+def mentions(fm: FileModel, node: cst.CSTNode, *names: str) -> bool:
     """Whether ``node`` (original) contains a call to one of ``names`` (qualified)."""
     return any(
-        transform.refers_to(call.func, *names)
+        fm.refers_to(call.func, *names)
         for call in m.findall(node, m.Call())
         if isinstance(call, cst.Call)
     )
 
 
-def mentions_size(transform: Transform, node: cst.CSTNode) -> bool:
-    return mentions(transform, node, f"{transform.state.runtime_module}.size")
+def mentions_size(fm: FileModel, node: cst.CSTNode) -> bool:
+    return mentions(fm, node, f"{fm.runtime_module}.size")
 
 
 def code(node: cst.CSTNode) -> str:

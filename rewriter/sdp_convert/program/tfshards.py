@@ -36,11 +36,11 @@ The rules (docs/tf-sharding.md, "What is sharded where"):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 
-from ..base import Transform
 from .batch_iterators import drawn_batches, is_preview, iterator_shard, shard_advice
 from .datasets import (
     Candidate,
@@ -58,6 +58,9 @@ from .permutations import unseeded_orders
 from .project import fed_returns, imported_sites
 from .scopes import param_for_arg
 from .syntax import arg_named, code, mentions_size
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 #: Operations after which a ``take``/``skip`` no longer selects the same samples on every worker.
 ORDERING = frozenset(
@@ -115,21 +118,21 @@ class TfShardPlan:
     sources: dict[int, str | None] = field(default_factory=dict)
 
 
-def tf_training_data(transform: Transform) -> list[TrainingData]:
+def tf_training_data(fm: FileModel) -> list[TrainingData]:
     """Every place of the file where TensorFlow training data is consumed (training loops and
     Keras ``fit``), and whether the data reaching it is split between workers: by this conversion
     (``shard_tf_dataset``, ``wrap_keras_fit``) or by the script itself. A learning rate should be
     scaled only for those that are."""
-    return plan_tf_shards(transform).uses
+    return plan_tf_shards(fm).uses
 
 
-def data_sharded_for(transform: Transform, node: cst.CSTNode) -> bool | None:
+def data_sharded_for(fm: FileModel, node: cst.CSTNode) -> bool | None:
     """Whether the training data consumed at ``node`` (a training loop around it, or a ``fit``
     call at or around it) is split between workers; None when no training use is there."""
     found = None
-    for use in tf_training_data(transform):
-        if use.where is node or use.where in transform.ancestors(node) or (
-            node in transform.ancestors(use.where)
+    for use in tf_training_data(fm):
+        if use.where is node or use.where in fm.ancestors(node) or (
+            node in fm.ancestors(use.where)
         ):
             if not use.sharded:
                 return False
@@ -137,20 +140,20 @@ def data_sharded_for(transform: Transform, node: cst.CSTNode) -> bool | None:
     return found
 
 
-def plan_tf_shards(transform: Transform) -> TfShardPlan:
+def plan_tf_shards(fm: FileModel) -> TfShardPlan:
     """The file's plan, computed once."""
-    facts = transform.state.facts
+    facts = fm.facts
     if isinstance(facts.tf_shards, TfShardPlan):
         return facts.tf_shards
-    planner = _Planner(transform)
+    planner = _Planner(fm)
     plan = planner.plan
-    fed = {id(ret): (value, feed) for ret, value, feed in fed_returns(transform)}
-    imported = imported_sites(transform)
-    for where, candidates in training_dataset_uses(transform):
-        traces = [(c, trace_dataset(transform, planner.index, c.expr)) for c in candidates]
+    fed = {id(ret): (value, feed) for ret, value, feed in fed_returns(fm)}
+    imported = imported_sites(fm)
+    for where, candidates in training_dataset_uses(fm):
+        traces = [(c, trace_dataset(fm, planner.index, c.expr)) for c in candidates]
         usable = [(c, t) for c, t in traces if t.source is not None]
         source = next((s for site, s in imported if site.loop is where
-                       or where in transform.ancestors(site.loop)), None)
+                       or where in fm.ancestors(site.loop)), None)
         if not usable and source is not None:  # built in another module, sharded there
             plan.uses.append(TrainingData(where, "converter" if source.sharded else None))
             if not source.sharded:
@@ -160,16 +163,16 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
             continue
         if not usable:
             shard = next((s for c in candidates
-                          if (s := iterator_shard(transform, planner.index, c.expr))), None)
+                          if (s := iterator_shard(fm, planner.index, c.expr))), None)
             if shard is not None:  # a batch iterator class of the script: split its indices
                 if shard.sharded_by == "converter":
                     plan.iterator_indices[shard.indices] = shard.cls.name.value
                 plan.uses.append(TrainingData(where, shard.sharded_by))
                 continue
             why = "; ".join(t.problem for _, t in traces if t.problem) or "no dataset found"
-            advice, known = shard_advice(transform, planner.index,
+            advice, known = shard_advice(fm, planner.index,
                                          candidates[0].expr if candidates else None, planner.sdp)
-            drawn = None if candidates else drawn_batches(transform, where, planner.sdp)
+            drawn = None if candidates else drawn_batches(fm, where, planner.sdp)
             if drawn is not None:
                 advice, known = drawn, True
             planner.note(where, f"training data not sharded{'' if known else f' ({why})'}: "
@@ -184,32 +187,32 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
             for anchor in set(plan.anchors) - before:
                 plan.anchors[anchor] += f" (used by {feed.used_by})"
             if plan.uses[-1].sharded and trace.source is not None:
-                transform.state.facts.exports.append((
+                fm.facts.exports.append((
                     trace.source, feed.function, feed.index, False,
                     plan.uses[-1].sharded_by == "script",
                 ))
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
-    for fit in keras_fit_calls(transform):
+    for fit in keras_fit_calls(fm):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
-        inputs = fit_inputs_to_split(transform, fit)
-        if x is None or (inputs is None and not split_already(transform, x)):
+        inputs = fit_inputs_to_split(fm, fit)
+        if x is None or (inputs is None and not split_already(fm, x)):
             continue
         # Split by wrap_keras_fit's sdp.shard, or by the script already.
         plan.uses.append(TrainingData(fit, "converter" if inputs else "script"))
-        sequence = keras_sequence(transform, x.value, fit) if y is None else None
+        sequence = keras_sequence(fm, x.value, fit) if y is None else None
         if sequence is not None:
             planner.sequence_order(sequence)
         elif inputs is not None:
             split += [a.value for k in inputs[0] if (a := fit_arg(fit, k))]
-    orders = unseeded_orders(transform, split)
-    broadcast = f"{transform.state.runtime_module}.broadcast_object"
+    orders = unseeded_orders(fm, split)
+    broadcast = f"{fm.runtime_module}.broadcast_object"
     plan.permutations = {
         call: what
         for call, what in orders.permutations.items()
         if not (  # rank 0's already
-            isinstance(arg := transform.parent(call), cst.Arg)
-            and isinstance(outer := transform.parent(arg), cst.Call)
-            and transform.refers_to(outer.func, broadcast)
+            isinstance(arg := fm.parent(call), cst.Arg)
+            and isinstance(outer := fm.parent(arg), cst.Call)
+            and fm.refers_to(outer.func, broadcast)
         )
     }
     for node, what in orders.notes:
@@ -222,7 +225,7 @@ def plan_tf_shards(transform: Transform) -> TfShardPlan:
     return plan
 
 
-def fit_inputs_to_split(transform: Transform, fit: cst.Call) -> tuple[list[str], bool] | None:
+def fit_inputs_to_split(fm: FileModel, fit: cst.Call) -> tuple[list[str], bool] | None:
     """What ``wrap_keras_fit`` splits with ``sdp.shard`` in this ``fit`` call: the keywords of the
     arguments (``x``, ``y``, ``sample_weight``), and whether ``x`` is a Keras ``Sequence`` of the
     script's. None when ``fit`` gets a dataset, a generator, what the converter cannot follow, or
@@ -230,34 +233,34 @@ def fit_inputs_to_split(transform: Transform, fit: cst.Call) -> tuple[list[str],
     x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
     if x is None:
         return None
-    if y is None and keras_sequence(transform, x.value, fit) is not None:
-        return None if split_already(transform, x) else (["x"], True)
-    if y is None and not holds_arrays(transform, x.value, fit):
+    if y is None and keras_sequence(fm, x.value, fit) is not None:
+        return None if split_already(fm, x) else (["x"], True)
+    if y is None and not holds_arrays(fm, x.value, fit):
         return None
     keywords = ["x"] if y is None else ["x", "y"]
     if fit_arg(fit, "sample_weight") is not None:
         keywords.append("sample_weight")
     for keyword in keywords:
         arg = fit_arg(fit, keyword)
-        if arg is None or split_already(transform, arg):
+        if arg is None or split_already(fm, arg):
             return None
     return keywords, False
 
 
-def split_already(transform: Transform, arg: cst.Arg) -> bool:
+def split_already(fm: FileModel, arg: cst.Arg) -> bool:
     """``x[sdp.rank()::sdp.size()]`` or ``sdp.shard(x)``."""
-    if isinstance(arg.value, cst.Subscript) and mentions_size(transform, arg.value):
+    if isinstance(arg.value, cst.Subscript) and mentions_size(fm, arg.value):
         return True
-    return isinstance(arg.value, cst.Call) and transform.refers_to(
-        arg.value.func, f"{transform.state.runtime_module}.shard"
+    return isinstance(arg.value, cst.Call) and fm.refers_to(
+        arg.value.func, f"{fm.runtime_module}.shard"
     )
 
 
 class _Planner:
-    def __init__(self, transform: Transform) -> None:
-        self.t = transform
-        self.sdp = transform.sdp
-        self.index: FileIndex = file_index(transform)
+    def __init__(self, fm: FileModel) -> None:
+        self.fm = fm
+        self.sdp = fm.sdp
+        self.index: FileIndex = file_index(fm)
         self.plan = TfShardPlan()
 
     def note(self, node: cst.CSTNode, message: str) -> None:
@@ -282,7 +285,7 @@ class _Planner:
             return "script"  # .apply(sdp.shard) already
         existing = [s for s in chain if _method(s) == "shard"]
         if existing:
-            if not any(mentions_size(self.t, s) for s in existing):
+            if not any(mentions_size(self.fm, s) for s in existing):
                 self.note(
                     existing[0],
                     f"the training data is sharded already: make it .apply({self.sdp}.shard)",
@@ -353,7 +356,7 @@ class _Planner:
             self.plan.batched.add(anchor)
         for step in chain[position + 1 :]:
             if _method(step) == "take" and isinstance(step, cst.Call) and step.args and not (
-                mentions_size(self.t, step)
+                mentions_size(self.fm, step)
             ):
                 self.plan.takes.add(step)
         return "converter"
@@ -375,7 +378,7 @@ class _Planner:
             return None
         found: list[str | None] = []
         for part in parts:
-            inner = trace_dataset(self.t, self.index, part, trace.source)
+            inner = trace_dataset(self.fm, self.index, part, trace.source)
             if inner.source is None:
                 self.note(
                     part,
@@ -415,16 +418,16 @@ class _Planner:
 
     def _splits_or_adapts(self, node: cst.CSTNode, depth: int) -> bool:
         """``node`` (a use of a dataset) is split (``.take``/``.skip``) or reaches ``adapt``."""
-        parent = self.t.parent(node)
+        parent = self.fm.parent(node)
         if isinstance(parent, cst.Attribute) and parent.value is node:
             if parent.attr.value in _SPLITS:
-                return not is_preview(self.t, self.t.parent(parent))
-            call = self.t.parent(parent)
+                return not is_preview(self.fm, self.fm.parent(parent))
+            call = self.fm.parent(parent)
             if isinstance(call, cst.Call) and call.func is parent and depth < 8:
                 return self._splits_or_adapts(call, depth + 1)  # ds.map(...).adapt? follow on
             return False
         if isinstance(parent, cst.Arg):
-            call = self.t.parent(parent)
+            call = self.fm.parent(parent)
             return (
                 isinstance(call, cst.Call)
                 and isinstance(call.func, cst.Attribute)
@@ -441,8 +444,8 @@ class _Planner:
         return False
 
     def _adapted(self, use: cst.CSTNode) -> bool:
-        parent = self.t.parent(use)
-        call = self.t.parent(parent) if isinstance(parent, cst.Arg) else None
+        parent = self.fm.parent(use)
+        call = self.fm.parent(parent) if isinstance(parent, cst.Arg) else None
         return (
             isinstance(call, cst.Call)
             and isinstance(call.func, cst.Attribute)
@@ -482,7 +485,7 @@ class _Planner:
         self, trace: DatasetTrace, anchor: cst.CSTNode
     ) -> tuple[cst.FunctionDef, cst.Call] | None:
         """The function called several times that the shard would land in."""
-        ancestors = self.t.ancestors(anchor)
+        ancestors = self.fm.ancestors(anchor)
         for function, call, count in trace.functions:
             if count > 1 and function in ancestors:
                 return function, call
@@ -514,10 +517,10 @@ class _Planner:
             )
             return None
         assert arrays is not None
-        if all(split_already(self.t, cst.Arg(a)) for a in arrays):
+        if all(split_already(self.fm, cst.Arg(a)) for a in arrays):
             return "script"  # make(sdp.shard(x), sdp.shard(y)) already
         for arg in arrays:
-            if not split_already(self.t, cst.Arg(arg)):
+            if not split_already(self.fm, cst.Arg(arg)):
                 self.plan.arrays[arg] = name
         return "converter"
 
@@ -549,7 +552,7 @@ class _Planner:
                 None,
             )
             if arg is None or not (
-                holds_arrays(self.t, arg.value, call) or split_already(self.t, arg)
+                holds_arrays(self.fm, arg.value, call) or split_already(self.fm, arg)
             ):
                 return None
             found.append(arg.value)
@@ -559,7 +562,7 @@ class _Planner:
         """A Sequence that shuffles its indices without a seed: the workers' batches overlap."""
         for call in m.findall(cls, m.Call()):
             assert isinstance(call, cst.Call)
-            if self.t.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
+            if self.fm.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
                                 "random.shuffle"):
                 self.note(
                     call,
@@ -604,7 +607,7 @@ class _Planner:
         return (
             config is not None
             and isinstance(config.value, cst.Call)
-            and self.t.refers_to(config.value.func, "tensorflow_datasets.ReadConfig")
+            and self.fm.refers_to(config.value.func, "tensorflow_datasets.ReadConfig")
             and (seed := arg_named(config.value, "shuffle_seed")) is not None
             and not (isinstance(seed.value, cst.Name) and seed.value.value == "None")
         )
@@ -615,5 +618,5 @@ class _Planner:
             _method(step) == "apply"
             and isinstance(step, cst.Call)
             and len(step.args) == 1
-            and self.t.refers_to(step.args[0].value, f"{self.t.state.runtime_module}.shard")
+            and self.fm.refers_to(step.args[0].value, f"{self.fm.runtime_module}.shard")
         )

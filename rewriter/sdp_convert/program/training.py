@@ -4,13 +4,16 @@ the loops and functions that drive those steps (``training_facts``, computed onc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from ..base import Transform
 from .index import FileIndex, Scope, file_index
 from .scopes import callers
 from .syntax import target_names
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 TAPES = ("tensorflow.GradientTape", "tensorflow.autodiff.GradientTape")
 
@@ -64,14 +67,14 @@ class TrainingFacts:
     train_step_methods: list[cst.FunctionDef] = field(default_factory=list)
 
 
-def training_facts(transform: Transform) -> TrainingFacts:
+def training_facts(fm: FileModel) -> TrainingFacts:
     """The tapes, optimizer steps and loops of the file (original nodes), computed once."""
-    if transform.state.facts.training is not None:
-        return transform.state.facts.training
-    index = file_index(transform)
+    if fm.facts.training is not None:
+        return fm.facts.training
+    index = file_index(fm)
     facts = TrainingFacts()
-    for call in transform.calls_to(*TAPES):
-        tape = _tape(transform, index, call)
+    for call in fm.calls_to(*TAPES):
+        tape = _tape(fm, index, call)
         if tape is None:
             continue
         facts.tapes.append(tape)
@@ -84,23 +87,23 @@ def training_facts(transform: Transform) -> TrainingFacts:
                 facts.train_step_classes[owner.name.value] = scope
                 facts.train_step_methods.append(scope)
     for apply in sorted(facts.applies, key=lambda n: index.order.get(id(n), 0)):
-        sites = _step_sites(transform, index, apply, apply, [])
+        sites = _step_sites(fm, index, apply, apply, [])
         if sites:
             facts.sites.extend(sites)
         else:
             facts.loopless.append(apply)
-    transform.state.facts.training = facts
+    fm.facts.training = facts
     return facts
 
 
-def _tape(transform: Transform, index: FileIndex, call: cst.Call) -> Tape | None:
-    parent = transform.parent(call)
+def _tape(fm: FileModel, index: FileIndex, call: cst.Call) -> Tape | None:
+    parent = fm.parent(call)
     with_stmt = None
     if isinstance(parent, cst.WithItem) and parent.item is call:
         if parent.asname is None or not isinstance(parent.asname.name, cst.Name):
             return None
         name = parent.asname.name.value
-        with_stmt = transform.parent(parent)
+        with_stmt = fm.parent(parent)
         assert isinstance(with_stmt, cst.With)
     elif isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(
         parent.targets[0].target, cst.Name
@@ -109,14 +112,14 @@ def _tape(transform: Transform, index: FileIndex, call: cst.Call) -> Tape | None
     else:
         return None
     tape = Tape(call, name, index.scope(call), with_stmt)
-    runtime = transform.state.runtime_module
+    runtime = fm.runtime_module
     # A name may hold several tapes in turn (``with tf.GradientTape() as tape:`` for the
     # discriminator, again for the generator, again for a saliency map): this tape's uses are
     # those between its binding and the next tape bound to the name.
     bindings = index.bindings_of(name, tape.scope)
     tapes = [
         b for b in bindings
-        if isinstance(b.value, cst.Call) and transform.refers_to(b.value.func, *TAPES)
+        if isinstance(b.value, cst.Call) and fm.refers_to(b.value.func, *TAPES)
     ]
     own = next((b for b in tapes if b.value is call), None)
     later = [b.order for b in tapes if own is not None and b.order > own.order]
@@ -133,23 +136,23 @@ def _tape(transform: Transform, index: FileIndex, call: cst.Call) -> Tape | None
         value = binding.value
         if (
             isinstance(value, cst.Call)
-            and transform.refers_to(value.func, f"{runtime}.DistributedGradientTape")
+            and fm.refers_to(value.func, f"{runtime}.DistributedGradientTape")
             and is_own(binding.order)
         ):
             tape.wrapped = True
     for load in index.loads_of(name, tape.scope):
         if not is_own(index.order.get(id(load), 0)):
             continue
-        attribute = transform.parent(load)
+        attribute = fm.parent(load)
         if isinstance(attribute, cst.Attribute) and attribute.attr.value == "gradient":
-            gradient = transform.parent(attribute)
+            gradient = fm.parent(attribute)
             if isinstance(gradient, cst.Call) and gradient.func is attribute:
                 tape.gradient_calls.append(gradient)
-    _follow(transform, index, tape)
+    _follow(fm, index, tape)
     return tape
 
 
-def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
+def _follow(fm: FileModel, index: FileIndex, tape: Tape) -> None:
     """Follow the tape's gradients to the optimizer calls (or hand updates) that consume them."""
     work: list[cst.CSTNode] = list(tape.gradient_calls)
     seen: set[tuple[int, str, int]] = set()
@@ -165,7 +168,7 @@ def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
 
     while work:
         child = work.pop()
-        for parent in transform.ancestors(child):
+        for parent in fm.ancestors(child):
             if isinstance(parent, cst.Call) and child is not parent.func:
                 method = parent.func.attr.value if isinstance(parent.func, cst.Attribute) else ""
                 if method in APPLY_METHODS:
@@ -195,7 +198,7 @@ def _follow(transform: Transform, index: FileIndex, tape: Tape) -> None:
                 function = index.scope(parent)
                 if isinstance(function, cst.FunctionDef) and id(function) not in returned:
                     returned.add(id(function))
-                    work.extend(_calls_of(transform, index, function))
+                    work.extend(_calls_of(fm, index, function))
                 break
             elif isinstance(
                 parent, (cst.BaseCompoundStatement, cst.SimpleStatementLine, cst.Lambda)
@@ -227,16 +230,16 @@ def _uses_of_binding(
     return [load for load in loads if sees(index.order.get(id(load), 0))]
 
 
-def _calls_of(transform: Transform, index: FileIndex, function: cst.FunctionDef) -> list[cst.Call]:
+def _calls_of(fm: FileModel, index: FileIndex, function: cst.FunctionDef) -> list[cst.Call]:
     """Calls of ``function`` outside it (``program.scopes.callers``)."""
-    return [c for c in callers(transform, function) if function not in transform.ancestors(c)]
+    return [c for c in callers(fm, function) if function not in fm.ancestors(c)]
 
 
-def loops_around(transform: Transform, node: cst.CSTNode) -> list[cst.For | cst.While]:
+def loops_around(fm: FileModel, node: cst.CSTNode) -> list[cst.For | cst.While]:
     """The loops whose body holds ``node``, innermost first, up to its function."""
     loops: list[cst.For | cst.While] = []
     child = node
-    for parent in transform.ancestors(node):
+    for parent in fm.ancestors(node):
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             break
         if isinstance(parent, (cst.For, cst.While)) and child is parent.body:
@@ -246,28 +249,28 @@ def loops_around(transform: Transform, node: cst.CSTNode) -> list[cst.For | cst.
 
 
 def _step_sites(
-    transform: Transform,
+    fm: FileModel,
     index: FileIndex,
     apply: cst.Call,
     node: cst.CSTNode,
     chain: list[tuple[cst.FunctionDef, cst.Call]],
 ) -> list[StepSite]:
-    loops = loops_around(transform, node)
-    statement = transform.enclosing_statement(node)
+    loops = loops_around(fm, node)
+    statement = fm.enclosing_statement(node)
     if loops and statement is not None:
         return [StepSite(apply, statement, loops, chain)]
     scope = index.scope(node)
     if len(chain) >= 3 or not isinstance(scope, cst.FunctionDef):
         return []
     sites = []
-    for caller in _calls_of(transform, index, scope):
-        sites.extend(_step_sites(transform, index, apply, caller, [*chain, (scope, caller)]))
+    for caller in _calls_of(fm, index, scope):
+        sites.extend(_step_sites(fm, index, apply, caller, [*chain, (scope, caller)]))
     return sites
 
 
-def is_tf_function(transform: Transform, function: cst.FunctionDef) -> bool:
+def is_tf_function(fm: FileModel, function: cst.FunctionDef) -> bool:
     return any(
-        transform.refers_to(
+        fm.refers_to(
             d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator,
             "tensorflow.function",
         )

@@ -3,10 +3,14 @@ framework, with where their destination argument is (it may be an in-memory buff
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
-from ..base import Transform
 from .scopes import assigned_values
+
+if TYPE_CHECKING:
+    from .model import FileModel
 
 # Calls that write a file, with where their destination is (positional index, keyword) when it
 # may be an in-memory buffer. Generic Python here; frameworks add theirs in FRAMEWORK_WRITES.
@@ -146,14 +150,14 @@ MEMORY_BUFFERS = ("io.BytesIO", "io.StringIO")
 COLLECTIVE_PREFIXES = ("sdp_runtime", "torch.distributed")
 
 
-def in_memory(t: Transform, arg: cst.Arg | None) -> bool:
+def in_memory(fm: FileModel, arg: cst.Arg | None) -> bool:
     if arg is None:
         return False
     values = [arg.value]
     if isinstance(arg.value, cst.Name):
-        values = assigned_values(t, arg.value)
+        values = assigned_values(fm, arg.value)
     return any(
-        isinstance(v, cst.Call) and t.refers_to(v.func, *MEMORY_BUFFERS) for v in values
+        isinstance(v, cst.Call) and fm.refers_to(v.func, *MEMORY_BUFFERS) for v in values
     )
 
 
@@ -183,23 +187,23 @@ def open_mode(call: cst.Call, default: str, position: int) -> str | None:
 SAVING_OBJECTS = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image", "tokenizers.")
 
 
-def object_saves(t: Transform) -> list[cst.Call]:
+def object_saves(fm: FileModel) -> list[cst.Call]:
     """``<object>.save(path)`` of a PIL image or a tokenizer made in this file
     (``Image.fromarray(a)``, ``Image.open(p).convert("RGB")``, ``to_pil_image(t)``,
     ``Tokenizer(BPE(unk_token="[UNK]"))``)."""
     found = []
-    for call in t.method_calls("save"):
+    for call in fm.method_calls("save"):
         func = call.func
         if not (isinstance(func, cst.Attribute) and call.args):
             continue
         receiver = func.value
-        values = assigned_values(t, receiver) if isinstance(receiver, cst.Name) else [receiver]
-        if values and all(_makes_saving_object(t, v) for v in values):
+        values = assigned_values(fm, receiver) if isinstance(receiver, cst.Name) else [receiver]
+        if values and all(_makes_saving_object(fm, v) for v in values):
             found.append(call)
     return found
 
 
-def _makes_saving_object(t: Transform, value: cst.BaseExpression) -> bool:
+def _makes_saving_object(fm: FileModel, value: cst.BaseExpression) -> bool:
     # ``Image.open(p).convert("RGB").resize(...)``: the innermost call of the chain decides.
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(
         value.func.value, cst.Call
@@ -207,5 +211,5 @@ def _makes_saving_object(t: Transform, value: cst.BaseExpression) -> bool:
         value = value.func.value
     if not isinstance(value, cst.Call):
         return False
-    names = t.qualified_names(value.func)
+    names = fm.qualified_names(value.func)
     return any(n.startswith(p) or n == p for n in names for p in SAVING_OBJECTS)

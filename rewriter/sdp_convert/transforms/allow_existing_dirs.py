@@ -54,7 +54,7 @@ class AllowExistingDirs(Transform):
             if any(a.star for a in call.args) or self._skipped(call):
                 continue
             path = call.args[0].value if call.args and what != "Path.mkdir" else None
-            if path is not None and is_private_temp(self, path):
+            if path is not None and is_private_temp(self.fm, path):
                 continue
             if what == "os.mkdir":
                 if len(call.args) != 1:  # a mode: os.makedirs takes it too, but keep it simple
@@ -82,12 +82,12 @@ class AllowExistingDirs(Transform):
         if isinstance(expr, cst.Call):
             return self.refers_to(expr.func, *PATH_CLASSES)
         if isinstance(expr, cst.Name):
-            values = assigned_values(self, expr)
+            values = assigned_values(self.fm, expr)
             return bool(values) and all(self._is_path(v, depth + 1) for v in values)
         return False
 
     def _skipped(self, call: cst.Call) -> bool:
-        if rank0_only(self, call) or only_called_on_rank0(self, call):
+        if rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call):
             return True
         if any(p in self.state.edits.guarded for p in self.ancestors(call)):
             return True

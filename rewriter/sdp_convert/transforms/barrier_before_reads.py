@@ -83,7 +83,7 @@ class BarrierBeforeReads(Transform):
         for method in (*FRAMEWORK_METHOD_WRITES.get(framework, ()), *METHOD_WRITES):
             calls += self.method_calls(method)
         for call in calls:
-            path = written_path(self, call, framework)
+            path = written_path(self.fm, call, framework)
             if path is not None and self._on_rank0_only(call):
                 writes.setdefault(path, []).append(call)
         # A Keras ModelCheckpoint writes during the fit it is given to, on rank 0 only (the
@@ -100,7 +100,7 @@ class BarrierBeforeReads(Transform):
             reads += self.method_calls(method)
         done: set[int] = set()
         for call in sorted(reads, key=self._order):
-            path = read_path(self, call, framework)
+            path = read_path(self.fm, call, framework)
             if path is None or path not in writes or self._on_rank0_only(call):
                 continue
             function = self.enclosing_function(call)
@@ -110,12 +110,12 @@ class BarrierBeforeReads(Transform):
             ):
                 continue
             stmt = self.enclosing_statement(call)
-            if stmt is None or id(stmt) in done or is_barrier(self, self._previous(stmt)):
+            if stmt is None or id(stmt) in done or is_barrier(self.fm, self._previous(stmt)):
                 continue
             if any(isinstance(p, cst.Lambda) for p in self.ancestors(call)):
                 continue
             done.add(id(stmt))
-            test = divergent_condition(self, stmt)
+            test = divergent_condition(self.fm, stmt)
             if test is not None:
                 # Under ``if not os.path.exists(p): <write> else: <read>``, the ranks that see
                 # the file would wait in the barrier for those that do not: a deadlock.
@@ -155,8 +155,8 @@ class BarrierBeforeReads(Transform):
         guarded = self.state.edits.guarded
         return (
             any(p in guarded for p in self.ancestors(node))
-            or rank0_only(self, node)
-            or only_called_on_rank0(self, node)
+            or rank0_only(self.fm, node)
+            or only_called_on_rank0(self.fm, node)
         )
 
     def _previous(self, stmt: cst.CSTNode) -> cst.CSTNode | None:

@@ -78,15 +78,15 @@ class BroadcastInitialState(Transform):
         runtime = self.state.runtime_module
         if self.calls_to(f"{runtime}.broadcast_variables", f"{runtime}.broadcast"):
             return  # converted already, or the script broadcasts itself
-        facts = training_facts(self)
-        index = file_index(self)
+        facts = training_facts(self.fm)
+        index = file_index(self.fm)
         plans: dict[cst.CSTNode, _Plan] = {}
         for site in facts.sites:
             outer = site.loops[-1]
-            if in_keras_train_step(self, outer):
+            if in_keras_train_step(self.fm, outer):
                 continue  # fit drives it: wrap_keras_fit's callback broadcasts once
             function = self.enclosing_function(outer)
-            if function is not None and is_tf_function(self, function):
+            if function is not None and is_tf_function(self.fm, function):
                 self.record(
                     outer,
                     "training loop inside a tf.function: after its first step, broadcast the "
@@ -113,7 +113,7 @@ class BroadcastInitialState(Transform):
             scope = index.scope(apply)
             if isinstance(scope, cst.FunctionDef) and scope in facts.train_step_methods:
                 continue  # Keras fit runs it: wrap_keras_fit's callback broadcasts
-            if isinstance(scope, cst.FunctionDef) and is_dead_definition(self, scope):
+            if isinstance(scope, cst.FunctionDef) and is_dead_definition(self.fm, scope):
                 continue  # redefined before anything could call it: it never trains
             self.record(
                 apply,
@@ -123,7 +123,7 @@ class BroadcastInitialState(Transform):
             )
         for plan in plans.values():
             self._plan(index, plan)
-        for stmt, model in weights_read_before_fit(self):
+        for stmt, model in weights_read_before_fit(self.fm):
             self._before_fit(stmt, model)
 
     def _before_fit(self, stmt: cst.BaseStatement, model: str) -> None:
@@ -189,7 +189,7 @@ class BroadcastInitialState(Transform):
 
     def _variables(self, index: FileIndex, site: StepSite) -> list[str]:
         """``model.variables`` and ``optimizer.variables`` as code that is valid at the loop."""
-        facts = training_facts(self)
+        facts = training_facts(self.fm)
         found: list[cst.BaseExpression] = []
         for tape in facts.applies[site.apply]:
             for gradient in tape.gradient_calls:

@@ -118,7 +118,7 @@ class DisableStepXla(Transform):
     def _function_named(self, expr: cst.BaseExpression) -> cst.FunctionDef | None:
         """The ``def`` a name (``step``) or a method (``self.step``) refers to, in this file."""
         if isinstance(expr, cst.Name):
-            nodes = [b.node for b in referents(self, expr)]
+            nodes = [b.node for b in referents(self.fm, expr)]
             defs = [n for n in nodes if isinstance(n, cst.FunctionDef)]
             return defs[-1] if defs else None
         if m.matches(expr, m.Attribute(value=m.Name("self"))):

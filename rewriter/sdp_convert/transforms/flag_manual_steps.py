@@ -97,7 +97,7 @@ class FlagManualSteps(Transform):
         self._data_parallel()
         self._distributed_calls()
         self._models_in_forward()
-        order = node_order(self)
+        order = node_order(self.fm)
         for node, message in sorted(self._notes, key=lambda n: order.get(id(n[0]), -1)):
             self.record(node, message, manual=True)
 
@@ -162,7 +162,7 @@ class FlagManualSteps(Transform):
                 if isinstance(parent, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
                     break
                 child = parent
-        order = node_order(self)
+        order = node_order(self.fm)
         return sorted(found.values(), key=lambda n: order.get(id(n), -1))
 
     def _base(self, target: cst.BaseExpression) -> str:
@@ -243,11 +243,11 @@ class FlagManualSteps(Transform):
     def _models_in_forward(self) -> None:
         """A model variable called inside another module's ``forward`` without being its part."""
         for binding, call in self._models():
-            for use in uses(self, binding):
+            for use in uses(self.fm, binding):
                 forward = self.enclosing_function(use)
                 if forward is None or forward.name.value != "forward":
                     continue
-                cls = class_of(self, forward)
+                cls = class_of(self.fm, forward)
                 if cls is None or any(a is cls for a in self.ancestors(call)):
                     continue
                 self._note(
@@ -261,7 +261,7 @@ class FlagManualSteps(Transform):
     def _models(self) -> list[tuple[Binding, cst.Call]]:
         """Variables bound to a torch.nn module made in this file: (binding, constructor call)."""
         found: list[tuple[Binding, cst.Call]] = []
-        order = node_order(self)
+        order = node_order(self.fm)
         calls = {id(c): c for cs in self.state.info.calls.values() for c in cs}
         for call in sorted(calls.values(), key=lambda c: order.get(id(c), -1)):
             if not self._is_module_class(call.func, 0):
@@ -273,7 +273,7 @@ class FlagManualSteps(Transform):
                 if not (isinstance(outer, cst.Call) and outer.func is attribute):
                     break
                 value = outer
-            binding = assigned_binding(self, value)
+            binding = assigned_binding(self.fm, value)
             if binding is not None and binding.cls is None:
                 found.append((binding, call))
         return found
@@ -291,7 +291,7 @@ class FlagManualSteps(Transform):
                 return True
         if depth > 3 or not isinstance(func, cst.Name):
             return False
-        for assignment in referents(self, func):
+        for assignment in referents(self.fm, func):
             cls = getattr(assignment, "node", None)
             if isinstance(cls, cst.ClassDef) and any(
                 self._is_module_class(base.value, depth + 1) for base in cls.bases

@@ -135,11 +135,10 @@ class GuardRank0Writes(Transform):
         candidates += self.calls_to(*self._writes, *STREAM_WRITES, *OPENERS, *self._handles)
         for method in METHOD_WRITES:
             candidates += [c for c in self.method_calls(method) if c.args]
-        candidates += object_saves(self)
-        candidates += self.calls_to(*DELETIONS) + path_deletions(self)
+        candidates += object_saves(self.fm) + self.calls_to(*DELETIONS) + path_deletions(self.fm)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
-        order = node_order(self)
+        order = node_order(self.fm)
         seen: set[int] = set()
         for call in sorted(candidates, key=lambda c: order.get(id(c), -1)):
             if id(call) not in seen:
@@ -170,7 +169,7 @@ class GuardRank0Writes(Transform):
             default, position = OPENERS[opener]
             mode = open_mode(call, default, position)
             if mode is None:
-                if not rank0_only(self, call):
+                if not rank0_only(self.fm, call):
                     self.record(
                         call,
                         f"{what} opens a file in a mode known only at run time: if it writes, "
@@ -184,11 +183,11 @@ class GuardRank0Writes(Transform):
         if stream is not None and argument(call, *STREAM_WRITES[stream]) is None:
             return  # returns a string
         destination = next((self._writes[n] for n in names if self._writes.get(n)), None)
-        if destination is not None and in_memory(self, argument(call, *destination)):
+        if destination is not None and in_memory(self.fm, argument(call, *destination)):
             return
-        if rank0_only(self, call) or only_called_on_rank0(self, call):
+        if rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call):
             return
-        if writes_private_temp(self, call, self.state.info.framework or ""):
+        if writes_private_temp(self.fm, call, self.state.info.framework or ""):
             return  # a tempfile.mkdtemp()/TemporaryDirectory() of this process: every rank's own
         is_handle = opener is not None or any(n in self._handles for n in names)
         parent = self.parent(call)
@@ -203,7 +202,7 @@ class GuardRank0Writes(Transform):
                       f"{what} on rank 0 only ({self.module.code_for_node(noop)} on the others)")
             return
         if is_handle:
-            binding = assigned_binding(self, call)
+            binding = assigned_binding(self.fm, call)
             assign = self.parent(call)
             if binding is not None and isinstance(assign, (cst.Assign, cst.AnnAssign)):
                 self._handle(
@@ -213,7 +212,7 @@ class GuardRank0Writes(Transform):
                     f"{what} on rank 0 only ({binding.code} is None on the other ranks)",
                 )
                 return
-        if is_deletion(self, call):
+        if is_deletion(self.fm, call):
             self._deletion(call, what)
             return
         self._guard_statement(call, f"{what} runs on rank 0 only")
@@ -221,10 +220,10 @@ class GuardRank0Writes(Transform):
     def _deletion(self, call: cst.Call, what: str) -> None:
         """Rank 0 deletes (with the file-system test or loop around it), the others wait."""
         stmt = self.enclosing_statement(call)
-        if stmt is None or why_not_guardable(self, call, stmt) is not None:
+        if stmt is None or why_not_guardable(self.fm, call, stmt) is not None:
             self._guard_statement(call, f"{what} runs on rank 0 only")
             return
-        unit, barrier = deletion_unit(self, stmt)
+        unit, barrier = deletion_unit(self.fm, stmt)
         self._add("guard", unit, unit, call, f"{what} runs on rank 0 only" + (
             f", then {self.sdp}.barrier(): no rank uses the path before the deletion is done"
             if barrier else "; no barrier after it (the ranks may not all get there): if other "
@@ -235,7 +234,7 @@ class GuardRank0Writes(Transform):
     def _guard_statement(self, node: cst.CSTNode, message: str) -> None:
         """Guard the statement holding ``node`` if that is safe, else note it."""
         stmt = self.enclosing_statement(node)
-        problem = why_not_guardable(self, node, stmt)
+        problem = why_not_guardable(self.fm, node, stmt)
         if problem is not None or stmt is None:
             self.record(
                 node,
@@ -250,7 +249,7 @@ class GuardRank0Writes(Transform):
     def _with(self, item: cst.WithItem, what: str) -> None:
         stmt = self.parent(item)
         assert isinstance(stmt, cst.With)
-        if runs_collectives(self, stmt.body):
+        if runs_collectives(self.fm, stmt.body):
             # The body trains: only the opening is conditional, the uses are guarded.
             mark = len(self._actions)
             self._add(
@@ -260,7 +259,7 @@ class GuardRank0Writes(Transform):
                 item.item,
                 f"{what} on rank 0 only (contextlib.nullcontext() on the other ranks)",
             )
-            binding = binding_of(self, item.asname.name) if item.asname is not None else None
+            binding = binding_of(self.fm, item.asname.name) if item.asname is not None else None
             self._all_or_nothing(mark, item.item, what, binding)
             return
         self._add("guard", stmt, stmt, item.item, f"{what} runs on rank 0 only")
@@ -298,30 +297,30 @@ class GuardRank0Writes(Transform):
         if depth > 3 or id(binding.target) in self._followed:
             return
         self._followed.add(id(binding.target))
-        for use in uses(self, binding):
+        for use in uses(self.fm, binding):
             if (
-                rank0_only(self, use)
-                or under_handle_test(self, use, binding)
-                or is_none_test(self, use)
+                rank0_only(self.fm, use)
+                or under_handle_test(self.fm, use, binding)
+                or is_none_test(self.fm, use)
             ):
                 continue
             parent = self.parent(use)
             if isinstance(parent, cst.Arg) and parent.value is use:
                 call = self.parent(parent)
-                function = callee(self, call) if isinstance(call, cst.Call) else None
+                function = callee(self.fm, call) if isinstance(call, cst.Call) else None
                 param = (
                     param_for_arg(function, call, parent)
                     if function is not None and isinstance(call, cst.Call)
                     else None
                 )
-                inner = binding_of(self, param) if param is not None else None
+                inner = binding_of(self.fm, param) if param is not None else None
                 if inner is not None:
                     self._guard_uses(inner, depth + 1)
                     continue
             if isinstance(parent, cst.WithItem) and parent.item is use:
                 stmt = self.parent(parent)
                 assert isinstance(stmt, cst.With)
-                if not runs_collectives(self, stmt.body):
+                if not runs_collectives(self.fm, stmt.body):
                     self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
                     continue
             stmt = self.enclosing_statement(use)
@@ -330,12 +329,12 @@ class GuardRank0Writes(Transform):
                 if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
                 else None
             )
-            made = assigned_binding(self, small.value) if isinstance(small, cst.Assign) else None
+            made = assigned_binding(self.fm, small.value) if isinstance(small, cst.Assign) else None
             if (
                 made is not None
                 and stmt is not None
                 and isinstance(small, cst.Assign)
-                and why_not_guardable(self, use, small) is None
+                and why_not_guardable(self.fm, use, small) is None
             ):
                 # ``rows = csv.writer(log)``: made from the handle, None where it is.
                 self._add(
@@ -350,7 +349,7 @@ class GuardRank0Writes(Transform):
             if (
                 stmt is not None
                 and isinstance(small, cst.Expr)
-                and why_not_guardable(self, use, stmt) is None
+                and why_not_guardable(self.fm, use, stmt) is None
             ):
                 self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
                 continue
@@ -383,12 +382,12 @@ class GuardRank0Writes(Transform):
         for action in self._actions:
             if action.anchor in earlier or any(p in guarded for p in ancestors(action.anchor)):
                 continue  # inside a statement guarded whole
-            if action.kind == "guard" and (note := kept_off_rank0(self, action, self._describe)):
+            if action.kind == "guard" and (note := kept_off_rank0(self.fm, action, self._describe)):
                 self.record(action.anchor, note, manual=True)  # every rank must run it
                 continue
             if action.kind == "guard":
                 self.guard_rank0(action.node)
-                if action.barrier and id(next_statement(self, action.node)) not in waits:
+                if action.barrier and id(next_statement(self.fm, action.node)) not in waits:
                     self.insert_after(action.node, cst.parse_statement(f"{self.sdp}.barrier()\n"))
             elif action.kind == "ifexp":
                 self._ifexp.add(action.node)

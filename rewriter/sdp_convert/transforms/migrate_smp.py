@@ -156,7 +156,7 @@ class MigrateSmp(hvd.Migration):
             self._saves.add(id(call))
         if self.state.info.framework != "torch":
             return
-        self._guards = SmpSaves(self, self._mentions_rank, self._under_rank_check)
+        self._guards = SmpSaves(self.fm, self._mentions_rank, self._under_rank_check)
         self._check_partial_saves()
         taken = {n.value for n in m.findall(self.module, m.Name()) if isinstance(n, cst.Name)}
         for call in self.method_calls("state_dict"):

@@ -56,7 +56,7 @@ class NoteSharedSeeds(Transform):
         seeds = [c for c in self.calls_to(*SEEDS) if "rank" not in code(c)]
         if not seeds:
             return
-        loops = training_loops(self)
+        loops = training_loops(self.fm)
         draws = [
             c for c in self.calls_to(*DRAWS, "numpy.random", prefix=True)
             if any(p in loops for p in self.ancestors(c))

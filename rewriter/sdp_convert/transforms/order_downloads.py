@@ -84,20 +84,20 @@ class OrderDownloads(Transform):
             done.add(target)
             self._plan(call, stmt, target, around)
         units: list[list[cst.BaseStatement]] = []
-        for call in file_fetches(self):
-            if not (self.is_rank0_guarded(call) or only_called_on_rank0(self, call)
+        for call in file_fetches(self.fm):
+            if not (self.is_rank0_guarded(call) or only_called_on_rank0(self.fm, call)
                     or self._inside_rank0_first(call)):
                 self._rank0_then_barrier(call, done, units)
         # One barrier after consecutive units (they share one ``if``).
         firsts = {id(unit[0]) for unit in units}
         for unit in units:
-            if id(next_statement(self, unit[-1])) not in firsts:
+            if id(next_statement(self.fm, unit[-1])) not in firsts:
                 self.insert_after(unit[-1], cst.parse_statement(f"{self.sdp}.barrier()\n"))
-        for call in url_reads(self):
+        for call in url_reads(self.fm):
             self.record(call, f"{self.module.code_for_node(call.func)}(...) reads over the "
                               "network on every rank (each downloads it; right, but N downloads):"
                               " to download once, save it on rank 0 first and read the file")
-        for call in url_cache_reads(self):
+        for call in url_cache_reads(self.fm):
             what = self.module.code_for_node(call.func)
             self.record(call, f"{what}(URL) downloads into ./<host>/<path> of the working "
                               "directory first, on every rank at once (the same file): download it "
@@ -114,8 +114,8 @@ class OrderDownloads(Transform):
         what = self.module.code_for_node(func)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
             what = f"{self.module.code_for_node(func.value.func)}(...).{func.attr.value}"
-        unit = fetch_unit(self, call)
-        how = "writes what it downloads" if is_response(self, call) else (
+        unit = fetch_unit(self.fm, call)
+        how = "writes what it downloads" if is_response(self.fm, call) else (
             "unpacks" if what.endswith("extractall") or "unpack" in what else "downloads")
         if unit.problem is not None or not unit.barrier or (
             self.enclosing_function(call) is None and not self.state.info.entry_point
@@ -148,7 +148,7 @@ class OrderDownloads(Transform):
             return
         what = self.module.code_for_node(call.func)
         if not isinstance(target, cst.SimpleStatementLine) or not runs_right_before(
-            self, call, around if around is not None else stmt
+            self.fm, call, around if around is not None else stmt
         ):
             self.record(
                 call,
@@ -180,7 +180,7 @@ class OrderDownloads(Transform):
             receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
             if isinstance(receiver, cst.Name) and any(
                 (k := keras_name(q)) is not None and k.startswith("keras.datasets.")
-                for value in assigned_values(self, receiver)
+                for value in assigned_values(self.fm, receiver)
                 for q in self.qualified_names(value)
             ):
                 found.append(call)

@@ -58,7 +58,7 @@ class PinGpuDevice(Transform):
     PROJECT_ROLES = frozenset({"entry"})
 
     def prepare(self, module: cst.Module) -> None:
-        self.index: FileIndex = file_index(self)
+        self.index: FileIndex = file_index(self.fm)
         # original Integer / SimpleString -> the GPU index it names
         self.literals: dict[cst.CSTNode, int] = {}
         self.anchor: cst.CSTNode | None = None
@@ -148,7 +148,7 @@ class PinGpuDevice(Transform):
                 if found:
                     self.literals[leaf] = int(found.group(1))
                     pins = "literal"
-            elif mentions(self, leaf, *_LOCAL_RANK):
+            elif mentions(self.fm, leaf, *_LOCAL_RANK):
                 pins = "local"
             elif note and not self._is_device_object(leaf):
                 self.record(
@@ -181,7 +181,7 @@ class PinGpuDevice(Transform):
                 binding = self.index.reaching(expr.value, at)
                 if binding is not None and binding.kind == "import":
                     return
-            back = origin(self, self.index, expr, at)
+            back = origin(self.fm, self.index, expr, at)
             if back is not None and back.value is not None:
                 yield from self._leaves(back.value, depth + 1, back.at)
             else:
@@ -206,7 +206,7 @@ class PinGpuDevice(Transform):
     # -- rewriting ----------------------------------------------------------------------------
 
     def _pin(self, anchor: cst.CSTNode) -> None:
-        torch = module_spelling(self, "torch", self.add_import)
+        torch = module_spelling(self.fm, "torch", self.add_import)
         self.add_runtime_import()
         self.insert_after(
             anchor,

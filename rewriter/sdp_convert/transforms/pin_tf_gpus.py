@@ -71,7 +71,7 @@ class PinTfGpus(Transform):
         self._environment_notes()
         if visible:
             for call in visible:
-                if mentions(self, call, local_rank):
+                if mentions(self.fm, call, local_rank):
                     continue
                 self._adapt(call)
             return
@@ -145,7 +145,7 @@ class PinTfGpus(Transform):
     def _pin_after_growth_loop(self, init_stmt: cst.CSTNode | None) -> bool:
         """``for gpu in gpus: tf.config.experimental.set_memory_growth(gpu, True)`` of the script's
         own: only the pinning is missing, and it goes right after that loop."""
-        index = file_index(self)
+        index = file_index(self.fm)
         for call in self.calls_to(*_MEMORY_GROWTH):
             found = self._growth_loop(index, call)
             if found is None:
@@ -234,7 +234,7 @@ class PinTfGpus(Transform):
         """(statement, TF's name there, whether TF itself must be imported there) when the file
         imports TensorFlow (or Keras) only after ``anchor``: in a function, in a ``try``, further
         down. None when it is imported at the top (or not at all)."""
-        index = file_index(self)
+        index = file_index(self.fm)
         found = {
             id(b.stmt): b.stmt
             for bindings in index.bindings.values()
@@ -278,7 +278,7 @@ class PinTfGpus(Transform):
 
     def _runs_later_in_same_block(self, first: cst.CSTNode, then: cst.CSTNode) -> bool:
         """Whether ``first`` comes after ``then`` in the same block."""
-        return self.parent(first) is self.parent(then) and file_index(self).is_before(
+        return self.parent(first) is self.parent(then) and file_index(self.fm).is_before(
             then, first
         )
 
@@ -330,7 +330,7 @@ class PinTfGpus(Transform):
             assert isinstance(func, cst.Attribute)
             if self.refers_to(func.value, "os.environ") and "CUDA_VISIBLE_DEVICES" in code(call):
                 found.append(call)
-        for target in nodes_of(self, cst.AssignTarget):
+        for target in nodes_of(self.fm, cst.AssignTarget):
             subscript = target.target
             if not isinstance(subscript, cst.Subscript):
                 continue
@@ -354,7 +354,7 @@ class PinTfGpus(Transform):
         return cst.parse_expression(f"{self.sdp}.local_rank()")
 
     def _tensorflow_name(self, schedule: bool = True) -> str | None:
-        for name, qualified, node in imported_names(self):
+        for name, qualified, node in imported_names(self.fm):
             if isinstance(node, cst.Import) and "tensorflow" in qualified:
                 return name
         if not schedule:
@@ -364,7 +364,7 @@ class PinTfGpus(Transform):
 
     def _free_name(self, name: str, at: cst.CSTNode) -> str:
         """``name``, unless the module or the scope of ``at`` uses it already."""
-        index = file_index(self)
+        index = file_index(self.fm)
         taken = index.names_bound(None) | index.names_bound(index.scope(at))
         return name if name not in taken else f"{self.sdp}_{name}"
 

@@ -50,13 +50,13 @@ class PortFitGenerator(Transform):
     def prepare(self, module: cst.Module) -> None:
         self.ports: set[cst.Call] = set()
         self.flows: dict[cst.Call, list[str]] = {}  # flow call -> keywords of arrays to shard
-        for fit in keras_fit_calls(self):
+        for fit in keras_fit_calls(self.fm):
             if is_fit_generator(fit):
                 self.ports.add(fit)
-            flow = generator_flow(self, fit)
+            flow = generator_flow(self.fm, fit)
             if flow is None or flow in self.flows:
                 continue
-            status, arg = fit_arrays(self, flow, flow=True)
+            status, arg = fit_arrays(self.fm, flow, flow=True)
             if status == "plain":
                 keywords = ["x", "y"]
                 if flow_arg(flow, "sample_weight") is not None:

@@ -76,8 +76,8 @@ class PrintOnRank0(Transform):
         guarded = self.state.edits.guarded  # by guard_rank0_writes, which runs first
         return (
             any(p in guarded for p in self.ancestors(call))
-            or rank0_only(self, call)
-            or only_called_on_rank0(self, call)
+            or rank0_only(self.fm, call)
+            or only_called_on_rank0(self.fm, call)
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

@@ -101,18 +101,18 @@ class ScaleKerasLearningRate(Transform):
         self.compiles: list[cst.Call] = []
         if self.mode == "none":
             return
-        data = training_data(self)
+        data = training_data(self.fm)
         if not data.sharded:
             self._unscaled(data.kind)
             return
-        index = file_index(self)
+        index = file_index(self.fm)
         optimizer_vars: set[str] = set()
         for qname, calls in self.state.info.calls.items():
             name = keras_name(qname)
             if name is None:
                 continue
             for call in calls:
-                cls = optimizer_class(self, call)
+                cls = optimizer_class(self.fm, call)
                 if cls is not None:
                     self.optimizers[call] = cls
                     self._plan_learning_rate(index, call, cls)
@@ -131,7 +131,7 @@ class ScaleKerasLearningRate(Transform):
                 ):
                     self._runtime_lr(call)
         for call in self.method_calls("compile"):
-            if is_keras_compile(self, call):
+            if is_keras_compile(self.fm, call):
                 arg = compile_optimizer_arg(call)
                 if arg is None or isinstance(arg.value, cst.SimpleString):
                     self.compiles.append(call)
@@ -145,13 +145,13 @@ class ScaleKerasLearningRate(Transform):
         for qname, calls in self.state.info.calls.items():
             if keras_name(qname) is not None:
                 for call in calls:
-                    cls = optimizer_class(self, call)
+                    cls = optimizer_class(self.fm, call)
                     if cls is not None:
                         arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")
                         rate = code(arg.value) if arg else "its learning rate"
                         found.append((call, f"{cls}: {rate}"))
         for call in self.method_calls("compile"):
-            arg = compile_optimizer_arg(call) if is_keras_compile(self, call) else None
+            arg = compile_optimizer_arg(call) if is_keras_compile(self.fm, call) else None
             if arg is not None and isinstance(arg.value, cst.SimpleString):
                 found.append((call, f"optimizer {arg.value.value}: its learning rate"))
         for node, what in found:
@@ -172,7 +172,7 @@ class ScaleKerasLearningRate(Transform):
         for value in reaching_values(index, arg.value):
             if not isinstance(value, cst.Call):
                 continue
-            schedule = schedule_class(self, value)
+            schedule = schedule_class(self.fm, value)
             if schedule is not None:
                 self.optimizers.pop(call)
                 if not any(_is_scaled(self, index, a.value, value) for a in value.args):
@@ -301,7 +301,7 @@ class ScaleKerasLearningRate(Transform):
                 return updated
         self.add_runtime_import()
         lr = times_size(cst.Float(OPTIMIZER_DEFAULT_LR[cls]), self.sdp, self.mode)
-        optimizer = optimizer_from_string(self, cls, lr, self.add_import)
+        optimizer = optimizer_from_string(self.fm, cls, lr, self.add_import)
         assert optimizer is not None
         what = f"optimizer {code(arg.value)}" if arg is not None else "default optimizer"
         self.record(
@@ -318,7 +318,7 @@ def _is_scaled(
 ) -> bool:
     """Whether ``expr`` (original) involves ``sdp.size()`` already, through plain names too
     (``lr = args.lr * sdp.size()`` then ``Adam(lr)``: scaling it again would square the factor)."""
-    return any(mentions_size(transform, value) for value in reaching_values(index, expr, at))
+    return any(mentions_size(transform.fm, value) for value in reaching_values(index, expr, at))
 
 
 def _is_lr_attribute(expr: cst.BaseExpression) -> bool:
@@ -335,5 +335,5 @@ def _is_custom_schedule(transform: Transform, index: FileIndex, call: cst.Call) 
     return any(
         n.endswith("LearningRateSchedule") or ".schedules." in n
         for base in cls.bases
-        for n in keras_names(transform, base.value) | {code(base.value)}
+        for n in keras_names(transform.fm, base.value) | {code(base.value)}
     )

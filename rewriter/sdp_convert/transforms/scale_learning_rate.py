@@ -93,7 +93,7 @@ WORLD_SIZE = (
 
 def is_scaled(transform: Transform, index: FileIndex, expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` (original) already involves the world size, through plain names too."""
-    return any(mentions(transform, value, *WORLD_SIZE) for value in reaching_values(index, expr))
+    return any(mentions(transform.fm, value, *WORLD_SIZE) for value in reaching_values(index, expr))
 
 
 class ScaleLearningRate(Transform):
@@ -109,15 +109,15 @@ class ScaleLearningRate(Transform):
         self.defaults: dict[cst.Call, tuple[str, str]] = {}
         if self.mode == "none":
             return
-        self.index = file_index(self)
+        self.index = file_index(self.fm)
         # Each optimizer by the data of the loops that step it: a file may train one model on
         # sharded batches and fine-tune another on the full batch.
         scaled = False
         for call in self.calls_to("torch.optim", prefix=True):
-            cls = optimizer_class(self, call)
+            cls = optimizer_class(self.fm, call)
             if cls is None:
                 continue
-            data = optimizer_data(self, call)
+            data = optimizer_data(self.fm, call)
             if data.sharded:
                 scaled = True
                 self._optimizer(call, cls)
@@ -127,7 +127,7 @@ class ScaleLearningRate(Transform):
             self.mode = "none"  # nothing below scales, nor asks a person to
             return
         for call in self.calls_to("torch.optim", prefix=True):
-            if optimizer_class(self, call) is None and self._scheduled_scaled(call):
+            if optimizer_class(self.fm, call) is None and self._scheduled_scaled(call):
                 self._scheduler(call)
         for call in self.method_calls("add_param_group"):
             if call.args:
@@ -154,7 +154,7 @@ class ScaleLearningRate(Transform):
                 manual=True,
             )
             return
-        wrapper = lr_set_by_wrapper(self, call)
+        wrapper = lr_set_by_wrapper(self.fm, call)
         if wrapper is not None:
             self.record(
                 call,
@@ -235,9 +235,9 @@ class ScaleLearningRate(Transform):
         arg = arg_named(scheduler, "optimizer", 0)
         made = [
             v for v in (reaching_values(self.index, arg.value) if arg is not None else ())
-            if isinstance(v, cst.Call) and optimizer_class(self, v) is not None
+            if isinstance(v, cst.Call) and optimizer_class(self.fm, v) is not None
         ]
-        return not made or any(optimizer_data(self, v).sharded for v in made)
+        return not made or any(optimizer_data(self.fm, v).sharded for v in made)
 
     # -- writes while training ----------------------------------------------------------------
 

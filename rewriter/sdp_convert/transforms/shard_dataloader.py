@@ -114,14 +114,14 @@ class ShardDataLoader(Transform):
         self._taken: dict[cst.CSTNode, set[str]] = {}
         self._splits: set[cst.Call] = set()
         loaders = self.calls_to(*LOADERS)
-        self._training_loops = training_loops(self) if loaders else set()
+        self._training_loops = training_loops(self.fm) if loaders else set()
         handled = False
         for call in loaders:
             handled = self._handle(call) or handled
         handled = self._imported() or handled
         backward = self.method_calls("backward")
         if not handled and backward:
-            data = training_data(self)
+            data = training_data(self.fm)
             if data.kind == "environment":
                 self._environment(data.node or backward[0])
             elif data.kind == "input":
@@ -142,12 +142,12 @@ class ShardDataLoader(Transform):
                     manual=True,
                 )
             else:
-                self.record(backward[0], unfollowed_loaders(self, loaders), manual=True)
+                self.record(backward[0], unfollowed_loaders(self.fm, loaders), manual=True)
 
     def _imported(self) -> bool:
         """Loaders built (and sharded) in another module of the project: ``set_epoch`` in this
         module's epoch loop. Whether any feeds training (then no "no DataLoader" note)."""
-        imported = imported_loaders(self)
+        imported = imported_loaders(self.fm)
         for call, source in imported.unsharded:
             self.record(call, f"{source.callee}() returns a loader built in {source.at} that "
                         "feeds training here; it is sharded only if that module is converted in "
@@ -173,15 +173,15 @@ class ShardDataLoader(Transform):
     def _handle(self, call: cst.Call) -> bool:
         """Plan the change of one DataLoader call; whether it is a training loader (or handled)."""
         args = loader_args(call)
-        if has_distributed_sampler(self, call):
-            feed = returned_feed(self, call)
+        if has_distributed_sampler(self.fm, call):
+            feed = returned_feed(self.fm, call)
             if feed is not None:
                 self.state.facts.exports.append((call, feed.function, feed.index, True, True))
             return True  # sharded already (by us or by hand)
-        own = assigned_binding(self, call)
-        all_sites, flow = loader_sites(self, call)
+        own = assigned_binding(self.fm, call)
+        all_sites, flow = loader_sites(self.fm, call)
         sites = [s for s in all_sites if s.loop in self._training_loops]
-        feed = returned_feed(self, call) if not sites else None
+        feed = returned_feed(self.fm, call) if not sites else None
         if not sites and feed is None:
             return False  # evaluation, or not iterated where we can see it
         used_by = f" (used by {feed.used_by})" if feed is not None else ""
@@ -198,7 +198,7 @@ class ShardDataLoader(Transform):
             )
             return True
 
-        problem = loader_problem(self, call)
+        problem = loader_problem(self.fm, call)
         if problem is not None:
             return manual(problem)
         dataset_index = args.get("dataset")
@@ -209,9 +209,9 @@ class ShardDataLoader(Transform):
         names = loader_base_name(named)
         local_scope = self.enclosing_function(stmt) or self.module
         if own is not None and own.cls is not None:
-            sampler_code = "self." + fresh_name(self, self._taken, names + "_sampler", own.cls)
+            sampler_code = "self." + fresh_name(self.fm, self._taken, names + "_sampler", own.cls)
         else:
-            sampler_code = fresh_name(self, self._taken, names + "_sampler", local_scope)
+            sampler_code = fresh_name(self.fm, self._taken, names + "_sampler", local_scope)
         plan = _Plan(call=call, sampler=sampler_code)
 
         shuffle = self._shuffle(call, args, plan)
@@ -221,16 +221,16 @@ class ShardDataLoader(Transform):
                 "explicitly"
             )
 
-        if (split := new_unseeded_split(self, dataset.value, self._splits)) is not None:
+        if (split := new_unseeded_split(self.fm, dataset.value, self._splits)) is not None:
             self.record(split, SEEDED_SPLIT)
         new_statements: list[cst.BaseStatement] = []
         dataset_code = self.module.code_for_node(dataset.value)
         if not is_simple_reference(dataset.value):
-            plan.dataset_name = fresh_name(self, self._taken, names + "_dataset", local_scope)
+            plan.dataset_name = fresh_name(self.fm, self._taken, names + "_dataset", local_scope)
             plan.dataset_arg = dataset_index
             new_statements.append(cst.parse_statement(f"{plan.dataset_name} = {dataset_code}\n"))
             dataset_code = plan.dataset_name
-        torch = torch_spelling(self, self.add_import)
+        torch = torch_spelling(self.fm, self.add_import)
         sampler_args = [dataset_code, f"num_replicas={self.sdp}.size()", f"rank={self.sdp}.rank()",
                         f"shuffle={shuffle}"]
         head = f"{sampler_code} = {torch}.utils.data.distributed.DistributedSampler("
@@ -238,10 +238,10 @@ class ShardDataLoader(Transform):
             # A module other code imports too: without init() (a single-process importer) the
             # loader keeps the sampler DataLoader itself would have made.
             new_statements.append(single_process_fallback(
-                self, sampler_code, head.split(" = ", 1)[1][:-1], sampler_args, shuffle
+                self.fm, sampler_code, head.split(" = ", 1)[1][:-1], sampler_args, shuffle
             ))
         else:
-            new_statements.append(statement(self, head, sampler_args, stmt))
+            new_statements.append(statement(self.fm, head, sampler_args, stmt))
         epochs = self._set_epochs(sites, own, plan, stmt, flow) if _may_shuffle(shuffle) else []
         if feed is not None:
             self.state.facts.exports.append((call, feed.function, feed.index,
@@ -292,7 +292,7 @@ class ShardDataLoader(Transform):
 
     def _shuffle(self, call: cst.Call, args: dict, plan: _Plan) -> str | None:
         """The sampler's ``shuffle=`` code; plans its removal from the loader. None: unknown."""
-        if (plain := plain_sampler(self, call)) is not None:  # sampler=RandomSampler(ds)
+        if (plain := plain_sampler(self.fm, call)) is not None:  # sampler=RandomSampler(ds)
             return plain  # replaced by the DistributedSampler
         index = args.get("shuffle")
         if index is not None:
@@ -305,7 +305,7 @@ class ShardDataLoader(Transform):
             return None
         index = splats[0]
         value = call.args[index].value
-        literal = kwargs_literal(self, value)
+        literal = kwargs_literal(self.fm, value)
         if literal is not None:
             dict_node, shuffle_index = literal
             if shuffle_index is None:
@@ -334,7 +334,7 @@ class ShardDataLoader(Transform):
         found: list[tuple[cst.For | None, cst.BaseStatement]] = []
         keys: set[tuple[int, str]] = set()
         for site in sites:
-            where = epoch_loop(self, site)
+            where = epoch_loop(self.fm, site)
             if where is None:
                 continue
             loop, holder = where
@@ -347,7 +347,7 @@ class ShardDataLoader(Transform):
                 if not picked:
                     continue
                 receiver = f"{self.module.code_for_node(picked[0])}.sampler"
-            elif holds_only(self, holder, flow):
+            elif holds_only(self.fm, holder, flow):
                 receiver = f"{holder.code}.sampler"
             else:
                 continue  # a parameter other callers fill with other loaders
@@ -357,7 +357,7 @@ class ShardDataLoader(Transform):
             if inside:
                 receiver = plan.sampler  # the loader is made anew each epoch, right here
             key = (id(loop), receiver)
-            if key in keys or sets_epoch(self, loop, receiver):
+            if key in keys or sets_epoch(self.fm, loop, receiver):
                 continue
             if not inside and not isinstance(loop.body, cst.IndentedBlock):
                 continue
@@ -370,7 +370,7 @@ class ShardDataLoader(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._splits:
-            return seeded_split(self, updated_node, torch_spelling(self, self.add_import))
+            return seeded_split(self.fm, updated_node, torch_spelling(self.fm, self.add_import))
         plan = self._plans.get(original_node)
         if plan is None or len(updated_node.args) != len(original_node.args):
             return updated_node

@@ -98,8 +98,8 @@ class ShardTfDataset(Transform):
         #: step counts of loops that pull batches with next(): range call or comparison -> the
         #: expression to divide, and the iterator's code (for the report)
         self.bounds: dict[cst.CSTNode, tuple[cst.BaseExpression, str]] = {}
-        self.index = file_index(self)
-        self.plan = plan = plan_tf_shards(self)
+        self.index = file_index(self.fm)
+        self.plan = plan = plan_tf_shards(self.fm)
         self.anchors, self.takes = plan.anchors, plan.takes
         for node, message, manual in plan.reports:
             self.record(node, message, manual=manual)
@@ -128,7 +128,7 @@ class ShardTfDataset(Transform):
         holder, bound = self._step_bound(loop)
         datasets = _per_worker_names(trace, self.anchors)
         if bound is not None and (
-            mentions_size(self, bound) or self._per_worker(bound, datasets)
+            mentions_size(self.fm, bound) or self._per_worker(bound, datasets)
         ):
             return  # counted per worker already (len(ds) of the sharded dataset, ...)
         if length == "finite" and holder is not None and bound is not None and self._is_plain(

@@ -49,14 +49,14 @@ class SyncLoopExits(Transform):
         self.tests: set[cst.BaseExpression] = set()
         broadcast = f"{self.state.runtime_module}.broadcast_object"
         done: set[int] = set()
-        for site in training_facts(self).sites:
+        for site in training_facts(self.fm).sites:
             for loop in site.loops:
-                if id(loop) in done or in_keras_train_step(self, loop):
+                if id(loop) in done or in_keras_train_step(self.fm, loop):
                     continue
                 done.add(id(loop))
                 function = self.enclosing_function(loop)
-                traced = function is not None and is_tf_function(self, function)
-                if isinstance(loop, cst.While) and decided_per_rank(self, loop.test):
+                traced = function is not None and is_tf_function(self.fm, function)
+                if isinstance(loop, cst.While) and decided_per_rank(self.fm, loop.test):
                     self.record(
                         loop,
                         f"`while {code(loop.test)}` may end on one worker before the others, "
@@ -69,7 +69,7 @@ class SyncLoopExits(Transform):
                     for test in self._tests(exit_stmt, loop):
                         if isinstance(test, cst.Call) and self.refers_to(test.func, broadcast):
                             continue  # rank 0's already
-                        if test in self.tests or not decided_per_rank(self, test):
+                        if test in self.tests or not decided_per_rank(self.fm, test):
                             continue
                         if traced:
                             self.record(

@@ -54,13 +54,13 @@ class UpdateKeras2Calls(Transform):
 
     def prepare(self, module: cst.Module) -> None:
         self._properties: set[cst.Call] = set()
-        for call in optimizer_variables_calls(self):
+        for call in optimizer_variables_calls(self.fm):
             self._properties.add(call)
             receiver = code(call.func.value)  # type: ignore[attr-defined]
             self.record(
                 call, f"{receiver}.variables() -> {receiver}.variables (a property in Keras 3)"
             )
-        for call in directory_saves(self):
+        for call in directory_saves(self.fm):
             self.record(
                 call,
                 f"{code(call)}: Keras 3 saves only .keras and .h5 files; for a SavedModel "
@@ -68,15 +68,15 @@ class UpdateKeras2Calls(Transform):
                 f"(or tf.saved_model.save), else give the path a .keras extension",
                 manual=True,
             )
-        for call in metric_reset_states_calls(self):
+        for call in metric_reset_states_calls(self.fm):
             self.record(
                 call,
                 f"{code(call)}: Keras 3 metrics have reset_state() (reset_states() is gone)",
                 manual=True,
             )
-        for arg, message in keras2_arguments(self):
+        for arg, message in keras2_arguments(self.fm):
             self.record(arg, message, manual=True)
-        for arg in run_tf_function_args(self):
+        for arg in run_tf_function_args(self.fm):
             self.record(
                 arg,
                 "experimental_run_tf_function= is not an argument of Keras 3's compile(): "

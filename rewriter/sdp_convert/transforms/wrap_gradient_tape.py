@@ -114,7 +114,7 @@ class WrapGradientTape(Transform):
                 "GradientTape and apply_gradients so that they can be averaged",
                 manual=True,
             )
-        facts = training_facts(self)
+        facts = training_facts(self.fm)
         for tape in facts.tapes:
             if tape.by_hand and not tape.applies:
                 self.record(
@@ -161,8 +161,8 @@ class WrapGradientTape(Transform):
 
     def _is_keras_optimizer(self, expr: cst.BaseExpression) -> bool:
         return any(
-            isinstance(value, cst.Call) and optimizer_class(self, value) is not None
-            for value in reaching_values(file_index(self), expr)
+            isinstance(value, cst.Call) and optimizer_class(self.fm, value) is not None
+            for value in reaching_values(file_index(self.fm), expr)
         ) or (isinstance(expr, cst.Attribute) and expr.attr.value == "optimizer")
 
 

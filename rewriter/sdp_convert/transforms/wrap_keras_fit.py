@@ -106,19 +106,19 @@ class WrapKerasFit(Transform):
         self.arrays: dict[cst.Call, list[str]] = {}  # fit -> keywords of the arrays to stride
         self.sequences: set[cst.Call] = set()  # fits given a keras Sequence of the script's
         if not self.state.info.uses_fit and not any(
-            is_keras_compile(self, c) for c in self.method_calls("compile")
+            is_keras_compile(self.fm, c) for c in self.method_calls("compile")
         ):
             # ``uses_fit`` needs a call of a Keras name; a subclassed model compiled with a string
             # optimizer calls none (``class M(keras.Model)`` is no call) until this conversion
             # writes ``keras.optimizers.Adam(...)``: a second pass must find nothing left to do.
             return
-        index = file_index(self)
-        facts = training_facts(self)
+        index = file_index(self.fm)
+        facts = training_facts(self.fm)
         for call in self.method_calls("compile"):
-            if not is_keras_compile(self, call):
+            if not is_keras_compile(self.fm, call):
                 continue
             arg = compile_optimizer_arg(call)
-            if arg is not None and mentions(self, arg.value, f"{keras}.DistributedOptimizer"):
+            if arg is not None and mentions(self.fm, arg.value, f"{keras}.DistributedOptimizer"):
                 continue
             owner = self._train_step_owner(index, call, set(facts.train_step_classes))
             if owner is not None:
@@ -131,7 +131,7 @@ class WrapKerasFit(Transform):
                 )
                 continue
             self.compiles.add(call)
-        for call in keras_fit_calls(self):
+        for call in keras_fit_calls(self.fm):
             self.fits.add(call)
             self._plan_arrays(index, call)
         self._plan_rank0_callbacks(index)
@@ -158,7 +158,7 @@ class WrapKerasFit(Transform):
                 owner = index.parent_scope.get(id(index.scope(call)))
                 if isinstance(owner, cst.ClassDef) and owner.name.value in classes:
                     return owner.name.value
-        if keras_own_train_step(self, index, receiver, call):
+        if keras_own_train_step(self.fm, index, receiver, call):
             return None  # keras.Sequential, a functional keras.Model: Keras' own train_step
         if len(classes) == 1:  # a model built elsewhere (a factory): the file's only such class
             if self.state.info.origin == "sdp":
@@ -175,7 +175,7 @@ class WrapKerasFit(Transform):
         arg = compile_optimizer_arg(updated)
         if arg is None:
             optimizer = optimizer_from_string(
-                self, DEFAULT_COMPILE_OPTIMIZER, None, self.add_import
+                self.fm, DEFAULT_COMPILE_OPTIMIZER, None, self.add_import
             )
             assert optimizer is not None
             self.record(original, f"Keras' default optimizer made explicit: {code(optimizer)}")
@@ -186,7 +186,7 @@ class WrapKerasFit(Transform):
         if isinstance(value, cst.SimpleString):
             name = value.evaluated_value
             converted = optimizer_from_string(
-                self, name, None, self.add_import
+                self.fm, name, None, self.add_import
             ) if isinstance(name, str) else None
             if converted is None:
                 self.record(
@@ -220,7 +220,7 @@ class WrapKerasFit(Transform):
         steps = fit_arg(updated, "steps_per_epoch")
         original_steps = fit_arg(original, "steps_per_epoch")
         if steps is not None and original_steps is not None and not mentions_size(
-            self, original_steps.value
+            self.fm, original_steps.value
         ) and code(steps.value) != "None":
             self.record(
                 original_steps,
@@ -271,8 +271,8 @@ class WrapKerasFit(Transform):
         if arg is None and double_star(original) is not None:
             return updated
         if arg is not None and any(
-            mentions(self, v, self.broadcast_callback)
-            for v in reaching_values(file_index(self), arg.value, original)
+            mentions(self.fm, v, self.broadcast_callback)
+            for v in reaching_values(file_index(self.fm), arg.value, original)
         ):
             return updated
         new = cst.parse_expression(
@@ -306,7 +306,7 @@ class WrapKerasFit(Transform):
         if arg is None and double_star(original) is not None:
             return updated
         if arg is not None and (
-            (isinstance(arg.value, cst.IfExp) and is_rank0_test(self, arg.value.test))
+            (isinstance(arg.value, cst.IfExp) and is_rank0_test(self.fm, arg.value.test))
             or code(arg.value) in ("0", "False")
         ):
             return updated
@@ -324,7 +324,7 @@ class WrapKerasFit(Transform):
         return replace_arg(updated, current, quiet)
 
     def _plan_arrays(self, index: FileIndex, fit: cst.Call) -> None:
-        split = fit_inputs_to_split(self, fit)
+        split = fit_inputs_to_split(self.fm, fit)
         if split is not None:
             self.arrays[fit], sequence = split
             if sequence:
@@ -340,7 +340,7 @@ class WrapKerasFit(Transform):
             if isinstance(value, cst.Call):
                 if project and self.refers_to(value.func, *project.rank0_callbacks):
                     return code(value.func)
-                for name in keras_names(self, value.func):
+                for name in keras_names(self.fm, value.func):
                     if (
                         name.startswith("keras.callbacks.")
                         and name.rsplit(".", 1)[1] in _RANK0_CALLBACKS
@@ -392,11 +392,11 @@ class WrapKerasFit(Transform):
     def _in_rank0_branch(self, node: cst.CSTNode) -> bool:
         parent = self.parent(node)
         return isinstance(parent, cst.IfExp) and parent.body is node and is_rank0_test(
-            self, parent.test
+            self.fm, parent.test
         )
 
     def _split(self, original: cst.List, updated: cst.List) -> cst.BaseExpression:
-        index = file_index(self)
+        index = file_index(self.fm)
         shared, rank0 = [], []
         for original_element, element in zip(original.elements, updated.elements, strict=False):
             if isinstance(original_element, cst.Element) and self._rank0_callback(
@@ -437,7 +437,7 @@ class WrapKerasFit(Transform):
         if original_node in self.fits:
             return self._fit(original_node, updated_node)
         if self.fits:
-            call, note = per_worker_save_freq(self, original_node, updated_node)
+            call, note = per_worker_save_freq(self.fm, original_node, updated_node)
             if note is not None:
                 self.record(*note)
             return call

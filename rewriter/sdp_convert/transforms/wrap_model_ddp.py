@@ -124,7 +124,7 @@ class WrapModelDdp(Transform):
     FRAMEWORKS = frozenset({"torch"})
 
     def prepare(self, module: cst.Module) -> None:
-        self.index: FileIndex = file_index(self)
+        self.index: FileIndex = file_index(self.fm)
         # original DataParallel call nested in an expression -> replaced by its module argument
         self.unwrap: set[cst.Call] = set()
         self.models: dict[tuple[str, int], _Model] = {}
@@ -134,25 +134,25 @@ class WrapModelDdp(Transform):
         unresolved: list[tuple[cst.CSTNode, str]] = []
 
         for call in self.calls_to("torch.optim", prefix=True):
-            if optimizer_class(self, call) is None:
+            if optimizer_class(self.fm, call) is None:
                 continue
             params = params_argument(call)
-            receivers = list(trained_models(self, params.value, 0)) if params is not None else []
+            receivers = list(trained_models(self.fm, params.value, 0)) if params is not None else []
             if not receivers:
                 unresolved.append((call, "could not tell which model this optimizer trains"))
             for receiver in receivers:
                 if not self._add(receiver, receiver):
                     where = f"could not tell where {code(receiver)} is created"
                     unresolved.append((receiver, where))
-        for call in stepped_optimizers(self):
+        for call in stepped_optimizers(self.fm):
             params = arg_named(call, "params", 0)
-            for receiver in trained_models(self, params.value, 0) if params is not None else ():
+            for receiver in trained_models(self.fm, params.value, 0) if params is not None else ():
                 self._add(receiver, receiver)
         for call in self.calls_to(*DATA_PARALLEL):
             self._data_parallel(call)
         from_optimizers = bool(self.models)
         if not from_optimizers:
-            for model, at in models_from_backward(self):
+            for model, at in models_from_backward(self.fm):
                 self._add(model, at)
         if from_optimizers or not self.models:
             for node, what in unresolved:
@@ -189,30 +189,30 @@ class WrapModelDdp(Transform):
                 alias = (*aliases, (target.value, binding.scope))
                 found = [
                     self._add(value, call, depth + 1, alias)
-                    for value, call in arguments(self, binding)
+                    for value, call in arguments(self.fm, binding)
                 ]
                 return bool(found) and all(found)
             if binding.kind != "assign" or binding.value is None:
                 return False
             bindings = self.index.bindings_of(target.value, binding.scope)
-            creation = model_creation(self, bindings, binding, target)
+            creation = model_creation(self.fm, bindings, binding, target)
             owner = None
             if (
                 receiver is not target
                 and creation is not None
-                and is_plain_object(self, creation.value)
+                and is_plain_object(self.fm, creation.value)
             ):
                 return False  # ``trainer.model.parameters()``: the model is not ``trainer``
         else:
-            owner = owner_class(self, target)
+            owner = owner_class(self.fm, target)
             if owner is None:
                 return False
             bindings = [
                 b for b in self.index.attribute_bindings.get(code(target), [])
-                if owner_class(self, b.stmt) is owner
+                if owner_class(self.fm, b.stmt) is owner
             ]
-            creation = model_creation(self, bindings, None, target)
-        wrapped = [b for b in bindings if is_wrapper(self, b.value, DDP)]
+            creation = model_creation(self.fm, bindings, None, target)
+        wrapped = [b for b in bindings if is_wrapper(self.fm, b.value, DDP)]
         creation = creation or next(iter(wrapped), None)
         if creation is None:
             return False
@@ -294,10 +294,10 @@ class WrapModelDdp(Transform):
         if model.wrapped:
             return
         frozen = None if model.owner else not_trained(
-            self, model.target, model.scope, model.creation.stmt)
-        if frozen is not None and broadcast_already(self, model.target):
+            self.fm, model.target, model.scope, model.creation.stmt)
+        if frozen is not None and broadcast_already(self.fm, model.target):
             return
-        same = model_bindings(self, model.target, model.scope, model.owner)
+        same = model_bindings(self.fm, model.target, model.scope, model.owner)
         first = self.enclosing_statement(model.creation.stmt)
         if first is None:
             return
@@ -322,15 +322,15 @@ class WrapModelDdp(Transform):
         start = order(first)
         later = [
             order(stmt) for b in same
-            if b.value is not None and not is_wrapper(self, b.value)
+            if b.value is not None and not is_wrapper(self.fm, b.value)
             and (stmt := level(b.stmt)) is not None and order(stmt) > start
         ]
         uses = self._uses(model)
-        end = min([*later, *training_starts(self, uses, level, order, start)], default=1 << 62)
+        end = min([*later, *training_starts(self.fm, uses, level, order, start)], default=1 << 62)
 
         setup: list[cst.BaseStatement] = [first]
         for b in same:  # ``model = nn.DataParallel(model)`` and the like, where they stand
-            if b.value is not None and is_wrapper(self, b.value, DATA_PARALLEL):
+            if b.value is not None and is_wrapper(self.fm, b.value, DATA_PARALLEL):
                 setup.extend(filter(None, [level(b.stmt)]))
         for use in uses:
             parent = self.parent(use)
@@ -340,12 +340,12 @@ class WrapModelDdp(Transform):
                 and parent.attr.value in SETUP_METHODS
                 and isinstance(call, cst.Call) and call.func is parent
             ) or (isinstance(call, cst.Call) and isinstance(parent, cst.Arg)
-                  and sets_weights(self, call)):  # ``initialize_weights(model)``
+                  and sets_weights(self.fm, call)):  # ``initialize_weights(model)``
                 setup.extend(filter(None, [level(call)]))
             else:
                 stmt = level(use)
                 if stmt is not None and start < order(stmt) < end and (
-                    freezes(stmt) or (isinstance(use, cst.Name) and gets_module(self, use))
+                    freezes(stmt) or (isinstance(use, cst.Name) and gets_module(self.fm, use))
                 ):  # ``model.fc = nn.Linear(...)``: DDP must see the new head's parameters
                     setup.append(stmt)
         candidates = [s for s in setup if start <= order(s) < end]
@@ -358,13 +358,13 @@ class WrapModelDdp(Transform):
             self.record(frozen[0], f"{frozen[1]}: not wrapped in {self.sdp}.DistributedData"
                         f"Parallel (no gradient to average); {sync} instead")
             return
-        unused = None if model.owner else discarded_outputs(self, model.target, model.scope)
-        frozen_part = no_grad_submodule(self, model.creation.value)
+        unused = None if model.owner else discarded_outputs(self.fm, model.target, model.scope)
+        frozen_part = no_grad_submodule(self.fm, model.creation.value)
         extra = ", find_unused_parameters=True" if unused or frozen_part else ""
         wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
         self.insert_after(anchor, cst.parse_statement(wrap + "\n"))
         compiled = any(
-            is_wrapper(self, b.value, COMPILE) and order(b.stmt) > order(anchor)
+            is_wrapper(self.fm, b.value, COMPILE) and order(b.stmt) > order(anchor)
             for b in same
         )
         self.record(
@@ -393,9 +393,9 @@ class WrapModelDdp(Transform):
     def _join(self, model: _Model, same: list[Binding], first: cst.BaseStatement
               ) -> cst.BaseStatement:
         """A model chosen in ``if``/``else`` (or ``try``) is wrapped where the branches join."""
-        creations = [b.stmt for b in same if b.value and not is_wrapper(self, b.value)]
-        join = branch_join(self, model.creation.stmt, creations)
-        if join is None or not used_inside(self, self._uses(model), join):
+        creations = [b.stmt for b in same if b.value and not is_wrapper(self.fm, b.value)]
+        join = branch_join(self.fm, model.creation.stmt, creations)
+        if join is None or not used_inside(self.fm, self._uses(model), join):
             return join or first
         made = self.module.code_for_node(first).strip().splitlines()[0]
         self.record(join, f"{model.target} is created in several branches and used inside one: "
@@ -409,12 +409,12 @@ class WrapModelDdp(Transform):
             return list(self.index.loads_of(model.target, model.scope))
         attr = model.target.split(".", 1)[1]
         held = Binding(attr, None, "attribute", model.owner, cls=model.owner, attr=attr)
-        return [a for a in reads_of(self, held) if owner_class(self, a) is model.owner]
+        return [a for a in reads_of(self.fm, held) if owner_class(self.fm, a) is model.owner]
 
     # -- notes --------------------------------------------------------------------------------
 
     def _note_method_calls(self, uses: list[cst.CSTNode]) -> None:
-        for call, method, use in user_methods_in_training(self, uses):
+        for call, method, use in user_methods_in_training(self.fm, uses):
             self.record(
                 call,
                 f"{code(method)}(...) runs the wrapped module around DDP's forward: gradients "
@@ -426,7 +426,7 @@ class WrapModelDdp(Transform):
     def _note_untrained(self) -> None:
         """Models built and called here that no optimizer trains (evaluation, a teacher)."""
         trained = {(m_.target, id(m_.scope)) for m_ in self.models.values() if m_.owner is None}
-        for name, binding in untrained_models(self, self.index, trained, self.models):
+        for name, binding in untrained_models(self.fm, self.index, trained, self.models):
             self.record(
                 binding.stmt,
                 f"{name} is not trained here (no optimizer gets its parameters): left "
