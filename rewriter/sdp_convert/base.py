@@ -9,7 +9,9 @@ metadata resolved once. So a transform:
 * never replaces, removes or adds statements itself: it asks the shared ``EditPlan``
   (``insert_before``, ``insert_after``, ``guard_rank0``, ``replace_statement``), which the engine
   applies to every statement body in one place, so edits of different transforms compose;
-* records what it did with ``self.record(original_node, message, manual=...)``, never prints.
+* records what it did with ``self.record(original_node, message, manual=...)``, never prints;
+* asks the program layer with ``self.fm``, the file's ``program.model.FileModel``
+  (``origin(self.fm, ...)``): the program layer answers, the transform decides and edits.
 
 A transform that needs to know something about the whole file before it edits (which loader is
 iterated in the training loop, which name holds the model) gathers it in ``prepare``, which runs

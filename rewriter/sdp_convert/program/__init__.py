@@ -10,5 +10,9 @@
 - ``training``: where training happens (TF tapes, their steps, the loops that drive them).
 - ``datasets``: where a ``tf.data`` pipeline comes from and which one feeds training.
 
-Transforms import from here (and from ``base``), never from each other.
+Every function here takes the file's program model, ``model.FileModel`` (built once per file by
+the engine, or on its own with ``FileModel.from_source``), never a transform: nothing in this
+package imports ``base``, a transform, the engine or anything above them
+(tests/program/test_layering.py). Transforms import from here (and from ``base``), never from
+each other, and pass ``self.fm``.
 """
