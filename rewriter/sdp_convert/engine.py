@@ -209,7 +209,7 @@ def _convert_once(data: bytes, options: Options) -> Result:
     transforms = [cls(context, state) for cls in selected]
     for transform in transforms:
         transform.metadata = metadata  # type: ignore[assignment]  # one resolution for all
-    refused = _not_data_parallel(transforms[0], module)
+    refused = _not_data_parallel(model, module)
     if refused:
         return Result(data, data, info, refused)
     for transform in transforms:
@@ -262,13 +262,13 @@ def _lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
     return [where.get(i, 1) for i in range(len(nodes))]
 
 
-def _not_data_parallel(t: Transform, module: cst.Module) -> list[Change]:
+def _not_data_parallel(fm: FileModel, module: cst.Module) -> list[Change]:
     """A note for a torch script whose optimizers train input tensors, not a model, on no data
     (``program.sharding.input_optimisation``: neural style transfer optimises an image): not
     data-parallel as written, so left as it is."""
-    if t.state.info.framework != "torch" or not t.state.info.convertible:
+    if fm.info.framework != "torch" or not fm.info.convertible:
         return []
-    tensor = input_optimisation(t.fm)
+    tensor = input_optimisation(fm)
     if tensor is None:
         return []
     name = module.code_for_node(tensor)
@@ -658,12 +658,6 @@ def project_exports(source: bytes, options: Options) -> list[Export]:
         return []
 
 
-class _Probe(Transform):
-    """A transform that changes nothing: a handle on the program layer of one file."""
-
-    DESCRIPTION = "project probe"
-
-
 def probe_module(
     source: bytes, options: Options, resolve: Callable[[str], tuple[Path, str] | None],
     stepping: Callable[[str], tuple[str, ...]] | None = None,
@@ -685,16 +679,13 @@ def probe_module(
     if not info.entry_point:
         return ModuleProbe(framework=info.framework, library=True)
     model = FileModel(module, info, index, project=options.project, skip=options.skip)
-    state = FileState(model=model, options=options)
-    probe = _Probe(CodemodContext(wrapper=wrapper), state)
-    probe.metadata = metadata  # type: ignore[assignment]
     found: list[tuple[cst.Call, str, tuple[Path, str], int | None]] = []
     for qualified, calls in info.calls.items():
         target = resolve(qualified)
         if target is None:
             continue
         for call in calls:
-            found += [(call, qualified, target, i) for i, _ in training_results(probe.fm, call)]
+            found += [(call, qualified, target, i) for i, _ in training_results(model, call)]
     where = _lines(module, [call for call, *_ in found])
     calls_found = tuple(
         ProjectCall(qualified, target, index, where[i])
