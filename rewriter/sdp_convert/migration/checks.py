@@ -48,6 +48,15 @@ class MigrationChecks(Transform):
     modules: dict[str, Target]
     #: Names (and attributes) assigned from a rank test (``_find_rank_flags``).
     _rank_flags: set[str]
+    #: The name the library's module is bound to, which is the runtime's after the migration.
+    alias: str | None
+
+    def _runtime_name(self) -> str:
+        """An expression for the runtime module, importing it when the file has no alias for it."""
+        if self.alias is not None:
+            return self.alias
+        self.add_runtime_import()
+        return self.sdp
 
     def _is_ours(self, qname: str) -> bool:
         return qname.startswith(self.ROOT + ".") or any(

@@ -112,13 +112,6 @@ class Migration(MigrationChecks):
         target = self.modules.get(full)
         return target.module if target else None
 
-    def _runtime_name(self) -> str:
-        """An expression for the runtime module, importing it when the file has no alias for it."""
-        if self.alias is not None:
-            return self.alias
-        self.add_runtime_import()
-        return self.sdp
-
     # -- imports ---------------------------------------------------------------------------------
 
     def leave_Import(self, original_node: cst.Import, updated_node: cst.Import) -> cst.Import:
