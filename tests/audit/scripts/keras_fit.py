@@ -1,6 +1,7 @@
 """Keras fit with a tf.data input that is not sharded: each rank shuffles all 64 samples its own
 way (--right: sharded before the shuffle; --unwrapped: sharded, the optimizer never wrapped;
---late-load: sharded, the frozen layer's weights loaded on rank 0 only, after the broadcast)."""
+--late-load: sharded, the frozen layer's weights loaded on rank 0 only, after the broadcast;
+both: both defects)."""
 import sys
 
 import keras
