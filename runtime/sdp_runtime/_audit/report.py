@@ -291,10 +291,9 @@ def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
         if not bad:
             continue
         if step == 0:
-            later = [(s, rs) for (o, s), rs in points if o == opt and s > 0]
-            if later and not set(bad) & set(_differ(
-                    {r: x.get("params") or {} for r, x in later[0][1].items()})[0]):
-                healed.append((opt, bad, later[0][0]))  # made equal after the first step
+            agreed = _agree_later(points, opt, bad, lambda x: x.get("params") or {})
+            if agreed is not None:
+                healed.append((opt, bad, agreed))  # made equal after the first step
                 continue
         found.append((step, bad, worst))
     for _opt, bad, step in healed[:1]:
@@ -313,6 +312,16 @@ def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
         bad, worst = _differ(finals)
         if bad:
             _weights_problem(report, bad, worst, None)
+
+
+def _agree_later(points: list[tuple[tuple[str, int], dict[int, dict[str, Any]]]], opt: str,
+                 bad: list[str], tensors: Any) -> int | None:
+    """The step after which ``bad`` (different before the first step) agree, if they agree at
+    the next record of ``opt``: a broadcast after the first update."""
+    later = [(s, rs) for (o, s), rs in points if o == opt and s > 0]
+    if later and not set(bad) & set(_differ({r: tensors(x) for r, x in later[0][1].items()})[0]):
+        return later[0][0]
+    return None
 
 
 def _differ(tensors: Mapping[int, Mapping[str, list[Any]]]) -> tuple[list[str], float]:
@@ -361,11 +370,9 @@ def _buffers(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
     points = sorted(_by_step(by_rank, "weights").items(), key=lambda kv: kv[0][1])
     for (opt, step), recs in points:
         bad, worst = _differ({r: compared(x.get("buffers") or {}) for r, x in recs.items()})
-        if bad and step == 0:
-            later = [rs for (o, s), rs in points if o == opt and s > 0]
-            if later and not set(bad) & set(_differ(
-                    {r: compared(x.get("buffers") or {}) for r, x in later[0].items()})[0]):
-                continue  # broadcast after the first step (the parameters' note says so)
+        if bad and step == 0 and _agree_later(
+                points, opt, bad, lambda x: compared(x.get("buffers") or {})) is not None:
+            continue  # broadcast after the first step (the parameters' note says so)
         if bad:
             _buffers_problem(report, bad, worst, step)
             return
