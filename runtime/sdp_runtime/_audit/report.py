@@ -390,7 +390,8 @@ def _buffers_problem(report: Report, bad: list[str], worst: float, step: int | N
     diff = f" (max |diff| {worst:.2g})" if worst else ""
     report.problems.append(Problem(
         "buffers-differ", f"{what} of {_modules(bad)} differ across ranks {where}{diff}: set or "
-        "changed on one rank only (no gradient averaging makes them agree)", FIX_BUFFERS,
+        "changed on some ranks only, or computed from each rank's own data (no gradient "
+        "averaging makes them agree)", FIX_BUFFERS,
         {"step": step, "buffers": bad, "max_abs_diff": worst}))
 
 
