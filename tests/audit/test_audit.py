@@ -73,6 +73,10 @@ DEFECTS = [
      "while rank 0 was still writing it (read_no_barrier.py:21)", audit_report.FIX_READ_WRITE),
     ("unequal_steps.py", "unequal-steps", "(rank 0 5, rank 1 4): they differ from step 5 on",
      audit_report.FIX_STEPS),
+    ("random_subsets.py", "sample-overlap", "39% of the samples trained on in the first steps "
+     "of the first epoch (18 of 46) were seen by more than one rank", audit_report.FIX_OVERLAP),
+    ("buffer_one_rank.py", "buffers-differ", "buffers of `scale` differ across ranks after step 2 "
+     "(max |diff| 0.1): set or changed on some ranks only", audit_report.FIX_BUFFERS),
 ]
 
 
@@ -143,8 +147,46 @@ def test_tf_tape_never_wrapped(tmp_path: Path) -> None:
     """No gradient reaches the runtime: the trained variables are compared at the end."""
     code, found, text = audit(tmp_path, "tf_unsharded_tape.py", "--unwrapped")
     problems = checks(found)
-    assert list(problems) == ["weights-differ"], found["text"]
-    assert ("parameters of `sequential/dense`, `sequential/dense_1` differ across ranks at the "
-            "end (max |diff|") in problems["weights-differ"]["message"]
+    assert list(problems) == ["not-averaged", "weights-differ"], found["text"]
+    assert ("gradients of `sequential/dense`, `sequential/dense_1` differ across ranks at step 1: "
+            "they were never averaged") in problems["not-averaged"]["message"]
+    assert ("parameters of `sequential/dense`, `sequential/dense_1` differ across ranks after "
+            "step 1 (max |diff|") in problems["weights-differ"]["message"]
     assert "no problem found" not in text and found["steps"] == 4
+    assert code == 0, text[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_keras_fit_unsharded_data_overlap(tmp_path: Path) -> None:
+    """Each rank shuffles all the samples its own way: fit's batches, hashed per sample, overlap."""
+    code, found, text = audit(tmp_path, "keras_fit.py")
+    problems = checks(found)
+    assert list(problems) == ["sample-overlap"], found["text"]
+    assert problems["sample-overlap"]["message"].startswith(
+        "45% of the samples trained on in the first steps of the first epoch (25 of 55) were "
+        "seen by more than one rank")
+    assert problems["sample-overlap"]["details"]["overlap"] == pytest.approx(25 / 55)
+    assert code == 0, text[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_keras_fit_sharded_has_no_problem(tmp_path: Path) -> None:
+    """Sharded data, batch-norm statistics of each rank's own, a frozen layer loaded everywhere."""
+    assert_clean(*audit(tmp_path, "keras_fit.py", "--right", mode="--audit=strict"))
+
+
+@pytest.mark.skipif(not HAS_TF, reason="tensorflow is not installed")
+def test_keras_optimizer_never_wrapped_and_frozen_layer_loaded_on_rank_0_only(
+        tmp_path: Path) -> None:
+    """Two defects in one run (one TF start-up): gradients applied as each rank computed them,
+    found at step 1; a frozen layer's weights that only rank 0 loaded, found before step 1."""
+    code, found, text = audit(tmp_path, "keras_fit.py", "--unwrapped", "--late-load")
+    problems = checks(found)
+    assert list(problems) == ["not-averaged", "weights-differ", "buffers-differ"], found["text"]
+    assert "`sequential/head` differ across ranks at step 1: they were never averaged" in (
+        problems["not-averaged"]["message"])
+    assert "sequential/head/kernel" in problems["not-averaged"]["details"]["parameters"]
+    assert problems["buffers-differ"]["message"].startswith(
+        "non-trainable weights of `sequential/frozen` differ across ranks before the first step")
+    assert problems["buffers-differ"]["fix"] == audit_report.FIX_BUFFERS
     assert code == 0, text[-4000:]

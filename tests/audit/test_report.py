@@ -163,3 +163,55 @@ def test_overlap_counts_the_first_epoch_only() -> None:
     found = report.analyse(recs)
     assert checks(found) == ["sample-overlap"]
     assert found.problems[0].message.startswith("33% of the samples")
+
+
+def test_buffers_that_must_agree_are_compared_statistics_and_broadcast_ones_not() -> None:
+    def weights(rank: int, step: int, scale: float, stats: float) -> dict[str, Any]:
+        return {"kind": "weights", "rank": rank, "opt": "0", "step": step,
+                "params": {"fc.weight": [1.0, 1.0, [1.0]]},
+                "buffers": {"scale": [scale, abs(scale), [scale], ""],
+                            "bn.running_mean": [stats, abs(stats), [stats], "statistics"],
+                            "emb.table": [stats, abs(stats), [stats], "broadcast"]}}
+
+    agree = {r: [start(r), weights(r, 1, 1.0, 0.5 + r), end(r, [1])] for r in (0, 1)}
+    assert checks(report.analyse(agree)) == []  # statistics and broadcast buffers may differ
+    one_rank = {r: [start(r), weights(r, 1, 1.0, 0.5), weights(r, 2, 0.9 + 0.1 * r, 0.5),
+                    end(r, [2])] for r in (0, 1)}
+    found = report.analyse(one_rank)
+    assert checks(found) == ["buffers-differ"]
+    assert found.problems[0].message.startswith(
+        "buffers of `scale` differ across ranks after step 2 (max |diff| 0.1): set or changed "
+        "on some ranks only")
+    assert found.problems[0].fix == report.FIX_BUFFERS
+    at_end = {r: [start(r), end(r, [1], torch_buffers={"m.mask": [r, r, [r], ""]})]
+              for r in (0, 1)}
+    assert "buffers of `m` differ across ranks at the end" in report.analyse(
+        at_end).problems[0].message
+
+
+def test_non_trainable_weights_broadcast_after_the_first_step_are_no_problem() -> None:
+    """Horovod's callback broadcasts a model Keras builds in its first step after that step."""
+    def weights(rank: int, step: int, value: float) -> dict[str, Any]:
+        return {"kind": "weights", "rank": rank, "opt": "keras:0", "step": step, "params": {},
+                "buffers": {"seq/frozen/kernel": [value, abs(value), [value], ""]}}
+
+    healed = {r: [start(r), weights(r, 0, 1.0 + r), weights(r, 1, 2.0), end(r, [1])]
+              for r in (0, 1)}
+    assert checks(report.analyse(healed)) == []
+    kept = {r: [start(r), weights(r, 0, 1.0 + r), weights(r, 1, 2.0 + r), end(r, [1])]
+            for r in (0, 1)}
+    found = report.analyse(kept)
+    assert checks(found) == ["buffers-differ"]
+    assert found.problems[0].message.startswith(
+        "non-trainable weights of `seq/frozen` differ across ranks before the first step")
+
+
+def test_keras_applied_gradients_alone_leave_the_inputs_to_judge() -> None:
+    """A Keras optimizer records only the gradients it applies: the batches' samples still
+    say that every rank reads the same data."""
+    recs = {r: [start(r), grads(r, "keras:0", 1, {}, {"d/kernel": [1.0, 1.0]}),
+                {"kind": "inputs", "rank": r, "step": 1, "samples": ["a", "b"]}, end(r, [1])]
+            for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["same-data"]
+    assert "(100% of the samples seen by more than one rank)" in found.problems[0].message

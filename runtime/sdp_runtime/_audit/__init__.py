@@ -10,10 +10,12 @@ What a rank records (``_torch``, ``_tf``, ``_files``):
 
 - for the first ``SDP_AUDIT_STEPS`` (K, default 5) optimizer steps: per parameter, the sum and
   the sum of absolute values of the local gradient before any averaging, and of the gradient the
-  optimizer applies; per sample of a DDP forward's first input, an 8-byte hash;
+  optimizer applies (torch optimizers, Keras optimizers' ``apply``); per sample of a DDP
+  forward's first input and of ``fit``'s first training batches, an 8-byte hash;
 - a fingerprint (sum, sum of |x|, up to 32 strided values) of every trained parameter and buffer
-  before step 1, after steps 1, 2 and K, every ``SDP_AUDIT_EVERY`` steps after (default off) and
-  at the end;
+  (Keras: non-trainable weight; each buffer marked with why ranks may differ: ``broadcast`` by
+  DDP, ``statistics`` of a batch norm, or ``""``: they must agree) before step 1, after steps 1,
+  2 and K, every ``SDP_AUDIT_EVERY`` steps after (default off) and at the end;
 - the number of optimizer steps (and of DDP training forwards) at the end;
 - the files it opens for writing and reading, with the time and the script line
   (``sys.addaudithook``), and the hosts it connects to.

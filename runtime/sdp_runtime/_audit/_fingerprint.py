@@ -61,5 +61,20 @@ def samples(t: Any) -> list[str]:
     if rows.dtype == torch.bool:
         rows = rows.to(torch.uint8)
     raw = rows.view(torch.uint8) if rows.shape[1] else rows.to(torch.uint8)
-    data = raw.numpy()
-    return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in data]
+    return sample_rows(raw.numpy())
+
+
+def sample_rows(array: Any) -> list[str]:
+    """An 8-byte hash (hex) of each sample (row along the first dimension) of a numpy array
+    (strings too: a text batch)."""
+    import numpy as np
+
+    a = np.asarray(array)
+    if a.ndim == 0 or a.shape[0] == 0:
+        return []
+    rows = np.ascontiguousarray(a).reshape(a.shape[0], -1)
+    if rows.dtype == object:
+        return [hashlib.blake2b(b"\0".join(x if isinstance(x, bytes) else str(x).encode()
+                                            for x in row), digest_size=8).hexdigest()
+                for row in rows]
+    return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows]

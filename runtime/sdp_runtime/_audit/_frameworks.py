@@ -19,6 +19,7 @@ def install(rec: Any) -> None:
         "torch.utils.data.dataloader": lambda m: _torch.patch_loader(rec, m),
         "tensorflow.python.eager.backprop": lambda m: _tf.patch_tape(rec, m),
         "keras.src.models.model": lambda m: _tf.patch_fit(rec, m),
+        "keras.src.backend.tensorflow.trainer": lambda m: _tf.patch_epoch_iterator(rec, m),
         "keras.src.optimizers.base_optimizer": lambda m: _tf.patch_optimizer(rec, m),
     }
     pending = {}

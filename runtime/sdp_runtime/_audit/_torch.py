@@ -25,6 +25,7 @@ import weakref
 from typing import Any
 
 from . import _files, _fingerprint
+from ._singleton import Singleton
 
 
 class _State:
@@ -38,7 +39,8 @@ class _State:
         self.hooks: list[list[Any]] = []
         self.local: list[dict[int, Any]] = []  # per optimizer: id(param) -> [sum, sum|x|] so far
         self.names: dict[int, str] = {}
-        self.buffers: list[tuple[str, weakref.ref[Any], bool]] = []  # name, tensor, broadcast
+        # name, tensor, why ranks may differ ("broadcast", "statistics" or "": they must agree)
+        self.buffers: list[tuple[str, weakref.ref[Any], str]] = []
         self.named = False
         self.forwards = 0
         self.ddp: list[weakref.ref[Any]] = []
@@ -46,15 +48,7 @@ class _State:
         self.loader_samples: set[str] = set()  # hashes of the samples DataLoaders yielded
 
 
-_state: _State | None = None
-
-
-def _get(rec: Any) -> _State:
-    global _state
-    if _state is None:
-        _state = _State(rec)
-        rec.end_parts.append(_end)
-    return _state
+_get: Singleton[_State] = Singleton(_State, lambda record: _end(record))
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,13 +144,17 @@ def _after_step(state: _State, opt: Any) -> None:
 def _weights(state: _State, i: int, params: list[Any], step: int) -> None:
     name = functools.partial(_name, state)
     tensors = {name(p): _fingerprint.weights(p) for p in params}
-    buffers = {}
-    for bname, ref, broadcast in state.buffers:
+    state.rec.emit({"kind": "weights", "opt": i, "step": step, "params": tensors,
+                    "buffers": _buffers(state)})
+
+
+def _buffers(state: _State) -> dict[str, Any]:
+    out = {}
+    for bname, ref, why in state.buffers:
         b = ref()
         if b is not None:
-            buffers[bname] = _fingerprint.weights(b) + [broadcast]
-    state.rec.emit({"kind": "weights", "opt": i, "step": step, "params": tensors,
-                    "buffers": buffers})
+            out[bname] = _fingerprint.weights(b) + [why]
+    return out
 
 
 def _name(state: _State, p: Any) -> str:
@@ -183,9 +181,26 @@ def _name_params(state: _State, params: list[Any]) -> None:
         broadcast = is_ddp and bool(getattr(root, "broadcast_buffers", False))
         for pname, p in named:
             state.names.setdefault(id(p), _strip(pname, is_ddp))
+        statistics = _statistics(root)
         for bname, b in root.named_buffers():
             if b is not None and all(n != _strip(bname, is_ddp) for n, _, _ in state.buffers):
-                state.buffers.append((_strip(bname, is_ddp), weakref.ref(b), broadcast))
+                why = "broadcast" if broadcast else "statistics" if id(b) in statistics else ""
+                state.buffers.append((_strip(bname, is_ddp), weakref.ref(b), why))
+
+
+def _statistics(root: Any) -> set[int]:
+    """The running statistics of the norm layers in ``root``: each rank's forwards update them
+    with its own batches (kept per rank, as in Horovod), unless SyncBatchNorm computes them
+    over all ranks."""
+    import torch
+
+    norm = torch.nn.modules.batchnorm._NormBase
+    sync = torch.nn.SyncBatchNorm
+    out = set()
+    for m in root.modules():
+        if isinstance(m, norm) and not isinstance(m, sync):
+            out |= {id(b) for b in (m.running_mean, m.running_var) if b is not None}
+    return out
 
 
 def _strip(name: str, is_ddp: bool) -> str:
@@ -193,11 +208,12 @@ def _strip(name: str, is_ddp: bool) -> str:
 
 
 def _end(record: dict[str, Any]) -> None:
-    state = _state
+    state = _get.current()
     if state is None:
         return
     record["torch_steps"] = list(state.steps)
     record["forwards"] = state.forwards
+    record["torch_buffers"] = _buffers(state)
     for i, ref in enumerate(state.optimizers):
         opt = ref()
         if opt is not None and state.steps[i]:

@@ -42,6 +42,10 @@ FIX_INIT = ("start every rank from the same weights: change the model before wra
             "model.state_dict(), root_rank=0) after the last change")
 FIX_DIVERGED = ("train these parameters through the wrapped model or optimizer (so that their "
                 "gradients are averaged) and change weights the same way on every rank")
+FIX_BUFFERS = ("change buffers and non-trainable weights the same way on every rank (not in an "
+               "`if rank == 0` block), or broadcast them from rank 0 after the last change: "
+               "sdp.broadcast_parameters(model.state_dict(), root_rank=0) for PyTorch, "
+               "sdp.broadcast_variables(model.variables, root_rank=0) for TF/Keras")
 FIX_STEPS = ("give every rank the same number of batches (DistributedSampler pads; sdp.shard() "
              "evens tf.data) and never leave the training loop on one rank only")
 FIX_SAME_FILE = ("write it on one rank only (if sdp.rank() == 0: ...), or give each rank its own "
@@ -116,6 +120,7 @@ def analyse(by_rank: Mapping[int, list[dict[str, Any]]]) -> Report:
     _same_data(report, by_rank)
     _not_averaged(report, by_rank)
     _weights(report, by_rank, ends)
+    _buffers(report, by_rank, ends)
     _unequal_steps(report, ends)
     _files(report, by_rank)
     _connections(report, by_rank)
@@ -179,7 +184,8 @@ def _same_data(report: Report, by_rank: Mapping[int, list[dict[str, Any]]]) -> N
                     differ.add((a, b))
     pairs = {p: steps for p, steps in same.items() if p not in differ}
     samples = _samples(by_rank)
-    if not pairs and not grads:  # no gradient seen: the inputs alone
+    if not pairs and not any(x.get("local") for recs in grads.values() for x in recs.values()):
+        # no local gradient seen (a Keras optimizer's applied ones only): the inputs alone
         pairs = {p: s for p, s in _same_inputs(by_rank).items()}
     if pairs:
         involved = sorted({r for p in pairs for r in p})
@@ -285,10 +291,9 @@ def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
         if not bad:
             continue
         if step == 0:
-            later = [(s, rs) for (o, s), rs in points if o == opt and s > 0]
-            if later and not set(bad) & set(_differ(
-                    {r: x.get("params") or {} for r, x in later[0][1].items()})[0]):
-                healed.append((opt, bad, later[0][0]))  # made equal after the first step
+            agreed = _agree_later(points, opt, bad, lambda x: x.get("params") or {})
+            if agreed is not None:
+                healed.append((opt, bad, agreed))  # made equal after the first step
                 continue
         found.append((step, bad, worst))
     for _opt, bad, step in healed[:1]:
@@ -307,6 +312,16 @@ def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
         bad, worst = _differ(finals)
         if bad:
             _weights_problem(report, bad, worst, None)
+
+
+def _agree_later(points: list[tuple[tuple[str, int], dict[int, dict[str, Any]]]], opt: str,
+                 bad: list[str], tensors: Any) -> int | None:
+    """The step after which ``bad`` (different before the first step) agree, if they agree at
+    the next record of ``opt``: a broadcast after the first update."""
+    later = [(s, rs) for (o, s), rs in points if o == opt and s > 0]
+    if later and not set(bad) & set(_differ({r: tensors(x) for r, x in later[0][1].items()})[0]):
+        return later[0][0]
+    return None
 
 
 def _differ(tensors: Mapping[int, Mapping[str, list[Any]]]) -> tuple[list[str], float]:
@@ -343,6 +358,41 @@ def _weights_problem(report: Report, bad: list[str], worst: float, step: int | N
     report.problems.append(Problem(
         "weights-differ", f"parameters of {_modules(bad)} differ across ranks {where}{diff}: "
         f"{why}", fix, {"step": step, "parameters": bad, "max_abs_diff": worst}))
+
+
+def _buffers(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
+             ends: Mapping[int, dict[str, Any] | None]) -> None:
+    """Buffers and non-trainable weights that must agree: not broadcast by DDP before each
+    forward, not batch-norm statistics (each rank's own batches update those)."""
+    def compared(buffers: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+        return {n: b[:3] for n, b in buffers.items() if len(b) > 3 and b[3] == ""}
+
+    points = sorted(_by_step(by_rank, "weights").items(), key=lambda kv: kv[0][1])
+    for (opt, step), recs in points:
+        bad, worst = _differ({r: compared(x.get("buffers") or {}) for r, x in recs.items()})
+        if bad and step == 0 and _agree_later(
+                points, opt, bad, lambda x: compared(x.get("buffers") or {})) is not None:
+            continue  # broadcast after the first step (the parameters' note says so)
+        if bad:
+            _buffers_problem(report, bad, worst, step)
+            return
+    finals = {r: compared({**(e.get("torch_buffers") or {}), **(e.get("tf_buffers") or {})})
+              for r, e in ends.items() if e}
+    bad, worst = _differ(finals)
+    if bad:
+        _buffers_problem(report, bad, worst, None)
+
+
+def _buffers_problem(report: Report, bad: list[str], worst: float, step: int | None) -> None:
+    where = ("before the first step" if step == 0 else "at the end" if step is None
+             else f"after step {step}")
+    what = "non-trainable weights" if any("/" in n for n in bad) else "buffers"
+    diff = f" (max |diff| {worst:.2g})" if worst else ""
+    report.problems.append(Problem(
+        "buffers-differ", f"{what} of {_modules(bad)} differ across ranks {where}{diff}: set or "
+        "changed on some ranks only, or computed from each rank's own data (no gradient "
+        "averaging makes them agree)", FIX_BUFFERS,
+        {"step": step, "buffers": bad, "max_abs_diff": worst}))
 
 
 def _unequal_steps(report: Report, ends: Mapping[int, dict[str, Any] | None]) -> None:
