@@ -272,8 +272,3 @@ class Transform(VisitorBasedCodemodCommand):
     def replace_statement(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
         self.state.edits.replaced[stmt] = new
 
-    def is_rank0_guarded(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` already runs on rank 0 only (``program.ranks.rank0_only``)."""
-        from .program.ranks import rank0_only  # the program layer builds on this module
-
-        return rank0_only(self.fm, node)

@@ -107,3 +107,22 @@ def test_importing_the_whole_program_layer_loads_no_transform_base_or_engine():
     assert "sdp_convert.program.model" in loaded
     above = sorted(m for m in loaded if not _allowed(m) and m != "sdp_convert")
     assert above == [], f"importing sdp_convert.program loads {above}"
+
+
+def test_the_transforms_base_imports_the_program_layer_for_types_only():
+    """``base.Transform`` reaches the program model it is given (``self.fm``); it imports the
+    program layer under ``if TYPE_CHECKING:`` only, nowhere it would run."""
+    tree = ast.parse((PACKAGE / "base.py").read_text())
+    type_only = {
+        id(node) for stmt in tree.body
+        if isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "TYPE_CHECKING"
+        for node in ast.walk(stmt)
+    }
+    at_run_time = sorted(
+        ast.unparse(node) for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and id(node) not in type_only
+        and (node.module or "").startswith("program")
+    )
+    assert at_run_time == []
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "program.model"
+               for n in ast.walk(tree) if id(n) in type_only)

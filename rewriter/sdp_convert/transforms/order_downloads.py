@@ -58,7 +58,7 @@ from ..program.fetches import (
     url_reads,
 )
 from ..program.keras import keras_name
-from ..program.ranks import only_called_on_rank0
+from ..program.ranks import only_called_on_rank0, rank0_only
 from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
 from ..program.vocab import CACHED_DOWNLOAD_PREFIXES, CACHED_DOWNLOADS
@@ -85,7 +85,7 @@ class OrderDownloads(Transform):
             self._plan(call, stmt, target, around)
         units: list[list[cst.BaseStatement]] = []
         for call in file_fetches(self.fm):
-            if not (self.is_rank0_guarded(call) or only_called_on_rank0(self.fm, call)
+            if not (rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call)
                     or self._inside_rank0_first(call)):
                 self._rank0_then_barrier(call, done, units)
         # One barrier after consecutive units (they share one ``if``).
@@ -144,7 +144,7 @@ class OrderDownloads(Transform):
         target: cst.BaseStatement,
         around: cst.CSTNode | None,
     ) -> None:
-        if self.is_rank0_guarded(call) or self._inside_rank0_first(stmt):
+        if rank0_only(self.fm, call) or self._inside_rank0_first(stmt):
             return
         what = self.module.code_for_node(call.func)
         if not isinstance(target, cst.SimpleStatementLine) or not runs_right_before(

@@ -66,7 +66,7 @@ from ..program.keras import (
     optimizer_from_string,
     per_worker_save_freq,
 )
-from ..program.ranks import is_rank0_test
+from ..program.ranks import is_rank0_test, rank0_only
 from ..program.syntax import (
     add_keyword,
     code,
@@ -385,7 +385,7 @@ class WrapKerasFit(Transform):
                 and call.func.attr.value in ("append", "insert")
             ):
                 statement = self.enclosing_statement(call)
-                if statement is not None and not self.is_rank0_guarded(call):
+                if statement is not None and not rank0_only(self.fm, call):
                     self.guard_rank0(statement)
                     self.record(call, f"{code(node)} added on rank 0 only (it writes files)")
 
