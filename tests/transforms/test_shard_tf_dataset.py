@@ -689,6 +689,16 @@ def test_batching_utilities_are_sharded_by_batches_only_when_their_order_is_the_
     assert line == 4 and "shuffles and batches by itself" in message
 
 
+def test_the_older_keras_preprocessing_timeseries_spelling_is_sharded_like_keras_utils():
+    out, _ = convert(
+        "import tensorflow as tf\n"
+        "train_ds = tf.keras.preprocessing.timeseries_dataset_from_array(x[:-5], x[5:], 5)\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(train_ds, epochs=3)\n"
+    )
+    assert "timeseries_dataset_from_array(x[:-5], x[5:], 5).apply(sdp.shard)" in out
+
+
 def test_a_helper_that_builds_training_and_test_data_gets_the_training_arrays_split():
     out, result = convert(
         "def make_dataset(x, y, training=False):\n"

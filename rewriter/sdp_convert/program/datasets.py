@@ -53,6 +53,7 @@ _BATCHED_SOURCES = frozenset(
         "keras.utils.timeseries_dataset_from_array",
         "keras.preprocessing.image_dataset_from_directory",
         "keras.preprocessing.text_dataset_from_directory",
+        "keras.preprocessing.timeseries_dataset_from_array",  # the older spelling (TF 2.3-2.8)
     }
 )
 
