@@ -29,6 +29,8 @@ from collections.abc import Callable
 #: torchrun's static rendezvous waits this long when SDP_TIMEOUT is not set.
 TORCHRUN_DEFAULT_TIMEOUT_S = 600.0
 _KEY = "sdp-run/joined/{}"
+#: Seconds between two reads of the roll call.
+_POLL_S = 1.0
 
 
 def _plural(nodes: list[int]) -> str:
@@ -63,6 +65,9 @@ class RollCall:
         self.missing: list[int] | None = None  # node ranks not signed in (None: not known yet)
         self.joined: dict[int, int] = {}  # node rank -> its processes
         self.complete = False
+        #: Seconds after the start when machine 0's store went away after a roll call was read
+        #: (at the deadline: machine 0 gave up at the same time, the roll call stands).
+        self.lost_at: float | None = None
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sdp-roll-call", daemon=True)
@@ -88,6 +93,8 @@ class RollCall:
                     self._read(store)
             except Exception as error:  # the store went away (torchrun gave up): try again
                 store, self.problem = None, f"{type(error).__name__}: {error}".splitlines()[0]
+                if self.missing is not None and self.lost_at is None:
+                    self.lost_at = time.monotonic() - self._started
             if self.complete:
                 return
             now = time.monotonic()
@@ -95,7 +102,7 @@ class RollCall:
                 self.say(self.waiting_line(now - self._started))
                 slow = now - self._started >= 60
                 next_line = now + (self.slow_every_s if slow else self.every_s)
-            self._stop.wait(1.0)
+            self._stop.wait(_POLL_S)
 
     def _connect(self) -> object | None:
         """A store client once the endpoint listens; None (and ``problem`` says why) before."""
@@ -162,7 +169,10 @@ class RollCall:
         if self.complete or not any(word in first.lower() for word in ("timed out", "timeout")):
             # not a wait that ran out (the port is taken, the store went away): torch's words
             return f"sdp-run: error: the rendezvous at {self.endpoint} failed: {first}"
-        if self.problem is not None or self.missing is None:
+        # Machine 0 ends the rendezvous (its store) when its own wait runs out, which may be a
+        # moment before this machine's: the roll call read until then is the answer.
+        at_deadline = self.lost_at is not None and self.lost_at >= self.timeout_s - 2 * _POLL_S
+        if (self.problem is not None and not at_deadline) or self.missing is None:
             what = self.problem or first
             return (f"sdp-run: error: node 0 never answered at {self.endpoint} {limit}: {what}; "
                     "no process was started")

@@ -237,3 +237,20 @@ def test_roll_call_lines_for_several_missing_machines():
         "started")
     assert call.failure_line(RuntimeError("store closed\ndetails")) == (
         "sdp-run: error: the rendezvous at h0:29500 failed: store closed")
+
+
+def test_machine_0_ending_the_rendezvous_at_its_deadline_leaves_the_roll_call_standing():
+    """Machine 0 hosts the rendezvous and gives up at its own deadline, a moment before machine
+    1's: machine 1 then loses the store (a DistNetworkError) and must still say which machine
+    never joined, as machine 0 does; a store lost early is machine 0 not answering."""
+    from sdp_runtime._rollcall import RollCall
+
+    timeout = RuntimeError("Timed out after 9 seconds waiting for clients. 2/3 clients joined.")
+    for lost_at, starts in ((7.6, "sdp-run: error: node 2 never joined the rendezvous at h0:1 "
+                                  "within 8 s (SDP_TIMEOUT) (2 of 3 machines came)"),
+                            (2.0, "sdp-run: error: node 0 never answered at h0:1 within 8 s "
+                                  "(SDP_TIMEOUT): DistNetworkError: Failed to recv")):
+        call = RollCall("h0:1", 3, 1, 1, 8.0)
+        call.missing, call.joined = [2], {0: 2, 1: 1}
+        call.problem, call.lost_at = "DistNetworkError: Failed to recv, got 0 bytes.", lost_at
+        assert call.failure_line(timeout).startswith(starts), call.failure_line(timeout)
