@@ -125,8 +125,12 @@ CASES = [
          atol=1e-5, timeout=200),
     Case("keras_mnist_convnet.py", 32, 0.001, weights=("mnist_convnet.weights.h5",),
          deterministic=False, timeout=200),
+    # Horovod's own example shuffles the whole, unsplit dataset on each rank (it relies on random
+    # sampling): the conversion says so (a [contract] note on the data) and the audit may find
+    # the ranks' samples overlapping, by chance, in the first steps. That finding is true, so the
+    # audit only reports here (SDP_AUDIT=1), and the launch's status does not depend on the draw.
     Case("hvd_tf2_keras_mnist.py", 32, 0.001, weights=(), deterministic=False, horovod=True,
-         timeout=200),
+         timeout=200, env={"SDP_AUDIT": "1"}),
     # Best weights kept by ModelCheckpoint on rank 0, read back after fit; an exported model
     # read back (issue 30, item 2: rank 1 read them while rank 0 was still writing).
     Case("keras_checkpoint_reload.py", 32, 0.01, weights=("final_weights.npz",),
