@@ -429,24 +429,14 @@ def _optimizer_load_state_dict(self: Any, state_dict: Mapping[str, Any]) -> None
     sd = dict(state_dict)
     partial = bool(sd.pop(PARTIAL_KEY, False))
     params = [p for group in self.param_groups for p in group["params"]]
-    if not partial and any(hasattr(p, "device_mesh") for p in params):
-        states = {}
-        for index, values in sd["state"].items():
-            param = params[int(index)]
-            states[index] = {
-                k: _as_dtensor(v, param) if _like_param(v, param) else v
-                for k, v in values.items()
-            }
-        sd["state"] = states
-    elif partial:
-        states = {}
-        for index, values in sd["state"].items():
-            param = params[int(index)]
-            states[index] = {
-                k: _from_local(v, param) if _local_like(v, param) else v
-                for k, v in values.items()
-            }
-        sd["state"] = states
+    if partial or any(hasattr(p, "device_mesh") for p in params):
+        # partial: this shard's local tensors; else whole tensors, sharded like their parameter
+        convert, fits = (_from_local, _local_like) if partial else (_as_dtensor, _like_param)
+
+        def one(values: Mapping[str, Any], param: Any) -> dict[str, Any]:
+            return {k: convert(v, param) if fits(v, param) else v for k, v in values.items()}
+
+        sd["state"] = {i: one(values, params[int(i)]) for i, values in sd["state"].items()}
     super(type(self), self).load_state_dict(sd)
 
 
