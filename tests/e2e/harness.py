@@ -322,7 +322,8 @@ def assert_same_layout(got: Mapping[str, object], want: Mapping[str, object], wh
 
 
 def assert_state_close(
-    got: Mapping[str, object], want: Mapping[str, object], what: str, *, exact: bool = False
+    got: Mapping[str, object], want: Mapping[str, object], what: str, *, exact: bool = False,
+    rtol: float = RTOL, atol: float = ATOL,
 ) -> None:
     import torch
 
@@ -332,11 +333,11 @@ def assert_state_close(
         g = got[k]
         if not isinstance(w, torch.Tensor):
             continue
-        ok = torch.equal(g, w) if exact else torch.allclose(g, w, rtol=RTOL, atol=ATOL)
+        ok = torch.equal(g, w) if exact else torch.allclose(g, w, rtol=rtol, atol=atol)
         if not ok:
             diff = (g.double() - w.double()).abs().max().item()
             bad.append(f"{k}: max |diff| {diff:.3g} (max |want| {w.abs().max().item():.3g})")
-    rule = "bit for bit" if exact else f"rtol={RTOL}, atol={ATOL}"
+    rule = "bit for bit" if exact else f"rtol={rtol}, atol={atol}"
     assert not bad, f"{what}: weights differ ({rule}):\n  " + "\n  ".join(bad)
 
 
