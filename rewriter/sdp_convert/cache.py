@@ -25,6 +25,9 @@ changes a file outside project mode also stores what converting its output gives
 change), so that the run after the file was written is answered here too
 (``runner._remember_output``).
 
+The whole-program check keeps its per-file views here too (``get_bytes``/``put_bytes``, keyed by
+``runner._view_key``): the same digest, trust and atomic writes, another body.
+
 Trust: what the cache says is never written into a user's file. It may say "this input needs
 nothing" and answer ``--check``, ``--diff`` and the reports, but a file is written only from a
 conversion done in the run that writes it (``runner.convert_cached``'s ``fresh``), as black does.
