@@ -1,760 +1,1205 @@
 """The whole-program contract: what a converted program must show, checked on its output.
 
-The transforms recognise patterns; the long tail of real programs holds patterns they do not (a
-Keras ``compile`` in another module, a model handed to a ``Learner(**kwargs)``, a module-level
-script that calls ``engine.train``). Whatever the transforms did, this module reads the program
-as it stands after the conversion (the converted text of every file of the run, the neighbours
-as they are) and checks, for every entry point that trains, five parts:
+Whatever the transforms did, this module reads the program as it stands after the conversion
+(the converted text of every file of the run, the neighbours as they are) through the same
+program model the conversion uses (``program.run.Run``: every module's ``FileModel``, values
+followed across modules), and checks, for every entry point that trains, five parts:
 
 1. ``init``: ``sdp.init()`` runs on the way from the entry (in it, or at import of a module it
    imports), if anything of the runtime is called at all;
-2. ``averaging``: every optimizer that steps a model has its gradients averaged (the model wrapped
-   in ``DistributedDataParallel``, the optimizer in ``DistributedOptimizer``, the tape in a
-   ``DistributedGradientTape``, the Keras optimizer ``compile`` gets in ``DistributedOptimizer``);
-3. ``data``: the training data is split (a ``DistributedSampler``, ``shard``);
+2. ``averaging``: every optimizer stepped after a backward pass has its gradients averaged (each
+   model whose parameters it steps is wrapped in ``DistributedDataParallel``, or the optimizer in
+   ``DistributedOptimizer``); every tape whose gradients are applied is a
+   ``DistributedGradientTape`` (or its optimizer a ``DistributedOptimizer``); every Keras model
+   that is fit is compiled with a ``DistributedOptimizer``;
+3. ``data``: the data each training loop reads is split between the ranks (a
+   ``DistributedSampler`` on the loader it iterates, ``shard`` on the dataset ``fit`` reads, a
+   split by the rank);
 4. ``state``: every rank starts from rank 0's weights (``DistributedDataParallel``,
    ``broadcast_parameters`` / ``broadcast_variables``, ``BroadcastGlobalVariablesCallback``);
 5. ``writes``: files are written by rank 0 only and downloads run on local rank 0 first.
 
-A part *holds* when the program shows it, is *noted* when a manual note of the conversion says
-what a person must do about it, and is *missing* otherwise: then this module writes a manual
-note at the spot (the optimizer, the loader, the write), so the file, and the run, read "needs
-attention", never "converted". The check reads names as the files import them (``ast``, no
-libcst): it is a second opinion on the transforms' work, not a copy of their analysis.
+Each part has one of three answers: it **holds** (the program shows it), it is **missing** (the
+program shows that it is not there: the model made at ``main.py:22`` is wrapped nowhere), or it
+is **unknown** (the model cannot prove either: the loader the loop reads could not be followed
+back to where it is made). A part never holds where a manual note of the conversion speaks for it
+(the note says what a person must still do), and "unknown" is never "holds": the report says
+what could not be verified and that ``sdp-run --audit`` checks it at run time. Each finding is a
+manual note at its spot (the model, the loader, the write), so the file and the run read "needs
+attention", never "converted"; where the spot is in a file of the run, ``sdp_convert.projects``
+repairs it first (``Finding.repair``) and the contract is checked again.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import libcst as cst
+
 from .changes import Change
-from .modules import import_names, reachable_modules
-from .program.vocab import CACHED_DOWNLOADS, EXTRACT_METHODS, EXTRACTIONS, FILE_DOWNLOADS
+from .program.project import Repair, repair_code
+from .program.ranks import rank0_only
+from .program.readback import writes_private_temp
+from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
+from .program.vocab import (
+    CACHED_DOWNLOADS,
+    EXTRACT_METHODS,
+    EXTRACTIONS,
+    FILE_DOWNLOADS,
+)
+from .program.writes import (
+    FRAMEWORK_METHOD_WRITES,
+    FRAMEWORK_WRITES,
+    METHOD_WRITES,
+    OPENERS,
+    STREAM_WRITES,
+    WRITES,
+    argument,
+    in_memory,
+    open_mode,
+)
 
 PARTS = ("init", "averaging", "data", "state", "writes")
-_SKIP = "# sdp-convert: skip"
-_TAG = {"downloads": "writes"}
+AUDIT = "sdp-run --audit checks it at run time"
 
 #: Which transforms' manual notes speak for which part.
-_NOTED_BY = {
-    "init": {"add_runtime_init"},
-    "averaging": {"wrap_model_ddp", "wrap_keras_fit", "wrap_gradient_tape", "flag_manual_steps",
-                  "migrate_horovod", "migrate_smddp"},
-    "data": {"shard_dataloader", "shard_tf_dataset", "wrap_keras_fit"},
-    "state": {"broadcast_initial_state", "wrap_keras_fit", "wrap_gradient_tape"},
-    "writes": {"guard_rank0_writes", "order_downloads", "barrier_before_reads"},
+NOTED_BY = {
+    "init": frozenset({"add_runtime_init"}),
+    "averaging": frozenset({"wrap_model_ddp", "wrap_keras_fit", "wrap_gradient_tape",
+                            "flag_manual_steps", "migrate_horovod", "migrate_smddp"}),
+    "data": frozenset({"shard_dataloader", "shard_tf_dataset", "wrap_keras_fit"}),
+    "state": frozenset({"broadcast_initial_state", "wrap_keras_fit", "wrap_gradient_tape"}),
+    "writes": frozenset({"guard_rank0_writes", "order_downloads", "barrier_before_reads"}),
 }
 
 #: Programs distributed by other means: the converter leaves them alone, and so does the check.
-_OTHER_DISTRIBUTION = (
+OTHER_DISTRIBUTION = (
     "torch.distributed.init_process_group", "torch.nn.parallel.DistributedDataParallel",
     "torch.multiprocessing.spawn", "torch.multiprocessing.Process", "deepspeed.",
     "accelerate.", "lightning.", "pytorch_lightning.", "horovod.", "smdistributed.",
     "tensorflow.distribute.", "torch.distributed.fsdp.",
 )
 
-_TORCH_OPTIMIZER = "torch.optim."
-#: Calls that download or unpack into shared files (a network read into memory is none: the
-#: write of what it returned is a write).
-_DOWNLOADS = (*CACHED_DOWNLOADS, *FILE_DOWNLOADS, *EXTRACTIONS)
-_WRITE_FUNCTIONS = ("torch.save", "numpy.save", "numpy.savez", "numpy.savetxt", "pickle.dump",
-                    "json.dump", "shutil.copy", "shutil.copyfile", "shutil.move", "os.rename",
-                    "matplotlib.pyplot.savefig")
-_WRITE_METHODS = frozenset({"save_weights", "save_pretrained", "to_csv", "to_pickle",
-                            "write_text", "write_bytes", "savefig"})
-
-
-@dataclass(frozen=True)
-class Spot:
-    line: int
-    col: int
-    text: str
+_SKIP = re.compile(r"#\s*sdp-convert:\s*skip\b")
+#: A name or call that gives the rank (``rank``, ``args.local_rank``, ``smp.dp_rank()``).
+_RANKISH = re.compile(
+    r"(^|[._])(get_)?(local_|dp_|rdp_|tp_|pp_|mp_|global_)?rank(_id)?$|^process_index$"
+    r"|(^|[._])is_(local_)?main_process$"
+)
 
 
 @dataclass
-class ModuleView:
-    """What the contract needs of one module, read from its (converted) text."""
+class Finding:
+    """One thing a part lacks (``missing``) or cannot show (``unknown``), at a spot."""
 
-    path: Path
-    display: str
-    #: In this run (converted and written); False: a neighbour read as it is.
-    in_run: bool = True
-    entry: bool = False
-    #: The runtime's qualified names called here, with where.
-    runtime: dict[str, list[Spot]] = field(default_factory=dict)
-    init_at_import: bool = False
-    #: Runtime calls made when the module runs (at import), before its own ``init()``.
-    early_runtime: list[Spot] = field(default_factory=list)
-    other_distribution: str = ""
-    torch: bool = False
-    tensorflow: bool = False
-    optimizers: list[tuple[Spot, str, bool]] = field(default_factory=list)  # (at, root, wrapped)
-    steps: list[Spot] = field(default_factory=list)
-    backward: list[Spot] = field(default_factory=list)
-    tapes: list[tuple[Spot, bool]] = field(default_factory=list)  # (at, distributed)
-    apply_gradients: list[Spot] = field(default_factory=list)
-    compiles: list[tuple[Spot, bool]] = field(default_factory=list)  # (at, distributed optimizer)
-    fits: list[Spot] = field(default_factory=list)
-    wrapped: set[str] = field(default_factory=set)
-    loaders: list[tuple[Spot, bool]] = field(default_factory=list)  # (at, has sampler)
-    writes: list[tuple[Spot, str]] = field(default_factory=list)  # unguarded (at, function)
-    downloads: list[tuple[Spot, str]] = field(default_factory=list)  # unordered (at, function)
-    #: The downloads above that rewrite their files each time (``extractall``, ``urlretrieve``).
-    rewriting: set[Spot] = field(default_factory=set)
-    #: Functions and methods called here under a rank-0 guard / anywhere (names).
-    guarded_calls: set[str] = field(default_factory=set)
-    calls: dict[str, int] = field(default_factory=dict)
-    notes: list[Change] = field(default_factory=list)
-    #: What the converter took the file for (``already distributed (...)``, ...).
-    kind: str = ""
-    shards: bool = False
-    broadcasts: bool = False
-    #: Lines the user opted out of (``# sdp-convert: skip`` on a statement's first line: the
-    #: statement, its body included): nothing is said about them.
-    opted_out: list[tuple[int, int]] = field(default_factory=list)
-    distributed_tapes: int = 0
-    distributed_optimizers: int = 0
-    #: The names its imports bring in, as written (``.data.get_loaders``, ``utils.__module__``):
-    #: ``modules.resolve_imports`` finds the project's modules among them.
-    imports: list[str] = field(default_factory=list)
-
-    @property
-    def trains(self) -> bool:
-        return bool(self.steps or self.apply_gradients or self.fits or self.compiles)
-
-
-def read_module(path: Path, display: str, source: bytes | str, notes: Iterable[Change] = (),
-                in_run: bool = True, notebook: bool = False, kind: str = "",
-                lines: Callable[[int], int] | None = None) -> ModuleView | None:
-    """The view of one module (None when it does not parse). ``lines`` maps a line of
-    ``source`` to the line a report gives (that of the file as the user wrote it)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    view = ModuleView(path, display, in_run, notes=[c for c in notes if c.manual], kind=kind)
-    mapped = lines or (lambda line: line)
-    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
-    if _SKIP in text:
-        rows = text.splitlines()
-        view.opted_out = [
-            (mapped(n.lineno), mapped(n.end_lineno or n.lineno)) for n in ast.walk(tree)
-            if isinstance(n, ast.stmt) and n.lineno <= len(rows) and _SKIP in rows[n.lineno - 1]
-        ]
-    _Reader(view, mapped).read(tree, notebook)
-    view.imports = import_names(tree)
-    return view
-
-
-# -- the cache's form of a view -----------------------------------------------------------------
-# A warm run answers every file from the cache; the views of the files it checks are kept there
-# too (``runner.check_contract``), in JSON with a tag for each container, so that reading one
-# back gives the same view: a tuple stays a tuple, a set a set, a Spot a Spot.
-
-def _encode(value: object) -> object:
-    if isinstance(value, Spot):
-        return ["S", value.line, value.col, value.text]
-    if isinstance(value, Change):
-        return ["C", value.line, value.col, value.transform, value.message, value.manual]
-    if isinstance(value, (set, frozenset)):
-        return ["s", sorted(_encode(v) for v in value)]  # type: ignore[type-var]
-    if isinstance(value, tuple):
-        return ["T", [_encode(v) for v in value]]
-    if isinstance(value, list):
-        return ["L", [_encode(v) for v in value]]
-    if isinstance(value, dict):
-        return ["D", [[k, _encode(v)] for k, v in value.items()]]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    raise TypeError(f"a view holds a {type(value).__name__}")
-
-
-def _decode(value: object) -> object:
-    if not isinstance(value, list):
-        return value
-    tag, *rest = value
-    if tag == "S":
-        return Spot(*rest)
-    if tag == "C":
-        return Change(*rest)
-    items = rest[0]
-    if tag == "s":
-        return {_decode(v) for v in items}
-    if tag == "T":
-        return tuple(_decode(v) for v in items)
-    if tag == "L":
-        return [_decode(v) for v in items]
-    if tag == "D":
-        return {k: _decode(v) for k, v in items}
-    raise ValueError(f"unknown tag {tag!r}")
-
-
-def view_to_bytes(view: ModuleView) -> bytes:
-    """The view as the cache keeps it (its path and name are the caller's key, not kept)."""
-    data = {f.name: _encode(getattr(view, f.name)) for f in fields(view)
-            if f.name not in ("path", "display")}
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
-def view_from_bytes(data: bytes, path: Path, display: str) -> ModuleView:
-    """``view_to_bytes``'s view back, for ``path`` shown as ``display`` (ValueError, KeyError or
-    TypeError when the data is not such a view)."""
-    raw = json.loads(data)
-    known = {f.name for f in fields(ModuleView)} - {"path", "display"}
-    if set(raw) != known:
-        raise ValueError("not a view of this version")
-    return ModuleView(path, display, **{k: _decode(v) for k, v in raw.items()})
-
-
-class _Reader(ast.NodeVisitor):
-    def __init__(self, view: ModuleView, lines: Callable[[int], int]) -> None:
-        self.view = view
-        self.lines = lines
-        self.names: dict[str, str] = {}
-        self.guards = 0  # depth of rank-0 ``if``s / rank0_first blocks around the node
-        self.function: list[str] = []
-        self.rank0_first = 0
-        self.parents: list[ast.AST] = []
-        #: Names (and attributes) assigned a value computed from the rank: ``rank``,
-        #: ``args.rank``, ``verbose = 1 if hvd.rank() == 0 else 0``.
-        self.per_rank: set[str] = set()
-        self.guarded_names: set[str] = set()
-        self.named_callbacks: list[tuple[Spot, str, str]] = []
-
-    # -- names ----------------------------------------------------------------------------------
-    def qualified(self, node: ast.AST) -> str:
-        if isinstance(node, ast.Name):
-            return self.names.get(node.id, node.id)
-        if isinstance(node, ast.Attribute):
-            base = self.qualified(node.value)
-            return f"{base}.{node.attr}" if base else ""
-        if isinstance(node, ast.Call):
-            return self.qualified(node.func) + "()"
-        return ""
-
-    def read(self, tree: ast.Module, notebook: bool) -> None:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        self.names[alias.asname] = alias.name
-                    else:
-                        self.names.setdefault(alias.name.split(".")[0], alias.name.split(".")[0])
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    self.names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        view = self.view
-        roots = {v.split(".")[0] for v in self.names.values()}
-        view.torch = "torch" in roots
-        view.tensorflow = bool({"tensorflow", "keras"} & roots)
-        view.entry = notebook or any(_is_main_guard(s) for s in tree.body) or _runs_calls(tree)
-        view.init_at_import = any(
-            isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and _is_init(self.qualified(stmt.value.func)) for stmt in tree.body
-        )
-        for stmt in tree.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or (
-                _is_main_guard(stmt)
-            ):
-                continue
-            calls = [n for n in _walk_here(stmt) if isinstance(n, ast.Call)]
-            if any(_is_init(self.qualified(c.func)) for c in calls):
-                break
-            view.early_runtime += [
-                Spot(self.lines(c.lineno), c.col_offset + 1, ast.unparse(c.func)) for c in calls
-                if self.qualified(c.func).startswith("sdp_runtime.")
-                and not self.qualified(c.func).endswith(("is_initialized", "shutdown"))
-            ]
-        self.visit(tree)
-        # A callback made on every rank writes only where it is handed to fit: on rank 0
-        # only when its name is read under a rank-0 test (``[ckpt] if sdp.rank() == 0``).
-        view.writes += [(spot, function) for spot, function, name in self.named_callbacks
-                        if name not in self.guarded_names]
-
-    # -- walk -----------------------------------------------------------------------------------
-    def generic_visit(self, node: ast.AST) -> None:
-        self.parents.append(node)
-        super().generic_visit(node)
-        self.parents.pop()
-
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.function.append(node.name)
-        self.generic_visit(node)
-        self.function.pop()
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
-
-    def visit_If(self, node: ast.If) -> None:
-        rank0 = _rank0_test(self, node.test)
-        self.parents.append(node)
-        self.visit(node.test)
-        self.guards += rank0
-        for stmt in node.body:
-            self.visit(stmt)
-        self.guards -= rank0
-        # ``if rank() != 0: return`` and the like: what follows is not guarded; kept simple.
-        for stmt in node.orelse:
-            self.visit(stmt)
-        self.parents.pop()
-
-    def visit_With(self, node: ast.With) -> None:
-        first = any(self.qualified(item.context_expr).endswith(".rank0_first()")
-                    for item in node.items)
-        self.rank0_first += first
-        self.generic_visit(node)
-        self.rank0_first -= first
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        if isinstance(node.value, ast.Call) and _is_wrap(self.qualified(node.value.func)):
-            for target in node.targets:
-                self.view.wrapped.add(ast.unparse(target))
-        if self.mentions_rank(node.value):
-            for target in node.targets:
-                for name in ast.walk(target):
-                    if isinstance(name, (ast.Name, ast.Attribute)):
-                        self.per_rank.add(ast.unparse(name))
-        self.generic_visit(node)
-
-    def visit_IfExp(self, node: ast.IfExp) -> None:
-        rank0 = _rank0_test(self, node.test)
-        self.parents.append(node)
-        self.visit(node.test)
-        self.guards += rank0
-        self.visit(node.body)
-        self.guards -= rank0
-        self.visit(node.orelse)
-        self.parents.pop()
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if self.guards and isinstance(node.ctx, ast.Load):
-            self.guarded_names.add(node.id)
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        # ``dataset.apply(sdp.shard)``: the runtime's shard, passed rather than called.
-        if node.attr.startswith("shard") and self.qualified(node).startswith("sdp_runtime."):
-            self.view.shards = True
-        self.generic_visit(node)
-
-    def visit_Subscript(self, node: ast.Subscript) -> None:
-        # ``x[sdp.rank()::sdp.size()]``: a split by hand.
-        if isinstance(node.slice, ast.Slice) and self.mentions_rank(node.slice):
-            self.view.shards = True
-        self.generic_visit(node)
-
-    def mentions_rank(self, expr: ast.AST) -> bool:
-        for n in ast.walk(expr):
-            if isinstance(n, ast.Call) and _RANK_CALL.match(self.qualified(n.func).split(".")[-1]):
-                return True
-            if isinstance(n, (ast.Name, ast.Attribute)) and ast.unparse(n) in self.per_rank:
-                return True
-        return False
-
-    def visit_Call(self, node: ast.Call) -> None:
-        view = self.view
-        name = self.qualified(node.func)
-        spot = Spot(self.lines(node.lineno), node.col_offset + 1, ast.unparse(node.func))
-        method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
-        short = method or (node.func.id if isinstance(node.func, ast.Name) else "")
-        if short:
-            view.calls[short] = view.calls.get(short, 0) + 1
-            if self.guards:
-                view.guarded_calls.add(short)
-        if name.startswith("sdp_runtime."):
-            view.runtime.setdefault(name, []).append(spot)
-            if _is_wrap(name):
-                for arg in node.args[:1]:
-                    view.wrapped.add(ast.unparse(arg))
-            last = name.rsplit(".", 1)[-1]
-            view.broadcasts |= last.startswith("broadcast") or last == (
-                "BroadcastGlobalVariablesCallback")
-            view.distributed_tapes += last == "DistributedGradientTape"
-            view.distributed_optimizers += last == "DistributedOptimizer"
-            view.shards |= last.startswith("shard")
-        if method == "shard" or name.endswith("DistributedSampler"):
-            view.shards = True
-        for prefix in _OTHER_DISTRIBUTION:
-            if name.startswith(prefix) and not view.other_distribution:
-                view.other_distribution = f"{name} at {view.display}:{spot.line}"
-        if name.startswith(_TORCH_OPTIMIZER) and name.count(".") == 2 and \
-                not name.startswith("torch.optim.lr_scheduler") and name[12:13].isupper():
-            wrapped = any(_is_distributed_optimizer(self.qualified(p.func))
-                          for p in self.parents if isinstance(p, ast.Call))
-            view.optimizers.append((spot, _params_root(node), wrapped))
-        elif method == "step" and not node.args and not node.keywords:
-            view.steps.append(spot)
-        elif method == "backward":
-            view.backward.append(spot)
-        elif method == "apply_gradients":
-            view.apply_gradients.append(spot)
-        elif method == "compile" and any(k.arg == "optimizer" for k in node.keywords):
-            optimizer = next(k.value for k in node.keywords if k.arg == "optimizer")
-            view.compiles.append((spot, "DistributedOptimizer" in ast.unparse(optimizer)
-                                  or self._bound_to_distributed(optimizer)))
-        elif method == "fit" and view.tensorflow:
-            view.fits.append(spot)
-        if name.endswith("GradientTape") and not name.startswith("sdp_runtime."):
-            view.tapes.append((spot, False))
-        if name.endswith("utils.data.DataLoader") or name == "torch.utils.data.DataLoader":
-            sampler = next((k.value for k in node.keywords if k.arg in ("sampler",
-                                                                       "batch_sampler")), None)
-            view.loaders.append((spot, sampler is not None))
-        function = self.function[-1] if self.function else ""
-        parent = self.parents[-1] if self.parents else None
-        if name.endswith("ModelCheckpoint") and isinstance(parent, ast.Assign) and \
-                isinstance(parent.targets[0], ast.Name):
-            self.named_callbacks.append((spot, function, parent.targets[0].id))
-        elif not self.guards and _writes(self, node, name, method):
-            view.writes.append((spot, function))
-        if not self.guards and not self.rank0_first and _downloads(node, name) and not any(
-            self.mentions_rank(a) for a in [*node.args, *(k.value for k in node.keywords)]
-        ):  # a path of its own per rank (``f"mnist-{rank()}.npz"``) is no shared file
-            view.downloads.append((spot, function))
-            if name in FILE_DOWNLOADS or name in EXTRACTIONS or method in EXTRACT_METHODS:
-                view.rewriting.add(spot)
-        self.generic_visit(node)
-
-    def _bound_to_distributed(self, expr: ast.expr) -> bool:
-        return isinstance(expr, ast.Name) and expr.id in self.view.wrapped
-
-
-def _is_wrap(name: str) -> bool:
-    return name.startswith("sdp_runtime.") and name.endswith(
-        ("DistributedDataParallel", "DistributedOptimizer", "DistributedModel")
-    )
-
-
-def _is_distributed_optimizer(name: str) -> bool:
-    return name.startswith("sdp_runtime.") and name.endswith("DistributedOptimizer")
-
-
-def _params_root(call: ast.Call) -> str:
-    """``model`` for ``SGD(model.parameters())``, ``self.net`` for ``[{"params":
-    self.net.fc.parameters()}]``: the object whose parameters the optimizer steps."""
-    params = call.args[0] if call.args else next(
-        (k.value for k in call.keywords if k.arg == "params"), None)
-    if params is None:
-        return ""
-    for node in ast.walk(params):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("parameters", "named_parameters")):
-            return ast.unparse(node.func.value)
-    return ast.unparse(params)
-
-
-_RANK_CALL = re.compile(r"^(get_)?(local_)?rank$|^is_(local_)?main_process$|^process_index$")
-
-
-def _rank0_test(reader: _Reader, test: ast.expr) -> int:
-    """1 when ``test`` depends on the rank (``sdp.rank() == 0``, ``verbose``, ``is_main``)."""
-    return int(reader.mentions_rank(test) or "is_main" in ast.unparse(test))
-
-
-def _writes(reader: _Reader, node: ast.Call, name: str, method: str) -> bool:
-    if name in _WRITE_FUNCTIONS or method in _WRITE_METHODS:
-        return True
-    if name.endswith("ModelCheckpoint") and "sdp_runtime" not in name:
-        return True
-    if name == "open" or name == "builtins.open":
-        modes = list(node.args[1:2]) + [k.value for k in node.keywords if k.arg == "mode"]
-        return any(isinstance(m, ast.Constant) and isinstance(m.value, str)
-                   and set(m.value) & set("wax") for m in modes)
-    # ``model.save(path)``: Keras; ``self.save(...)`` is a method of the program's own.
-    receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
-    return (method == "save" and reader.view.tensorflow and not reader.view.torch
-            and not (isinstance(receiver, ast.Name) and receiver.id == "self"))
-
-
-def _downloads(node: ast.Call, name: str) -> bool:
-    if isinstance(node.func, ast.Attribute) and node.func.attr in EXTRACT_METHODS:
-        return True  # ``zipfile.ZipFile(p).extractall(d)``, ``tar.extractall(d)``
-    if name in _DOWNLOADS or (name.startswith(("keras.datasets.", "tensorflow.keras.datasets."))
-                              and name.endswith(".load_data")):
-        return True
-    if name.endswith(("keras.utils.get_file",)):
-        return True
-    return name.startswith("torchvision.datasets.") and any(
-        k.arg == "download" and not (isinstance(k.value, ast.Constant) and not k.value.value)
-        for k in node.keywords
-    )
-
-
-def _walk_here(node: ast.AST) -> list[ast.AST]:
-    """The nodes of ``node`` that run with it (not the bodies of functions, lambdas and classes
-    it defines)."""
-    found: list[ast.AST] = []
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        for child in ast.iter_child_nodes(current):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                                      ast.Lambda)):
-                todo.append(child)
-    return found
-
-
-def _is_main_guard(stmt: ast.stmt) -> bool:
-    return (
-        isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)
-        and isinstance(stmt.test.left, ast.Name) and stmt.test.left.id == "__name__"
-    )
-
-
-def _runs_calls(tree: ast.Module) -> bool:
-    """A module-level script: it calls something at import besides setting up (a call statement
-    or an assignment from a call that is not a definition's decorator)."""
-    for stmt in tree.body:
-        if isinstance(stmt, (ast.For, ast.While, ast.With)):
-            return True
-        value = getattr(stmt, "value", None)
-        if isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Call):
-            func = ast.unparse(value.func)
-            if func.split(".")[-1] in ("fit", "train", "main", "run", "step", "backward") or \
-                    func.startswith(("train", "engine.", "trainer.")):
-                return True
-    return False
-
-
-# -- the program -------------------------------------------------------------------------------
+    part: str
+    state: str  # "missing" | "unknown"
+    module: Module
+    node: cst.CSTNode | None
+    message: str
+    repair: Repair | None = None
 
 
 @dataclass
 class PartResult:
-    state: str  # "holds", "noted", "missing", "n/a"
+    state: str  # "holds", "missing", "unknown", "n/a"
     detail: str = ""
+    #: A manual note of the conversion (or an earlier run's marker) says what to do.
+    noted: bool = False
 
 
 @dataclass
 class EntryResult:
     entry: str
     parts: dict[str, PartResult]
+    #: The modules of the program (the entry and every module it imports), by display name.
+    modules: tuple[str, ...] = ()
+    findings: list[Finding] = field(default_factory=list)
     #: Manual notes the check adds, by the file they go to.
     notes: dict[Path, list[Change]] = field(default_factory=dict)
+    #: The edits that would make missing parts hold, and the facts other modules' conversions
+    #: need (``program.project.Repair``), for the files of the run that can take them.
+    repairs: list[Repair] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return all(p.state in ("holds", "n/a") for p in self.parts.values())
 
     def as_json(self) -> dict[str, object]:
-        return {"entry": self.entry,
-                "parts": {k: {"state": v.state, "detail": v.detail} for k, v in self.parts.items()},
-                "holds": all(p.state in ("holds", "noted", "n/a") for p in self.parts.values())}
+        return {
+            "entry": self.entry,
+            "parts": {k: {"state": v.state, "detail": v.detail, "noted": v.noted}
+                      for k, v in self.parts.items()},
+            "holds": self.holds,
+            "modules": list(self.modules),
+        }
 
 
-def check_program(views: Mapping[Path, ModuleView],
-                  imports: Mapping[Path, list[Path]]) -> list[EntryResult]:
+@dataclass
+class Context:
+    """What the run knows of each module besides its text."""
+
+    #: Manual notes of each module's conversion (and markers of earlier runs).
+    notes: Mapping[Path, Sequence[Change]] = field(default_factory=dict)
+    #: What the converter took each file for (``already distributed (...)``).
+    kinds: Mapping[Path, str] = field(default_factory=dict)
+    #: Line of the converted text -> line of the file as the user wrote it.
+    lines: Mapping[Path, Callable[[int], int]] = field(default_factory=dict)
+    #: Line of a node of each module (1 where unknown): the engine's positions.
+    position: Callable[[Module, cst.CSTNode], tuple[int, int]] | None = None
+    #: The modules each module imports (of the run).
+    imports: Mapping[Path, Sequence[Path]] = field(default_factory=dict)
+    #: The modules that could not be read, and why (they are not followed).
+    unread: Mapping[Path, str] = field(default_factory=dict)
+
+
+# -- entry points --------------------------------------------------------------------------------
+
+
+def is_entry(module: Module) -> bool:
+    """A notebook, a script with a ``__main__`` block, or a module-level script that runs its
+    training (or a project function) when executed."""
+    if module.notebook:
+        return True
+    body = module.fm.module.body
+    if any(_is_main_guard(stmt) for stmt in body):
+        return True
+    for stmt in body:
+        if isinstance(stmt, (cst.For, cst.While, cst.With)):
+            return True
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            value = getattr(small, "value", None)
+            if isinstance(small, (cst.Expr, cst.Assign, cst.AnnAssign)) and isinstance(
+                value, cst.Call
+            ):
+                func = module.fm.code(value.func)
+                if func.split(".")[-1] in ("fit", "train", "main", "run", "step", "backward") or (
+                    func.startswith(("train", "engine.", "trainer."))
+                ):
+                    return True
+    return False
+
+
+def _is_main_guard(stmt: cst.CSTNode) -> bool:
+    if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
+        return False
+    left = stmt.test.left
+    return isinstance(left, cst.Name) and left.value == "__name__"
+
+
+def reach_of(run: Run, entry: Module, imports: Mapping[Path, Sequence[Path]]) -> list[Module]:
+    """The entry and every module of the run it imports, directly or not."""
+    found = [entry]
+    todo = list(imports.get(entry.path, ()))
+    seen = {entry.path}
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        module = run.modules.get(path)
+        if module is not None:
+            found.append(module)
+        todo.extend(imports.get(path, ()))
+    return found
+
+
+# -- the check ------------------------------------------------------------------------------------
+
+
+def check_program(run: Run, context: Context) -> list[EntryResult]:
     """Check every entry point of the run that trains (through any module it imports)."""
     results: list[EntryResult] = []
-    for path, view in views.items():
-        if not view.entry or not view.in_run:
+    for module in run.modules.values():
+        if not module.written or not is_entry(module):
             continue
-        reach = [view, *(views[p] for p in reachable_modules(imports, path) if p in views)]
-        if not any(v.trains for v in reach):
-            continue
-        if any(v.kind.startswith("already distributed") for v in reach) or (
-            any(v.other_distribution for v in reach) and not any(v.runtime for v in reach)
-        ):
-            continue  # distributed by other means: the converter left it alone, and says so
-        results.append(_check_entry(view, reach))
+        reach = reach_of(run, module, context.imports)
+        result = _check_entry(run, module, reach, context)
+        if result is not None:
+            results.append(result)
     return results
 
 
-def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
-    result = EntryResult(entry.display, {})
-    refusal = next((n for v in reach for n in v.notes if n.message.startswith("not converted")),
-                   None)
+def _runtime_calls(module: Module) -> dict[str, list[cst.Call]]:
+    return {q: calls for q, calls in module.fm.info.calls.items() if q.startswith("sdp_runtime.")}
+
+
+def _other_distribution(module: Module) -> bool:
+    return any(q.startswith(OTHER_DISTRIBUTION) for q in module.fm.info.calls)
+
+
+class _Entry:
+    """The check of one entry point."""
+
+    def __init__(self, run: Run, entry: Module, reach: list[Module], context: Context,
+                 torch_steps: list[TorchStep], fits: list, tapes: list[TapeStep]) -> None:
+        self.run = run
+        self.entry = entry
+        self.reach = reach
+        self.context = context
+        self.torch_steps = torch_steps
+        self.fits = fits
+        self.tapes = tapes
+        self.findings: list[Finding] = []
+        self.runtime = {q: c for m in reach for q, c in _runtime_calls(m).items()}
+        self.sdp = "sdp"
+        #: Per torch step (by key): its gradients are averaged, or will be once the repairs
+        #: asked for are made.
+        self.averaged: dict[tuple[str, int], bool] = {}
+        #: Per torch step: the data loop and the loader it reads, and whether that data is
+        #: split (or will be, by a repair).
+        self.step_data: dict[tuple[str, int], tuple[Ref, Ref | None, bool]] = {}
+
+    # -- where ---------------------------------------------------------------------------------
+
+    def where(self, ref: Ref | None) -> str:
+        if ref is None:
+            return "?"
+        return f"{ref.module.display}:{self.line(ref.module, ref.node)}"
+
+    def line(self, module: Module, node: cst.CSTNode | None) -> int:
+        if node is None or self.context.position is None:
+            return 1
+        line, _ = self.context.position(module, node)
+        mapped = self.context.lines.get(module.path)
+        return mapped(line) if mapped is not None else line
+
+    def add(self, part: str, state: str, ref: Ref | None, message: str,
+            repair: Repair | None = None, module: Module | None = None) -> None:
+        self.findings.append(Finding(part, state, ref.module if ref else (module or self.entry),
+                                     ref.node if ref else None, message, repair))
+
+    def repairable(self, module: Module) -> bool:
+        """A file of the run the converter converts from a single-process script (not a
+        notebook, not one already distributed, migrated or converted by hand)."""
+        kind = self.context.kinds.get(module.path, "")
+        return module.written and not module.notebook and not kind.startswith((
+            "already", "horovod", "smddp", "smp", "not converted"))
+
+    def repair(self, kind: str, ref: Ref | None, detail: str = "") -> Repair | None:
+        if ref is None or not self.repairable(ref.module):
+            return None
+        line = self.line(ref.module, ref.node)
+        return Repair(kind, ref.module.path, line, repair_code(ref.fm, ref.node).strip(), detail)
+
+    # -- init ----------------------------------------------------------------------------------
+
+    def init(self) -> None:
+        train_at = self.training_at()
+        if not self.runtime:
+            where = (f"{self.entry.display}" if train_at.startswith(self.entry.display)
+                     else f"{self.entry.display}, which runs it")
+            self.add("init", "missing", None, (
+                f"the training in {train_at} ({where}) is not converted: nothing of it runs "
+                "data-parallel (no sdp.init(), no wrapped model, no split data)"
+                + self._why_not_converted()
+            ), self._init_repair())
+            return
+        entry_init = any(_is_init(q) for q in _runtime_calls(self.entry))
+        at_import = any(self._init_at_import(m) for m in self.reach)
+        if not (entry_init or at_import):
+            self.add("init", "missing", None, (
+                f"sdp.init() is not called on the way from {self.entry.display} to the training "
+                f"in {train_at}: call it first thing in {self.entry.display} (`import "
+                "sdp_runtime.torch as sdp; sdp.init()`, or sdp_runtime.tensorflow)"),
+                self._init_repair())
+        for module in self.reach:
+            for call in _early_runtime(module):
+                where = ("before its sdp.init()" if module is self.entry else
+                         f"when {self.entry.display} imports it, before sdp.init()")
+                text = module.fm.code(call.func)
+                self.add("init", "missing", Ref(module, call), (
+                    f"{text}() runs {where} (NotInitializedError): move it after init(), "
+                    "into the code that runs once the program has started"))
+
+    def _init_repair(self) -> Repair | None:
+        if not self.repairable(self.entry):
+            return None
+        return Repair("init", self.entry.path, 1, "", self.training_at())
+
+    def _why_not_converted(self) -> str:
+        outside = [m.display for m in self.reach if not m.written]
+        if outside:
+            return (f"; it is trained in {', '.join(outside)}, which this run only reads: give "
+                    "the converter those files too")
+        return ""
+
+    @staticmethod
+    def _init_at_import(module: Module) -> bool:
+        for stmt in module.fm.module.body:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and any(
+                        _is_init(q) for q in module.fm.qualified_names(small.value.func)
+                    ):
+                        return True
+        return False
+
+    def training_at(self) -> str:
+        first = (
+            [s.step for s in self.torch_steps] + [f.fit for f in self.fits]
+            + [t.apply for t in self.tapes]
+        )
+        return self.where(first[0]) if first else self.entry.display
+
+    # -- averaging and state: PyTorch ----------------------------------------------------------
+
+    def torch(self) -> None:
+        wrapped = self._wrapped_models()
+        broadcast = self._broadcast_models()
+        for step in self.torch_steps:
+            if any(t.wrapped_by("DistributedOptimizer") for t in step.optimizers):
+                self.averaged[step.step.key] = True
+                continue  # averaged by the optimizer; it broadcasts nothing: state below
+            optimizer = next((t.made for t in step.optimizers if t.made is not None), None)
+            what = optimizer.code.split("(")[0] if optimizer is not None else step.optimizer.code
+            if step.models_unknown or not step.models:
+                self.averaged[step.step.key] = False
+                self.add("averaging", "unknown", step.step, (
+                    f"{step.models_unknown or 'could not tell which model this optimizer steps'}"
+                    f" ({what}, stepped here): whether its gradients are averaged is not "
+                    f"verified; {AUDIT}"))
+                continue
+            self.averaged[step.step.key] = all(
+                [self._torch_model(step, trace, what, wrapped, broadcast)
+                 for trace in step.models])
+
+    def _torch_model(self, step: TorchStep, trace: Trace, what: str,
+                     wrapped: set[tuple[str, int]], broadcast: set[tuple[str, int]]) -> bool:
+        """Check one model an optimizer steps; whether its gradients are averaged (or will be,
+        by a repair)."""
+        made = trace.made
+        if made is None:
+            self.add("averaging", "unknown", trace.at or step.step, (
+                f"the model {what} steps could not be followed to where it is made "
+                f"({trace.stop}): whether its gradients are averaged is not verified; {AUDIT}"))
+            return False
+        if trace.wrapped_by("DistributedDataParallel", "DistributedModel") or (
+            made.key in wrapped
+        ):
+            return True
+        if _frozen(made):
+            if made.key not in broadcast:
+                self.add("state", "missing", made, (
+                    f"the frozen model made here ({_model_name(made)}) runs with each rank's own "
+                    f"random weights: broadcast rank 0's (`{self.sdp}.broadcast_parameters("
+                    "model.state_dict(), root_rank=0)`)"))
+            return True  # no gradient: nothing to average
+        name = _model_name(made)
+        repair = self.repair("wrap_model", made, self.where(step.step))
+        self.add("averaging", "missing", made, (
+            f"the model made here ({name}) is trained in {self.where(step.step)} by {what}, and "
+            f"no {self.sdp}.DistributedDataParallel wraps it in the program run by "
+            f"{self.entry.display}: every rank would train its own copy; wrap it where it is "
+            f"made (`model = {self.sdp}.DistributedDataParallel(model)`)"), repair)
+        if made.key not in broadcast:
+            self.add("state", "missing", made, (
+                f"every rank starts from its own random weights for the model made here "
+                f"({name}): wrap it in {self.sdp}.DistributedDataParallel, or broadcast rank 0's "
+                f"(`{self.sdp}.broadcast_parameters(model.state_dict(), root_rank=0)`)"))
+        return repair is not None
+
+    def _wrapped_models(self) -> set[tuple[str, int]]:
+        """Made sites of the models some DDP wrap (anywhere in the program) wraps."""
+        found: set[tuple[str, int]] = set()
+        for module in self.reach:
+            for q, calls in module.fm.info.calls.items():
+                if not (q.startswith("sdp_runtime.") or q.startswith("torch.nn.parallel.")):
+                    continue
+                if not q.endswith(("DistributedDataParallel", "DistributedModel")):
+                    continue
+                for call in calls:
+                    if call.args:
+                        found |= {m.key for m in self.run.made(Ref(module, call.args[0].value))}
+        return found
+
+    def _broadcast_models(self) -> set[tuple[str, int]]:
+        found: set[tuple[str, int]] = set()
+        for module in self.reach:
+            for q, calls in module.fm.info.calls.items():
+                if q.startswith("sdp_runtime.") and q.endswith(
+                    ("broadcast_parameters", "broadcast_variables")
+                ):
+                    for call in calls:
+                        for arg in call.args[:1]:
+                            for ref in _receivers(Ref(module, arg.value)):
+                                found |= {m.key for m in self.run.made(ref)}
+        return found
+
+    # -- averaging and state: TensorFlow and Keras --------------------------------------------
+
+    def keras(self) -> None:
+        broadcasts = any(q.endswith(("broadcast_variables", "BroadcastGlobalVariablesCallback",
+                                     "broadcast_parameters")) for q in self.runtime)
+        for fit in self.fits:
+            if not fit.compiles:
+                custom = self._custom_step_averages(fit)
+                if custom is None:
+                    self.add("averaging", "unknown", fit.fit, (
+                        "the compile of the model this fit trains was not found in the program: "
+                        f"whether its optimizer averages the gradients is not verified; {AUDIT}"))
+            for compile_ref in fit.compiles:
+                optimizer = _keyword(compile_ref.node, "optimizer")
+                if optimizer is None:
+                    continue
+                traces = self.run.trace(Ref(compile_ref.module, optimizer))
+                if traces and all(t.wrapped_by("DistributedOptimizer") for t in traces):
+                    continue
+                if self._custom_step_averages(fit):
+                    continue
+                self.add("averaging", "missing", compile_ref, (
+                    f"{compile_ref.fm.code(compile_ref.node.func)}(optimizer=...) here builds the "  # type: ignore[attr-defined]
+                    f"model that {self.where(fit.fit)} trains with fit, and its optimizer is not "
+                    f"{self.sdp}.keras.DistributedOptimizer: gradients are not averaged; wrap it:"
+                    f" `optimizer={self.sdp}.keras.DistributedOptimizer(...)`"),
+                    self.repair("distributed_compile", compile_ref, self.where(fit.fit)))
+            if not broadcasts and not self._callback(fit):
+                self.add("state", "missing", fit.fit, (
+                    "nothing broadcasts rank 0's initial weights: add "
+                    f"{self.sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) to fit's "
+                    f"callbacks, or call {self.sdp}.broadcast_variables(model.variables, "
+                    "root_rank=0) after the first step"))
+
+    def _callback(self, fit) -> bool:  # noqa: ANN001
+        callbacks = _keyword(fit.fit.node, "callbacks")
+        if callbacks is None:
+            return False
+        for trace in self.run.trace(Ref(fit.fit.module, callbacks)):
+            for ref in (*trace.through, *([trace.made] if trace.made else [])):
+                if "BroadcastGlobalVariablesCallback" in ref.code:
+                    return True
+        return False
+
+    def _custom_step_averages(self, fit) -> bool | None:  # noqa: ANN001
+        """A model class with its own ``train_step`` that records with a
+        ``DistributedGradientTape``: True; with a plain tape: False; no such step: None."""
+        for trace in fit.models:
+            cls = self.run.instance_class(trace)
+            step = self.run.method(cls, "train_step") if cls is not None else None
+            if step is None:
+                continue
+            text = step.code
+            return "DistributedGradientTape" in text or "DistributedOptimizer" in text
+        return None
+
+    def tape(self) -> None:
+        broadcasts = any(q.endswith(("broadcast_variables", "BroadcastGlobalVariablesCallback"))
+                         for q in self.runtime)
+        for step in self.tapes:
+            if any(t.wrapped_by("DistributedOptimizer") for t in step.optimizers):
+                continue
+            if _in_train_step(step.apply) or self._runtime_gradients(step.apply):
+                continue  # fit runs it, with the compile's optimizer (checked with the fit)
+            if not step.tapes:
+                self.add("averaging", "unknown", step.apply, (
+                    "the gradients applied here could not be followed to the tape that records "
+                    f"them: whether they are averaged is not verified; {AUDIT}"))
+                continue
+            for gradient, traces in step.tapes:
+                for trace in traces:
+                    if trace.wrapped_by("DistributedGradientTape"):
+                        continue
+                    if trace.made is None:
+                        self.add("averaging", "unknown", gradient, (
+                            f"the tape of this gradient could not be followed ({trace.stop}): "
+                            f"whether the gradients are averaged is not verified; {AUDIT}"))
+                        continue
+                    self.add("averaging", "missing", trace.made, (
+                        f"{trace.made.fm.code(trace.made.node.func)}() records gradients that "  # type: ignore[attr-defined]
+                        f"{self.where(step.apply)} applies unaveraged: wrap the tape (`tape = "
+                        f"{self.sdp}.DistributedGradientTape(tape)`)"))
+        if self.tapes and not broadcasts and not self.fits:
+            self.add("state", "missing", self.tapes[0].apply, (
+                "nothing broadcasts rank 0's initial weights: call "
+                f"{self.sdp}.broadcast_variables(model.variables, root_rank=0) after the first "
+                "step"))
+
+    def _runtime_gradients(self, apply: Ref) -> bool:
+        """The gradients applied come out of a runtime collective (``sdp.allreduce``,
+        ``smp.get_gradients``): averaged there."""
+        node = apply.node
+        assert isinstance(node, cst.Call)
+        for arg in node.args[:1]:
+            for trace in self.run.trace(Ref(apply.module, arg.value)):
+                for ref in (*trace.through, *([trace.made] if trace.made else [])):
+                    for inner in _walk_here(ref.node):
+                        if isinstance(inner, cst.Call) and any(
+                            q.startswith("sdp_runtime.") for q in ref.fm.qualified_names(
+                                inner.func)
+                        ):
+                            return True
+                        if isinstance(inner, cst.Name) and inner is not ref.node and any(
+                            t.made is not None and isinstance(t.made.node, cst.Call) and any(
+                                q.startswith("sdp_runtime.")
+                                for q in t.made.fm.qualified_names(t.made.node.func))
+                            for t in self.run.trace(Ref(ref.module, inner), depth=16)
+                        ):
+                            return True
+        return False
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def data(self) -> None:
+        seen: dict[tuple[str, int], tuple[Ref | None, bool]] = {}
+        for step in self.torch_steps:
+            loop = _data_loop(step.loops)
+            if loop is None:
+                self.add("data", "unknown", step.step, (
+                    f"no loop over training data was found around {self.where(step.step)}: "
+                    f"whether each rank reads its own part of the data is not verified; {AUDIT}"))
+                continue
+            if loop.key not in seen:
+                seen[loop.key] = self._loop_data(loop, step.step)
+            self.step_data[step.step.key] = (loop, *seen[loop.key])
+        done: set[tuple[str, int]] = set(seen)
+        for fit in self.fits:
+            data = _keyword(fit.fit.node, "x") or (
+                fit.fit.node.args[0].value if fit.fit.node.args  # type: ignore[attr-defined]
+                and fit.fit.node.args[0].keyword is None else None  # type: ignore[attr-defined]
+            )
+            if data is None:
+                continue
+            self._tf_data(Ref(fit.fit.module, data), fit.fit)
+        for tape_step in self.tapes:
+            if _in_train_step(tape_step.apply):
+                continue  # fit's data (checked with the fit)
+            loops = self.run.driving_loops(tape_step.apply)
+            loop = _data_loop(loops)
+            if loop is None:
+                self.add("data", "unknown", tape_step.apply, (
+                    f"no loop over training data was found around {self.where(tape_step.apply)}:"
+                    f" whether each rank reads its own part of the data is not verified; {AUDIT}"))
+                continue
+            if loop.key in done:
+                continue
+            done.add(loop.key)
+            self._tf_data(_iterable(loop), tape_step.apply)
+
+    def _loop_data(self, loop: Ref, step: Ref) -> tuple[Ref | None, bool]:
+        """Check the data one training loop reads: the loader it comes from (when one does),
+        and whether it is split (or will be, by a repair)."""
+        iterable = _iterable(loop)
+        loader: Ref | None = None
+        split = True
+        for trace in self.run.trace(iterable):
+            if _split_by_rank(trace) or self._splits_inside(trace):
+                continue
+            made = trace.made
+            if made is None:
+                split = False
+                self.add("data", "unknown", trace.at or iterable, (
+                    f"the data the loop at {self.where(loop)} reads could not be followed to "
+                    f"where it is made ({trace.stop}): whether each rank reads its own part is "
+                    f"not verified; {AUDIT}"))
+                continue
+            names = _names_of_call(made)
+            if any(q.endswith("DataLoader") for q in names):
+                loader = made
+                split = self._loader(made, loop) and split
+            elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names):
+                continue
+            else:
+                split = False
+                self.add("data", "unknown", made, (
+                    f"the loop at {self.where(loop)} reads {_short(made.code)}, and the converter "
+                    "cannot tell whether it gives each rank its own part of the data; "
+                    f"{AUDIT}"))
+        return loader, split
+
+    def _split_arguments(self, trace: Trace) -> bool:
+        """The source is made from values that are split (``from_tensor_slices((features,
+        labels))`` in a helper called with ``sdp.shard(x_train)``)."""
+        made = trace.made
+        if made is None or not isinstance(made.node, cst.Call):
+            return False
+        values: list[cst.BaseExpression] = []
+        for arg in made.node.args:
+            value = arg.value
+            values += [e.value for e in value.elements] if isinstance(
+                value, (cst.Tuple, cst.List)) else [value]
+        found = False
+        for value in values:
+            traces = self.run.trace(Ref(made.module, value), depth=8)
+            if traces and all(_split_by_rank(t) or _sharded(t) for t in traces):
+                found = True
+            elif traces:
+                return False
+        return found
+
+    def _splits_inside(self, trace: Trace) -> bool:
+        """The data is made by a function of the program that splits it by the rank
+        (``def batches(x): x = x[rank::size] ...``, a generator)."""
+        made = trace.made
+        if made is None or not isinstance(made.node, cst.Call):
+            return False
+        function = self.run.callee_of_made(made)
+        return function is not None and isinstance(function.node, cst.FunctionDef) and (
+            _mentions_rank(function)
+        )
+
+    def _loader(self, loader: Ref, loop: Ref) -> bool:
+        """Check a DataLoader a training loop reads; whether it splits the data (or will, by a
+        repair)."""
+        node = loader.node
+        assert isinstance(node, cst.Call)
+        sampler = _keyword(node, "sampler") or _keyword(node, "batch_sampler")
+        if sampler is not None:
+            split = True
+            for trace in self.run.trace(Ref(loader.module, sampler)):
+                if _split_by_rank(trace) or (trace.made is not None and any(
+                    q.endswith("DistributedSampler") for q in _names_of_call(trace.made)
+                )):
+                    continue
+                split = False
+                if trace.made is None:
+                    self.add("data", "unknown", loader, (
+                        f"the sampler of the DataLoader built here could not be followed "
+                        f"({trace.stop}): whether it splits the data is not verified; {AUDIT}"))
+                    continue
+                self.add("data", "missing", loader, (
+                    f"the DataLoader built here feeds the training loop at {self.where(loop)}, and "
+                    f"its sampler ({_short(trace.made.code)}) does not split the data between "
+                    "ranks: every rank reads all of it; use a DistributedSampler"),
+                    self.repair("shard_loader", loader, self.where(loop)))
+                split = self.findings[-1].repair is not None
+            return split
+        dataset = node.args[0].value if node.args and node.args[0].keyword is None else (
+            _keyword(node, "dataset"))
+        if dataset is not None and any(
+            _split_by_rank(t) or (t.made is not None and _iterable_dataset(t.made))
+            for t in self.run.trace(Ref(loader.module, dataset))
+        ):
+            return True
+        repair = self.repair("shard_loader", loader, self.where(loop))
+        self.add("data", "missing", loader, (
+            f"the DataLoader built here feeds the training loop at {self.where(loop)} and has no "
+            "DistributedSampler: every rank reads all of the data; give it "
+            f"`sampler=DistributedSampler(dataset, num_replicas={self.sdp}.size(), "
+            f"rank={self.sdp}.rank())`"), repair)
+        return repair is not None
+
+    def _tf_data(self, data: Ref, at: Ref) -> None:
+        for trace in self.run.trace(data):
+            if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace):
+                continue
+            made = trace.made
+            if made is None:
+                self.add("data", "unknown", trace.at or data, (
+                    f"the data trained on at {self.where(at)} could not be followed to where it "
+                    f"is made ({trace.stop}): whether each rank reads its own part is not "
+                    f"verified; {AUDIT}"))
+                continue
+            names = _names_of_call(made)
+            tf_data = any(q.startswith(("tensorflow.data.", "tensorflow.keras.utils.",
+                                        "keras.utils.", "tensorflow_datasets."))
+                          or q.endswith(("from_tensor_slices", "from_generator", "range",
+                                         "_dataset_from_directory", "list_files", "TFRecordDataset",
+                                         "TextLineDataset"))
+                          for q in names)
+            arrays = any(q.startswith(("numpy.", "tensorflow.keras.datasets.", "keras.datasets."))
+                         for q in names) or isinstance(made.node, (cst.Name, cst.Subscript))
+            if tf_data or arrays:
+                self.add("data", "missing", made, (
+                    f"the data trained on at {self.where(at)} comes from here and is not split "
+                    "between ranks: shard it "
+                    f"(`dataset.shard({self.sdp}.size(), {self.sdp}.rank())` before shuffle and "
+                    f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"))
+            else:
+                self.add("data", "unknown", made, (
+                    f"the data trained on at {self.where(at)} comes from {_short(made.code)}, and "
+                    "the converter cannot tell whether it gives each rank its own part; "
+                    f"{AUDIT}"))
+
+    # -- writes and downloads ------------------------------------------------------------------
+
+    def writes(self) -> None:
+        for module in self.reach:
+            framework = module.fm.info.framework or ("torch" if "torch" in module.fm.info.imports
+                                                      else "tensorflow")
+            for call, what in _writes(module, framework):
+                if self._rank0(module, call) or _per_process(module, call, framework):
+                    continue
+                self.add("writes", "missing", Ref(module, call), (
+                    f"{what}(...) writes on every rank: run it on rank 0 only "
+                    f"(`if {self.sdp}.rank() == 0:`)"))
+            for call, what, rewriting in _downloads(module):
+                if self._rank0(module, call) or _inside_rank0_first(module, call) or _per_rank(
+                    module, call
+                ):
+                    continue
+                self.add("writes", "missing", Ref(module, call), (
+                    f"{what}(...) writes the same files on every rank at once: run it on rank 0 "
+                    f"only (`if {self.sdp}.rank() == 0:`), then `{self.sdp}.barrier()`"
+                    if rewriting else
+                    f"{what}(...) downloads on every rank at once: run it in "
+                    f"`with {self.sdp}.rank0_first():`"))
+
+    def _rank0(self, module: Module, call: cst.Call, depth: int = 0) -> bool:
+        """Whether ``call`` runs on rank 0 only, or never from this program: in a function
+        that nothing of the program calls (a callback hook: not held against it), or whose every
+        call runs on rank 0 only."""
+        if rank0_only(module.fm, call):
+            return True
+        function = module.fm.enclosing_function(call)
+        if function is None or depth > 3:
+            return False
+        callers = self.run.callers(Ref(module, function))
+        if not callers:
+            return True
+        return all(self._rank0(c.module, c.node, depth + 1) for c in callers  # type: ignore[arg-type]
+                   if isinstance(c.node, cst.Call))
+
+    # -- the result ----------------------------------------------------------------------------
+
+    def result(self) -> EntryResult:
+        parts: dict[str, PartResult] = {}
+        notes_in_reach = [
+            (m, n) for m in self.reach for n in self.context.notes.get(m.path, ())
+            if n.manual and n.transform != "contract"
+        ]
+        unread = [p for p in self.context.unread if any(p == m.path for m in self.reach)] or [
+            p for p, _ in self.context.unread.items()
+            if any(p in self.context.imports.get(m.path, ()) for m in self.reach)
+        ]
+        opted = {m.path: _opted_out(m) for m in self.reach}
+        findings = [
+            f for f in self.findings
+            if not _in_spans(self.line_raw(f), opted.get(f.module.path, []))
+        ]
+        self.findings = findings
+        for part in PARTS:
+            mine = [f for f in findings if f.part == part]
+            speakers = NOTED_BY[part] | {"manual_marker"}
+            notes = [n for _, n in notes_in_reach if n.transform in speakers
+                     and (part != "writes" or n.transform != "wrap_keras_fit")]
+            if mine:
+                state = "missing" if any(f.state == "missing" for f in mine) else "unknown"
+                first = next(f for f in mine if f.state == state)
+                parts[part] = PartResult(state, first.message, bool(notes))
+            elif notes:
+                parts[part] = PartResult("unknown" if _unsure(notes[0]) else "missing",
+                                         notes[0].message, True)
+            else:
+                parts[part] = PartResult("holds", _holds_detail(part, self))
+        if unread:
+            names = ", ".join(sorted(str(p.name) for p in unread))
+            for part, result in parts.items():
+                if result.state == "holds" and part != "init":
+                    parts[part] = PartResult("unknown", f"{names} could not be read: not "
+                                             f"checked; {AUDIT}")
+        result = EntryResult(self.entry.display, parts,
+                             tuple(m.display for m in self.reach), findings)
+        self._notes(result, notes_in_reach)
+        result.repairs = self.plan()
+        return result
+
+    def plan(self) -> list[Repair]:
+        """The repairs this program asks for: those of the findings, and what the other
+        modules' conversions must know for them (``known_model``: the model an optimizer of a
+        module steps is made, and wrapped, in another; ``known_loader``: the loader a loop reads
+        is made, and split, in another, whose sampler's ``set_epoch`` goes into that loop's epoch
+        loop; ``scale_lr``: an optimizer whose model is averaged and whose data is split)."""
+        found: list[Repair] = []
+
+        def add(repair: Repair | None) -> None:
+            if repair is not None and repair not in found:
+                found.append(repair)
+
+        for finding in self.findings:
+            add(finding.repair)
+        for step in self.torch_steps:
+            averaged = self.averaged.get(step.step.key, False)
+            optimizer = next((t.made for t in step.optimizers if t.made is not None), None)
+            if optimizer is None:
+                continue
+            if averaged and any(t.made is not None and t.made.module is not optimizer.module
+                                for t in step.models):
+                add(self.repair("known_model", optimizer, self.where(step.step)))
+            loop, loader, split = self.step_data.get(step.step.key, (None, None, False))
+            if loop is not None and loader is not None and split and (
+                loader.module is not loop.module
+            ):
+                add(self.repair("known_loader", loop, self.where(loader)))
+            if averaged and split and loop is not None and not _scaled(optimizer):
+                add(self.repair("scale_lr", optimizer, self.where(step.step)))
+        return found
+
+    def line_raw(self, finding: Finding) -> int:
+        return self.line(finding.module, finding.node)
+
+    def _notes(self, result: EntryResult,
+               notes_in_reach: list[tuple[Module, Change]]) -> None:
+        """A manual note per finding, unless a note of the conversion speaks for its part in its
+        module already (said once)."""
+        covered = {(m.path, part) for m, n in notes_in_reach for part in PARTS
+                   if n.transform in NOTED_BY[part] | {"manual_marker"}}
+        seen: set[tuple[Path, int, str]] = set()
+        for finding in result.findings:
+            if (finding.module.path, finding.part) in covered:
+                continue
+            line = self.line(finding.module, finding.node)
+            col = 1
+            if finding.node is not None and self.context.position is not None:
+                col = self.context.position(finding.module, finding.node)[1]
+            key = (finding.module.path, line, finding.message)
+            if key in seen:
+                continue
+            seen.add(key)
+            result.notes.setdefault(finding.module.path, []).append(
+                Change(line, col, "contract", f"{finding.message} [{finding.part}]",
+                       manual=True))
+
+
+def _check_entry(run: Run, entry: Module, reach: list[Module],
+                 context: Context) -> EntryResult | None:
+    if any(context.kinds.get(m.path, "").startswith("already distributed") for m in reach):
+        return None
+    torch_steps = run.torch_steps(reach)
+    fits = run.keras_fits(reach)
+    tapes = run.tape_steps(reach)
+    if not (torch_steps or fits or tapes):
+        return None
+    runtime = any(_runtime_calls(m) for m in reach)
+    if not runtime and any(_other_distribution(m) for m in reach):
+        return None  # distributed by other means: the converter left it alone, and says so
+    check = _Entry(run, entry, reach, context, torch_steps, fits, tapes)
+    refusal = next((n for m in reach for n in context.notes.get(m.path, ())
+                    if n.manual and n.message.startswith("not converted")), None)
     if refusal is not None:
         # The converter declined the program, and said why: every part is that note's.
-        result.parts = {part: PartResult("noted", refusal.message) for part in PARTS}
-        return result
-
-    def add(view: ModuleView, spot: Spot | None, part: str, message: str) -> None:
-        line, col = (spot.line, spot.col) if spot else (1, 1)
-        result.notes.setdefault(view.path, []).append(
-            Change(line, col, "contract", f"{message} [{_TAG.get(part, part)}]", manual=True))
-
-    def decide(part: str, missing: list[tuple[ModuleView, Spot | None, str]], holds: str,
-               by: frozenset[str] | None = None) -> None:
-        """``missing``: what the program lacks for ``part``; an item is noted where a manual
-        note of a transform that speaks for it (``by``, else the part's) is in its module."""
-        # A note written into the file by an earlier run (``# sdp-convert: manual - ...``)
-        # comes back as ``manual_marker``: it still says what to do there.
-        speakers = (by or _NOTED_BY[part]) | {"manual_marker"}
-        uncovered = [item for item in missing if not any(
-            n.transform in speakers for n in item[0].notes) and not _opted_out(*item[:2])]
-        if not missing:
-            result.parts[part] = PartResult("holds", holds)
-        elif not uncovered:
-            note = next((n.message for v in reach for n in v.notes if n.transform in speakers),
-                        "opted out (# sdp-convert: skip)")
-            result.parts[part] = PartResult("noted", note)
-        else:
-            result.parts[part] = PartResult("missing", uncovered[0][2])
-            for view, spot, message in uncovered:
-                add(view, spot, part, message)
-
-    sdp = "sdp"
-    runtime_used = any(v.runtime for v in reach)
-    where_training = next(v for v in reach if v.trains)
-    train_spot = (where_training.steps or where_training.apply_gradients or where_training.fits
-                  or [c for c, _ in where_training.compiles] or [None])[0]
-    train_at = (f"{where_training.display}:{train_spot.line}" if train_spot
-                else where_training.display)
-
-    # 1. init
-    inits = [s for v in reach for n, spots in v.runtime.items() if _is_init(n) for s in spots]
-    if not runtime_used and _opted_out(where_training, train_spot):
-        result.parts = {part: PartResult("noted", "opted out (# sdp-convert: skip)")
-                        for part in PARTS}
-        return result
-    if not runtime_used:
-        decide("init", [(entry, None, (
-            f"the training in {train_at}, run from {entry.display}, is not converted: nothing "
-            "of it runs data-parallel (no sdp.init(), no wrapped model, no split data); "
-            "convert it by hand, or give the converter the whole project"))], "")
-    else:
-        ok = any(_is_init(n) for n in entry.runtime) or any(v.init_at_import for v in reach)
-        missing = [] if ok else [(entry, None, (
-            f"sdp.init() is not called on the way from {entry.display} to the training in "
-            f"{train_at}: call it first thing in {entry.display} (`import sdp_runtime.torch as "
-            "sdp; sdp.init()`, or sdp_runtime.tensorflow)"))]
-        # What runs at import runs before the entry's own init(): the entry imports first.
-        for v in reach:
-            for spot in v.early_runtime:
-                where = ("before its sdp.init()" if v is entry else
-                         f"when {entry.display} imports it, before sdp.init()")
-                missing.append((v, spot, (
-                    f"{spot.text}() runs {where} (NotInitializedError): move it after init(), "
-                    "into the code that runs once the program has started")))
-        decide("init", missing,
-               "init at " + ", ".join(f"{s.text}:{s.line}" for s in inits[:1]))
-
-    # 2. averaging, 4. initial state
-    averaging: list[tuple[ModuleView, Spot | None, str]] = []
-    state: list[tuple[ModuleView, Spot | None, str]] = []
-    wrapped = {w for v in reach for w in v.wrapped}
-    optimizers = [(v, o) for v in reach for o in v.optimizers]
-    torch_training = any(v.steps for v in reach) and any(v.backward for v in reach)
-    ddp = sum(len(spots) for v in reach for n, spots in v.runtime.items()
-              if n.endswith(("DistributedDataParallel", "DistributedModel")))
-    distributed_optimizers = sum(v.distributed_optimizers for v in reach)
-    distributed_tapes = sum(v.distributed_tapes for v in reach)
-    broadcasts = any(v.broadcasts for v in reach)
-    if torch_training and optimizers:
-        unwrapped = [(v, o) for v, o in optimizers if not o[2] and not _matches(o[1], wrapped)]
-        if ddp + distributed_optimizers >= len(optimizers):
-            unwrapped = []  # as many wraps as optimizers: each has its own (not followed here)
-        for v, (spot, root, _) in unwrapped:
-            what = f"`{root}`" if root else "a model"
-            averaging.append((v, spot, (
-                f"the optimizer {spot.text}(...) steps the parameters of {what} (trained in "
-                f"{train_at}), which no {sdp}.DistributedDataParallel wraps in the program run "
-                f"by {entry.display}: "
-                "every rank would train its own copy; wrap the model where it is made "
-                f"(`model = {sdp}.DistributedDataParallel(model)`) before the optimizer is "
-                "built")))
-        if not ddp and not broadcasts:
-            v, (spot, _, _) = optimizers[0]
-            state.append((v, spot, (
-                f"every rank starts from its own random weights for the model {spot.text}(...) "
-                f"steps: wrap it in {sdp}.DistributedDataParallel, or broadcast rank 0's "
-                f"(`{sdp}.broadcast_parameters(model.state_dict(), root_rank=0)`)")))
-    for v in reach:
-        for spot, distributed in v.compiles:
-            if not distributed and not distributed_tapes:
-                averaging.append((v, spot, (
-                    f"{spot.text}(optimizer=...) here builds the model that {entry.display} "
-                    f"trains with fit, and its optimizer is not {sdp}.keras.DistributedOptimizer:"
-                    " gradients are not averaged; wrap it: "
-                    f"`optimizer={sdp}.keras.DistributedOptimizer(...)`")))
-        plain = [spot for spot, _ in v.tapes]
-        if v.apply_gradients and len(plain) > v.distributed_tapes + v.distributed_optimizers:
-            for spot in plain:
-                averaging.append((v, spot, (
-                    f"{spot.text}() records gradients that apply_gradients applies unaveraged: "
-                    f"wrap the tape (`tape = {sdp}.DistributedGradientTape(tape)`)")))
-    keras_or_tapes = [v for v in reach if v.compiles or (v.tapes and v.apply_gradients)]
-    if keras_or_tapes and not broadcasts:
-        v = keras_or_tapes[0]
-        spot = v.compiles[0][0] if v.compiles else v.tapes[0][0]
-        state.append((v, spot, (
-            "nothing broadcasts rank 0's initial weights: add "
-            f"{sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) to fit's callbacks, or "
-            f"call {sdp}.broadcast_variables(model.variables, root_rank=0) after the first step")))
-    decide("averaging", averaging, "gradients averaged")
-    decide("state", state, "rank 0's initial state on every rank")
-
-    # 3. data
-    data: list[tuple[ModuleView, Spot | None, str]] = []
-    split = any(v.shards for v in reach) or any(has for v in reach for _, has in v.loaders)
-    if not split and torch_training:
-        loaders = [(v, s) for v in reach for s, has in v.loaders if not has]
-        for v, spot in loaders[:1]:
-            data.append((v, spot, (
-                f"the DataLoader built here feeds the training in {train_at} and has no "
-                "DistributedSampler: every rank reads all of the data; give it "
-                f"`sampler=DistributedSampler(dataset, num_replicas={sdp}.size(), "
-                f"rank={sdp}.rank())`")))
-        if not loaders:
-            data.append((where_training, train_spot, (
-                "no split of the training data was found for this training: give each rank its "
-                f"own part (`x[{sdp}.rank()::{sdp}.size()]`, a DistributedSampler)")))
-    elif not split and any(v.fits or v.apply_gradients for v in reach):
-        v = next(v for v in reach if v.fits or v.apply_gradients)
-        data.append((v, (v.fits or v.apply_gradients)[0], (
-            "the data trained on here is not split between ranks: shard it "
-            f"(`dataset.shard({sdp}.size(), {sdp}.rank())` before shuffle and batch, or "
-            f"`x[{sdp}.rank()::{sdp}.size()]`)")))
-    decide("data", data, "training data split")
-
-    # 5. writes and downloads
-    writes: list[tuple[ModuleView, Spot | None, str]] = []
-    downloads: list[tuple[ModuleView, Spot | None, str]] = []
-    guarded = {name for v in reach for name in v.guarded_calls}
-    calls: dict[str, int] = {}
-    for v in reach:
-        for name, n in v.calls.items():
-            calls[name] = calls.get(name, 0) + n
-    for v in reach:
-        for spot, function in v.writes:
-            # In a function: guarded where every call is (the function runs on rank 0 only),
-            # unknown where nothing here calls it by name (a callback's hook): not flagged.
-            if function and (function in guarded or not calls.get(function)):
-                continue
-            writes.append((v, spot, (
-                f"{spot.text}(...) writes on every rank: run it on rank 0 only "
-                f"(`if {sdp}.rank() == 0:`)")))
-        for spot, function in v.downloads:
-            if function and (function in guarded or not calls.get(function)):
-                continue
-            downloads.append((v, spot, (
-                f"{spot.text}(...) writes the same files on every rank at once: run it on rank "
-                f"0 only (`if {sdp}.rank() == 0:`), then `{sdp}.barrier()`" if spot in v.rewriting
-                else f"{spot.text}(...) downloads on every rank at once: run it in "
-                f"`with {sdp}.rank0_first():`")))
-    decide("writes", writes, "writes on rank 0",
-           frozenset({"guard_rank0_writes", "barrier_before_reads"}))
-    if not downloads:
-        pass
-    elif result.parts["writes"].state == "holds":
-        decide("writes", downloads, "", frozenset({"order_downloads"}))
-    else:
-        decide("downloads", downloads, "", frozenset({"order_downloads"}))
-        if result.parts.pop("downloads").state == "missing":
-            result.parts["writes"].detail += "; " + downloads[0][2]
-    return result
+        return EntryResult(entry.display,
+                           {p: PartResult("missing", refusal.message, True) for p in PARTS},
+                           tuple(m.display for m in reach))
+    check.init()
+    if runtime:
+        check.torch()
+        check.keras()
+        check.tape()
+        check.data()
+        check.writes()
+    return check.result()
 
 
-def _opted_out(view: ModuleView, spot: Spot | None) -> bool:
-    return spot is not None and any(a <= spot.line <= b for a, b in view.opted_out)
+# -- helpers ------------------------------------------------------------------------------------
 
 
 def _is_init(name: str) -> bool:
     return name.startswith("sdp_runtime.") and name.endswith((".init", ".init_process_group"))
 
 
-def _matches(root: str, wrapped: set[str]) -> bool:
-    if not root:
+def _early_runtime(module: Module) -> list[cst.Call]:
+    """Runtime calls made when the module runs (at import), before its own ``init()``."""
+    found: list[cst.Call] = []
+    fm = module.fm
+    for stmt in fm.module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or _is_main_guard(stmt):
+            continue
+        calls = [n for n in _walk_here(stmt) if isinstance(n, cst.Call)]
+        if any(_is_init(q) for c in calls for q in fm.qualified_names(c.func)):
+            break
+        found += [
+            c for c in calls
+            if any(q.startswith("sdp_runtime.") and not q.endswith(("is_initialized", "shutdown"))
+                   for q in fm.qualified_names(c.func))
+        ]
+    return found
+
+
+def _walk_here(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for child in current.children:
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                todo.append(child)
+    return found
+
+
+def _keyword(node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    if not isinstance(node, cst.Call):
+        return None
+    for arg in node.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def _scaled(optimizer: Ref) -> bool:
+    """The learning rate given to the optimizer made here involves the world size already."""
+    return "size()" in optimizer.code or "world_size" in optimizer.code
+
+
+def _in_train_step(ref: Ref) -> bool:
+    """Inside the ``train_step`` of a class (a Keras model's own step, which ``fit`` runs)."""
+    function = ref.fm.enclosing_function(ref.node)
+    return function is not None and function.name.value == "train_step"
+
+
+def _frozen(made: Ref) -> bool:
+    """A model made here whose every parameter is frozen where it is made (or that only runs
+    under ``torch.no_grad()``): it gets no gradient (``program.model_setup.not_trained``)."""
+    from .program.model_setup import not_trained
+
+    parent = made.fm.parent(made.node)
+    if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)):
         return False
-    return any(root == w or root.startswith(w + ".") for w in wrapped)
+    scope = made.fm.enclosing_function(made.node)
+    return not_trained(made.fm, parent.targets[0].target.value, scope, made.node) is not None
+
+
+def _model_name(made: Ref) -> str:
+    parent = made.fm.parent(made.node)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return made.fm.code(parent.targets[0].target)
+    return _short(made.code)
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _receivers(ref: Ref) -> list[Ref]:
+    """``model`` of ``model.state_dict()`` / ``model.variables``; the expression itself else."""
+    node = ref.node
+    while isinstance(node, (cst.Call, cst.Attribute)):
+        if isinstance(node, cst.Call):
+            node = node.func
+            continue
+        node = node.value
+    return [Ref(ref.module, node)] if isinstance(node, (cst.Name, cst.Attribute)) else [ref]
+
+
+_COUNTING = ("builtins.range", "tqdm.trange", "tqdm.auto.trange", "itertools.count")
+_UNWRAP = ("builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm",
+           "builtins.iter", "builtins.zip")
+
+
+def _data_loop(loops: Iterable[Ref]) -> Ref | None:
+    """The innermost loop that reads data (not ``for epoch in range(...)``)."""
+    for loop in loops:
+        node = loop.node
+        if isinstance(node, cst.For):
+            it = node.iter
+            if isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_COUNTING):
+                continue
+            if isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_UNWRAP) and it.args:
+                inner = it.args[0].value
+                if isinstance(inner, cst.Call) and loop.fm.refers_to(inner.func, *_COUNTING):
+                    continue
+            return loop
+        if isinstance(node, cst.While) and _next_call(loop) is not None:
+            return loop
+    return None
+
+
+def _next_call(loop: Ref) -> cst.Call | None:
+    for node in _walk_here(loop.node):
+        if isinstance(node, cst.Call) and loop.fm.refers_to(node.func, "builtins.next") and (
+            node.args
+        ):
+            return node
+    return None
+
+
+def _iterable(loop: Ref) -> Ref:
+    node = loop.node
+    if isinstance(node, cst.While):
+        call = _next_call(loop)
+        assert call is not None
+        return Ref(loop.module, call.args[0].value)
+    assert isinstance(node, cst.For)
+    it = node.iter
+    while isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_UNWRAP) and it.args:
+        it = it.args[0].value
+    return Ref(loop.module, it)
+
+
+def _mentions_rank(ref: Ref) -> bool:
+    for node in _walk_here(ref.node):
+        text = None
+        if isinstance(node, cst.Call):
+            text = ref.fm.code(node.func)
+        elif isinstance(node, (cst.Name, cst.Attribute)):
+            text = ref.fm.code(node)
+        if text is not None and _RANKISH.search(text.replace("()", "")):
+            return True
+    return False
+
+
+def _split_by_rank(trace: Trace) -> bool:
+    """The value passes through (or is made by) code that uses the rank: a split
+    (``x[rank::size]``, ``SplitDataset(ds).select(dp_rank)``, a factory given ``rank=``)."""
+    refs = [*trace.through, *([trace.made] if trace.made else [])]
+    return any(_mentions_rank(r) for r in refs if not isinstance(r.node, cst.Name))
+
+
+def _sharded(trace: Trace) -> bool:
+    for ref in (*trace.through, *trace.wraps, *([trace.made] if trace.made else [])):
+        node = ref.node
+        if isinstance(node, cst.Call):
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in (
+                "shard", "distribute_datasets_from_function"
+            ):
+                return True
+            if any(q.startswith("sdp_runtime.") and "shard" in q.rsplit(".", 1)[-1]
+                   for q in ref.fm.qualified_names(node.func)):
+                return True
+            if any(_is_shard_arg(ref, a.value) for a in node.args):
+                return True
+    return False
+
+
+def _is_shard_arg(ref: Ref, value: cst.BaseExpression) -> bool:
+    """``sdp.shard`` passed (``.apply(sdp.shard)``) or called (``flow(sdp.shard(x), ...)``)."""
+    if isinstance(value, cst.Call):
+        value = value.func
+    return isinstance(value, (cst.Attribute, cst.Name)) and any(
+        q.startswith("sdp_runtime.") and q.endswith("shard") for q in ref.fm.qualified_names(value)
+    )
+
+
+def _iterable_dataset(made: Ref) -> bool:
+    """A dataset that splits itself between workers (an ``IterableDataset``): the converter
+    leaves it to its own code."""
+    return any("IterableDataset" in q for q in _names_of_call(made))
+
+
+def _writes(module: Module, framework: str) -> list[tuple[cst.Call, str]]:
+    """The calls of ``module`` that write a file, with their short names (the vocabulary of
+    ``program.writes``, as ``guard_rank0_writes`` reads it)."""
+    fm = module.fm
+    found: list[tuple[cst.Call, str]] = []
+    table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
+    for q, calls in fm.info.calls.items():
+        if q in table:
+            where = table[q]
+            for call in calls:
+                if where is not None and in_memory(fm, argument(call, *where)):
+                    continue
+                found.append((call, fm.code(call.func)))
+        elif q in STREAM_WRITES:
+            for call in calls:
+                if argument(call, *STREAM_WRITES[q]) is not None and not in_memory(
+                    fm, argument(call, *STREAM_WRITES[q])
+                ):
+                    found.append((call, fm.code(call.func)))
+        elif q in OPENERS:
+            default, position = OPENERS[q]
+            for call in calls:
+                mode = open_mode(call, default, position)
+                if mode is not None and set(mode) & set("wax"):
+                    found.append((call, fm.code(call.func)))
+    methods = (*METHOD_WRITES, *FRAMEWORK_METHOD_WRITES.get(framework, ()))
+    for method in methods:
+        for call in fm.method_calls(method):
+            func = call.func
+            if not isinstance(func, cst.Attribute) or _is_self_call(func):
+                continue
+            if any(q in table for q in fm.qualified_names(func)):
+                continue
+            if method == "save" and framework == "tensorflow" and not call.args:
+                continue  # ``manager.save()`` is the CheckpointManager's, guarded like others
+            found.append((call, fm.code(func)))
+    return found
+
+
+def _is_self_call(func: cst.Attribute) -> bool:
+    return isinstance(func.value, cst.Name) and func.value.value == "self"
+
+
+def _per_process(module: Module, call: cst.Call, framework: str) -> bool:
+    """A write private to its process: under its own temporary directory, or to a path built
+    from the rank (each rank its own file)."""
+    if writes_private_temp(module.fm, call, framework):
+        return True
+    return _per_rank(module, call)
+
+
+def _per_rank(module: Module, call: cst.Call) -> bool:
+    return any(_mentions_rank(Ref(module, a.value)) for a in call.args)
+
+
+def _downloads(module: Module) -> list[tuple[cst.Call, str, bool]]:
+    fm = module.fm
+    found: list[tuple[cst.Call, str, bool]] = []
+    for q, calls in fm.info.calls.items():
+        rewriting = q in FILE_DOWNLOADS or q in EXTRACTIONS
+        cached = q in CACHED_DOWNLOADS or (
+            q.startswith(("keras.datasets.", "tensorflow.keras.datasets."))
+            and q.endswith(".load_data")) or q.endswith("keras.utils.get_file")
+        torchvision = q.startswith("torchvision.datasets.")
+        if not (rewriting or cached or torchvision):
+            continue
+        for call in calls:
+            if torchvision:
+                flag = _keyword(call, "download")
+                if flag is None or (isinstance(flag, cst.Name) and flag.value == "False"):
+                    continue
+            found.append((call, fm.code(call.func), rewriting))
+    for method in EXTRACT_METHODS:
+        for call in fm.method_calls(method):
+            found.append((call, fm.code(call.func).rsplit(".", 1)[0] + f".{method}", True))
+    return found
+
+
+def _inside_rank0_first(module: Module, call: cst.Call) -> bool:
+    for parent in module.fm.ancestors(call):
+        if isinstance(parent, cst.With) and any(
+            module.fm.code(item.item).endswith("rank0_first()") for item in parent.items
+        ):
+            return True
+    return False
+
+
+def _opted_out(module: Module) -> list[tuple[int, int]]:
+    """Line spans of the statements a ``# sdp-convert: skip`` comment opts out of."""
+    text = module.fm.module.code
+    if "sdp-convert" not in text:
+        return []
+    import ast
+
+    rows = text.splitlines()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    return [
+        (n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+        if isinstance(n, ast.stmt) and n.lineno <= len(rows) and _SKIP.search(rows[n.lineno - 1])
+    ]
+
+
+def _in_spans(line: int, spans: list[tuple[int, int]]) -> bool:
+    return any(a <= line <= b for a, b in spans)
+
+
+def _unsure(note: Change) -> bool:
+    """A note that says the converter could not tell (rather than what is wrong)."""
+    text = note.message.lower()
+    return any(w in text for w in ("could not", "cannot tell", "not found", "was found",
+                                   "unknown", "check "))
+
+
+def _holds_detail(part: str, check: _Entry) -> str:
+    if part == "init":
+        calls = [(m, c) for m in check.reach for q, cs in _runtime_calls(m).items()
+                 if _is_init(q) for c in cs]
+        if calls:
+            module, call = calls[0]
+            return f"{module.fm.code(call.func)}() at {check.where(Ref(module, call))}"
+        return "sdp.init()"
+    return {
+        "averaging": "gradients averaged",
+        "data": "training data split",
+        "state": "rank 0's initial state on every rank",
+        "writes": "writes on rank 0",
+    }[part]

@@ -9,7 +9,6 @@ of different transforms compose. Positions are computed only when something is r
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
@@ -33,6 +31,7 @@ from .pipeline import PIPELINE
 from .program.builders import rank0_test
 from .program.index import FileIndex, index_module
 from .program.model import FileModel
+from .program.positions import node_positions
 from .program.project import Export, training_results
 from .program.sharding import input_optimisation
 
@@ -423,65 +422,12 @@ def _hooks(cls: type[Transform]) -> dict[str, tuple[str | None, str | None]]:
     return hooks
 
 
-class _TargetPositions(CodegenState):
-    """Code generation that notes where a few target nodes start, and nothing else.
-
-    libcst's ``PositionProvider`` tracks line and column for every token and every node (about
-    twice the cost of parsing); the report needs the start of a handful of nodes. Here a target's
-    start is its token index; line and column come from the text before it.
-    """
-
-    def __init__(self, module: cst.Module, targets: set[int]) -> None:
-        super().__init__(
-            default_indent=module.default_indent, default_newline=module.default_newline
-        )
-        self.targets = targets
-        self.starts: dict[int, int] = {}
-        self.fallback: dict[int, int] = {}  # where codegen of a node began, whitespace included
-
-    def before_codegen(self, node: cst.CSTNode) -> None:
-        if id(node) in self.targets:
-            self.fallback.setdefault(id(node), len(self.tokens))
-
-    @contextlib.contextmanager
-    def record_syntactic_position(
-        self,
-        node: cst.CSTNode,
-        *,
-        start_node: cst.CSTNode | None = None,
-        end_node: cst.CSTNode | None = None,
-    ) -> Iterator[None]:
-        key = id(node)
-        if key in self.targets and start_node is not None:
-            self.targets.add(id(start_node))  # its start is the child's (an indented block's)
-        elif key in self.targets:
-            self.starts.setdefault(key, len(self.tokens))
-        yield
-        if key in self.targets and start_node is not None and id(start_node) in self.starts:
-            self.starts.setdefault(key, self.starts[id(start_node)])
-
-
 def _positions(
     module: cst.Module, records: list[tuple[cst.CSTNode, str, str, bool]]
 ) -> list[Change]:
     if not records:
         return []
-    state = _TargetPositions(module, {id(node) for node, *_ in records})
-    module._codegen(state)
-    # Line and column of each target's first token, counting through the text once.
-    where: dict[int, tuple[int, int]] = {}
-    line, col, done = 1, 0, 0
-    starts = {**state.fallback, **state.starts}
-    for index, key in sorted((index, key) for key, index in starts.items()):
-        text = "".join(state.tokens[done:index])
-        newlines = text.count("\n")
-        if newlines:
-            line += newlines
-            col = len(text) - text.rfind("\n") - 1
-        else:
-            col += len(text)
-        done = index
-        where[key] = (line, col)
+    where = node_positions(module, {id(node) for node, *_ in records})
     changes = set()
     for node, transform, message, manual in records:
         line_no, column = where.get(id(node), (1, 0))

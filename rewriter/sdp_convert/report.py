@@ -40,6 +40,9 @@ class FileOutcome:
     #: The contract of the program this file is the entry point of (``contract.EntryResult``'s
     #: JSON form); None when it is none.
     contract: dict[str, object] | None = None
+    #: The program this file is the entry point of does not hold its contract (a part missing
+    #: or unknown), wherever the notes saying so landed: the file needs attention.
+    program_attention: bool = False
 
     @property
     def manual_count(self) -> int:
@@ -47,8 +50,10 @@ class FileOutcome:
 
     @property
     def needs_attention(self) -> bool:
-        """A converted or unchanged file with a manual item: not done until a person looks."""
-        return self.status in ("converted", "unchanged") and self.manual_count > 0
+        """A converted or unchanged file with a manual item, or the entry point of a program
+        whose contract does not hold: not done until a person looks."""
+        return self.status in ("converted", "unchanged") and (
+            self.manual_count > 0 or self.program_attention)
 
 
 def summary_counts(outcomes: Sequence[FileOutcome]) -> Counter[str]:

@@ -14,10 +14,11 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from . import manual_marks
 from .cache import Cache, Entry, code_identity
+from .changes import Change as ConversionChange
 from .changes import ConversionError
 from .compiles import check, check_output
 from .files import (
@@ -34,6 +35,11 @@ from .formatting import line_length_for
 from .options import Options
 from .report import FileOutcome
 from .siblings import ProjectFiles, hogwild_imports, project_digest, read_project, resolver
+
+if TYPE_CHECKING:
+    from .program.project import Repair
+
+_T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -252,16 +258,22 @@ def _remember_output(cache: Cache, output: bytes, name: str, options: Options) -
 
 
 def process(
-    job: Job, config: Config, cached_only: bool = False, deps: Sequence[str] = ()
+    job: Job, config: Config, cached_only: bool = False, deps: Sequence[str] = (),
+    again: FileOutcome | None = None,
 ) -> FileOutcome | None:
     """Convert one file and write it if asked. Never raises: failures become outcomes.
 
     ``cached_only``: answer only from the cache; None when it does not know the file.
     ``deps``: what else the conversion reads, for the cache's key (``convert_cached``).
+    ``again``: the file's outcome of this run so far (a repair converts it again): the source is
+    what that outcome read, and what it wrote is what the file must still hold to be replaced.
     """
     writes = config.mode == "write" and job.dest is not None
     try:
-        data = read_source(job.src)
+        if again is not None:
+            data = again.source if again.source is not None else (again.output or b"")
+        else:
+            data = read_source(job.src)
         result, hit = convert_cached(data, job.src.name, config, cached_only, deps, fresh=writes)
         if result is None:
             return None
@@ -300,8 +312,11 @@ def process(
         outcome.source = data
     if config.diff and result.changed:
         outcome.diff = unified_diff(data, result.output, job.display)
-    if writes and job.dest is not None and (result.changed or job.dest != job.src):
-        if not _still(job.src, data):
+    rewrite = again is not None and again.written and job.dest == job.src
+    if writes and job.dest is not None and (result.changed or job.dest != job.src or rewrite):
+        on_disk = again.output if again is not None and again.written and job.dest == job.src \
+            else data
+        if not _still(job.src, on_disk if on_disk is not None else data):
             return FileOutcome(
                 job.display, "failed",
                 message=f"{job.display}: changed or deleted while it was being converted; "
@@ -493,11 +508,7 @@ def run_jobs(
             pass
     outcomes = [done[i] for i in range(len(jobs)) if i in done]
     if project is not None and not stop.signum:
-        try:
-            check_contract(outcomes, project, config.cache_dir)
-        except Exception as err:  # noqa: BLE001 - a second opinion must not take the run down
-            sys.stderr.write(f"sdp-convert: the whole-program check failed ({type(err).__name__}: "
-                             f"{err}); the files' own results stand (please report)\n")
+        outcomes = _check_and_repair(jobs, outcomes, project, config, config_of, deps, stop)
     if config.cache_dir and any(o.computed for o in outcomes):
         # The bound is kept here, once per run, not by each worker after each file.
         Cache(config.cache_dir).prune(estimate=True)
@@ -506,18 +517,71 @@ def run_jobs(
     return outcomes
 
 
+#: How many times the contract's repairs are made and the program checked again.
+REPAIR_ROUNDS = 3
+
+
+def _check_and_repair(
+    jobs: Sequence[Job], outcomes: list[FileOutcome], project: ProjectFiles, config: Config,
+    config_of: Callable[[Job], Config], deps: Sequence[str], stop: _Stop,
+) -> list[FileOutcome]:
+    """Check the program's contract; where it names a missing part at a site in a file of
+    this run (``contract.Finding.repair``), convert that file again with the repair
+    (``ModuleFacts.repairs``) and check again, until nothing is left to repair (at most
+    ``REPAIR_ROUNDS`` times). The outcomes of the last check stand."""
+    from .program.project import ModuleFacts
+
+    by_path = {resolver()(job.src): i for i, job in enumerate(jobs)}
+    asked: dict[Path, tuple[Repair, ...]] = {}
+    for _ in range(REPAIR_ROUNDS):
+        repairs = check_contract(outcomes, project, config.cache_dir)
+        wanted: dict[Path, list[Repair]] = {}
+        for repair in repairs:
+            if repair.path in by_path and repair not in wanted.setdefault(repair.path, []):
+                wanted[repair.path].append(repair)
+        todo = {
+            path: (*asked.get(path, ()), *(r for r in found if r not in asked.get(path, ())))
+            for path, found in wanted.items()
+            if set(found) - set(asked.get(path, ()))
+            and outcomes[by_path[path]].status in ("converted", "unchanged")
+        }
+        if not todo or stop.signum:
+            break
+        for outcome in outcomes:
+            _forget_contract(outcome)
+        for path, its_repairs in todo.items():
+            asked[path] = its_repairs
+            i = by_path[path]
+            job = jobs[i]
+            base = config_of(job)
+            facts = replace(base.options.project or ModuleFacts(), repairs=its_repairs)
+            digest = hashlib.sha256(repr(its_repairs).encode()).hexdigest()
+            again = process(job, replace(base, options=replace(base.options, project=facts)),
+                            deps=(*deps, digest), again=outcomes[i])
+            if again is not None:
+                outcomes[i] = again
+    return outcomes
+
+
+def _forget_contract(outcome: FileOutcome) -> None:
+    """What an earlier check of the contract said on ``outcome`` (it is checked again)."""
+    outcome.changes = [c for c in outcome.changes if c.transform != "contract"]
+    outcome.contract = None
+    outcome.program_attention = False
+
+
 def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles,
-                   cache_dir: Path | str | None = None) -> None:
+                   cache_dir: Path | str | None = None) -> list[Repair]:
     """The whole-program contract (``contract``) over what the run gives: a manual note at each
     spot where a program that trains misses a part, and each entry point's parts, on its
     outcome. Files in the run are read as converted, their neighbours as they are.
 
-    With ``cache_dir``, what the check reads of each file (``contract.ModuleView``) is kept in
-    the cache, keyed on the file's text (and, for a converted file, its source, manual notes and
-    kind): a warm run reads no file with ``ast`` again."""
-    from . import contract
-    from .modules import Project, resolve_imports
-
+    The check reads every module with the program model (``program.run``), in a thread with
+    room for deep nesting (a valid module with a 400-term expression is read, not dropped); a
+    module CPython rejects is not read. With ``cache_dir``, its result is kept in the cache,
+    keyed on every text it read (and the notes and kinds of the files of the run): a warm run
+    reads no file again. Returns the repairs the contract asks for (``program.project.Repair``:
+    the edits that would make a missing part hold, in the files that can take them)."""
     written, shown, contents = project
     by_display = {o.path: o for o in outcomes}
     resolve = resolver()
@@ -541,70 +605,219 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles,
                 outcome_of[path] = o
                 texts[path], lines_of[path] = program[0].encode(), program[1]
     if not any(_may_train(t) for t in texts.values()):
-        return
-    views: dict[Path, contract.ModuleView] = {}
+        return []
+    chosen = {p: t for p, t in texts.items() if _may_train(t) or p in outcome_of}
     store = Cache(cache_dir) if cache_dir else None
-    for path, text in texts.items():
-        if not _may_train(text) and path not in outcome_of:
-            continue
-        o = outcome_of.get(path)
-        display = shown.get(path, o.path if o else str(path))
-        key = _view_key(path, display, text, o, path in lines_of) if store else ""
-        if store is not None and (data := store.get_bytes(key)) is not None:
-            if data == _UNPARSED:
-                continue  # does not parse (failed, or a neighbour with a syntax error)
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                views[path] = contract.view_from_bytes(data, path, display)
-                continue
-        back = (_line_map(text, o.source) if o is not None and o.source is not None
-                and path not in lines_of else None)
-        view = contract.read_module(
-            path, display, text, o.changes if o else (), in_run=o is not None,
-            notebook=path in lines_of, kind=o.kind if o else "", lines=back)
-        if view is not None:
-            views[path] = view
+    key = _contract_key(chosen, shown, outcome_of, lines_of) if store is not None else ""
+    checked: _Checked | None = None
+    if store is not None and (data := store.get_bytes(key)) is not None:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            checked = _Checked.from_bytes(data)
+    if checked is None:
+        try:
+            checked = _deep(lambda: _check_program(chosen, texts, shown, outcome_of, lines_of))
+        except Exception as err:  # noqa: BLE001 - said on every file it concerns
+            names = ", ".join(sorted(outcome_of[p].path for p in outcome_of
+                                     if _may_train(chosen.get(p, b""))))
+            sys.stderr.write(f"sdp-convert: the whole-program check could not run "
+                             f"({type(err).__name__}: {err}); not verified: {names or 'none'} "
+                             "(please report)\n")
+            for path, o in outcome_of.items():
+                if _may_train(chosen.get(path, b"")):
+                    o.changes.append(ConversionChange(
+                        1, 1, "contract",
+                        f"the whole-program check could not run ({type(err).__name__}): the "
+                        "parts of this file's program are not verified; sdp-run --audit "
+                        "checks them at run time (please report)", manual=True))
+                    o.program_attention = True
+            return []
         if store is not None:
-            store.put_bytes(key, contract.view_to_bytes(view) if view else _UNPARSED)
+            store.put_bytes(key, checked.to_bytes())
+    _apply(checked, outcome_of, shown)
+    return checked.repairs()
+
+
+def _deep(work: Callable[[], _T]) -> _T:
+    """``work()`` in a thread with room for deep recursion (libcst and ``ast`` recurse once per
+    level of nesting: a 400-term ``a + b + ...`` is 400 levels): what a valid module needs."""
+    import threading
+
+    box: list[object] = []
+    limit = sys.getrecursionlimit()
+    size = threading.stack_size()
+
+    def run() -> None:
+        try:
+            box.append(("ok", work()))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            box.append(("error", err))
+
+    try:
+        threading.stack_size(512 * 1024 * 1024)
+        sys.setrecursionlimit(max(limit, 60_000))
+        thread = threading.Thread(target=run, name="sdp-convert-contract")
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(size)
+        sys.setrecursionlimit(limit)
+    kind, value = box[0]  # type: ignore[misc]
+    if kind == "error":
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
+
+
+@dataclass
+class _Checked:
+    """The contract's answers for one run, as the cache keeps them: per entry, its JSON, the
+    notes it adds (by file) and the repairs it asks for."""
+
+    entries: list[tuple[str, dict[str, object], bool, list[tuple[str, int, int, str]],
+                        list[tuple[str, str, int, str, str]]]]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.entries).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> _Checked:
+        raw = json.loads(data)
+        if not isinstance(raw, list):
+            raise ValueError("not a contract result")
+        return cls([(e, j, bool(h), [tuple(n) for n in notes],  # type: ignore[misc]
+                     [tuple(r) for r in repairs])  # type: ignore[misc]
+                    for e, j, h, notes, repairs in raw])
+
+    def repairs(self) -> list[Repair]:
+        from .program.project import Repair
+
+        found: list[Repair] = []
+        for *_, repairs in self.entries:
+            for kind, path, line, code, detail in repairs:
+                repair = Repair(kind, Path(path), line, code, detail)
+                if repair not in found:
+                    found.append(repair)
+        return found
+
+
+def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: dict[Path, str],
+                   outcome_of: dict[Path, FileOutcome],
+                   lines_of: dict[Path, list[tuple[int, int]]],
+                   ) -> _Checked:
+    import ast
+
+    from . import contract
+    from .engine import node_positions
+    from .modules import Project, imported_modules
+    from .program.model import FileModel
+    from .program.run import Module, Run
+
+    modules: list[Module] = []
+    unread: dict[Path, str] = {}
+    for path, text in chosen.items():
+        o = outcome_of.get(path)
+        try:
+            ast.parse(text)  # CPython's own verdict first: what it rejects is not read
+        except (SyntaxError, ValueError):
+            continue
+        except (RecursionError, MemoryError) as err:
+            unread[path] = type(err).__name__
+            continue
+        try:
+            fm = FileModel.from_source(text)
+        except Exception as err:  # noqa: BLE001 - a module the model cannot read is not followed
+            unread[path] = type(err).__name__
+            continue
+        modules.append(Module(path, shown.get(path, o.path if o else str(path)), fm,
+                              written=o is not None, notebook=path in lines_of))
     py = {p: t for p, t in texts.items() if p.suffix == ".py"}
     graph = Project(py)
-    imports = {p: resolve_imports(graph, p, views[p].imports) for p in py if p in views}
-    for result in contract.check_program(views, imports):
-        entry = next(p for p, v in views.items() if v.display == result.entry)
-        if entry in outcome_of:
-            outcome_of[entry].contract = result.as_json()
-        for path, notes in result.notes.items():
-            o = outcome_of.get(path)
-            if o is None:  # a neighbour: its note goes to the entry, naming the file
-                o = outcome_of[entry]
-                notes = [replace(n, line=1, col=1, message=f"{views[path].display}:{n.line}: "
-                                 f"{n.message}") for n in notes]
-            elif path in lines_of:  # said of the notebook's cells, as its own changes are
-                from .notebook import placed
+    run = Run(modules, graph)
+    imports = {m.path: imported_modules(graph, m.path) if m.path in py else []
+               for m in modules}
+    positions: dict[Path, dict[int, tuple[int, int]]] = {}
 
-                notes = placed(o.output or b"", notes, lines_of[path])
+    def position(module: Module, node: object) -> tuple[int, int]:
+        where = positions.get(module.path)
+        if where is None:
+            order = module.fm.index.order
+            where = positions[module.path] = node_positions(module.fm.module, set(order))
+        line, col = where.get(id(node), (1, 0))
+        return line, col + 1
+
+    lines: dict[Path, Callable[[int], int]] = {}
+    for path, o in outcome_of.items():
+        if path in lines_of:
+            continue
+        if o.source is not None and o.output is not None:
+            lines[path] = _line_map(o.output, o.source)
+    context = contract.Context(
+        notes={p: [c for c in o.changes if c.manual] for p, o in outcome_of.items()},
+        kinds={p: o.kind for p, o in outcome_of.items()},
+        lines=lines, position=position, imports=imports, unread=unread,
+    )
+    results = contract.check_program(run, context)
+    entries = []
+    for result in results:
+        notes = [(str(path), c.line, c.col, c.message) for path, cs in result.notes.items()
+                 for c in cs]
+        repairs = [(r.kind, str(r.path), r.line, r.code, r.detail) for r in result.repairs]
+        entries.append((result.entry, result.as_json(), result.holds, notes, repairs))
+    return _Checked(entries)
+
+
+def _apply(checked: _Checked, outcome_of: dict[Path, FileOutcome], shown: dict[Path, str]) -> None:
+    """The contract's answers onto the outcomes: each entry's parts, its notes at their files
+    (a neighbour's, on the entry, naming the file), and "needs attention" on an entry whose
+    program does not hold, wherever its notes landed."""
+    by_display = {o.path: (p, o) for p, o in outcome_of.items()}
+    for entry, as_json, holds, notes, _repairs in checked.entries:
+        found = by_display.get(entry)
+        if found is None:
+            continue
+        entry_path, entry_outcome = found
+        entry_outcome.contract = as_json
+        if not holds:
+            entry_outcome.program_attention = True
+        for raw_path, line, col, message in notes:
+            path = Path(raw_path)
+            o = outcome_of.get(path)
+            change = ConversionChange(line, col, "contract", message, manual=True)
+            if o is None:  # a neighbour: its note goes to the entry, naming the file
+                o = entry_outcome
+                display = shown.get(path, raw_path)
+                change = ConversionChange(1, 1, "contract", f"{display}:{line}: {message}",
+                                          manual=True)
+            elif o.path.endswith(".ipynb"):  # said of the notebook's cells, as its own are
+                from .notebook import notebook_program, placed
+
+                program = notebook_program(o.output or b"")
+                if program is not None:
+                    [change] = placed(o.output or b"", [change], program[1])
             seen = {(c.line, c.message) for c in o.changes}
-            o.changes.extend(n for n in notes if (n.line, n.message) not in seen)
+            if (change.line, change.message) not in seen:
+                o.changes.append(change)
             o.changes.sort(key=lambda c: (c.line, c.col))
 
 
-#: What the cache keeps for a file the contract could not parse.
-_UNPARSED = b"unparsed"
-
-
-def _view_key(path: Path, display: str, text: bytes, outcome: FileOutcome | None,
-              notebook: bool) -> str:
-    """The cache key of the contract's view of ``text`` (see ``check_contract``)."""
-    context = json.dumps({
-        "what": "contract view", "code": code_identity(), "path": str(path),
-        "display": display, "notebook": notebook, "in_run": outcome is not None,
-        "kind": outcome.kind if outcome else "",
-        "notes": [[c.line, c.col, c.transform, c.message] for c in
-                  (outcome.changes if outcome else ()) if c.manual],
-    }, sort_keys=True)
-    digest = hashlib.sha256(context.encode())
-    for part in (text, outcome.source if outcome and outcome.source and not notebook else b""):
-        digest.update(b"\0%d\0" % len(part))
-        digest.update(part)
+def _contract_key(chosen: dict[Path, bytes], shown: dict[Path, str],
+                  outcome_of: dict[Path, FileOutcome],
+                  lines_of: dict[Path, list[tuple[int, int]]]) -> str:
+    """The cache key of the contract's answers for this run: every text it reads, with the
+    notes and kind of each file of the run."""
+    digest = hashlib.sha256(json.dumps({"what": "contract", "code": code_identity()}).encode())
+    for path in sorted(chosen):
+        o = outcome_of.get(path)
+        context = json.dumps({
+            "path": str(path), "display": shown.get(path, o.path if o else str(path)),
+            "notebook": path in lines_of, "in_run": o is not None,
+            "kind": o.kind if o else "",
+            "notes": [[c.line, c.col, c.transform, c.message] for c in
+                      (o.changes if o else ()) if c.manual],
+        }, sort_keys=True).encode()
+        for part in (context, chosen[path],
+                     o.source if o and o.source and path not in lines_of else b""):
+            digest.update(b"\0%d\0" % len(part))
+            digest.update(part)
     return digest.hexdigest()
 
 

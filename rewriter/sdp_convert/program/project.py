@@ -22,6 +22,7 @@ below are asked by the transforms of one file about those facts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -64,6 +65,28 @@ class ShardedSource:
 
 
 @dataclass(frozen=True)
+class Repair:
+    """An edit the whole-program contract asks of this module, where a part of the program is
+    missing (``sdp_convert.projects`` hands it over, then checks the program again).
+
+    ``kind`` says what (``wrap_model``: wrap the model made by the call at ``line`` in
+    ``DistributedDataParallel``; ``shard_loader``: give the DataLoader built there a
+    DistributedSampler; ``set_epoch``: call the sampler's ``set_epoch`` in the epoch loop around
+    the loop at ``line``; ``scale_lr``: scale the learning rate of the optimizer made there;
+    ``distributed_compile``: wrap the optimizer ``compile`` gets there; ``shard_dataset``: shard
+    the ``tf.data`` pipeline made there; ``broadcast_callback``: give that ``fit`` rank 0's
+    weights; ``init``: initialise the runtime in this entry point). ``line`` is a line of the file
+    as the user wrote it, ``code`` the code of the node there (both find it again);
+    ``detail``: where the part is trained (``learner.py:18``), for the report."""
+
+    kind: str
+    path: Path
+    line: int
+    code: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class ModuleFacts:
     """What the other modules of the project say about one module (``Options.project``)."""
 
@@ -92,13 +115,19 @@ class ModuleFacts:
     #: (``ScheduledOptim.step_and_update_lr()``): (qualified name as this module spells it, the
     #: module's display name, the methods that step, whether it writes ``param_group["lr"]``).
     optimizer_wrappers: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()
+    #: Edits the whole-program contract asks of this module (``Repair``).
+    repairs: tuple[Repair, ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:
-        """What this module does for the others, though it trains nothing itself."""
+        """What this module does for the others, though it trains nothing itself: ``data``,
+        ``entry``, ``helper``, and ``repair:<kind>`` for each repair asked of it (an
+        ``init`` repair makes it an entry)."""
+        kinds = {f"repair:{r.kind}" for r in self.repairs}
+        entry = bool(self.starts) or any(r.kind == "init" for r in self.repairs)
         return frozenset(
-            {"data"} if self.feeds else set()) | ({"entry"} if self.starts else set()) | (
-            {"helper"} if self.helper else set())
+            {"data"} if self.feeds else set()) | ({"entry"} if entry else set()) | (
+            {"helper"} if self.helper else set()) | kinds
 
 
 @dataclass(frozen=True)
@@ -336,3 +365,51 @@ def epoch_receivers(
             continue
         found.append((where[0], f"{where[1].code}.sampler", site))
     return found
+
+
+# -- repairs -------------------------------------------------------------------------------------
+
+
+def repairs_of(fm: FileModel, kind: str) -> list[tuple[Repair, cst.CSTNode]]:
+    """The repairs of ``kind`` asked of this file, each with the node it names (a call, a loop;
+    the module for ``init``). A repair whose node is not found (the file changed) is left out."""
+    facts = module_facts(fm)
+    wanted = [r for r in facts.repairs if r.kind == kind] if facts is not None else []
+    if not wanted:
+        return []
+    from .index import file_index
+
+    found: list[tuple[Repair, cst.CSTNode]] = []
+    index = file_index(fm)
+    for repair in wanted:
+        if not repair.code:
+            found.append((repair, fm.module))
+            continue
+        text = " ".join(repair.code.split())
+        candidates = [
+            node for kind_ in (cst.Call, cst.For)
+            for node in index.by_type.get(kind_, [])
+            if " ".join(repair_code(fm, node).split()) == text
+        ]
+        if len(candidates) > 1:
+            lines = _node_lines(fm, candidates)
+            candidates = [n for n, line in zip(candidates, lines, strict=True)
+                          if line == repair.line] or candidates[:0]
+        if candidates:
+            found.append((repair, candidates[0]))
+    return found
+
+
+def repair_code(fm: FileModel, node: cst.CSTNode) -> str:
+    """What a ``Repair`` names a node by: its code; a loop's header only (its body may carry
+    the notes of an earlier conversion)."""
+    if isinstance(node, cst.For):
+        return f"for {fm.code(node.target)} in {fm.code(node.iter)}"
+    return fm.code(node)
+
+
+def _node_lines(fm: FileModel, nodes: list[cst.CSTNode]) -> list[int]:
+    from .positions import node_positions
+
+    where = node_positions(fm.module, {id(n) for n in nodes})
+    return [where.get(id(n), (1, 0))[0] for n in nodes]

@@ -34,12 +34,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..base import Transform
+from ..program.project import repairs_of
 from ..program.syntax import end_of_import_block, first_import_block_end
 
 
 class AddRuntimeInit(Transform):
     DESCRIPTION = "Import sdp_runtime and call init() once, after the file's imports."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    #: Project mode: the entry point that runs another module's training code (``entry``:
+    #: found by the project planning, or asked by the whole-program contract's ``init`` repair).
     PROJECT_ROLES = frozenset({"entry"})
 
     def prepare(self, module: cst.Module) -> None:
@@ -99,9 +102,11 @@ class AddRuntimeInit(Transform):
             self.insert_after(self.anchor, runtime, init)
         else:
             self.insert_after(self.anchor, init)
+        asked = repairs_of(self.fm, "init")
         runs = (
             f" (it runs the training code of {', '.join(project.starts)})"
             if (project := self.state.options.project) is not None and project.starts
+            else f" (it runs the training in {asked[0][0].detail})" if asked
             else ""
         )
         self.record(

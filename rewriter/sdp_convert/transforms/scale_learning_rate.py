@@ -45,6 +45,7 @@ from ..program.optimizers import (
     optimizer_class,
     params_argument,
 )
+from ..program.project import repairs_of
 from ..program.sharding import optimizer_data
 from ..program.syntax import arg_named, code, insert_keyword, mentions, size_factor, times_size
 
@@ -99,6 +100,9 @@ def is_scaled(transform: Transform, index: FileIndex, expr: cst.BaseExpression) 
 class ScaleLearningRate(Transform):
     DESCRIPTION = "Scale torch.optim learning rates by the number of processes."
     FRAMEWORKS = frozenset({"torch"})
+    #: Project mode: an optimizer made here whose model is trained, averaged, on split data in
+    #: another module (the whole-program contract says so: ``Repair`` ``scale_lr``).
+    PROJECT_ROLES = frozenset({"repair:scale_lr"})
 
     def prepare(self, module: cst.Module) -> None:
         self.mode = self.state.options.lr_scaling
@@ -111,14 +115,16 @@ class ScaleLearningRate(Transform):
             return
         self.index = file_index(self.fm)
         # Each optimizer by the data of the loops that step it: a file may train one model on
-        # sharded batches and fine-tune another on the full batch.
+        # sharded batches and fine-tune another on the full batch. The whole-program model
+        # decides for an optimizer whose loops are in another module (``scale_lr``).
+        known = {id(node) for _, node in repairs_of(self.fm, "scale_lr")}
         scaled = False
         for call in self.calls_to("torch.optim", prefix=True):
             cls = optimizer_class(self.fm, call)
             if cls is None:
                 continue
             data = optimizer_data(self.fm, call)
-            if data.sharded:
+            if data.sharded or id(call) in known:
                 scaled = True
                 self._optimizer(call, cls)
             else:

@@ -67,9 +67,14 @@ import libcst as cst
 from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.datasets import SEEDED_SPLIT, new_unseeded_split, seeded_split
-from ..program.flow import Site, epoch_loop, holds_only, loader_sites
+from ..program.flow import Site, epoch_loop, holds_only, loader_sites, range_loop_around
 from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
-from ..program.project import imported_loaders, returned_feed, single_process_fallback
+from ..program.project import (
+    imported_loaders,
+    repairs_of,
+    returned_feed,
+    single_process_fallback,
+)
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -105,9 +110,13 @@ class ShardDataLoader(Transform):
         "Give the training DataLoader a DistributedSampler, and call set_epoch each epoch."
     )
     FRAMEWORKS = frozenset({"torch"})
-    PROJECT_ROLES = frozenset({"data"})
+    #: Project mode: a module that builds another module's training loader (``data``), one
+    #: whose DataLoader the whole-program contract found unsplit (``repair:shard_loader``), or
+    #: one whose loop reads a loader another module splits (``repair:known_loader``).
+    PROJECT_ROLES = frozenset({"data", "repair:shard_loader", "repair:known_loader"})
 
     def prepare(self, module: cst.Module) -> None:
+        self._repairs = {id(node): repair for repair, node in repairs_of(self.fm, "shard_loader")}
         self._plans: dict[cst.Call, _Plan] = {}
         self._dict_drops: dict[cst.Dict, int] = {}  # dict literal -> index of "shuffle" to drop
         self._strip_leading: set[cst.CSTNode] = set()
@@ -119,6 +128,7 @@ class ShardDataLoader(Transform):
         for call in loaders:
             handled = self._handle(call) or handled
         handled = self._imported() or handled
+        handled = self._known_loaders() or handled
         backward = self.method_calls("backward")
         if not handled and backward:
             data = training_data(self.fm)
@@ -158,6 +168,38 @@ class ShardDataLoader(Transform):
                         f"DistributedSampler is added where the loader is built, {source.at})")
         return imported.feeds
 
+    def _known_loaders(self) -> bool:
+        """Loops of this file that read a loader another module builds and splits (the
+        whole-program model followed it there: ``Repair`` ``known_loader``): its sampler's
+        ``set_epoch`` at the start of each epoch, and no "no DataLoader" note."""
+        found = False
+        for repair, loop in repairs_of(self.fm, "known_loader"):
+            if not isinstance(loop, cst.For):
+                continue
+            found = True
+            iterable = loop.iter
+            while isinstance(iterable, cst.Call) and iterable.args and self.refers_to(
+                iterable.func, "builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "builtins.iter"
+            ):
+                iterable = iterable.args[0].value
+            receiver = f"{self.module.code_for_node(iterable).strip()}.sampler"
+            epochs = range_loop_around(self.fm, loop)
+            if epochs is None or not isinstance(epochs.target, cst.Name) or not isinstance(
+                epochs.body, cst.IndentedBlock
+            ):
+                self.record(loop, f"call {receiver}.set_epoch(epoch) at the start of every epoch "
+                            f"(its DistributedSampler is added where the loader is built, "
+                            f"{repair.detail}; found no `for epoch in range(...)` loop to put it "
+                            "in), or every epoch sees the same order", manual=True)
+                continue
+            if sets_epoch(self.fm, epochs, receiver):
+                continue
+            set_epoch = f"{receiver}.set_epoch({epochs.target.value})"
+            self.insert_before(epochs.body.body[0], cst.parse_statement(set_epoch + "\n"))
+            self.record(epochs, f"call {set_epoch} at the start of each epoch (its "
+                        f"DistributedSampler is added where the loader is built, {repair.detail})")
+        return found
+
     def _environment(self, node: cst.CSTNode) -> None:
         self.record(
             node,
@@ -182,9 +224,11 @@ class ShardDataLoader(Transform):
         all_sites, flow = loader_sites(self.fm, call)
         sites = [s for s in all_sites if s.loop in self._training_loops]
         feed = returned_feed(self.fm, call) if not sites else None
-        if not sites and feed is None:
+        repair = self._repairs.get(id(call))
+        if not sites and feed is None and repair is None:
             return False  # evaluation, or not iterated where we can see it
-        used_by = f" (used by {feed.used_by})" if feed is not None else ""
+        used_by = f" (used by {feed.used_by})" if feed is not None else (
+            f" (used by {repair.detail})" if repair is not None and not sites else "")
         label = own.code if own else "this DataLoader"
         returned = isinstance(self.parent(call), cst.Return)
         factory = self.enclosing_function(call) if returned else None
@@ -279,6 +323,7 @@ class ShardDataLoader(Transform):
         if (
             _may_shuffle(shuffle) and not epochs and not self.method_calls("set_epoch")
             and feed is None  # the importer's epoch loop calls it
+            and repair is None  # so does the loop this loader feeds (``known_loader``)
         ):
             holder = named.code if named is not None else "loader"
             receiver = sampler_code if own is not None else f"{holder}.sampler"

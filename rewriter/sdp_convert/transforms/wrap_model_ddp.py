@@ -94,6 +94,7 @@ from ..program.models import (
     user_methods_in_training,
 )
 from ..program.optimizers import optimizer_class, params_argument
+from ..program.project import repairs_of
 from ..program.scopes import uses as reads_of
 from ..program.syntax import arg_named, code
 
@@ -122,6 +123,10 @@ class _Model:
 class WrapModelDdp(Transform):
     DESCRIPTION = "Wrap each trained model in sdp.DistributedDataParallel."
     FRAMEWORKS = frozenset({"torch"})
+    #: Project mode: the whole-program contract names a model made here and trained elsewhere
+    #: (``wrap_model``), or a model this file's optimizer trains that another module makes and
+    #: wraps (``known_model``: no "could not tell" note).
+    PROJECT_ROLES = frozenset({"repair:wrap_model"})
 
     def prepare(self, module: cst.Module) -> None:
         self.index: FileIndex = file_index(self.fm)
@@ -132,12 +137,24 @@ class WrapModelDdp(Transform):
         if self.calls_to("sdp_runtime.torch.DistributedOptimizer"):
             return  # the optimizer averages the gradients already; DDP would do it twice
         unresolved: list[tuple[cst.CSTNode, str]] = []
+        known = {id(node) for _, node in repairs_of(self.fm, "known_model")}
+        self._repairs()
+        if not self.state.info.training:
+            # A module that only makes what another module trains: the repairs alone.
+            for model in self.models.values():
+                self._plan(model)
+            return
 
         for call in self.calls_to("torch.optim", prefix=True):
             if optimizer_class(self.fm, call) is None:
                 continue
             params = params_argument(call)
             receivers = list(trained_models(self.fm, params.value, 0)) if params is not None else []
+            if id(call) in known:
+                # Made in another module, and wrapped there (the whole-program model says so).
+                for receiver in receivers:
+                    self._add(receiver, receiver)
+                continue
             if not receivers:
                 unresolved.append((call, "could not tell which model this optimizer trains"))
             for receiver in receivers:
@@ -167,6 +184,25 @@ class WrapModelDdp(Transform):
         for model in planned:
             self._plan(model)
         self._note_untrained()
+
+    def _repairs(self) -> None:
+        """The models the whole-program contract found unwrapped where they are made here
+        (``program.project.Repair``): each becomes a model to wrap, as if an optimizer of this
+        file trained it."""
+        for repair, node in repairs_of(self.fm, "wrap_model"):
+            parent = self.parent(node)
+            target = parent.targets[0].target if isinstance(parent, cst.Assign) and len(
+                parent.targets) == 1 else None
+            if isinstance(target, (cst.Name, cst.Attribute)) and self._add(target, node):
+                continue
+            self.record(
+                node,
+                f"the model made here is trained in {repair.detail} and no "
+                f"{self.sdp}.DistributedDataParallel wraps it, but it is not assigned to a name "
+                "the wrap could follow: wrap it by hand where it is made "
+                f"(`model = {self.sdp}.DistributedDataParallel(model)`)",
+                manual=True,
+            )
 
     # -- which object is the model ------------------------------------------------------------
 
