@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -254,6 +254,10 @@ class _Entry:
         #: Per torch step: the data loop and the loader it reads, and whether that data is
         #: split (or will be, by a repair).
         self.step_data: dict[tuple[str, int], tuple[Ref, Ref | None, bool]] = {}
+        #: Repairs no finding carries (a write guarded at the calls of its helper).
+        self.extra_repairs: list[Repair] = []
+        #: Per Keras fit: its data is split (or will be, by a repair).
+        self.fit_data: dict[tuple[str, int], bool] = {}
 
     # -- where ---------------------------------------------------------------------------------
 
@@ -390,19 +394,37 @@ class _Entry:
                     f"random weights: broadcast rank 0's (`{self.sdp}.broadcast_parameters("
                     "model.state_dict(), root_rank=0)`)"))
             return True  # no gradient: nothing to average
-        name = _model_name(made)
-        repair = self.repair("wrap_model", made, self.where(step.step))
-        self.add("averaging", "missing", made, (
+        site = self.wrap_site(trace) or made
+        name = _model_name(site)
+        repair = self.repair("wrap_model", site, self.where(step.step))
+        self.add("averaging", "missing", site, (
             f"the model made here ({name}) is trained in {self.where(step.step)} by {what}, and "
             f"no {self.sdp}.DistributedDataParallel wraps it in the program run by "
             f"{self.entry.display}: every rank would train its own copy; wrap it where it is "
             f"made (`model = {self.sdp}.DistributedDataParallel(model)`)"), repair)
         if made.key not in broadcast:
-            self.add("state", "missing", made, (
+            self.add("state", "missing", site, (
                 f"every rank starts from its own random weights for the model made here "
                 f"({name}): wrap it in {self.sdp}.DistributedDataParallel, or broadcast rank 0's "
                 f"(`{self.sdp}.broadcast_parameters(model.state_dict(), root_rank=0)`)"))
         return repair is not None
+
+    def wrap_site(self, trace: Trace) -> Ref | None:
+        """Where a model is made as far as the program names it: the first assignment of it on
+        the way from the call that makes it to where it is trained, outside a factory that makes
+        other things too (``config.init_obj("arch", module)``: the wrap goes after
+        ``model = config.init_obj(...)``, not into the factory's ``return cls(**spec)``)."""
+        for ref in reversed(trace.through):
+            parent = ref.fm.parent(ref.node)
+            if not (isinstance(parent, cst.Assign) and parent.value is ref.node
+                    and len(parent.targets) == 1
+                    and isinstance(parent.targets[0].target, (cst.Name, cst.Attribute))):
+                continue
+            function = ref.fm.enclosing_function(ref.node)
+            if function is not None and len(self.run.callers(Ref(ref.module, function))) > 1:
+                continue  # a factory called for several objects
+            return ref
+        return None
 
     def _wrapped_models(self) -> set[tuple[str, int]]:
         """Made sites of the models some DDP wrap (anywhere in the program) wraps."""
@@ -463,7 +485,10 @@ class _Entry:
                     "nothing broadcasts rank 0's initial weights: add "
                     f"{self.sdp}.keras.callbacks.BroadcastGlobalVariablesCallback(0) to fit's "
                     f"callbacks, or call {self.sdp}.broadcast_variables(model.variables, "
-                    "root_rank=0) after the first step"))
+                    "root_rank=0) after the first step"),
+                    # A fit whose model another module compiles: convert it as a training script.
+                    self.repair("keras_fit", fit.fit) if not fit.fit.fm.info.training
+                    and fit.compiles else None)
 
     def _callback(self, fit) -> bool:  # noqa: ANN001
         callbacks = _keyword(fit.fit.node, "callbacks")
@@ -564,7 +589,12 @@ class _Entry:
             )
             if data is None:
                 continue
-            self._tf_data(Ref(fit.fit.module, data), fit.fit)
+            self.fit_data[fit.fit.key] = split = self._tf_data(Ref(fit.fit.module, data),
+                                                              fit.fit)
+            if split and self._data_elsewhere(Ref(fit.fit.module, data)):
+                # What fit reads is split at its source in another module: the fit's module
+                # must not call it unsplit.
+                self.extra_repairs += [r for r in [self.repair("known_dataset", fit.fit)] if r]
         for tape_step in self.tapes:
             if _in_train_step(tape_step.apply):
                 continue  # fit's data (checked with the fit)
@@ -611,6 +641,10 @@ class _Entry:
                     f"{AUDIT}"))
         return loader, split
 
+    def _data_elsewhere(self, data: Ref) -> bool:
+        return any(t.made is not None and t.made.module is not data.module
+                   for t in self.run.trace(data))
+
     def _split_arguments(self, trace: Trace) -> bool:
         """The source is made from values that are split (``from_tensor_slices((features,
         labels))`` in a helper called with ``sdp.shard(x_train)``)."""
@@ -638,9 +672,9 @@ class _Entry:
         if made is None or not isinstance(made.node, cst.Call):
             return False
         function = self.run.callee_of_made(made)
-        return function is not None and isinstance(function.node, cst.FunctionDef) and (
-            _mentions_rank(function)
-        )
+        return function is not None and isinstance(
+            function.node, (cst.FunctionDef, cst.ClassDef)) and (
+            _mentions_rank(function) or _calls_shard(function))
 
     def _loader(self, loader: Ref, loop: Ref) -> bool:
         """Check a DataLoader a training loop reads; whether it splits the data (or will, by a
@@ -683,11 +717,17 @@ class _Entry:
             f"rank={self.sdp}.rank())`"), repair)
         return repair is not None
 
-    def _tf_data(self, data: Ref, at: Ref) -> None:
+    def _tf_data(self, data: Ref, at: Ref) -> bool:
+        """Check the data a fit (or a tape's loop) trains on; whether it is split (or will be,
+        by a repair)."""
+        split = True
         for trace in self.run.trace(data):
-            if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace):
+            if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace) or (
+                self._splits_inside(trace)
+            ):
                 continue
             made = trace.made
+            split = False
             if made is None:
                 self.add("data", "unknown", trace.at or data, (
                     f"the data trained on at {self.where(at)} could not be followed to where it "
@@ -704,16 +744,22 @@ class _Entry:
             arrays = any(q.startswith(("numpy.", "tensorflow.keras.datasets.", "keras.datasets."))
                          for q in names) or isinstance(made.node, (cst.Name, cst.Subscript))
             if tf_data or arrays:
+                # A source in a module that trains nothing itself: sharded there (a module that
+                # trains has had its data decided by its own conversion).
+                repair = self.repair("shard_dataset", made, self.where(at)) if tf_data and (
+                    not made.fm.info.training) else None
+                split = repair is not None
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "
                     "between ranks: shard it "
                     f"(`dataset.shard({self.sdp}.size(), {self.sdp}.rank())` before shuffle and "
-                    f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"))
+                    f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"), repair)
             else:
                 self.add("data", "unknown", made, (
                     f"the data trained on at {self.where(at)} comes from {_short(made.code)}, and "
                     "the converter cannot tell whether it gives each rank its own part; "
                     f"{AUDIT}"))
+        return split
 
     # -- writes and downloads ------------------------------------------------------------------
 
@@ -727,6 +773,8 @@ class _Entry:
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes on every rank: run it on rank 0 only "
                     f"(`if {self.sdp}.rank() == 0:`)"))
+                self.findings[-1].repair, extra = self.guard_repairs(module, call)
+                self.extra_repairs += extra
             for call, what, rewriting in _downloads(module):
                 if self._rank0(module, call) or _inside_rank0_first(module, call) or _per_rank(
                     module, call
@@ -738,6 +786,25 @@ class _Entry:
                     if rewriting else
                     f"{what}(...) downloads on every rank at once: run it in "
                     f"`with {self.sdp}.rank0_first():`"))
+
+    def guard_repairs(self, module: Module, call: cst.Call) -> tuple[Repair | None, list[Repair]]:
+        """How to make a write run on rank 0 only: where it is, in a module that trains nothing
+        itself (a module that trains has had its writes decided by its conversion); or, for a
+        helper function whose every call is a statement of its own in a file of the run, at
+        those calls (``save_curve(losses, path)`` in the training script; the helper's module
+        stays as its other users know it)."""
+        function = module.fm.enclosing_function(call)
+        if function is not None:
+            calls = self.run.callers(Ref(module, function))
+            sites = [c for c in calls if isinstance(c.node, cst.Call) and c.module is not module
+                     and isinstance(c.fm.parent(c.node), cst.Expr) and self.repairable(c.module)]
+            if calls and len(sites) == len(calls):
+                repairs = [self.repair("guard_write", c, self.where(Ref(module, call)))
+                           for c in sites]
+                return None, [r for r in repairs if r is not None]
+        if module.fm.info.training:
+            return None, []
+        return self.repair("guard_write", Ref(module, call)), []
 
     def _rank0(self, module: Module, call: cst.Call, depth: int = 0) -> bool:
         """Whether ``call`` runs on rank 0 only, or never from this program: in a function
@@ -812,6 +879,8 @@ class _Entry:
 
         for finding in self.findings:
             add(finding.repair)
+        for repair in self.extra_repairs:
+            add(repair)
         for step in self.torch_steps:
             averaged = self.averaged.get(step.step.key, False)
             optimizer = next((t.made for t in step.optimizers if t.made is not None), None)
@@ -824,9 +893,17 @@ class _Entry:
             if loop is not None and loader is not None and split and (
                 loader.module is not loop.module
             ):
-                add(self.repair("known_loader", loop, self.where(loader)))
+                known = self.repair("known_loader", loop, self.where(loader))
+                if known is not None:
+                    add(replace(known, shuffle=_shuffles(self.run, loader)))
             if averaged and split and loop is not None and not _scaled(optimizer):
                 add(self.repair("scale_lr", optimizer, self.where(step.step)))
+        for fit in self.fits:
+            if not self.fit_data.get(fit.fit.key, False):
+                continue
+            for compile_ref in fit.compiles:
+                if compile_ref.module is not fit.fit.module and not _scaled(compile_ref):
+                    add(self.repair("scale_keras_lr", compile_ref, self.where(fit.fit)))
         return found
 
     def line_raw(self, finding: Finding) -> int:
@@ -929,6 +1006,25 @@ def _keyword(node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
         if arg.keyword is not None and arg.keyword.value == name:
             return arg.value
     return None
+
+
+def _shuffles(run: Run, loader: Ref) -> bool:
+    """Whether a DataLoader's order changes every epoch: ``shuffle=`` anything but ``False``,
+    or a sampler that shuffles (a DistributedSampler's ``shuffle`` defaults to True)."""
+    node = loader.node
+    shuffle = _keyword(node, "shuffle")
+    if shuffle is None:
+        sampler = _keyword(node, "sampler")
+        if sampler is None:
+            return False
+        made = run.made(Ref(loader.module, sampler))
+        if len(made) != 1 or not isinstance(made[0].node, cst.Call):
+            return True
+        loader, node = made[0], made[0].node
+        shuffle = _keyword(node, "shuffle")
+        if shuffle is None:
+            return True
+    return not (isinstance(shuffle, cst.Name) and shuffle.value == "False")
 
 
 def _scaled(optimizer: Ref) -> bool:
@@ -1065,6 +1161,24 @@ def _is_shard_arg(ref: Ref, value: cst.BaseExpression) -> bool:
     return isinstance(value, (cst.Attribute, cst.Name)) and any(
         q.startswith("sdp_runtime.") and q.endswith("shard") for q in ref.fm.qualified_names(value)
     )
+
+
+def _calls_shard(ref: Ref) -> bool:
+    """``ref`` (a function or class) calls the runtime's ``shard`` (``order =
+    sdp.shard(np.arange(n))`` in a batch iterator's ``__iter__``)."""
+    return any(
+        isinstance(node, cst.Call) and _is_shard_arg(ref, node) for node in _walk_all(ref.node)
+    )
+
+
+def _walk_all(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(current.children)
+    return found
 
 
 def _iterable_dataset(made: Ref) -> bool:

@@ -171,6 +171,11 @@ def _convert_once(data: bytes, options: Options) -> Result:
     wrapper, index, metadata, info = _read(module, options.framework, options.recheck)
     if options.project is not None:
         steps_in_wrapper(info, options.project.optimizer_wrappers)
+        if "repair:keras_fit" in roles and info.framework == "tensorflow" and info.vanilla:
+            # Its model is compiled in another module (the whole-program contract followed it
+            # there): a Keras training script all the same.
+            info.training = info.uses_fit = True
+            info.reason = info.reason or "fits a Keras model compiled in another module"
     if options.parallel_importer and info.origin == "vanilla":
         info.origin = "distributed"
         info.reason = (

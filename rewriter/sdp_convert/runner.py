@@ -540,9 +540,9 @@ def _check_and_repair(
             if repair.path in by_path and repair not in wanted.setdefault(repair.path, []):
                 wanted[repair.path].append(repair)
         todo = {
-            path: (*asked.get(path, ()), *(r for r in found if r not in asked.get(path, ())))
+            path: (*asked.get(path, ()), *new)
             for path, found in wanted.items()
-            if set(found) - set(asked.get(path, ()))
+            if (new := [r for r in found if not _asked(r, asked.get(path, ()))])
             and outcomes[by_path[path]].status in ("converted", "unchanged")
         }
         if not todo or stop.signum:
@@ -561,6 +561,15 @@ def _check_and_repair(
             if again is not None:
                 outcomes[i] = again
     return outcomes
+
+
+def _asked(repair: Repair, asked: Sequence[Repair]) -> bool:
+    """Whether ``repair`` was asked of its file already: the same kind at the same node (named
+    by the code of its head: a later check reads the node as that conversion wrote it)."""
+    def head(code: str) -> str:
+        return code.split(" in ", 1)[0] if code.startswith("for ") else code.split("(", 1)[0]
+
+    return any(r.kind == repair.kind and head(r.code) == head(repair.code) for r in asked)
 
 
 def _forget_contract(outcome: FileOutcome) -> None:
@@ -673,7 +682,7 @@ class _Checked:
     notes it adds (by file) and the repairs it asks for."""
 
     entries: list[tuple[str, dict[str, object], bool, list[tuple[str, int, int, str]],
-                        list[tuple[str, str, int, str, str]]]]
+                        list[tuple[str, str, int, str, str, bool]]]]
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.entries).encode()
@@ -692,8 +701,8 @@ class _Checked:
 
         found: list[Repair] = []
         for *_, repairs in self.entries:
-            for kind, path, line, code, detail in repairs:
-                repair = Repair(kind, Path(path), line, code, detail)
+            for kind, path, line, code, detail, shuffle in repairs:
+                repair = Repair(kind, Path(path), line, code, detail, shuffle)
                 if repair not in found:
                     found.append(repair)
         return found
@@ -760,7 +769,8 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
     for result in results:
         notes = [(str(path), c.line, c.col, c.message) for path, cs in result.notes.items()
                  for c in cs]
-        repairs = [(r.kind, str(r.path), r.line, r.code, r.detail) for r in result.repairs]
+        repairs = [(r.kind, str(r.path), r.line, r.code, r.detail, r.shuffle)
+                   for r in result.repairs]
         entries.append((result.entry, result.as_json(), result.holds, notes, repairs))
     return _Checked(entries)
 

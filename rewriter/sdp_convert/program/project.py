@@ -84,6 +84,8 @@ class Repair:
     line: int
     code: str
     detail: str = ""
+    #: ``known_loader``: the loader's sampler shuffles (its ``set_epoch`` matters).
+    shuffle: bool = True
 
 
 @dataclass(frozen=True)
@@ -385,19 +387,36 @@ def repairs_of(fm: FileModel, kind: str) -> list[tuple[Repair, cst.CSTNode]]:
         if not repair.code:
             found.append((repair, fm.module))
             continue
-        text = " ".join(repair.code.split())
-        candidates = [
-            node for kind_ in (cst.Call, cst.For)
-            for node in index.by_type.get(kind_, [])
-            if " ".join(repair_code(fm, node).split()) == text
-        ]
-        if len(candidates) > 1:
-            lines = _node_lines(fm, candidates)
-            candidates = [n for n, line in zip(candidates, lines, strict=True)
-                          if line == repair.line] or candidates[:0]
-        if candidates:
-            found.append((repair, candidates[0]))
+        node = _repair_node(fm, index.by_type, repair)
+        if node is not None:
+            found.append((repair, node))
     return found
+
+
+def _repair_node(fm: FileModel, by_type: dict, repair: Repair) -> cst.CSTNode | None:
+    """The node a repair names: of its kind (a loop, a call), on its line, with its code, or
+    (an earlier transform of the run rewrote it: ``tqdm(loader, disable=...)``) with the same
+    head (the loop's target, the call's callee)."""
+    kind = cst.For if repair.code.startswith("for ") else cst.Call
+    nodes = by_type.get(kind, [])
+    text = " ".join(repair.code.split())
+    same = [n for n in nodes if " ".join(repair_code(fm, n).split()) == text]
+    if len(same) == 1:
+        return same[0]
+    head = _head(text)
+    near = same or [n for n in nodes if _head(" ".join(repair_code(fm, n).split())) == head]
+    if not near:
+        return None
+    lines = _node_lines(fm, near)
+    on_line = [n for n, line in zip(near, lines, strict=True) if line == repair.line]
+    return on_line[0] if on_line else None
+
+
+def _head(code: str) -> str:
+    """``for x, y in`` of a loop's header; the callee of a call (``torch.nn.Linear``)."""
+    if code.startswith("for "):
+        return code.split(" in ", 1)[0]
+    return code.split("(", 1)[0]
 
 
 def repair_code(fm: FileModel, node: cst.CSTNode) -> str:

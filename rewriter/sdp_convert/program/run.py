@@ -233,7 +233,13 @@ class Run:
             if binding is not None and isinstance(binding.stmt, (cst.FunctionDef, cst.ClassDef)):
                 return Ref(call.module, binding.stmt)
             if binding is None or binding.kind == "import":
-                return self._project_target(Ref(call.module, func))
+                found = self._project_target(Ref(call.module, func))
+                if found is None and binding is None:
+                    star = self._star_target(call.module, func.value)
+                    other = self.modules.get(star[0]) if star is not None else None
+                    node = _top_level(other.fm, star[1]) if other is not None and star else None
+                    found = Ref(other, node) if other is not None and node is not None else None
+                return found
             return None
         if isinstance(func, cst.Attribute):
             if _is_self(func.value):
@@ -359,8 +365,33 @@ class Run:
                         continue
                     key = (str(target[0]), target[1])
                     found.setdefault(key, []).extend(Ref(module, c) for c in calls)
+                for call, target in self._star_calls(module):
+                    found.setdefault((str(target[0]), target[1]), []).append(Ref(module, call))
             self._imported_calls = found
         return self._imported_calls
+
+    def _star_calls(self, module: Module) -> list[tuple[cst.Call, tuple[Path, str]]]:
+        """Calls of names a ``from X import *`` of a project module brings in."""
+        stars = module.fm.info.star_imports
+        if not stars:
+            return []
+        index = file_index(module.fm)
+        found = []
+        for call in index.by_type.get(cst.Call, []):
+            func = call.func  # type: ignore[attr-defined]
+            if not isinstance(func, cst.Name) or index.reaching(func.value, call) is not None:
+                continue
+            target = self._star_target(module, func.value)
+            if target is not None:
+                found.append((call, target))  # type: ignore[arg-type]
+        return found
+
+    def _star_target(self, module: Module, name: str) -> tuple[Path, str] | None:
+        for star in module.fm.info.star_imports:
+            target = self.graph.resolve(module.path, f"{star}.{name}")
+            if target is not None:
+                return target
+        return None
 
     def callers(self, function: Ref) -> list[Ref]:
         key = ("callers", function.key)
@@ -467,9 +498,10 @@ class Run:
         for call in owner.fm.method_calls(name):
             if not (_is_self(call.func.value) and _inside(owner.fm, call, owner.node)):  # type: ignore[attr-defined]
                 continue
-            # ``self`` is an instance of the class whose method runs, or of a subclass.
-            target = self.method(owner, name)
-            if target is not None and target.node is function:
+            # ``self`` is an instance of the class whose method runs, or of a subclass: a base
+            # class's ``self._train_epoch()`` runs the subclass's override.
+            if any((target := self.method(cls, name)) is not None and target.node is function
+                   for cls in (owner, *self.subclasses(owner))):
                 found.append(Ref(owner.module, call))
         return found
 

@@ -74,6 +74,7 @@ from ..program.deletions import (
     path_deletions,
 )
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
+from ..program.project import repairs_of
 from ..program.ranks import kept_off_rank0, only_called_on_rank0, rank0_only, runs_collectives
 from ..program.readback import writes_private_temp
 from ..program.scopes import (
@@ -116,6 +117,9 @@ class _Action:
 class GuardRank0Writes(Transform):
     DESCRIPTION = "Write files (checkpoints, logs, TensorBoard) on rank 0 only."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    #: Project mode: a module that trains nothing itself but writes on every rank of a program
+    #: that trains (the whole-program contract's ``guard_write``).
+    PROJECT_ROLES = frozenset({"repair:guard_write"})
 
     def prepare(self, module: cst.Module) -> None:
         self._actions: list[_Action] = []
@@ -138,6 +142,13 @@ class GuardRank0Writes(Transform):
         candidates += object_saves(self.fm) + self.calls_to(*DELETIONS) + path_deletions(self.fm)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
             candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
+        # The whole-program contract's ``guard_write``: a write on every rank in a module that
+        # trains nothing itself, or the call of a helper of another module that writes.
+        asked = [node for _, node in repairs_of(self.fm, "guard_write")
+                 if isinstance(node, cst.Call)]
+        if not self.state.info.training:
+            candidates = [c for c in candidates if any(c is n for n in asked)]
+        candidates += [c for c in asked if not any(c is n for n in candidates)]
         order = node_order(self.fm)
         seen: set[int] = set()
         for call in sorted(candidates, key=lambda c: order.get(id(c), -1)):

@@ -55,6 +55,7 @@ from ..program.keras import (
     optimizer_from_string,
     schedule_class,
 )
+from ..program.project import repairs_of
 from ..program.sharding import training_data
 from ..program.syntax import (
     add_keyword,
@@ -84,6 +85,9 @@ class ScaleKerasLearningRate(Transform):
     DESCRIPTION = "Scale Keras optimizer learning rates (and schedules) by the number of workers."
     FRAMEWORKS = frozenset({"tensorflow"})
 
+    #: Project mode: see ``prepare`` (``repair:scale_keras_lr``).
+    PROJECT_ROLES = frozenset({"repair:scale_keras_lr"})
+
     def prepare(self, module: cst.Module) -> None:
         self.mode = self.state.options.lr_scaling
         # original Call -> what to do with it in leave_Call
@@ -92,8 +96,17 @@ class ScaleKerasLearningRate(Transform):
         self.compiles: list[cst.Call] = []
         if self.mode == "none":
             return
-        data = training_data(self.fm)
-        if not data.sharded:
+        # Project mode: a compile in a module that trains nothing itself, whose model another
+        # module fits on split data (the whole-program contract's ``scale_keras_lr``): that
+        # compile's optimizer alone.
+        asked = [node for _, node in repairs_of(self.fm, "scale_keras_lr")]
+        if not self.state.info.training and asked:
+            data_sharded = True
+        else:
+            data = training_data(self.fm)
+            data_sharded = data.sharded
+            asked = []
+        if not data_sharded:
             self._unscaled(data.kind)
             return
         index = file_index(self.fm)
@@ -103,6 +116,9 @@ class ScaleKerasLearningRate(Transform):
             if name is None:
                 continue
             for call in calls:
+                if asked and not any(a is call or any(p is a for p in self.ancestors(call))
+                                     for a in asked):
+                    continue
                 cls = optimizer_class(self.fm, call)
                 if cls is not None:
                     self.optimizers[call] = cls
@@ -122,6 +138,8 @@ class ScaleKerasLearningRate(Transform):
                 ):
                     self._runtime_lr(call)
         for call in self.method_calls("compile"):
+            if asked and not any(a is call for a in asked):
+                continue
             if is_keras_compile(self.fm, call):
                 arg = compile_optimizer_arg(call)
                 if arg is None or isinstance(arg.value, cst.SimpleString):

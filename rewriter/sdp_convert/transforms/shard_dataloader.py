@@ -77,6 +77,7 @@ from ..program.project import (
 )
 from ..program.scopes import (
     Binding,
+    arguments_for,
     assigned_binding,
     training_loops,
 )
@@ -162,6 +163,8 @@ class ShardDataLoader(Transform):
             self.record(call, f"{source.callee}() returns a loader built in {source.at} that "
                         "feeds training here; it is sharded only if that module is converted in "
                         "the same run: convert both together (or the directory)", manual=True)
+        self._epochs_set = {(id(loop), set_epoch.split(".set_epoch", 1)[0])
+                            for loop, set_epoch, _ in imported.set_epochs}
         for loop, set_epoch, source in imported.set_epochs:
             self.insert_before(loop.body.body[0], cst.parse_statement(set_epoch + "\n"))
             self.record(loop, f"call {set_epoch} at the start of each epoch (its "
@@ -171,34 +174,66 @@ class ShardDataLoader(Transform):
     def _known_loaders(self) -> bool:
         """Loops of this file that read a loader another module builds and splits (the
         whole-program model followed it there: ``Repair`` ``known_loader``): its sampler's
-        ``set_epoch`` at the start of each epoch, and no "no DataLoader" note."""
+        ``set_epoch`` at the start of each epoch (when it shuffles), and no "no DataLoader"
+        note."""
         found = False
         for repair, loop in repairs_of(self.fm, "known_loader"):
             if not isinstance(loop, cst.For):
                 continue
             found = True
+            if not repair.shuffle:
+                continue  # the same order every epoch is what the script asked for
             iterable = loop.iter
             while isinstance(iterable, cst.Call) and iterable.args and self.refers_to(
                 iterable.func, "builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "builtins.iter"
             ):
                 iterable = iterable.args[0].value
-            receiver = f"{self.module.code_for_node(iterable).strip()}.sampler"
-            epochs = range_loop_around(self.fm, loop)
-            if epochs is None or not isinstance(epochs.target, cst.Name) or not isinstance(
-                epochs.body, cst.IndentedBlock
-            ):
+            where = self._epoch_loop(loop, iterable)
+            if where is None:
+                if self.method_calls("set_epoch") or self._epochs_set:
+                    continue  # an epoch loop of a caller sets it (this run, or the script)
+                receiver = f"{self.module.code_for_node(iterable).strip()}.sampler"
                 self.record(loop, f"call {receiver}.set_epoch(epoch) at the start of every epoch "
                             f"(its DistributedSampler is added where the loader is built, "
                             f"{repair.detail}; found no `for epoch in range(...)` loop to put it "
                             "in), or every epoch sees the same order", manual=True)
                 continue
-            if sets_epoch(self.fm, epochs, receiver):
+            epochs, receiver = where
+            if sets_epoch(self.fm, epochs, receiver) or (id(epochs), receiver) in self._epochs_set:
                 continue
+            assert isinstance(epochs.target, cst.Name) and isinstance(
+                epochs.body, cst.IndentedBlock)
             set_epoch = f"{receiver}.set_epoch({epochs.target.value})"
             self.insert_before(epochs.body.body[0], cst.parse_statement(set_epoch + "\n"))
             self.record(epochs, f"call {set_epoch} at the start of each epoch (its "
                         f"DistributedSampler is added where the loader is built, {repair.detail})")
         return found
+
+    def _epoch_loop(self, loop: cst.For, iterable: cst.BaseExpression
+                    ) -> tuple[cst.For, str] | None:
+        """The ``for epoch in range(...)`` around ``loop`` and the code of the loader's sampler
+        there: in the same function, or, where ``iterable`` is a parameter of the loop's
+        function, around a call of it in this file (the argument it passes)."""
+
+        def usable(epochs: cst.For | None) -> bool:
+            return epochs is not None and isinstance(epochs.target, cst.Name) and isinstance(
+                epochs.body, cst.IndentedBlock)
+
+        epochs = range_loop_around(self.fm, loop)
+        if usable(epochs):
+            assert epochs is not None
+            return epochs, f"{self.module.code_for_node(iterable).strip()}.sampler"
+        function = self.enclosing_function(loop)
+        if function is None or not isinstance(iterable, cst.Name) or not any(
+            p.name.value == iterable.value for p in function.params.params
+        ):
+            return None
+        for value, call in arguments_for(self.fm, function, iterable.value):
+            epochs = range_loop_around(self.fm, call)
+            if usable(epochs):
+                assert epochs is not None
+                return epochs, f"{self.module.code_for_node(value).strip()}.sampler"
+        return None
 
     def _environment(self, node: cst.CSTNode) -> None:
         self.record(

@@ -66,6 +66,7 @@ from ..program.keras import (
     optimizer_from_string,
     per_worker_save_freq,
 )
+from ..program.project import repairs_of
 from ..program.ranks import is_rank0_test, rank0_only
 from ..program.syntax import (
     add_keyword,
@@ -96,6 +97,9 @@ class WrapKerasFit(Transform):
         "Keras fit: DistributedOptimizer, broadcast/metric callbacks, rank-0 callbacks and output."
     )
     FRAMEWORKS = frozenset({"tensorflow"})
+    #: Project mode: a compile in a module that trains nothing itself, whose model another
+    #: module fits (the whole-program contract's ``distributed_compile``): its optimizer alone.
+    PROJECT_ROLES = frozenset({"repair:distributed_compile"})
 
     def prepare(self, module: cst.Module) -> None:
         keras = f"{self.state.runtime_module}.keras"
@@ -114,8 +118,12 @@ class WrapKerasFit(Transform):
             return
         index = file_index(self.fm)
         facts = training_facts(self.fm)
+        asked = [node for _, node in repairs_of(self.fm, "distributed_compile")]
+        only_asked = not self.state.info.training
         for call in self.method_calls("compile"):
             if not is_keras_compile(self.fm, call):
+                continue
+            if only_asked and not any(a is call for a in asked):
                 continue
             arg = compile_optimizer_arg(call)
             if arg is not None and mentions(self.fm, arg.value, f"{keras}.DistributedOptimizer"):
@@ -131,7 +139,7 @@ class WrapKerasFit(Transform):
                 )
                 continue
             self.compiles.add(call)
-        for call in keras_fit_calls(self.fm):
+        for call in keras_fit_calls(self.fm) if not only_asked else ():
             self.fits.add(call)
             self._plan_arrays(index, call)
         self._plan_rank0_callbacks(index)
