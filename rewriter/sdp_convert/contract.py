@@ -41,7 +41,7 @@ import libcst as cst
 
 from .changes import Change
 from .program.project import Repair, repair_code
-from .program.ranks import rank0_only
+from .program.ranks import local_rank0_only, rank0_only
 from .program.readback import writes_private_temp
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
 from .program.vocab import (
@@ -778,7 +778,7 @@ class _Entry:
             for call, what, rewriting in _downloads(module):
                 if self._rank0(module, call) or _inside_rank0_first(module, call) or _per_rank(
                     module, call
-                ):
+                ) or local_rank0_only(module.fm, call):
                     continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes the same files on every rank at once: run it on rank 0 "

@@ -37,8 +37,32 @@ RANK_FUNCTIONS = (
     "smdistributed.dataparallel.torch.distributed.get_rank",
     "smdistributed.dataparallel.tensorflow.rank",
     "sdp_runtime.torch.distributed.get_rank",
+    "sdp_runtime.tensorflow.keras.rank",
+    "sdp_runtime.torch.smp.rank",
+    "sdp_runtime.tensorflow.smp.rank",
+    "smdistributed.modelparallel.torch.rank",
+    "smdistributed.modelparallel.tensorflow.rank",
 )
+#: Calls whose result is this process's rank on its machine.
+LOCAL_RANK_FUNCTIONS = tuple(
+    name.rsplit(".", 1)[0] + ".local_rank" for name in RANK_FUNCTIONS
+    if name.endswith(".rank")
+) + ("torch.distributed.get_node_local_rank", "sdp_runtime.torch.distributed.get_local_rank",
+     "smdistributed.dataparallel.torch.distributed.get_local_rank")
 _EXITS = ("sys.exit", "exit", "quit")
+
+
+def local_rank0_only(fm: FileModel, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs on the first process of each machine only (``if
+    sdp.local_rank() == 0:``): what a download into a machine's cache needs."""
+    child = node
+    for parent in fm.ancestors(node):
+        if isinstance(parent, cst.If) and child is parent.body:
+            subject = _rank_subject(parent.test, equal=True)
+            if isinstance(subject, cst.Call) and fm.refers_to(subject.func, *LOCAL_RANK_FUNCTIONS):
+                return True
+        child = parent
+    return False
 
 
 def is_rank_call(fm: FileModel, expr: cst.BaseExpression) -> bool:
@@ -52,11 +76,34 @@ def is_rank0_test(fm: FileModel, test: cst.BaseExpression) -> bool:
 
 
 def is_rank0_condition(fm: FileModel, test: cst.BaseExpression) -> bool:
-    """``is_rank0_test``, or the same with a variable that holds a rank call."""
+    """``is_rank0_test``, or the same with a variable that holds a rank call; or a variable
+    that is true on rank 0 only (``verbose = 1 if hvd.rank() == 0 else 0``; ``if verbose:``)."""
     if is_rank0_test(fm, test):
         return True
     subject = _rank_subject(test, equal=True)
-    return _holds_rank(fm, subject)
+    return _holds_rank(fm, subject) or _true_on_rank0_only(fm, test)
+
+
+def _true_on_rank0_only(fm: FileModel, test: cst.BaseExpression) -> bool:
+    if not isinstance(test, cst.Name):
+        return False
+    values = assigned_values(fm, test)
+    return bool(values) and all(
+        isinstance(v, cst.IfExp) and is_rank0_condition(fm, v.test)
+        and _truthy(v.body) is True and _truthy(v.orelse) is False
+        for v in values
+    )
+
+
+def _truthy(expr: cst.BaseExpression) -> bool | None:
+    """The truth of a literal (``1``, ``0``, ``True``, ``None``, ``""``); None for others."""
+    if isinstance(expr, cst.Integer):
+        return expr.value not in ("0", "0x0", "0o0", "0b0")
+    if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
+        return expr.value == "True"
+    if isinstance(expr, cst.SimpleString):
+        return len(expr.evaluated_value or "") > 0
+    return None
 
 
 def is_not_rank0_condition(fm: FileModel, test: cst.BaseExpression) -> bool:
