@@ -386,7 +386,7 @@ class _Entry:
         if trace.wrapped_by("DistributedDataParallel", "DistributedModel") or (
             made.key in wrapped
         ):
-            return True
+            return self._unused_parameters(step, trace, made)
         if _frozen(made):
             if made.key not in broadcast:
                 self.add("state", "missing", made, (
@@ -407,6 +407,26 @@ class _Entry:
                 f"every rank starts from its own random weights for the model made here "
                 f"({name}): wrap it in {self.sdp}.DistributedDataParallel, or broadcast rank 0's "
                 f"(`{self.sdp}.broadcast_parameters(model.state_dict(), root_rank=0)`)"))
+        return repair is not None
+
+    def _unused_parameters(self, step: TorchStep, trace: Trace, made: Ref) -> bool:
+        """A wrapped model whose class runs a trainable submodule under ``torch.no_grad()``
+        needs ``find_unused_parameters=True``, or DDP stops at the second step ("Expected to have
+        finished reduction"). Whether it is averaged (or will be, by a repair)."""
+        no_grad = self.run.unused_parameters(made)
+        wrap = trace.wrapped_by("DistributedDataParallel", "DistributedModel")
+        if no_grad is None or wrap is None:
+            return True
+        flag = _keyword(wrap.node, "find_unused_parameters")
+        if isinstance(flag, cst.Name) and flag.value == "True":
+            return True
+        site = self.wrap_site(trace) or made
+        repair = self.repair("unused_parameters", site, self.where(no_grad))
+        self.add("averaging", "missing", wrap, (
+            f"the model wrapped here runs {no_grad.code.split('(')[0]} under torch.no_grad() in "
+            f"its forward ({self.where(no_grad)}): those parameters get no gradient, and DDP "
+            "stops at the second step (\"Expected to have finished reduction\") unless it is "
+            "wrapped with find_unused_parameters=True"), repair)
         return repair is not None
 
     def wrap_site(self, trace: Trace) -> Ref | None:
@@ -886,10 +906,14 @@ class _Entry:
             optimizer = next((t.made for t in step.optimizers if t.made is not None), None)
             if optimizer is None:
                 continue
-            if averaged and any(t.made is not None and t.made.module is not optimizer.module
-                                for t in step.models):
+            unsure = any(n.transform == "wrap_model_ddp" and n.manual
+                         for n in self.context.notes.get(optimizer.module.path, ()))
+            if averaged and (unsure or any(t.made is not None and t.made.module is not
+                                           optimizer.module for t in step.models)):
                 add(self.repair("known_model", optimizer, self.where(step.step)))
             loop, loader, split = self.step_data.get(step.step.key, (None, None, False))
+            if loop is not None and split and loop.module is not step.step.module:
+                add(self.repair("known_data", step.step, self.where(loop)))
             if loop is not None and loader is not None and split and (
                 loader.module is not loop.module
             ):
@@ -1083,7 +1107,7 @@ def _data_loop(loops: Iterable[Ref]) -> Ref | None:
     """The innermost loop that reads data (not ``for epoch in range(...)``)."""
     for loop in loops:
         node = loop.node
-        if isinstance(node, cst.For):
+        if isinstance(node, (cst.For, cst.CompFor)):
             it = node.iter
             if isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_COUNTING):
                 continue
@@ -1112,7 +1136,7 @@ def _iterable(loop: Ref) -> Ref:
         call = _next_call(loop)
         assert call is not None
         return Ref(loop.module, call.args[0].value)
-    assert isinstance(node, cst.For)
+    assert isinstance(node, (cst.For, cst.CompFor))
     it = node.iter
     while isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_UNWRAP) and it.args:
         it = it.args[0].value

@@ -426,13 +426,18 @@ def no_grad_submodule(fm: FileModel, value: cst.BaseExpression | None) -> cst.Ca
     class of this file that ``value`` builds (``Net()``, ``Net().to(device)``), whose parameters
     are not frozen: they never get a gradient, and DDP, which waits for one from every parameter
     that requires it, fails at the next step unless told to look for unused ones."""
-    from .model_setup import NO_GRAD  # it builds on this module
-
     names = [c.func.value for c in m.findall(value, m.Call(func=m.Name()))] if value else []
     classes = {s.name.value: s for s in fm.module.body if isinstance(s, cst.ClassDef)}
     cls = next((classes[n] for n in names if n in classes), None)
-    if cls is None:
-        return None
+    return no_grad_in_class(fm, cls) if cls is not None else None
+
+
+def no_grad_in_class(fm: FileModel, cls: cst.ClassDef) -> cst.Call | None:
+    """The submodule call under ``torch.no_grad()`` in ``cls.forward`` whose parameters are not
+    frozen (see ``no_grad_submodule``), or None; ``cls`` is a class of ``fm``'s file (the project
+    model asks it of a class in any module)."""
+    from .model_setup import NO_GRAD  # it builds on this module
+
     text = fm.module.code_for_node(cls)
     for function in m.findall(cls, m.FunctionDef(name=m.Name("forward"))):
         for block in m.findall(function, m.With()):

@@ -397,8 +397,8 @@ def _repair_node(fm: FileModel, by_type: dict, repair: Repair) -> cst.CSTNode | 
     """The node a repair names: of its kind (a loop, a call), on its line, with its code, or
     (an earlier transform of the run rewrote it: ``tqdm(loader, disable=...)``) with the same
     head (the loop's target, the call's callee)."""
-    kind = cst.For if repair.code.startswith("for ") else cst.Call
-    nodes = by_type.get(kind, [])
+    kinds = (cst.For, cst.CompFor) if repair.code.startswith("for ") else (cst.Call,)
+    nodes = [n for kind in kinds for n in by_type.get(kind, [])]
     text = " ".join(repair.code.split())
     same = [n for n in nodes if " ".join(repair_code(fm, n).split()) == text]
     if len(same) == 1:
@@ -422,7 +422,7 @@ def _head(code: str) -> str:
 def repair_code(fm: FileModel, node: cst.CSTNode) -> str:
     """What a ``Repair`` names a node by: its code; a loop's header only (its body may carry
     the notes of an earlier conversion)."""
-    if isinstance(node, cst.For):
+    if isinstance(node, (cst.For, cst.CompFor)):
         return f"for {fm.code(node.target)} in {fm.code(node.iter)}"
     return fm.code(node)
 

@@ -883,6 +883,16 @@ class Run:
                 for parent in current.fm.ancestors(current.node):
                     if isinstance(parent, (cst.For, cst.While)):
                         found.append(Ref(current.module, parent))
+                    elif isinstance(parent, (cst.ListComp, cst.GeneratorExp, cst.SetComp,
+                                             cst.DictComp)):
+                        # ``[self.one_batch(x, y) for x, y in self.train_dl]``: its loops,
+                        # innermost first.
+                        loops = []
+                        comp: cst.CompFor | None = parent.for_in
+                        while comp is not None:
+                            loops.append(Ref(current.module, comp))
+                            comp = comp.inner_for_in
+                        found.extend(reversed(loops))
                     elif isinstance(parent, cst.FunctionDef):
                         function = parent
                         break
@@ -966,10 +976,22 @@ class Run:
         ``model.named_parameters()``, in any module. Returns the traces of each model, and why
         none was found (or "")."""
         receivers: list[Ref] = []
+        values: list[Ref] = []
         for trace in self.trace(params):
-            for ref in (*trace.through, *( [trace.made] if trace.made else [])):
-                receivers += _parameter_receivers(ref)
-                receivers += self._appended_parameters(ref)
+            values += [*trace.through, *([trace.made] if trace.made else [])]
+        # The names inside a literal of parameter groups (``[{"params": biases}, ...]``): what
+        # they hold too.
+        for ref in list(values):
+            if isinstance(ref.node, (cst.List, cst.Tuple, cst.Dict)):
+                for node in _walk(ref.node):
+                    if isinstance(node, cst.Name) and not isinstance(
+                        ref.fm.parent(node), (cst.Attribute, cst.Call)
+                    ):
+                        for trace in self.trace(Ref(ref.module, node), depth=MAX_DEPTH - 8):
+                            values += [*trace.through, *([trace.made] if trace.made else [])]
+        for ref in values:
+            receivers += _parameter_receivers(ref)
+            receivers += self._appended_parameters(ref)
         unique: dict[tuple[str, int], Ref] = {}
         for receiver in receivers:
             unique.setdefault(receiver.key, receiver)
@@ -989,7 +1011,11 @@ class Run:
     def _appended_parameters(self, ref: Ref) -> list[Ref]:
         """``biases = []`` filled in a loop over ``model.named_parameters()``: that model."""
         node = ref.node
-        if not (isinstance(node, cst.List) and not node.elements):
+        empty = (isinstance(node, cst.List) and not node.elements) or (
+            isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Name)
+            and node.func.value == "list"
+        )
+        if not empty:
             return []
         parent = ref.fm.parent(node)
         if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
@@ -1009,6 +1035,23 @@ class Run:
                     found += _parameter_receivers(Ref(ref.module, parent_node.iter))
                     break
         return found
+
+    def unused_parameters(self, made: Ref) -> Ref | None:
+        """The call in the ``forward`` of the class a model made by ``made`` is an instance of
+        (in any module, or a base of it) that runs a trainable submodule under
+        ``torch.no_grad()``: DDP needs ``find_unused_parameters=True`` for it."""
+        from .models import no_grad_in_class
+
+        cls = self.callee_of_made(made) if isinstance(made.node, cst.Call) else None
+        if cls is None or not isinstance(cls.node, cst.ClassDef):
+            return None
+        for owner in [cls, *self.family(cls)]:
+            if owner.key != cls.key and owner in self.subclasses(cls):
+                continue
+            call = no_grad_in_class(owner.fm, owner.node)  # type: ignore[arg-type]
+            if call is not None:
+                return Ref(owner.module, call)
+        return None
 
     def keras_fits(self, modules: Iterable[Module] | None = None) -> list[KerasFit]:
         """Every ``fit`` of a Keras model, with the ``compile`` calls of the same model (in any

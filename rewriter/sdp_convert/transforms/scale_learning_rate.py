@@ -117,18 +117,27 @@ class ScaleLearningRate(Transform):
         # Each optimizer by the data of the loops that step it: a file may train one model on
         # sharded batches and fine-tune another on the full batch. The whole-program model
         # decides for an optimizer whose loops are in another module (``scale_lr``).
-        known = {id(node) for _, node in repairs_of(self.fm, "scale_lr")}
+        found = repairs_of(self.fm, "scale_lr")
+        asked = {id(node) for _, node in found}
+        known = set(asked)
         scaled = False
         for call in self.calls_to("torch.optim", prefix=True):
             cls = optimizer_class(self.fm, call)
             if cls is None:
                 continue
+            known.discard(id(call))  # decided here (below: an optimizer of another library)
             data = optimizer_data(self.fm, call)
-            if data.sharded or id(call) in known:
+            if data.sharded or id(call) in asked:
                 scaled = True
                 self._optimizer(call, cls)
             else:
                 self._unscaled(call, cls, data.kind)
+        for _, call in found:
+            # An optimizer of another library or of the project (``MomentumW(params, lr=...)``)
+            # that the whole-program model found stepping an averaged model on split data.
+            if id(call) in known and isinstance(call, cst.Call):
+                scaled = True
+                self._optimizer(call, code(call.func))
         if not scaled:
             self.mode = "none"  # nothing below scales, nor asks a person to
             return

@@ -115,6 +115,7 @@ class ShardDataLoader(Transform):
     #: whose DataLoader the whole-program contract found unsplit (``repair:shard_loader``), or
     #: one whose loop reads a loader another module splits (``repair:known_loader``).
     PROJECT_ROLES = frozenset({"data", "repair:shard_loader", "repair:known_loader"})
+    # (``known_data`` only speaks to a module that trains: no role of its own.)
 
     def prepare(self, module: cst.Module) -> None:
         self._repairs = {id(node): repair for repair, node in repairs_of(self.fm, "shard_loader")}
@@ -130,6 +131,9 @@ class ShardDataLoader(Transform):
             handled = self._handle(call) or handled
         handled = self._imported() or handled
         handled = self._known_loaders() or handled
+        # The loop that feeds this file's training is in another module, which reads a loader
+        # split there (the whole-program model followed it: ``known_data``).
+        handled = bool(repairs_of(self.fm, "known_data")) or handled
         backward = self.method_calls("backward")
         if not handled and backward:
             data = training_data(self.fm)
@@ -178,7 +182,7 @@ class ShardDataLoader(Transform):
         note."""
         found = False
         for repair, loop in repairs_of(self.fm, "known_loader"):
-            if not isinstance(loop, cst.For):
+            if not isinstance(loop, (cst.For, cst.CompFor)):
                 continue
             found = True
             if not repair.shuffle:
@@ -209,7 +213,7 @@ class ShardDataLoader(Transform):
                         f"DistributedSampler is added where the loader is built, {repair.detail})")
         return found
 
-    def _epoch_loop(self, loop: cst.For, iterable: cst.BaseExpression
+    def _epoch_loop(self, loop: cst.For | cst.CompFor, iterable: cst.BaseExpression
                     ) -> tuple[cst.For, str] | None:
         """The ``for epoch in range(...)`` around ``loop`` and the code of the loader's sampler
         there: in the same function, or, where ``iterable`` is a parameter of the loop's

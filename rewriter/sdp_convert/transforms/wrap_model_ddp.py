@@ -62,6 +62,7 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.index import Binding, FileIndex, file_index
+from ..program.model import FileModel
 from ..program.model_setup import (
     broadcast_already,
     gets_module,
@@ -101,6 +102,28 @@ from ..program.syntax import arg_named, code
 Scope = cst.FunctionDef | cst.ClassDef | None
 
 
+def _assigned_to(fm: FileModel, value: cst.CSTNode) -> cst.BaseExpression | None:
+    """The target ``value`` is assigned to: ``model`` of ``model = Net()``, ``netD`` of
+    ``netG, netD = Generator(), Discriminator()``; None for anything else."""
+    parent = fm.parent(value)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return parent.targets[0].target
+    if not isinstance(parent, cst.Element):
+        return None
+    values = fm.parent(parent)
+    assign = fm.parent(values) if values is not None else None
+    if not (isinstance(values, cst.Tuple) and isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1 and assign.value is values):
+        return None
+    targets = assign.targets[0].target
+    if not isinstance(targets, (cst.Tuple, cst.List)) or len(targets.elements) != len(
+        values.elements
+    ):
+        return None
+    position = next(i for i, e in enumerate(values.elements) if e is parent)
+    return targets.elements[position].value
+
+
 @dataclass(eq=False)
 class _Model:
     """One model to wrap: ``model`` (a name of ``scope``) or ``self.model`` (of class ``owner``)."""
@@ -126,7 +149,7 @@ class WrapModelDdp(Transform):
     #: Project mode: the whole-program contract names a model made here and trained elsewhere
     #: (``wrap_model``), or a model this file's optimizer trains that another module makes and
     #: wraps (``known_model``: no "could not tell" note).
-    PROJECT_ROLES = frozenset({"repair:wrap_model"})
+    PROJECT_ROLES = frozenset({"repair:wrap_model", "repair:unused_parameters"})
 
     def prepare(self, module: cst.Module) -> None:
         self.index: FileIndex = file_index(self.fm)
@@ -190,9 +213,7 @@ class WrapModelDdp(Transform):
         (``program.project.Repair``): each becomes a model to wrap, as if an optimizer of this
         file trained it."""
         for repair, node in repairs_of(self.fm, "wrap_model"):
-            parent = self.parent(node)
-            target = parent.targets[0].target if isinstance(parent, cst.Assign) and len(
-                parent.targets) == 1 else None
+            target = _assigned_to(self.fm, node)
             if isinstance(target, (cst.Name, cst.Attribute)) and self._add(target, node):
                 continue
             self.record(
@@ -396,7 +417,12 @@ class WrapModelDdp(Transform):
             return
         unused = None if model.owner else discarded_outputs(self.fm, model.target, model.scope)
         frozen_part = no_grad_submodule(self.fm, model.creation.value)
-        extra = ", find_unused_parameters=True" if unused or frozen_part else ""
+        elsewhere = next(
+            (repair for repair, node in repairs_of(self.fm, "unused_parameters")
+             if model.creation.value is not None and (
+                 node is model.creation.value or any(
+                     a is model.creation.value for a in self.ancestors(node)))), None)
+        extra = ", find_unused_parameters=True" if unused or frozen_part or elsewhere else ""
         wrap = f"{model.target} = {self.sdp}.DistributedDataParallel({model.target}{extra})"
         self.insert_after(anchor, cst.parse_statement(wrap + "\n"))
         compiled = any(
@@ -407,7 +433,10 @@ class WrapModelDdp(Transform):
             anchor,
             f"wrap {model.target} in {self.sdp}.DistributedDataParallel"
             + (" (before torch.compile)" if compiled else "")
-            + unused_parameters_reason(unused, frozen_part),
+            + (unused_parameters_reason(unused, frozen_part) or (
+                " with find_unused_parameters=True: the forward of its class runs a submodule "
+                f"under torch.no_grad() ({elsewhere.detail}), so those parameters get no "
+                "gradient" if elsewhere is not None else "")),
         )
         if model.creation.value is not None and any(
             isinstance(c, cst.Call) and self.refers_to(c.func, *COMPILE)
