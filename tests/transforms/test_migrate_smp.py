@@ -394,3 +394,18 @@ def test_partial_save_that_keeps_its_rank_test_is_noted():
                            "guards more than smp.save(..., partial=True) calls): it writes each "
                            "shard's file on the ranks of the first replica")
     assert 'if smp.dp_rank() == 0:\n    print("saving")' in result.output.decode()
+
+
+def test_guide_partial_save_with_local_state_dicts_loses_its_rank_test():
+    result = migrate(
+        textwrap.dedent(TORCH_SCRIPT) + """\
+if smp.dp_rank() == 0:
+    model_dict = model.local_state_dict()
+    opt_dict = optimizer.local_state_dict()
+    smp.save({"model": model_dict, "optimizer": opt_dict}, "ckpt.pt", partial=True)
+"""
+    )
+    out = result.output.decode()
+    assert "if smp.dp_rank() == 0:" not in out
+    assert "\nmodel_dict = model.local_state_dict()\n" in out
+    assert messages(result, manual=True) == []
