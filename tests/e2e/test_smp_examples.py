@@ -143,7 +143,7 @@ def test_tensorflow_mnist_checkpoint_manager_writes_on_rank_0(tf_mnist):
 GPT_ARGS = [
     "--max_context_width", "16", "--vocab_size", "64", "--hidden_width", "32", "--num_layers",
     "2", "--num_heads", "2", "--resid_pdrop", "0", "--embd_pdrop", "0", "--attn_pdrop", "0",
-    "--lr", "0.001", "--warmup", "0", "--same_seed", "1", "--microbatches", "2",
+    "--lr", "0.001", "--lr_decay_iters", "4", "--warmup", "0", "--same_seed", "1", "--microbatches", "2",
     "--save_final_full_model", "1", "--logits_output", "logits.pt", "--epochs", "1",
     "--validation_freq", "2", "--validation_batches", "1",
 ]

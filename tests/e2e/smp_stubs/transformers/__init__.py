@@ -38,8 +38,11 @@ class _Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        # No projection biases: the key bias's gradient is zero in theory (softmax ignores a
+        # constant), so its float noise, which Adam scales up to the learning rate, would differ
+        # between runs that sum the same batch in another order.
         self.attn = nn.MultiheadAttention(config.n_embd, config.n_head, dropout=config.attn_pdrop,
-                                          batch_first=True)
+                                          bias=False, batch_first=True)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
                                  nn.Linear(4 * config.n_embd, config.n_embd),
