@@ -104,7 +104,7 @@ def test_pytorch_mnist_checkpoint_written_once(mnist):
     assert who.get("ckpt/pt_mnist_checkpoint.pt_0") == ["0"], who
 
 
-# -- TensorFlow 2 MNIST, without and with Horovod ---------------------------------------------------
+# -- TensorFlow 2 MNIST, without and with Horovod ------------------------------------------------
 
 
 @pytest.fixture(scope="module", params=["tf2_mnist", "tf2_mnist_horovod"])
@@ -138,12 +138,13 @@ def test_tensorflow_mnist_checkpoint_manager_writes_on_rank_0(tf_mnist):
     assert written and all(r == ["0"] for r in written.values()), who
 
 
-# -- GPT-2, sharded data parallelism ----------------------------------------------------------------
+# -- GPT-2, sharded data parallelism -------------------------------------------------------------
 
 GPT_ARGS = [
     "--max_context_width", "16", "--vocab_size", "64", "--hidden_width", "32", "--num_layers",
     "2", "--num_heads", "2", "--resid_pdrop", "0", "--embd_pdrop", "0", "--attn_pdrop", "0",
-    "--lr", "0.001", "--lr_decay_iters", "4", "--warmup", "0", "--same_seed", "1", "--microbatches", "2",
+    "--lr", "0.001", "--lr_decay_iters", "4", "--warmup", "0", "--same_seed", "1",
+    "--microbatches", "2",
     "--save_final_full_model", "1", "--logits_output", "logits.pt", "--epochs", "1",
     "--validation_freq", "2", "--validation_batches", "1",
 ]
