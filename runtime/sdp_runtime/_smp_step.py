@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -36,6 +36,10 @@ class Ops(Protocol):
 class StepOutput:
     """One value of a ``@step`` function, for every microbatch.
 
+    ``outputs`` is the list of the microbatches' values, which the object also reads as: it
+    iterates over them, has their number as ``len`` and is indexed by microbatch
+    (``torch.cat(tuple(logits_mb.outputs))``, ``sum(loss_mb)``, ``loss_mb[0]`` all work).
+
     Example:
         >>> loss_mb = train_step(model, images, labels)
         >>> loss = loss_mb.reduce_mean()   # the loss of the whole batch
@@ -44,6 +48,15 @@ class StepOutput:
     def __init__(self, outputs: list[Any], ops: Ops) -> None:
         self.outputs = outputs
         self._ops = ops
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.outputs)
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.outputs[index]
 
     def reduce_mean(self) -> Any:
         """The mean over microbatches (of a loss: the batch's loss)."""
@@ -163,34 +176,8 @@ def _gather(results: list[Any], ops: Ops, detach: bool) -> Any:
         return type(first)(*parts) if _namedtuple(first) else type(first)(parts)
     if isinstance(first, dict):
         return type(first)({k: _gather([r[k] for r in results], ops, detach) for k in first})
-    if isinstance(first, (int, float)) and not isinstance(first, bool):
-        return StepOutput(list(results), _NumberOps())
-    return first if len(results) == 1 else results[-1]
-
-
-class _NumberOps:
-    """Python numbers returned from a step (``loss.item()``)."""
-
-    def is_tensor(self, value: Any) -> bool:
-        return False
-
-    def length(self, tensor: Any, axis: int) -> int:  # pragma: no cover - never split
-        return 1
-
-    def slice(self, tensor: Any, axis: int, start: int, length: int) -> Any:  # pragma: no cover
-        return tensor
-
-    def detach(self, tensor: Any) -> Any:
-        return tensor
-
-    def stack(self, tensors: list[Any]) -> Any:
-        return list(tensors)
-
-    def concat(self, tensors: list[Any], axis: int) -> Any:
-        return list(tensors)
-
-    def mean(self, tensors: list[Any]) -> Any:
-        return sum(tensors) / len(tensors)
-
-    def sum(self, tensors: list[Any]) -> Any:
-        return sum(tensors)
+    if first is None:
+        return None
+    # Anything else (Python numbers: ``loss.item()``, strings): as SMP returns it, a list with
+    # one item per microbatch (``total += sum(test_step(model, x, y))``).
+    return list(results)

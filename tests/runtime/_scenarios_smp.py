@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import time
@@ -74,7 +75,11 @@ def check_step_splits_into_microbatches_and_gathers_outputs() -> None:
     assert out.stack().shape == (2, 2, 2) and len(out.outputs) == 2
     assert torch.equal(parts["sum"].reduce_sum(), x.sum())
     assert torch.allclose(parts["sum"].reduce_mean(), x.sum() / 2)
-    assert number.reduce_mean() == 1.5
+    assert number == [1.5, 1.5]  # Python numbers: a list, one per microbatch, as SMP gives
+    assert len(out) == 2 and list(out) == out.outputs and torch.equal(out[1], x[2:] * 2)
+    total = 0
+    total += sum(forward(x, torch.tensor(2.0), (x, "label"))[2])
+    assert total == 3.0
     expect_raises(ValueError, lambda: forward(torch.ones(3, 2), torch.tensor(1.0), (x, "label")),
                   "3 elements along axis 0")
 
@@ -147,6 +152,94 @@ def check_save_full_once_and_partial_per_shard() -> None:
     model.load_state_dict(smp.load(path, partial=True))
 
 
+def _train_step():
+    @smp.step
+    def train_step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        model.backward(loss)
+        return loss
+
+    return train_step
+
+
+def check_get_module_and_activation_checkpointing() -> None:
+    net = _net()
+    model = smp.DistributedModel(net)
+    assert model.get_module() is net
+    smp.set_activation_checkpointing(net)  # nn.Sequential: each child
+    x, y = _data(8)
+    _train_step()(model, x, y)
+    plain = _net()
+    F.cross_entropy(plain(x), y).backward()
+    for mine, theirs in zip(net.parameters(), plain.parameters(), strict=True):
+        assert mine.grad is not None and torch.allclose(mine.grad, theirs.grad, atol=1e-6)
+
+
+def check_fp16_loss_scaling_clip_master_grads_and_overflow() -> None:
+    _fresh({"microbatches": 2, "fp16": True})
+    model = smp.DistributedModel(_net())
+    optimizer = smp.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5), static_loss_scale=None,
+        dynamic_loss_scale=True, dynamic_loss_args={"init_scale": 2.0**8, "scale_window": 2})
+    x, y = _data(8)
+    mine = slice(4 * smp.rank(), 4 * smp.rank() + 4)
+    _train_step()(model, x[mine], y[mine])
+    assert model.get_module()[0].weight.grad.abs().max() > 1.0  # scaled by 2**8
+    plain = _net()
+    F.cross_entropy(plain(x), y).backward()
+    want = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.1)
+    norm = optimizer.clip_master_grads(0.1)
+    assert torch.allclose(norm, want, atol=1e-5), (norm, want)
+    optimizer.step()
+    torch.optim.SGD(plain.parameters(), lr=0.5).step()
+    assert optimizer.overflow is False
+    for key, value in plain.state_dict().items():
+        assert torch.allclose(model.state_dict()[key], value, atol=1e-6), key
+    # An inf gradient on rank 1 only: the step is skipped on both, the scale halves.
+    optimizer.zero_grad()
+    _train_step()(model, x[mine], y[mine])
+    if smp.rank() == 1:
+        model.get_module()[0].weight.grad[0, 0] = float("inf")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer.step()
+    assert optimizer.overflow is True
+    assert optimizer._sdp_scaler.scale == 2.0**7
+    for key, value in before.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    _fresh({"microbatches": 2})
+
+
+def check_save_checkpoint_and_resume_from_checkpoint() -> None:
+    model = smp.DistributedModel(_net())
+    optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1))
+    x, y = _data(8)
+    _train_step()(model, x, y)
+    optimizer.step()
+    folder = smp.allgather(tempfile.mkdtemp() if smp.rank() == 0 else None)[0]
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = copy.deepcopy(optimizer.state_dict())
+    smp.save_checkpoint(folder, tag="step1", partial=True, model=model, optimizer=optimizer,
+                        user_content={"step": 1})
+    smp.save_checkpoint(folder, tag="full.pt", partial=False, model=model, user_content="u")
+    optimizer.zero_grad()
+    _train_step()(model, x, y)
+    optimizer.step()
+    assert smp.resume_from_checkpoint(folder, tag="step1") == {"step": 1}
+    for key, value in saved.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"],
+                       saved_opt["state"][0]["exp_avg"])
+    assert sorted(os.listdir(os.path.join(folder, "step1_partial"))) == [
+        "model_0.pt", "optimizer_0.pt", "user_content.pt"]
+    with open(os.path.join(folder, "newest")) as f:
+        assert f.read() == "full.pt"
+    assert smp.resume_from_checkpoint(folder, partial=False) == "u"  # the newest: full.pt
+    plain = _net()
+    plain.load_state_dict(torch.load(os.path.join(folder, "full.pt"), weights_only=True))
+    expect_raises(FileNotFoundError, lambda: smp.resume_from_checkpoint(folder + "-none"),
+                  "no checkpoint in")
+
+
 # -- two partitions: one replica sharded with FSDP ------------------------------------------------
 
 def check_partitioned_rank_queries() -> None:
@@ -155,7 +248,9 @@ def check_partitioned_rank_queries() -> None:
     assert (smp.dp_rank(), smp.dp_size()) == (0, 1)
     assert (smp.pp_rank(), smp.pp_size()) == (smp.rank(), 2)
     assert smp.get_mp_group() == [0, 1] and smp.get_dp_group() == [smp.rank()]
+    assert smp.get_pp_group() == [0, 1] and smp.get_tp_group() == [smp.rank()]
     assert smp.allgather(smp.rank(), smp.MP_GROUP) == [0, 1]
+    assert smp.allgather(smp.rank(), smp.PP_GROUP) == [0, 1]
     assert smp.allgather("me", smp.DP_GROUP) == ["me"]
 
 
@@ -216,6 +311,24 @@ def check_sharded_training_with_optimizer_made_before_the_wrap() -> None:
     # A whole state dict loads back into the sharded model (each rank keeps its shard).
     model.load_state_dict(plain.state_dict())
     assert torch.allclose(model.state_dict()["0.weight"], plain.state_dict()["0.weight"])
+    # clip_master_grads: the norm of the whole model's gradient, from the shards.
+    optimizer.zero_grad()
+    train_step(model, x, y)
+    plain_opt.zero_grad()
+    F.cross_entropy(plain(x), y).backward()
+    want = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.01)
+    assert torch.allclose(optimizer.clip_master_grads(0.01), want, atol=1e-5)
+    # A partial save_checkpoint: one file per shard; resumed, every shard is back.
+    folder = smp.allgather(tempfile.mkdtemp() if smp.rank() == 0 else None)[0]
+    saved = model.state_dict()
+    smp.save_checkpoint(folder, "t1", partial=True, model=model, optimizer=optimizer,
+                        user_content=7)
+    optimizer.step()
+    assert smp.resume_from_checkpoint(folder) == 7
+    for key, value in saved.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert sorted(os.listdir(os.path.join(folder, "t1_partial"))) == [
+        "model_0.pt", "model_1.pt", "optimizer_0.pt", "optimizer_1.pt", "user_content.pt"]
 
 
 def smp_suite() -> dict[str, str]:

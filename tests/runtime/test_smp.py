@@ -22,7 +22,7 @@ def suite(tmp_path_factory) -> list[dict[str, str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_suite_ran_every_check(suite):
-    assert len(CHECKS) == 11
+    assert len(CHECKS) == 14
     for outcome in suite:
         assert list(outcome) == CHECKS
 

@@ -101,29 +101,55 @@ def test_unsupported_api_gets_a_manual_note_naming_the_call():
 
         smp.init()
         layer = smp.nn.DistributedTransformerLMHead()
+        norm = smp.nn.FusedLayerNorm(8)
         smp.save_checkpoint("/ckpt", tag="t", model=model)
         smp.send(obj, 1, smp.RankType.WORLD_RANK)
         """
     )
     notes = messages(result, manual=True)
-    assert any(n.startswith("smp.nn: not provided") for n in notes)
-    assert any(n.startswith("smp.save_checkpoint: not provided") for n in notes)
-    assert any(n.startswith("smp.send: not provided") for n in notes)
+    assert notes == [
+        "smp.nn.DistributedTransformerLMHead: not provided by sdp_runtime; use the torch.nn "
+        "layer it replaces (FSDP shards it like any other module)",
+        "smp.send: not provided by sdp_runtime; use broadcast/recv_from, or torch.distributed on "
+        "get_world_process_group()",
+    ]  # FusedLayerNorm and save_checkpoint are provided
     assert "smdistributed" not in result.output.decode().splitlines()[0]
 
 
-def test_unsupported_name_is_dropped_from_a_from_import_with_a_note():
+def test_provided_nn_module_and_checkpoint_names_are_imported_from_the_runtime():
     result = migrate(
-        """\
-        from smdistributed.modelparallel.torch import init, save_checkpoint
+        """        from smdistributed.modelparallel.torch import init, resume_from_checkpoint, save_checkpoint
+        from smdistributed.modelparallel.torch.nn import FusedLayerNorm as LayerNorm
+        from smdistributed.modelparallel.torch.nn.huggingface.gpt2 import translate_state_dict_to_hf_gpt2
 
         init()
         save_checkpoint("/ckpt", tag="t")
         """
     )
+    lines = result.output.decode().splitlines()
+    assert lines[:2] == [
+        "from sdp_runtime.torch.smp import init, resume_from_checkpoint, save_checkpoint",
+        "from sdp_runtime.torch.smp.nn import FusedLayerNorm as LayerNorm",
+    ]
+    assert messages(result, manual=True) == [
+        "smdistributed.modelparallel.torch.nn.huggingface.gpt2: not provided by sdp_runtime, "
+        "left as is; the model here stays the Hugging Face model (no SMP distributed transformer "
+        "replaces it), so its state dict already has Hugging Face's names: drop the translation"
+    ]
+
+
+def test_unsupported_name_is_dropped_from_a_from_import_with_a_note():
+    result = migrate(
+        """\
+        from smdistributed.modelparallel.torch import init, send
+
+        init()
+        send(obj, 1)
+        """
+    )
     out = result.output.decode()
     assert out.splitlines()[0] == "from sdp_runtime.torch.smp import init"
-    assert any("save_checkpoint: not provided by sdp_runtime" in n
+    assert any("send: not provided by sdp_runtime" in n
                for n in messages(result, manual=True))
 
 
@@ -284,7 +310,7 @@ def test_names_imported_from_smp_get_the_module_spelled_in_full():
     compile(out, "train.py", "exec")
 
 
-def test_tf_checkpoint_manager_is_noted():
+def test_tf_checkpoint_manager_is_provided():
     result = migrate(
         """\
         import smdistributed.modelparallel.tensorflow as smp
@@ -293,8 +319,24 @@ def test_tf_checkpoint_manager_is_noted():
         manager = smp.CheckpointManager(checkpoint, "/opt/ml/checkpoints")
         """
     )
-    assert any(n.startswith("smp.CheckpointManager: not provided by sdp_runtime; write a "
-                            "tf.train.Checkpoint") for n in messages(result, manual=True))
+    assert messages(result, manual=True) == []
+    assert "smp.CheckpointManager(checkpoint" in result.output.decode()
+
+
+def test_tf_seed_seeds_keras_initializers_too():
+    result = migrate(
+        """\
+        import smdistributed.modelparallel.tensorflow as smp
+        import tensorflow as tf
+
+        tf.random.set_seed(1234)
+        smp.init()
+        """
+    )
+    assert "tf.keras.utils.set_random_seed(1234)\n" in result.output.decode()
+    assert any(n.startswith("tf.random.set_seed(...) -> tf.keras.utils.set_random_seed(...): "
+                            "Keras 3's initializers ignore TensorFlow's seed")
+               for n in messages(result))
 
 
 def test_tensor_parallelism_says_it_is_emulated_with_fsdp():
@@ -352,3 +394,18 @@ def test_partial_save_that_keeps_its_rank_test_is_noted():
                            "guards more than smp.save(..., partial=True) calls): it writes each "
                            "shard's file on the ranks of the first replica")
     assert 'if smp.dp_rank() == 0:\n    print("saving")' in result.output.decode()
+
+
+def test_guide_partial_save_with_local_state_dicts_loses_its_rank_test():
+    result = migrate(
+        textwrap.dedent(TORCH_SCRIPT) + """\
+if smp.dp_rank() == 0:
+    model_dict = model.local_state_dict()
+    opt_dict = optimizer.local_state_dict()
+    smp.save({"model": model_dict, "optimizer": opt_dict}, "ckpt.pt", partial=True)
+"""
+    )
+    out = result.output.decode()
+    assert "if smp.dp_rank() == 0:" not in out
+    assert "\nmodel_dict = model.local_state_dict()\n" in out
+    assert messages(result, manual=True) == []

@@ -70,8 +70,10 @@ checkpoint.save("ckpt/prefix")
         ONLY,
     )
     notes = messages(result, ONLY, manual=True)
+    assert "train_loss.reset_state()\n" in result.output.decode()
+    assert "train_loss.reset_states() -> train_loss.reset_state() (Keras 3's name)" in messages(
+        result, ONLY)
     assert notes == [
-        "train_loss.reset_states(): Keras 3 metrics have reset_state() (reset_states() is gone)",
         "experimental_run_tf_function= is not an argument of Keras 3's compile(): remove it "
         "(run_eagerly=True runs eagerly)",
         'model.save("export_dir"): Keras 3 saves only .keras and .h5 files; for a SavedModel '

@@ -35,6 +35,7 @@ from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwarg
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .project import imported_data
+from .rank_splits import made_for_rank, split_by_rank
 from .scopes import training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, code, is_none, is_simple_reference
@@ -336,12 +337,15 @@ def _torch(fm: FileModel) -> DataSharding:
     if loaders or imported:
         will = enabled(fm, "shard_dataloader")
         for call in loaders:
-            if has_distributed_sampler(fm, call):
+            if has_distributed_sampler(fm, call) or split_by_rank(fm, call):
                 continue
             if not will or loader_problem(fm, call) is not None:
                 return DataSharding(False, "not sharded", call)
         return DataSharding(True, "sharded")
     loops = [loop for loop in training_loops(fm) if isinstance(loop, (cst.For, cst.While))]
+    if loops and all(isinstance(loop, cst.For) and made_for_rank(fm, loop.iter)
+                     for loop in loops):
+        return DataSharding(True, "sharded")  # a loader factory given the rank
     return _without_source(fm, loops)
 
 

@@ -145,6 +145,8 @@ class SmpSaves:
         saves = {id(c) for c in self.fm.calls_to(SAVE)}
         for stmt in cst.ensure_type(guard.body, cst.IndentedBlock).body:
             small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+            if m.matches(stmt, _LOCAL_STATE):
+                continue  # this rank's own shard, read for the save: no other rank takes part
             if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
                     and isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
                     and id(small.value) in saves and partial(small.value)
@@ -153,6 +155,13 @@ class SmpSaves:
                     and not m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("state_dict"))))):
                 return "the test guards more than smp.save(..., partial=True) calls"
         return None
+
+
+#: ``model_dict = model.local_state_dict()``: the guide's save reads each shard's own state.
+_LOCAL_STATE = m.SimpleStatementLine(body=[m.Assign(
+    targets=[m.AssignTarget(target=m.Name())],
+    value=m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("local_state_dict")), args=[]),
+)])
 
 
 def partial(call: cst.Call) -> bool:

@@ -72,15 +72,19 @@ _COMMON = hvd.names(
     recv_from allgather CommGroup RankType WORLD MP_GROUP DP_GROUP"""
 )
 _TORCH = _COMMON | hvd.names(
-    """pp_rank pp_size tp_rank tp_size rdp_rank rdp_size RDP_GROUP get_dp_process_group
-    get_mp_process_group get_rdp_process_group get_world_process_group DistributedOptimizer
-    tensor_parallelism model_creation delay_param_initialization save load amp is_tracing"""
+    """pp_rank pp_size tp_rank tp_size rdp_rank rdp_size RDP_GROUP TP_GROUP PP_GROUP
+    get_tp_group get_pp_group get_rdp_group get_dp_process_group get_mp_process_group
+    get_rdp_process_group get_tp_process_group get_pp_process_group get_world_process_group
+    DistributedOptimizer tensor_parallelism model_creation delay_param_initialization
+    set_partition set_activation_checkpointing save load save_checkpoint resume_from_checkpoint
+    amp nn is_tracing"""
 )
-_TF = _COMMON | hvd.names("get_gradients")
+_TF = _COMMON | hvd.names("get_gradients CheckpointManager")
 
 SMP_MODULES: Mapping[str, hvd.Target] = {
     f"{_ROOT}.torch": hvd.Target("sdp_runtime.torch.smp", _TORCH),
     f"{_ROOT}.torch.amp": hvd.Target("sdp_runtime.torch.smp.amp", hvd.names("GradScaler")),
+    f"{_ROOT}.torch.nn": hvd.Target("sdp_runtime.torch.smp.nn", hvd.names("FusedLayerNorm")),
     f"{_ROOT}.tensorflow": hvd.Target("sdp_runtime.tensorflow.smp", _TF),
 }
 
@@ -93,17 +97,17 @@ _TP_EMULATED = (
 )
 
 _ADVICE_GROUPS: Mapping[tuple[str, ...], str] = {
-    ("save_checkpoint", "resume_from_checkpoint"): "save with smp.save({'model': "
-    "model.state_dict(), 'optimizer': optimizer.state_dict()}, path, partial=False) on every "
-    "rank, not under a rank test (a sharded model gathers its state from every rank; rank 0 "
-    "writes), and resume with smp.load(path, partial=False) and load_state_dict",
-    ("nn",): "use the torch.nn layer it replaces (FSDP shards it like any other module)",
-    ("optimizers",): "use the torch.optim optimizer it replaces",
+    ("nn", "DistributedTransformerLMHead", "DistributedTransformer", "DistributedTransformerLayer",
+     "DistributedAttentionLayer", "DistributedTransformerOutputLayer", "DistributedLinear",
+     "DistributedEmbedding", "FlashAttentionLayer"): "use the torch.nn layer it replaces "
+    "(FSDP shards it like any other module)",
+    ("huggingface",): "the model here stays the Hugging Face model (no SMP distributed "
+    "transformer replaces it), so its state dict already has Hugging Face's names: drop the "
+    "translation",
+    ("optimizers", "FusedNovoGrad", "FusedLamb"): "use the torch.optim optimizer it replaces",
     ("send",): "use broadcast/recv_from, or torch.distributed on get_world_process_group()",
     ("tp_register", "tp_register_with_module", "set_tensor_parallelism"): _TP_EMULATED
     + ": remove the call",
-    ("CheckpointManager",): "write a tf.train.Checkpoint (or model.save_weights) on rank 0 and "
-    "restore it on every rank",
     ("state",): "SMP's internal state: use the rank and size functions",
 }
 _ADVICE = {name: text for group, text in _ADVICE_GROUPS.items() for name in group}
@@ -133,8 +137,10 @@ class MigrateSmp(hvd.Migration):
         self._lifted: set[cst.If] = set()  # guards whose leading lines moved up with a hoist
         super().prepare(module)
         self._steps = self._step_functions()
+        self._seeds: set[int] = set()  # tf.random.set_seed calls to seed Keras too
         if self.state.info.framework == "tensorflow":
             self._note_tensorflow()
+            self._seed_keras()
         for call in self.calls_to(f"{_ROOT}.torch.tensor_parallelism"):
             self.record(call, f"{self.module.code_for_node(call.func)}(): {_TP_EMULATED}")
 
@@ -262,6 +268,12 @@ class MigrateSmp(hvd.Migration):
             return self._save(original_node, updated_node)
         if self._is_get_gradients(original_node):
             return self._get_gradients(original_node, updated_node)
+        if id(original_node) in self._seeds:
+            func = cst.ensure_type(updated_node.func, cst.Attribute)
+            tf = cst.ensure_type(func.value, cst.Attribute).value
+            return updated_node.with_changes(
+                func=cst.parse_expression(f"{self.module.code_for_node(tf)}"
+                                          ".keras.utils.set_random_seed"))
         return super().leave_Call(original_node, updated_node)
 
     def _smp_module(self) -> str:
@@ -320,6 +332,25 @@ class MigrateSmp(hvd.Migration):
         return finder.found
 
     # -- TensorFlow: no FSDP ---------------------------------------------------------------------
+
+    def _seed_keras(self) -> None:
+        """``tf.random.set_seed(s)`` -> ``tf.keras.utils.set_random_seed(s)``: Keras 3's
+        initializers do not read TensorFlow's seed, so the script's seed no longer fixed its
+        initial weights (two runs, of 1 or N processes, started from different ones)."""
+        for call in self.calls_to("tensorflow.random.set_seed"):
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute)
+                    and isinstance(func.value.value, (cst.Name, cst.Attribute))):
+                continue
+            self._seeds.add(id(call))
+            tf = self.module.code_for_node(func.value.value)
+            self.record(
+                call,
+                f"{self.module.code_for_node(func)}(...) -> {tf}.keras.utils.set_random_seed(...):"
+                " Keras 3's initializers ignore TensorFlow's seed, so every run drew other "
+                "initial weights (DistributedModel gives every process rank 0's); this seeds "
+                "them, and Python's random and NumPy, as under Keras 2",
+            )
 
     def _note_tensorflow(self) -> None:
         partitions = self._calls_ending(("partition",))

@@ -12,15 +12,16 @@ After::
     opt = tf.optimizers.Adam(0.001 * hvd.size())
     hvd.broadcast_variables(opt.variables, root_rank=0)
     model.save("saved_model_dir")   # manual note: model.export("saved_model_dir")
-    train_loss.reset_states()       # manual note: reset_state()
+    train_loss.reset_state()
 
 Why: TensorFlow 2.16+ is Keras 3, where scripts written for Keras 2 fail before and after the
 conversion. The optimizer's ``variables`` is a property in Keras 3 (calling the list raises
 ``TypeError``), and the broadcast of the initial state uses it: ``<optimizer>.variables()`` of a
-Keras optimizer made in the script (not a ``legacy`` one) becomes ``<optimizer>.variables``,
-reported. The rest gets a manual note naming the Keras 3 replacement: ``model.save("dir")``
-without a ``.keras``/``.h5`` extension or with ``save_format=`` (``model.export("dir")`` for a
-SavedModel, or a ``.keras`` path), ``metric.reset_states()`` (``reset_state()``), and
+Keras optimizer made in the script (not a ``legacy`` one) becomes ``<optimizer>.variables``, and
+``<metric>.reset_states()`` of a Keras metric made in the script ``<metric>.reset_state()``
+(Keras 3 has only that), reported. The rest gets a manual note naming the Keras 3 replacement:
+``model.save("dir")`` without a ``.keras``/``.h5`` extension or with ``save_format=``
+(``model.export("dir")`` for a SavedModel, or a ``.keras`` path), and
 ``compile(experimental_run_tf_function=...)`` (remove it), ``Adam(lr=...)`` (``learning_rate=``)
 and ``fit(workers=, use_multiprocessing=, max_queue_size=)`` (remove them).
 """
@@ -42,7 +43,10 @@ from ..program.syntax import code
 
 
 class UpdateKeras2Calls(Transform):
-    DESCRIPTION = "Keras 2 calls Keras 3 rejects: opt.variables() -> opt.variables; notes."
+    DESCRIPTION = (
+        "Keras 2 calls Keras 3 rejects: opt.variables() -> opt.variables, "
+        "metric.reset_states() -> reset_state(); notes."
+    )
     FRAMEWORKS = frozenset({"tensorflow"})
 
     @classmethod
@@ -68,11 +72,12 @@ class UpdateKeras2Calls(Transform):
                 f"(or tf.saved_model.save), else give the path a .keras extension",
                 manual=True,
             )
+        self._resets: set[cst.Call] = set()
         for call in metric_reset_states_calls(self.fm):
+            self._resets.add(call)
+            receiver = code(call.func.value)  # type: ignore[attr-defined]
             self.record(
-                call,
-                f"{code(call)}: Keras 3 metrics have reset_state() (reset_states() is gone)",
-                manual=True,
+                call, f"{receiver}.reset_states() -> {receiver}.reset_state() (Keras 3's name)"
             )
         for arg, message in keras2_arguments(self.fm):
             self.record(arg, message, manual=True)
@@ -88,5 +93,10 @@ class UpdateKeras2Calls(Transform):
         if original_node in self._properties:
             return updated_node.func.with_changes(
                 lpar=updated_node.lpar, rpar=updated_node.rpar
+            )
+        if original_node in self._resets:
+            func = cst.ensure_type(updated_node.func, cst.Attribute)
+            return updated_node.with_changes(
+                func=func.with_changes(attr=cst.Name("reset_state"))
             )
         return updated_node

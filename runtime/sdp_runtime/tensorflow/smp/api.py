@@ -22,8 +22,8 @@ __all__ = [
     # joining the job, and where this process stands
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "mp_rank", "mp_size",
     "dp_rank", "dp_size", "get_mp_group", "get_dp_group",
-    # the model and its step
-    "DistributedModel", "StepOutput", "step", "get_gradients", "partition",
+    # the model, its step and its checkpoints
+    "DistributedModel", "StepOutput", "step", "get_gradients", "partition", "CheckpointManager",
     # communication on SMP's groups
     "CommGroup", "RankType", "WORLD", "MP_GROUP", "DP_GROUP", "barrier", "broadcast", "recv_from",
     "allgather",
@@ -162,6 +162,42 @@ class DistributedModel(keras.Model):
             collectives.broadcast_variables(self.variables, root_rank=0)
         self.__dict__["_sdp_synced"] = True
         return super().__call__(*args, **kwargs)
+
+
+class CheckpointManager(tf.train.CheckpointManager):
+    """SMP's checkpoint manager: ``tf.train.CheckpointManager`` that writes on rank 0 only (every
+    process holds the whole model) and restores on every process.
+
+    Arguments:
+        checkpoint: the ``tf.train.Checkpoint`` to save and restore.
+        directory: where the checkpoints go (SMP's default ``/opt/ml/checkpoints``).
+        max_to_keep, checkpoint_name: as ``tf.train.CheckpointManager``'s (default: keep all).
+
+    Example:
+        >>> manager = smp.CheckpointManager(tf.train.Checkpoint(model=model), "ckpt")
+        >>> manager.save()          # on every process; rank 0 writes
+        >>> manager.restore()       # on every process: the newest checkpoint
+    """
+
+    def __init__(self, checkpoint: Any, directory: str = "/opt/ml/checkpoints",
+                 max_to_keep: int | None = None, checkpoint_name: str = "ckpt",
+                 **kwargs: Any) -> None:
+        super().__init__(checkpoint, directory, max_to_keep=max_to_keep,
+                         checkpoint_name=checkpoint_name, **kwargs)
+
+    def save(self, checkpoint_number: Any = None, **kwargs: Any) -> str | None:
+        """Write a checkpoint on rank 0; every process gets its path (all must call it)."""
+        path = super().save(checkpoint_number, **kwargs) if _comm.rank() == 0 else None
+        if _comm.size() > 1:
+            path = _comm.broadcast_object(path, root_rank=0)
+        return path
+
+    def restore(self, checkpoint: str | None = None) -> Any:
+        """Restore ``checkpoint`` (default: the newest in the directory) on this process."""
+        path = checkpoint or tf.train.latest_checkpoint(self.directory)
+        if path is None:
+            raise FileNotFoundError(f"smp.CheckpointManager: no checkpoint in {self.directory}")
+        return self.checkpoint.restore(path)
 
 
 # -- the step -------------------------------------------------------------------------------------

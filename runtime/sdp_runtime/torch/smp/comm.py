@@ -15,6 +15,8 @@ _RANK_GROUP = {
     RankType.MP_RANK: CommGroup.MP_GROUP,
     RankType.DP_RANK: CommGroup.DP_GROUP,
     RankType.RDP_RANK: CommGroup.RDP_GROUP,
+    RankType.TP_RANK: CommGroup.TP_GROUP,
+    RankType.PP_RANK: CommGroup.PP_GROUP,
 }
 
 

@@ -33,6 +33,7 @@ PARTIAL_KEY = "_smp_is_partial"
 
 _local = threading.local()
 _model: DistributedModel | None = None
+_optimizer: Any = None
 
 
 # -- partition hints ------------------------------------------------------------------------------
@@ -69,6 +70,58 @@ def partition(index: int) -> Iterator[None]:
         yield
     finally:
         _local.partition = outer
+
+
+def set_partition(module: nn.Module, index: int) -> None:
+    """Place ``module`` in partition ``index``, as ``with smp.partition(index):`` around its
+    creation would (SMP's manual partitioning of a module made elsewhere).
+
+    Arguments:
+        module: a submodule of the model, before ``smp.DistributedModel`` wraps it.
+        index: the partition, from 0 to ``partitions - 1``.
+
+    Example:
+        >>> for i, layer in enumerate(model.transformer.h):
+        ...     smp.set_partition(layer, i * smp.pp_size() // len(model.transformer.h))
+    """
+    module._smp_partition = int(index)  # type: ignore[assignment]
+
+
+def set_activation_checkpointing(module: nn.Module, preserve_rng_state: bool = True,
+                                 pack_args_as_tuple: bool = False,
+                                 strategy: str = "each") -> None:
+    """Recompute ``module``'s activations in the backward pass instead of keeping them
+    (``torch.utils.checkpoint``, non-reentrant): less memory, the same gradients. An
+    ``nn.Sequential`` or ``nn.ModuleList`` has each of its children checkpointed (SMP's
+    ``strategy="each"``; the grouping strategies checkpoint each child too).
+
+    Arguments:
+        module: a submodule of the model.
+        preserve_rng_state: replay the random state (dropout) in the recomputation.
+        pack_args_as_tuple, strategy: SMP's options; see above.
+
+    Example:
+        >>> for layer in model.get_module().transformer.h:
+        ...     smp.set_activation_checkpointing(layer)
+    """
+    if isinstance(module, (nn.Sequential, nn.ModuleList)):
+        for child in module.children():
+            set_activation_checkpointing(child, preserve_rng_state)
+        return
+    if getattr(module, "_smp_checkpointed", False):
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False,
+                          preserve_rng_state=preserve_rng_state, **kwargs)
+
+    module.forward = checkpointed  # type: ignore[method-assign]
+    module._smp_checkpointed = True  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -150,6 +203,15 @@ class DistributedModel(nn.Module):
         self.__dict__["_sdp_engine"] = engine  # not a submodule: state dicts keep the module's keys
         _model = self
 
+    def get_module(self) -> nn.Module:
+        """The model given to ``DistributedModel`` (sharded in place when the configuration
+        shards it): its submodules and parameters are the ones that train.
+
+        Example:
+            >>> layers = model.get_module().transformer.h
+        """
+        return self.module
+
     @property
     def _engine(self) -> Any:
         """What runs the forward pass: DDP, the FSDP-sharded module, or the module."""
@@ -167,7 +229,7 @@ class DistributedModel(nn.Module):
         Example:
             >>> model.backward(loss)
         """
-        scale = self._scale
+        scale = self._scale * _loss_scale()
         if scale != 1.0:
             if grad_tensors is None:
                 tensors = _scaled(tensors, scale)
@@ -372,21 +434,28 @@ def _meet_shards(what: str) -> None:
 
 # -- the optimizer --------------------------------------------------------------------------------
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: float = 1.0,
-                         dynamic_loss_scale: bool = False, **kwargs: Any) -> Any:
-    """The optimizer, with ``state_dict()`` for the whole model and ``local_state_dict()``.
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: float | None = 1.0,
+                         dynamic_loss_scale: bool = False, **dynamic_loss_args: Any) -> Any:
+    """The optimizer, with ``state_dict()`` for the whole model and ``local_state_dict()``,
+    SMP's ``clip_master_grads(max_norm)`` and ``overflow``, and SMP's loss scaling when the
+    configuration has ``"fp16": True``.
 
     The same object is returned (a learning-rate scheduler keeps working). When the model was
     sharded after the optimizer was made, its parameters are replaced by the sharded ones.
 
     Arguments:
         optimizer: a torch optimizer over the model's parameters.
-        static_loss_scale, dynamic_loss_scale, **kwargs: SMP's FP16 options; use
-            ``smp.amp.GradScaler`` for loss scaling.
+        static_loss_scale: the loss scale under ``"fp16": True`` (None: dynamic).
+        dynamic_loss_scale: scale dynamically under ``"fp16": True``: start at ``init_scale``
+            (2**32), divide by ``scale_factor`` (2) after an overflow (no lower than
+            ``min_scale``, after ``delayed_shift`` overflows in a row), multiply by it after
+            ``scale_window`` (1000) steps without one.
+        **dynamic_loss_args: ``dynamic_loss_args={...}`` or those keys directly.
 
     Example:
         >>> optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters()))
     """
+    global _optimizer
     model = _model
     if model is not None and model._fsdp:
         for group in optimizer.param_groups:
@@ -398,8 +467,111 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: fl
             "state_dict": _optimizer_state_dict,
             "load_state_dict": _optimizer_load_state_dict,
             "local_state_dict": _optimizer_local_state_dict,
+            "step": _optimizer_step,
+            "clip_master_grads": _clip_master_grads,
+            "overflow": property(lambda self: self._sdp_scaler.overflow),
         })
+    args = dict(dynamic_loss_args.pop("dynamic_loss_args", None) or {}, **dynamic_loss_args)
+    fp16 = bool((state.config().raw or {}).get("fp16"))
+    optimizer._sdp_scaler = _LossScaler(  # type: ignore[attr-defined]
+        fp16, static_loss_scale, dynamic_loss_scale or static_loss_scale is None, **args)
+    _optimizer = optimizer
     return optimizer
+
+
+def current_optimizer() -> Any:
+    return _optimizer
+
+
+def _loss_scale() -> float:
+    optimizer = _optimizer
+    return optimizer._sdp_scaler.scale if optimizer is not None else 1.0
+
+
+class _LossScaler:
+    """SMP's FP16 loss scaling: ``model.backward`` multiplies the loss by ``scale``; before the
+    step the gradients are divided by it and checked on every process; a step with an inf/NaN
+    gradient on any process is skipped everywhere (``overflow``) and the scale lowered."""
+
+    def __init__(self, enabled: bool, static: float | None, dynamic: bool,
+                 init_scale: float = 2.0**32, scale_factor: float = 2.0,
+                 scale_window: int = 1000, min_scale: float = 1.0, delayed_shift: int = 1,
+                 consecutive_hysteresis: bool = False, **ignored: Any) -> None:
+        self.enabled = enabled
+        self.dynamic = enabled and dynamic
+        self.scale = (init_scale if self.dynamic else float(static or 1.0)) if enabled else 1.0
+        self.factor, self.window, self.min_scale = scale_factor, scale_window, min_scale
+        self.delayed_shift = self.hysteresis = max(1, int(delayed_shift))
+        self.consecutive_hysteresis = consecutive_hysteresis
+        self.good_steps = 0
+        self.overflow = False
+        self.unscaled = False
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Divide the gradients by the scale (once a step); True when one is inf/NaN on any
+        process."""
+        if self.unscaled:
+            return self.overflow
+        self.unscaled = True
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None]
+        if not self.enabled:
+            self.overflow = False
+            return False
+        found = torch.zeros((), device=_comm.device())
+        for grad in grads:
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            local.div_(self.scale)
+            found = torch.maximum(found, (~torch.isfinite(local)).any().to(found.dtype))
+        if _comm.size() > 1:
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
+        self.overflow = bool(found.item())
+        return self.overflow
+
+    def update(self) -> None:
+        self.unscaled = False
+        if not self.dynamic:
+            return
+        if self.overflow:
+            self.good_steps = 0
+            self.hysteresis -= 1
+            if self.hysteresis <= 0:
+                self.scale = max(self.scale / self.factor, self.min_scale)
+                self.hysteresis = self.delayed_shift
+            return
+        if self.consecutive_hysteresis:
+            self.hysteresis = self.delayed_shift
+        self.good_steps += 1
+        if self.good_steps % self.window == 0:
+            self.scale *= self.factor
+            self.hysteresis = self.delayed_shift
+
+
+def _optimizer_step(self: Any, closure: Any = None) -> Any:
+    """The step, skipped on every process when a scaled gradient overflowed (``overflow``)."""
+    scaler = self._sdp_scaler
+    try:
+        if scaler.unscale(self):
+            return None
+        return super(type(self), self).step(closure)
+    finally:
+        scaler.update()
+
+
+def _clip_master_grads(self: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Clip the gradients of the optimizer's parameters (of the whole model, sharded or not) to
+    the global norm ``max_norm``, after unscaling them under FP16 (SMP's FP32 master
+    gradients); returns the norm before clipping (inf after an overflow, nothing clipped).
+
+    Example:
+        >>> optimizer.clip_master_grads(1.0)
+        >>> optimizer.step()
+    """
+    if self._sdp_scaler.unscale(self):
+        return torch.tensor(float("inf"))
+    params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def _optimizer_state_dict(self: Any) -> dict[str, Any]:
@@ -407,7 +579,7 @@ def _optimizer_state_dict(self: Any) -> dict[str, Any]:
     Sharded: gathered, so every rank sharding the model must call it (see ``state_dict``)."""
     if any(hasattr(p, "device_mesh") for group in self.param_groups for p in group["params"]):
         _meet_shards("optimizer.state_dict()")
-    sd = super(type(self), self).state_dict()
+    sd = _own_state(super(type(self), self).state_dict())
     for values in sd["state"].values():
         for key, value in values.items():
             if hasattr(value, "full_tensor"):
@@ -415,8 +587,16 @@ def _optimizer_state_dict(self: Any) -> dict[str, Any]:
     return sd
 
 
+def _own_state(sd: dict[str, Any]) -> dict[str, Any]:
+    """torch's ``state_dict()`` with its per-parameter dicts copied: torch hands out the live
+    ones, and replacing a DTensor in them by its whole or local tensor would corrupt the state
+    the next ``step()`` uses (a checkpoint saved mid-training)."""
+    sd["state"] = {key: dict(values) for key, values in sd["state"].items()}
+    return sd
+
+
 def _optimizer_local_state_dict(self: Any) -> dict[str, Any]:
-    sd = super(type(self), self).state_dict()
+    sd = _own_state(super(type(self), self).state_dict())
     for values in sd["state"].values():
         for key, value in values.items():
             if hasattr(value, "to_local"):

@@ -21,12 +21,15 @@ from ..._types import NotInitializedError
 
 
 class CommGroup(enum.Enum):
-    """SMP's process groups: everyone, one model replica, one partition's replicas."""
+    """SMP's process groups: everyone, one model replica, one partition's replicas, the ranks
+    holding the same tensor-parallel slice, one tensor-parallel group, one pipeline."""
 
     WORLD = 0
     MP_GROUP = 1
     DP_GROUP = 2
     RDP_GROUP = 3
+    TP_GROUP = 4
+    PP_GROUP = 5
 
 
 class RankType(enum.Enum):
@@ -36,12 +39,16 @@ class RankType(enum.Enum):
     MP_RANK = 1
     DP_RANK = 2
     RDP_RANK = 3
+    TP_RANK = 4
+    PP_RANK = 5
 
 
 WORLD = CommGroup.WORLD
 MP_GROUP = CommGroup.MP_GROUP
 DP_GROUP = CommGroup.DP_GROUP
 RDP_GROUP = CommGroup.RDP_GROUP
+TP_GROUP = CommGroup.TP_GROUP
+PP_GROUP = CommGroup.PP_GROUP
 
 
 @dataclass
@@ -86,20 +93,22 @@ def init(config: Mapping[str, Any] | None = None) -> None:
         cfg = dataclasses.replace(cfg, partitions=1, tensor_parallel_degree=1,
                                   sharded_data_parallel_degree=1)
     layout = _smp_config.Layout(_comm.rank(), _comm.size(), cfg)
-    members = {
-        CommGroup.WORLD: list(range(layout.size)),
-        CommGroup.MP_GROUP: layout.mp_group(),
-        CommGroup.DP_GROUP: layout.dp_group(),
-        CommGroup.RDP_GROUP: [r for r in range(layout.size)
-                              if r % layout.tp_size == layout.tp_rank],
+    every_group = {
+        CommGroup.MP_GROUP: _partition(layout.size, layout.mp_size, contiguous=True),
+        CommGroup.DP_GROUP: _partition(layout.size, layout.mp_size, contiguous=False),
+        CommGroup.RDP_GROUP: _partition(layout.size, layout.tp_size, contiguous=False),
+        # within a replica: tp_rank = mp_rank % tp_size, pp_rank = mp_rank // tp_size
+        CommGroup.TP_GROUP: _partition(layout.size, layout.tp_size, contiguous=True),
+        CommGroup.PP_GROUP: [ranks[t::layout.tp_size] for ranks in
+                             _partition(layout.size, layout.mp_size, contiguous=True)
+                             for t in range(layout.tp_size)],
     }
+    members = {CommGroup.WORLD: list(range(layout.size))}
+    members.update({kind: next(g for g in every if layout.rank in g)
+                    for kind, every in every_group.items()})
     groups: dict[CommGroup, Any] = {CommGroup.WORLD: None}
     if layout.size > 1:
-        for kind, every in (
-            (CommGroup.MP_GROUP, _partition(layout.size, layout.mp_size, contiguous=True)),
-            (CommGroup.DP_GROUP, _partition(layout.size, layout.mp_size, contiguous=False)),
-            (CommGroup.RDP_GROUP, _partition(layout.size, layout.tp_size, contiguous=False)),
-        ):
+        for kind, every in every_group.items():
             for ranks in every:  # every process creates every group, in the same order
                 group = None if len(ranks) == layout.size else dist.new_group(ranks)
                 if layout.rank in ranks:
@@ -227,6 +236,21 @@ def process_group(kind: CommGroup) -> Any:
     return require("process group").groups.get(kind)
 
 
+def get_tp_group() -> list[int]:
+    """The ranks of this process's tensor-parallel group."""
+    return list(require("get_tp_group").members[CommGroup.TP_GROUP])
+
+
+def get_pp_group() -> list[int]:
+    """The ranks of this process's pipeline (one per partition, same tensor-parallel rank)."""
+    return list(require("get_pp_group").members[CommGroup.PP_GROUP])
+
+
+def get_rdp_group() -> list[int]:
+    """The ranks holding the same tensor-parallel slice as this process."""
+    return list(require("get_rdp_group").members[CommGroup.RDP_GROUP])
+
+
 def get_world_process_group() -> Any:
     """torch.distributed's group of all processes."""
     require("get_world_process_group")
@@ -251,3 +275,13 @@ def get_dp_process_group() -> Any:
 def get_rdp_process_group() -> Any:
     """torch.distributed's group of the processes holding this tensor-parallel slice."""
     return process_group(CommGroup.RDP_GROUP) or dist.group.WORLD
+
+
+def get_tp_process_group() -> Any:
+    """torch.distributed's group of this process's tensor-parallel group."""
+    return process_group(CommGroup.TP_GROUP) or dist.group.WORLD
+
+
+def get_pp_process_group() -> Any:
+    """torch.distributed's group of this process's pipeline."""
+    return process_group(CommGroup.PP_GROUP) or dist.group.WORLD
