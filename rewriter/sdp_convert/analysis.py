@@ -80,6 +80,12 @@ _DISTRIBUTED_CALLS = {
     "torch.nn.parallel.distributed.DistributedDataParallel": "torch DistributedDataParallel",
     "torch.distributed.fsdp.FullyShardedDataParallel": "torch FSDP",
 }
+#: Calls that only ask whether (and as what) torch.distributed runs: a helper that reads the rank
+#: (``dist.get_rank() if dist.is_initialized() else 0``) sets up nothing itself.
+_QUERIES = frozenset(f"torch.distributed.{name}" for name in (
+    "is_available", "is_initialized", "get_rank", "get_world_size", "get_backend",
+    "is_nccl_available", "is_gloo_available", "is_mpi_available", "is_torchelastic_launched",
+))
 _TF_STRATEGY_PREFIX = "tensorflow.distribute."
 #: Variables a launcher (torchrun, torch.distributed.launch) sets for each process: a script that
 #: reads them sets up its own distribution.
@@ -481,7 +487,7 @@ def _own_distribution(detector: Detector) -> tuple[str, cst.CSTNode | None] | No
     or torch.multiprocessing workers sharing one model (Hogwild)."""
     called = detector.calls
     first = sorted(
-        (q for q in called if q.startswith("torch.distributed.")),
+        (q for q in called if q.startswith("torch.distributed.") and q not in _QUERIES),
         key=lambda q: detector.order.get(id(called[q][0]), 0),
     )
     if first:

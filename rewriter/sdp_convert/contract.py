@@ -278,16 +278,19 @@ class _Entry:
         self.findings.append(Finding(part, state, ref.module if ref else (module or self.entry),
                                      ref.node if ref else None, message, repair))
 
-    def repairable(self, module: Module) -> bool:
-        """A file of the run the converter converts from a single-process script (not a
-        notebook, not one already distributed, migrated or converted by hand)."""
-        kind = self.context.kinds.get(module.path, "")
-        return module.written and not module.notebook and not kind.startswith((
-            "already", "horovod", "smddp", "smp", "not converted"))
+    def repairable(self, module: Module, kind: str = "") -> bool:
+        """A file of the run the converter converts from a single-process script (not one
+        already distributed, migrated or converted by hand; a notebook only to initialise the
+        runtime in its first cell)."""
+        label = self.context.kinds.get(module.path, "")
+        return module.written and (not module.notebook or kind == "init") and not (
+            label.startswith(("already", "horovod", "smddp", "smp", "not converted")))
 
     def repair(self, kind: str, ref: Ref | None, detail: str = "") -> Repair | None:
-        if ref is None or not self.repairable(ref.module):
+        if ref is None or not self.repairable(ref.module, kind):
             return None
+        if isinstance(ref.node, cst.Module):  # the module as a whole
+            return Repair(kind, ref.module.path, 1, "", detail)
         line = self.line(ref.module, ref.node)
         return Repair(kind, ref.module.path, line, repair_code(ref.fm, ref.node).strip(), detail)
 
@@ -322,7 +325,7 @@ class _Entry:
                     "into the code that runs once the program has started"))
 
     def _init_repair(self) -> Repair | None:
-        if not self.repairable(self.entry):
+        if not self.repairable(self.entry, "init"):
             return None
         return Repair("init", self.entry.path, 1, "", self.training_at())
 
@@ -787,8 +790,11 @@ class _Entry:
         for module in self.reach:
             framework = module.fm.info.framework or ("torch" if "torch" in module.fm.info.imports
                                                       else "tensorflow")
+            own_main = module is not self.entry  # its ``__main__`` block does not run here
             for call, what in _writes(module, framework):
-                if self._rank0(module, call) or _per_process(module, call, framework):
+                if self._rank0(module, call) or _per_process(module, call, framework) or (
+                    own_main and _under_main_guard(module, call)
+                ):
                     continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes on every rank: run it on rank 0 only "
@@ -798,7 +804,9 @@ class _Entry:
             for call, what, rewriting in _downloads(module):
                 if self._rank0(module, call) or _inside_rank0_first(module, call) or _per_rank(
                     module, call
-                ) or local_rank0_only(module.fm, call):
+                ) or local_rank0_only(module.fm, call) or (
+                    own_main and _under_main_guard(module, call)
+                ):
                     continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes the same files on every rank at once: run it on rank 0 "
@@ -901,6 +909,14 @@ class _Entry:
             add(finding.repair)
         for repair in self.extra_repairs:
             add(repair)
+        if any(r is not None and r.kind == "init" for r in found):
+            # The modules it runs, told "no sdp.init() added" by their own conversion: the
+            # entry initialises for them.
+            for module in self.reach[1:]:
+                if any(n.transform == "add_runtime_init" and n.manual
+                       for n in self.context.notes.get(module.path, ())):
+                    add(self.repair("started_by", Ref(module, module.fm.module),
+                                    self.entry.display))
         for step in self.torch_steps:
             averaged = self.averaged.get(step.step.key, False)
             optimizer = next((t.made for t in step.optimizers if t.made is not None), None)
@@ -1287,6 +1303,15 @@ def _downloads(module: Module) -> list[tuple[cst.Call, str, bool]]:
         for call in fm.method_calls(method):
             found.append((call, fm.code(call.func).rsplit(".", 1)[0] + f".{method}", True))
     return found
+
+
+def _under_main_guard(module: Module, call: cst.Call) -> bool:
+    """In the ``if __name__ == "__main__":`` block of its module (or a function only that block
+    calls): it runs when the module is a script, not when another imports it."""
+    for parent in module.fm.ancestors(call):
+        if _is_main_guard(parent):
+            return True
+    return False
 
 
 def _inside_rank0_first(module: Module, call: cst.Call) -> bool:

@@ -171,6 +171,10 @@ def _convert_once(data: bytes, options: Options) -> Result:
     wrapper, index, metadata, info = _read(module, options.framework, options.recheck)
     if options.project is not None:
         steps_in_wrapper(info, options.project.optimizer_wrappers)
+        if "repair:init" in roles:
+            # The entry point of a program that trains in other modules (a notebook driving
+            # them, a module-level script): the whole-program contract says so.
+            info.entry_point = True
         if "repair:keras_fit" in roles and info.framework == "tensorflow" and info.vanilla:
             # Its model is compiled in another module (the whole-program contract followed it
             # there): a Keras training script all the same.

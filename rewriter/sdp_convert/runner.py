@@ -531,7 +531,11 @@ def _check_and_repair(
     ``REPAIR_ROUNDS`` times). The outcomes of the last check stand."""
     from .program.project import ModuleFacts
 
-    by_path = {resolver()(job.src): i for i, job in enumerate(jobs)}
+    resolve = resolver()
+    by_path = {resolve(job.src): i for i, job in enumerate(jobs)}
+    # (A notebook is named by its display name: it is no project module.)
+    by_path.update({resolve(Path(job.display)): i for i, job in enumerate(jobs)})
+    by_path.update({Path(job.display): i for i, job in enumerate(jobs)})
     asked: dict[Path, tuple[Repair, ...]] = {}
     for _ in range(REPAIR_ROUNDS):
         repairs = check_contract(outcomes, project, config.cache_dir)
@@ -741,8 +745,8 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
     py = {p: t for p, t in texts.items() if p.suffix == ".py"}
     graph = Project(py)
     run = Run(modules, graph)
-    imports = {m.path: imported_modules(graph, m.path) if m.path in py else []
-               for m in modules}
+    imports = {m.path: imported_modules(graph, m.path) if m.path in py else
+               _notebook_imports(graph, m.path, texts[m.path]) for m in modules}
     positions: dict[Path, dict[int, tuple[int, int]]] = {}
 
     def position(module: Module, node: object) -> tuple[int, int]:
@@ -773,6 +777,20 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
                    for r in result.repairs]
         entries.append((result.entry, result.as_json(), result.holds, notes, repairs))
     return _Checked(entries)
+
+
+def _notebook_imports(graph: object, path: Path, program: bytes) -> list[Path]:
+    """The project modules a notebook's cells import (absolute imports: a notebook is no
+    package module)."""
+    import ast
+
+    from .modules import import_names, resolve_imports
+
+    try:
+        names = [n for n in import_names(ast.parse(program)) if not n.startswith(".")]
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    return resolve_imports(graph, path, names)  # type: ignore[arg-type]
 
 
 def _apply(checked: _Checked, outcome_of: dict[Path, FileOutcome], shown: dict[Path, str]) -> None:

@@ -43,11 +43,23 @@ DATA_RANK_FUNCTIONS = (
 _ITERATION_WRAPPERS = ("builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm")
 
 
+#: The names of a project's own helpers that give the rank (``dist_utils.get_rank()``, the
+#: pattern of detectron2, DETR, timm and the reference scripts: torch.distributed's rank once
+#: it is set up, else 0).
+_RANK_HELPERS = frozenset({"get_rank", "get_global_rank", "dp_rank", "rdp_rank"})
+
+
 def mentions_data_rank(fm: FileModel, expr: cst.CSTNode, depth: int = 0) -> bool:
-    """Whether ``expr`` calls a data-parallel rank function, or reads a name assigned one."""
+    """Whether ``expr`` calls a data-parallel rank function (or a helper named like one), or
+    reads a name assigned one."""
     for call in m.findall(expr, m.Call()):
         assert isinstance(call, cst.Call)
         if fm.refers_to(call.func, *DATA_RANK_FUNCTIONS):
+            return True
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else (
+            func.value if isinstance(func, cst.Name) else "")
+        if name in _RANK_HELPERS:
             return True
     if depth > 2:
         return False

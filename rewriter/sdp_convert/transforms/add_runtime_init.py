@@ -55,7 +55,7 @@ class AddRuntimeInit(Transform):
         project = self.state.options.project
         if not self.state.info.entry_point:
             self.already = True
-            if project is not None and project.started_by:
+            if project is not None and (project.started_by or repairs_of(self.fm, "started_by")):
                 return  # the entry point that runs this module's training code initialises
             self.record(
                 module,

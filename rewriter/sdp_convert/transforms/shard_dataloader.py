@@ -75,6 +75,7 @@ from ..program.project import (
     returned_feed,
     single_process_fallback,
 )
+from ..program.rank_splits import split_by_rank
 from ..program.scopes import (
     Binding,
     arguments_for,
@@ -254,6 +255,8 @@ class ShardDataLoader(Transform):
     def _handle(self, call: cst.Call) -> bool:
         """Plan the change of one DataLoader call; whether it is a training loader (or handled)."""
         args = loader_args(call)
+        if split_by_rank(self.fm, call):
+            return True  # its dataset is this rank's part already (``.select(rank)``)
         if has_distributed_sampler(self.fm, call):
             feed = returned_feed(self.fm, call)
             if feed is not None:
