@@ -30,11 +30,12 @@ _REPORT_LINE = re.compile(r"^\S+:\d+:\d+: \[")
 
 
 def sources(tree: Path) -> dict[str, bytes]:
-    """``{relative path: content}`` of the Python files under ``tree``."""
+    """``{relative path: content}`` of the Python files and notebooks under ``tree``."""
     return {
         p.relative_to(tree).as_posix(): p.read_bytes()
-        for p in sorted(tree.rglob("*.py"))
-        if "__pycache__" not in p.parts
+        for p in sorted(tree.rglob("*"))
+        if p.suffix in (".py", ".ipynb") and "__pycache__" not in p.parts
+        and ".ipynb_checkpoints" not in p.parts
     }
 
 
@@ -92,7 +93,8 @@ def test_project(case: Path, tmp_path: Path, request: pytest.FixtureRequest):
     # A project the converter cannot do safely is left alone, with what to do (the contract).
     assert expected or "(manual)" in report, f"{case}: the project converts to nothing"
     for name, content in expected.items():
-        compile(content, str(case / "expected" / name), "exec")
+        if name.endswith(".py"):
+            compile(content, str(case / "expected" / name), "exec")
         assert content != before[name], f"{case}/expected/{name} equals the input: delete it"
     assert sorted(changed) == sorted(expected), "other files changed than expected/ holds"
     for name, content in expected.items():

@@ -1308,10 +1308,7 @@ def _downloads(module: Module) -> list[tuple[cst.Call, str, bool]]:
 def _under_main_guard(module: Module, call: cst.Call) -> bool:
     """In the ``if __name__ == "__main__":`` block of its module (or a function only that block
     calls): it runs when the module is a script, not when another imports it."""
-    for parent in module.fm.ancestors(call):
-        if _is_main_guard(parent):
-            return True
-    return False
+    return any(_is_main_guard(parent) for parent in module.fm.ancestors(call))
 
 
 def _inside_rank0_first(module: Module, call: cst.Call) -> bool:

@@ -518,7 +518,7 @@ def run_jobs(
 
 
 #: How many times the contract's repairs are made and the program checked again.
-REPAIR_ROUNDS = 3
+REPAIR_ROUNDS = 4
 
 
 def _check_and_repair(
@@ -537,8 +537,8 @@ def _check_and_repair(
     by_path.update({resolve(Path(job.display)): i for i, job in enumerate(jobs)})
     by_path.update({Path(job.display): i for i, job in enumerate(jobs)})
     asked: dict[Path, tuple[Repair, ...]] = {}
+    repairs = check_contract(outcomes, project, config.cache_dir)
     for _ in range(REPAIR_ROUNDS):
-        repairs = check_contract(outcomes, project, config.cache_dir)
         wanted: dict[Path, list[Repair]] = {}
         for repair in repairs:
             if repair.path in by_path and repair not in wanted.setdefault(repair.path, []):
@@ -564,6 +564,7 @@ def _check_and_repair(
                             deps=(*deps, digest), again=outcomes[i])
             if again is not None:
                 outcomes[i] = again
+        repairs = check_contract(outcomes, project, config.cache_dir)
     return outcomes
 
 

@@ -102,6 +102,14 @@ class ScaleKerasLearningRate(Transform):
         asked = [node for _, node in repairs_of(self.fm, "scale_keras_lr")]
         if not self.state.info.training and asked:
             data_sharded = True
+            # The optimizer each asked compile gets, built in it or bound to a name before it.
+            index0 = file_index(self.fm)
+            for compile_call in list(asked):
+                arg = compile_optimizer_arg(compile_call) if isinstance(
+                    compile_call, cst.Call) else None
+                if arg is not None:
+                    asked += [v for v in reaching_values(index0, arg.value, compile_call)
+                              if isinstance(v, cst.Call)]
         else:
             data = training_data(self.fm)
             data_sharded = data.sharded
