@@ -628,7 +628,7 @@ def _check_entry(entry: ModuleView, reach: list[ModuleView]) -> EntryResult:
                     f"{spot.text}() runs {where} (NotInitializedError): move it after init(), "
                     "into the code that runs once the program has started")))
         decide("init", missing,
-               "init at " + ", ".join(f"{s.text}:{s.line}" for s in inits[:1]))
+               ", ".join(f"{s.text}() at {next(v.display for v in reach if any(s in x for x in v.runtime.values()))}:{s.line}" for s in inits[:1]))  # noqa: E501 - one line: contract.py is being rewritten
 
     # 2. averaging, 4. initial state
     averaging: list[tuple[ModuleView, Spot | None, str]] = []
