@@ -56,7 +56,8 @@ class _Captured:
     """What ``%%capture NAME`` binds: the cell's output (IPython's ``CapturedIO``, text only)."""
 
     def __init__(self, stdout: str, stderr: str) -> None:
-        self.stdout, self.stderr, self.outputs = stdout, stderr, []
+        self.stdout, self.stderr = stdout, stderr
+        self.outputs: list[Any] = []
 
     def show(self) -> None:
         sys.stdout.write(self.stdout)
@@ -79,9 +80,10 @@ def _compile(path: str, cell: _cells.Cell) -> tuple[types.CodeType | None, types
     linecache.cache[name] = (len(cell.source), None, lines, name)  # tracebacks show the line
     tree = ast.parse(cell.source, name, "exec")
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(
-            lines, tree.body[-1]):
-        last = compile(ast.Expression(tree.body.pop().value), name, "eval")
+    end = tree.body[-1] if tree.body else None
+    if isinstance(end, ast.Expr) and not _ends_with_semicolon(lines, end):
+        tree.body.pop()
+        last = compile(ast.Expression(end.value), name, "eval")
     return compile(tree, name, "exec"), last
 
 
@@ -150,7 +152,7 @@ def run(path: str, args: Sequence[str] = ()) -> int:
         return 2
     names = {cell_filename(path, c.number) for c in cells}
     if sys.excepthook is sys.__excepthook__:
-        sys.excepthook = _print_exception  # sdp.init() chains the runtime's hook before it
+        sys.excepthook = print_exception  # sdp.init() chains the runtime's hook before it
     try:
         compiled = [_compile(path, c) for c in cells]
     except SyntaxError as error:
@@ -175,7 +177,7 @@ def run(path: str, args: Sequence[str] = ()) -> int:
     return 0
 
 
-def _print_exception(kind: type[BaseException], error: BaseException,
+def print_exception(kind: type[BaseException], error: BaseException,
                      tb: types.TracebackType | None) -> None:
     """Python's default hook, through ``traceback``, which reads the cells' lines from
     ``linecache`` (the interpreter's own hook reads source files from disk only)."""

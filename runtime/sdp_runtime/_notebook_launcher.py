@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -317,13 +316,15 @@ def _rank(function: Callable[..., Any], args: tuple[Any, ...], prefix: bool,
     # Not the kernel's hook (IPython's, which talks to the notebook over sockets a fork must
     # not use): Python's, over which sdp.init() puts the runtime's, even where the kernel ran
     # sdp.init() once before.
-    sys.excepthook = _print_exception
+    from ._notebook import print_exception
+
+    sys.excepthook = print_exception
     exits = sys.modules.get("sdp_runtime._exit")
     if exits is not None:
-        exits._hook_installed = False
+        setattr(exits, "_hook_installed", False)  # noqa: B010 - another module's flag
     comm = sys.modules.get("sdp_runtime._comm")
     if comm is not None:  # its exit handler (sdp.shutdown) went with the kernel's: again
-        comm._atexit_registered = False
+        setattr(comm, "_atexit_registered", False)  # noqa: B010
     _display_as_text()
     if os.environ.get("SDP_AUDIT"):  # what sdp-run's start-up hook does in each rank
         from . import _audit
@@ -384,11 +385,6 @@ def _failed(error: BaseException, rank: int) -> None:
         _exit._write_report(folder, {"rank": rank, "status": "failed", "error": summary[:500],
                                      "time": time.time(), "caused_by_peer": False,
                                      "traceback": text})
-
-
-def _print_exception(kind: type[BaseException], error: BaseException,
-                     tb: types.TracebackType | None) -> None:
-    traceback.print_exception(kind, error, tb)
 
 
 def _leave(status: int | None, handlers: bool = True) -> None:

@@ -18,6 +18,17 @@ def _cell(text: str) -> str:
     return textwrap.dedent(text).strip("\n")
 
 
+#: The training loop, the same at the top level and in a function.
+LOOP = _cell("""
+    for epoch in range(2):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch} loss {loss.item():.4f}")
+    """)
+
 TOP_LEVEL = [
     ("markdown", "# A small regression\n\nTrained at the top level of the notebook."),
     ("code", _cell("""
@@ -40,15 +51,7 @@ TOP_LEVEL = [
         display(model)
         !nvidia-smi -L
         """)),
-    ("code", _cell("""
-        for epoch in range(2):
-            for xb, yb in loader:
-                optimizer.zero_grad()
-                loss = nn.functional.mse_loss(model(xb), yb)
-                loss.backward()
-                optimizer.step()
-            print(f"epoch {epoch} loss {loss.item():.4f}")
-        """)),
+    ("code", LOOP),
     ("code", "%%bash\necho this cell is shell"),
     ("code", _cell("""
         s = '''
@@ -79,25 +82,18 @@ IN_A_FUNCTION = [
         from torch import nn
         from torch.utils.data import DataLoader, TensorDataset
         """)),
-    ("code", _cell("""
-        def train(batch_size, lr):
-            torch.manual_seed(0)
-            x = torch.randn(256, 8)
-            y = x @ torch.arange(8.0).unsqueeze(1)
-            loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
-            model = nn.Linear(8, 1)
-            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-            display(model)
-            for epoch in range(2):
-                for xb, yb in loader:
-                    optimizer.zero_grad()
-                    loss = nn.functional.mse_loss(model(xb), yb)
-                    loss.backward()
-                    optimizer.step()
-                print(f"epoch {epoch} loss {loss.item():.4f}")
-            weights = torch.cat([p.detach().flatten() for p in model.parameters()])
-            return weights.tolist()
-        """)),
+    ("code", "def train(batch_size, lr):\n" + textwrap.indent(_cell("""
+        torch.manual_seed(0)
+        x = torch.randn(256, 8)
+        y = x @ torch.arange(8.0).unsqueeze(1)
+        loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+        model = nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        display(model)
+        """) + "\n" + LOOP + "\n" + _cell("""
+        weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+        return weights.tolist()
+        """), "    ")),
     ("code", "single = train(32, 0.02)"),
 ]
 
