@@ -171,3 +171,62 @@ def test_bad_arguments(kwargs, message):
 
     with pytest.raises(ValueError, match=re.escape(message)):
         notebook_launcher(print, **kwargs)
+
+
+SLEEPING = """\
+import time
+import sdp_runtime.torch as sdp
+from sdp_runtime import notebook_launcher
+
+def train():
+    sdp.init()
+    print("rank", sdp.rank(), "sleeping", flush=True)
+    time.sleep(120)
+
+notebook_launcher(train, num_processes=2)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_interrupting_the_kernel_stops_every_rank(tmp_path):
+    """The notebook's stop button (SIGINT to the kernel's process group)."""
+    from jupyter_client.manager import start_new_kernel
+
+    env = clean_env({"JUPYTER_RUNTIME_DIR": str(tmp_path / ".jupyter"),
+                     "IPYTHONDIR": str(tmp_path / ".ipython")})
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    try:
+        def run(code: str, interrupt_when_sleeping: bool = False) -> tuple[str, float | None]:
+            msg_id, texts, interrupted = kc.execute(code), [], None
+            deadline = time.monotonic() + 200
+            while time.monotonic() < deadline:
+                try:
+                    msg = kc.get_iopub_msg(timeout=1)
+                except Exception:  # queue.Empty: nothing for a second
+                    ready = "".join(texts).count("sleeping") == 2
+                    if interrupt_when_sleeping and interrupted is None and ready:
+                        interrupted = time.monotonic()
+                        km.interrupt_kernel()
+                    continue
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    texts.append(content["text"])
+                elif kind == "error":
+                    texts.append(f"{content['ename']}: {content['evalue']}\n")
+                elif kind == "status" and content["execution_state"] == "idle":
+                    took = time.monotonic() - interrupted if interrupted else None
+                    return "".join(texts), took
+            pytest.fail(f"the cell did not end: {''.join(texts)}")
+
+        shown, took = run(SLEEPING, interrupt_when_sleeping=True)
+        assert "KeyboardInterrupt: stopped by SIGINT; every rank was stopped" in shown, shown
+        assert took is not None and took < 30, shown  # the ranks would sleep 120 s
+        after, _ = run("import psutil, signal\nprint(psutil.Process().children(recursive=True))\n"
+                       "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+        assert after == "[]\nTrue\n"  # no rank left; the kernel's interrupt handler is back
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
