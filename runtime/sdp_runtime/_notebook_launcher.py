@@ -23,19 +23,20 @@ call ``sdp.init()`` again), and joins the kernel's one-process group again after
 
 from __future__ import annotations
 
-import argparse
+# Only modules Python has loaded at start-up anyway: ``import sdp_runtime`` stays cheap (the
+# others are imported when the launcher is called).
 import atexit
 import contextlib
 import io
 import os
 import signal
 import sys
-import tempfile
 import time
-import traceback
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+    from typing import Any
 
 _PREFIX = "[rank{rank}]: "
 #: The signals torch's agent takes over while it runs (given back afterwards).
@@ -132,6 +133,8 @@ def notebook_launcher(
         sys.modules["sdp_runtime._comm"].shutdown()
     try:
         if audit or audit_report:
+            import argparse
+
             from ._audit import launcher
 
             mode = "strict" if audit == "strict" else "on"
@@ -173,6 +176,9 @@ def _kernel_runtime() -> bool:
 
 def _launch(function: Callable[..., Any], args: tuple[Any, ...], nproc: int,
             prefix: bool, initialise: bool) -> list[Any]:
+    import tempfile
+    import uuid
+
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -381,6 +387,8 @@ def _failed(error: BaseException, rank: int) -> None:
 
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         summary = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        import traceback
+
         text = "".join(traceback.format_exception(type(error), error, tb))[-8000:]
         _exit._write_report(folder, {"rank": rank, "status": "failed", "error": summary[:500],
                                      "time": time.time(), "caused_by_peer": False,
