@@ -166,8 +166,10 @@ def convert_cmd(
         typer.Option("--report", help="Write the report to this file (- for stdout)."),
     ] = None,
     report_format: Annotated[
-        ReportFormat, typer.Option("--report-format", help="Format of --report.")
-    ] = ReportFormat.text,
+        ReportFormat | None,
+        typer.Option("--report-format", show_default=False,
+                     help="Format of --report (needs --report) [default: text]."),
+    ] = None,
     jobs: Annotated[
         int | None,
         typer.Option("-j", "--jobs", min=1, show_default=False,
@@ -230,6 +232,11 @@ def convert_cmd(
         paths = ["-"]
     if not paths:
         raise typer.BadParameter("give at least one PATH (or - for stdin)", param_hint="PATH")
+    if report_format is not None and report is None:
+        # Without --report no report is written: a format alone would silently do nothing.
+        raise _fail(f"--report-format {report_format.value} is the format of the report that "
+                    "--report writes, and no --report was given: add --report FILE (or "
+                    "--report - for stdout)")
     if "-" in paths and (len(paths) > 1 or output):
         raise typer.BadParameter("- (stdin) cannot be combined with other paths or -o",
                                  param_hint="PATH")
@@ -256,7 +263,7 @@ def convert_cmd(
     from .cache import default_dir
     from .files import Excluder
     from .options import Options
-    from .report import render, summary_line
+    from .report import first_run_hint, render, summary_line
     from .runner import (
         Config,
         Interrupted,
@@ -291,6 +298,7 @@ def convert_cmd(
         cache_dir=(cache_dir or str(default_dir())) if use_cache else None,
     )
 
+    written_to: dict[str, str] = {}  # a file's name in the outcomes -> where it is written
     if paths == ["-"]:
         name = stdin_filename or "-"
         excluded = bool(stdin_filename) and selection.excludes_named(Path(name))
@@ -300,6 +308,7 @@ def convert_cmd(
             planned, copies, early = plan(paths, output, selection)
         except UsageError as wrong:
             raise typer.BadParameter(str(wrong), param_hint="-o") from None
+        written_to = {job.display: str(job.dest) for job in planned if job.dest is not None}
         try:
             workers = jobs or cfg.get("jobs") or default_jobs()
             done = _run_with_progress(planned, run_config, workers)
@@ -324,16 +333,17 @@ def convert_cmd(
                 # -q hides progress and edits, never what a person still has to do.
                 if change.manual or not quiet:
                     err.write(change.format(o.path) + "\n")
-    if not quiet and any(o.written and o.status == "converted" for o in outcomes):
+    hint = None if quiet else first_run_hint(outcomes, written_to)
+    if hint:
         # What no converter can prove, the first run can check (docs/audit.md, "The audit"). Before
         # the summary, which stays the last line.
-        err.write("sdp-convert: first run of a converted script: sdp-run --audit -n 2 SCRIPT "
-                  "checks that its ranks train one model on split data\n")
+        err.write(hint + "\n")
     err.write(f"sdp-convert: {summary_line(outcomes, mode != 'write')}\n")
 
     failed = any(o.status == "failed" for o in outcomes)
     if report is not None:
-        text = render(outcomes, report_format.value, mode != "write")  # type: ignore[arg-type]
+        fmt = report_format.value if report_format else "text"
+        text = render(outcomes, fmt, mode != "write")  # type: ignore[arg-type]
         if report == "-":
             sys.stdout.write(text)
         else:

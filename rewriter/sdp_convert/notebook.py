@@ -206,6 +206,16 @@ def convert_notebook(data: bytes, options: Options | None = None) -> Result:
     return Result(data, output, result.info, placed(data, result.changes, line_to_cell))
 
 
+def run_hint(command: str) -> str:
+    """The first-run line for a converted notebook: ``command`` (``sdp-run --audit -n 2 NB``)
+    runs its code cells; from inside Jupyter, the runtime's ``notebook_launcher`` runs a function
+    (docs/running.md, "Notebooks")."""
+    return (f"sdp-convert: first run of a converted notebook: {command} runs its code cells on 2 "
+            "processes and checks that its ranks train one model on split data; inside Jupyter, "
+            "put the training in a function and call sdp_runtime.notebook_launcher(train, "
+            "num_processes=2, audit=True)")
+
+
 def _row(data: bytes, cell: int, line: int) -> int | None:
     """The ``.ipynb`` file's line holding line ``line`` (1-based; 0: the cell) of ``cell``."""
     rows = _source_rows(data.decode("utf-8")).get(cell)

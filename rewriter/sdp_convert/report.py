@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,30 @@ def summary_line(outcomes: Sequence[FileOutcome], check: bool = False) -> str:
         f"{counts['unchanged']} unchanged, {counts['skipped']} skipped, {counts['failed']} failed; "
         f"{manual} manual items"
     )
+
+
+def first_run_hint(outcomes: Sequence[FileOutcome], written_to: dict[str, str]) -> str | None:
+    """The line that says how to check the first run of what this run converted and wrote, naming
+    the file (an entry point first: the program's, in project mode); None when nothing was.
+
+    ``written_to`` maps a file's path in the outcomes to where it was written (``-o``).
+
+    Example:
+        >>> first_run_hint([FileOutcome("train.py", "converted", written=True)], {})
+        'sdp-convert: first run of a converted script: sdp-run --audit -n 2 train.py checks ...'
+    """
+    converted = [o for o in outcomes if o.written and o.status == "converted"]
+    if not converted:
+        return None
+    entry = next((o for o in converted if o.contract is not None), converted[0])
+    path = written_to.get(entry.path, entry.path)
+    command = f"sdp-run --audit -n 2 {shlex.quote(path)}"
+    if path.endswith(".ipynb"):
+        from .notebook import run_hint
+
+        return run_hint(command)
+    return (f"sdp-convert: first run of a converted script: {command} checks that its ranks "
+            "train one model on split data")
 
 
 def render(outcomes: Sequence[FileOutcome], fmt: ReportFormat, check: bool = False) -> str:

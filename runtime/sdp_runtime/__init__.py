@@ -1,11 +1,14 @@
 """sdp_runtime: one Horovod/SMDDP-compatible data-parallel API on torch.distributed.
 
 Framework APIs live in ``sdp_runtime.torch`` and ``sdp_runtime.tensorflow``; this package itself
-imports no framework, so ``import sdp_runtime`` is cheap and has no side effects.
+imports no framework, so ``import sdp_runtime`` is cheap and has no side effects. It holds
+``notebook_launcher`` (run a function on N processes from a notebook; torch is imported when it
+is called).
 """
 
 from __future__ import annotations
 
+from ._notebook_launcher import LaunchError, notebook_launcher
 from ._types import (
     AlreadyInitializedError,
     CommunicationError,
@@ -31,8 +34,10 @@ def __getattr__(name: str) -> str:
 __all__ = [
     "AlreadyInitializedError",
     "CommunicationError",
+    "LaunchError",
     "MismatchError",
     "NotInitializedError",
     "ReduceOp",
     "__version__",
+    "notebook_launcher",
 ]

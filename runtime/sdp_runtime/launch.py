@@ -1,6 +1,7 @@
 """``sdp-run``: start a converted script on N processes per machine, through torchrun.
 
     sdp-run -n 4 train.py --epochs 3                    # 4 processes on this machine
+    sdp-run -n 2 train.ipynb                            # a notebook's code cells (_notebook)
     sdp-run -np 4 train.py                              # the same, as horovodrun/mpirun write it
     sdp-run -n 8 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500 train.py   # on host0
     sdp-run -n 8 --nnodes 2 --node-rank 1 --rdzv-endpoint host0:29500 train.py   # on host1
@@ -40,11 +41,11 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _env, _lifeline, _rollcall
+from . import _cells, _env, _lifeline, _rollcall
 
 _PREFIX_TEMPLATE = "[rank${rank}]: "
 
@@ -53,6 +54,12 @@ EXIT_USAGE = 2
 EXIT_RENDEZVOUS = 1
 #: The torchrun.logs_specs entry point (pyproject.toml) that writes --output-dir's files.
 _RANK_FILES_SPEC = "sdp-rank-files"
+#: The torch loggers whose lines on a failed rank repeat what sdp-run says itself.
+_QUIET_LOGGERS = (
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.agent.server.api",
+    "torch.multiprocessing.spawn",  # notebook_launcher's processes
+)
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--audit-report", metavar="FILE",
                         help="with --audit: also write the audit's report to FILE as JSON")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
+    parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with "
+                        "-m); a notebook (.ipynb) runs its code cells in order")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script")
     return parser
@@ -463,6 +471,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.module and not args.no_python and not os.path.exists(args.script):
         print(f"sdp-run: error: no such script: {args.script}", file=sys.stderr)
         return EXIT_USAGE
+    if is_notebook(args):
+        try:
+            _cells.read(args.script)  # a broken notebook is one line here, not N tracebacks
+        except (OSError, ValueError) as error:
+            print(f"sdp-run: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        args = run_notebook(args)
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:  # sdp-run's own process only: the store client's retry warnings, every second
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
@@ -488,6 +503,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launcher.run_audited(args, lambda: _launch_in_log_dir(p, args))
     return _launch_in_log_dir(p, args)
+
+
+def is_notebook(args: argparse.Namespace) -> bool:
+    """Whether SCRIPT is a Jupyter notebook (``.ipynb``) to run as a program."""
+    return not args.module and not args.no_python and args.script.endswith(".ipynb")
+
+
+def run_notebook(args: argparse.Namespace) -> argparse.Namespace:
+    """The same flags, each rank running the notebook's code cells (``sdp_runtime._notebook``).
+
+    Example:
+        >>> run_notebook(build_parser().parse_args(["train.ipynb", "--lr", "1"])).script_args
+        ['train.ipynb', '--lr', '1']
+    """
+    return argparse.Namespace(**{**vars(args), "module": True, "script": "sdp_runtime._notebook",
+                                 "script_args": [args.script, *args.script_args]})
 
 
 def _launch_in_log_dir(p: Plan, args: argparse.Namespace) -> int:
@@ -517,7 +548,8 @@ def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
         try:
             if roll_call is not None:
                 roll_call.start()
-            torchrun.run(torchrun.get_args_parser().parse_args(torchrun_argv))
+            with quiet_torch_logs():
+                torchrun.run(torchrun.get_args_parser().parse_args(torchrun_argv))
         except ChildFailedError as error:
             sys.stdout.flush()
             rank, why, status, trace = first_failure(error.failures, _read_reports(reports))
@@ -547,6 +579,27 @@ def _launch(p: Plan, args: argparse.Namespace, log_dir: str) -> int:
             if roll_call is not None:
                 roll_call.stop()
     return 0
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """Without torch's own log lines on a failure (``E1128 ... elastic/multiprocessing/api.py:
+    failed (exitcode: 1) ...`` and the SIGTERM sent to the other ranks): the launcher says it in
+    one line of its own. ``LOGLEVEL`` set (torchrun's variable) leaves torch's logging alone."""
+    if os.environ.get("LOGLEVEL"):
+        yield
+        return
+    import logging
+
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
 
 
 def _roll_call(p: Plan, nproc: int) -> _rollcall.RollCall | None:

@@ -292,6 +292,9 @@ def test_a_failing_rank_fails_the_run_and_stops_the_others(script, tmp_path):
     assert ("sdp-run: rank 1 failed first: RuntimeError: planned failure on rank 1 "
             "(exit status 1)") in err
     assert "[rank0]: rank 0 of 2" in out
+    # sdp-run's line, not torch's own log lines (E1128 ... elastic/multiprocessing/api.py:
+    # failed (exitcode: 1) ..., W1128 ... Sending process ... closing signal SIGTERM).
+    assert not re.search(r"^[IWEF]\d{4} \d\d:\d\d:\d\d", err, re.M), err
 
 
 @pytest.mark.slow
