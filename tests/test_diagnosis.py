@@ -263,7 +263,7 @@ KERAS_MAIN = """\
     """
 #: A split of the training data between the ranks, as the converted code would show it.
 _RANK_SPLIT = re.compile(
-    r"sdp\.shard\(|\.shard\(\s*sdp\.size\(\)|sdp\.rank\(\)\s*::\s*sdp\.size\(\)")
+    r"sdp\.shard\b|\.shard\(\s*sdp\.size\(\)|sdp\.rank\(\)\s*::\s*sdp\.size\(\)")
 
 
 def test_keras_compile_elsewhere_is_not_called_split_by_a_validation_shard(tmp_path: Path):

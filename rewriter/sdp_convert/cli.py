@@ -365,6 +365,13 @@ def convert_cmd(
                    "above); do them and delete the comments, or pass --allow-manual-markers",
                    err=True)
         raise typer.Exit(EXIT_CHANGES)
+    if check and not allow and any(o.needs_attention for o in outcomes):
+        # The whole-program contract finds a part missing or unknown (its notes are checked on
+        # every run, comments or not): work is left, whatever the files' comments say.
+        typer.echo("sdp-convert: --check: a program's contract does not hold (see the "
+                   "[contract] lines above); do what they say, or pass --allow-manual-markers",
+                   err=True)
+        raise typer.Exit(EXIT_CHANGES)
     raise typer.Exit(EXIT_OK)
 
 

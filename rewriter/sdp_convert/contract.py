@@ -327,7 +327,8 @@ class _Entry:
     def _init_repair(self) -> Repair | None:
         if not self.repairable(self.entry, "init"):
             return None
-        return Repair("init", self.entry.path, 1, "", self.training_at())
+        framework = "torch" if self.torch_steps else "tensorflow"
+        return Repair("init", self.entry.path, 1, "", self.training_at(), framework=framework)
 
     def _why_not_converted(self) -> str:
         outside = [m.display for m in self.reach if not m.written]
@@ -769,7 +770,8 @@ class _Entry:
             if tf_data or arrays:
                 # A source in a module that trains nothing itself: sharded there (a module that
                 # trains has had its data decided by its own conversion).
-                repair = self.repair("shard_dataset", made, self.where(at)) if tf_data and (
+                repair = self.repair("shard_dataset", _shard_site(trace, made),
+                                     self.where(at)) if tf_data and (
                     not made.fm.info.training) else None
                 split = repair is not None
                 self.add("data", "missing", made, (
@@ -992,13 +994,14 @@ def _check_entry(run: Run, entry: Module, reach: list[Module],
         return EntryResult(entry.display,
                            {p: PartResult("missing", refusal.message, True) for p in PARTS},
                            tuple(m.display for m in reach))
+    # Every part, converted or not: a program nothing of which runs data-parallel has each
+    # missing part named (and repaired, where the converter can) at its own spot.
     check.init()
-    if runtime:
-        check.torch()
-        check.keras()
-        check.tape()
-        check.data()
-        check.writes()
+    check.torch()
+    check.keras()
+    check.tape()
+    check.data()
+    check.writes()
     return check.result()
 
 
@@ -1021,8 +1024,9 @@ def _early_runtime(module: Module) -> list[cst.Call]:
             break
         found += [
             c for c in calls
-            if any(q.startswith("sdp_runtime.") and not q.endswith(("is_initialized", "shutdown"))
-                   for q in fm.qualified_names(c.func))
+            if any(q.startswith("sdp_runtime.") and not q.endswith(
+                ("is_initialized", "shutdown", "notebook_launcher"))  # (it initialises each rank)
+                for q in fm.qualified_names(c.func))
         ]
     return found
 
@@ -1065,6 +1069,29 @@ def _shuffles(run: Run, loader: Ref) -> bool:
         if shuffle is None:
             return True
     return not (isinstance(shuffle, cst.Name) and shuffle.value == "False")
+
+
+#: Dataset methods a shard may go after without changing which samples each rank gets: from
+#: where the data is used, the shard goes before these (and before a shuffle: shards of
+#: differently shuffled data would overlap).
+_AFTER_SHARD = frozenset({"batch", "padded_batch", "ragged_batch", "prefetch", "repeat", "cache",
+                          "shuffle", "map", "with_options", "unbatch"})
+
+
+def _shard_site(trace: Trace, made: Ref) -> Ref:
+    """Where ``.apply(sdp.shard)`` goes on a ``tf.data`` pipeline: after the last step of the
+    training data's own chain, in the module that makes it, before batching and shuffling
+    (``full.enumerate().filter(f)`` of ``train = full.enumerate().filter(f).map(g)``: the hold-out
+    ``valid = full.shard(5, 0)`` stays whole); at the source when nothing comes between."""
+    for ref in trace.through:
+        node = ref.node
+        if ref.module is not made.module or not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _AFTER_SHARD:
+            continue
+        return ref
+    return made
 
 
 def _scaled(optimizer: Ref) -> bool:

@@ -175,7 +175,13 @@ def _convert_once(data: bytes, options: Options) -> Result:
             # The entry point of a program that trains in other modules (a notebook driving
             # them, a module-level script): the whole-program contract says so.
             info.entry_point = True
-        if "repair:keras_fit" in roles and info.framework == "tensorflow" and info.vanilla:
+            if info.framework is None:
+                info.framework = next((r.framework for r in options.project.repairs
+                                       if r.kind == "init" and r.framework), None)  # type: ignore[assignment]
+        if "repair:keras_fit" in roles and info.framework in (None, "tensorflow") and (
+            info.vanilla
+        ):
+            info.framework = "tensorflow"
             # Its model is compiled in another module (the whole-program contract followed it
             # there): a Keras training script all the same.
             info.training = info.uses_fit = True

@@ -687,7 +687,7 @@ class _Checked:
     notes it adds (by file) and the repairs it asks for."""
 
     entries: list[tuple[str, dict[str, object], bool, list[tuple[str, int, int, str]],
-                        list[tuple[str, str, int, str, str, bool]]]]
+                        list[tuple[str, str, int, str, str, bool, str]]]]
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.entries).encode()
@@ -706,8 +706,8 @@ class _Checked:
 
         found: list[Repair] = []
         for *_, repairs in self.entries:
-            for kind, path, line, code, detail, shuffle in repairs:
-                repair = Repair(kind, Path(path), line, code, detail, shuffle)
+            for kind, path, line, code, detail, shuffle, framework in repairs:
+                repair = Repair(kind, Path(path), line, code, detail, shuffle, framework)
                 if repair not in found:
                     found.append(repair)
         return found
@@ -717,8 +717,6 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
                    outcome_of: dict[Path, FileOutcome],
                    lines_of: dict[Path, list[tuple[int, int]]],
                    ) -> _Checked:
-    import ast
-
     from . import contract
     from .engine import node_positions
     from .modules import Project, imported_modules
@@ -730,11 +728,11 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
     for path, text in chosen.items():
         o = outcome_of.get(path)
         try:
-            ast.parse(text)  # CPython's own verdict first: what it rejects is not read
-        except (SyntaxError, ValueError):
-            continue
-        except (RecursionError, MemoryError) as err:
-            unread[path] = type(err).__name__
+            # CPython's own verdict first: what it rejects is not read.
+            check(text, notebook=path in lines_of)
+        except ConversionError as err:
+            if "nested too deeply" in err.message:
+                unread[path] = "nested too deeply for CPython"
             continue
         try:
             fm = FileModel.from_source(text)
@@ -774,7 +772,7 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
     for result in results:
         notes = [(str(path), c.line, c.col, c.message) for path, cs in result.notes.items()
                  for c in cs]
-        repairs = [(r.kind, str(r.path), r.line, r.code, r.detail, r.shuffle)
+        repairs = [(r.kind, str(r.path), r.line, r.code, r.detail, r.shuffle, r.framework)
                    for r in result.repairs]
         entries.append((result.entry, result.as_json(), result.holds, notes, repairs))
     return _Checked(entries)

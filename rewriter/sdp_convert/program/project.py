@@ -86,6 +86,9 @@ class Repair:
     detail: str = ""
     #: ``known_loader``: the loader's sampler shuffles (its ``set_epoch`` matters).
     shuffle: bool = True
+    #: ``init``: the framework of the training the entry point runs (``torch``,
+    #: ``tensorflow``), for an entry that imports none itself.
+    framework: str = ""
 
 
 @dataclass(frozen=True)

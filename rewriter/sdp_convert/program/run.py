@@ -1065,8 +1065,6 @@ class Run:
             if isinstance(call.func, cst.Attribute)
         ]
         for module in chosen:
-            if module.fm.info.framework != "tensorflow":
-                continue
             for call in module.fm.method_calls("fit"):
                 if not isinstance(call.func, cst.Attribute):
                     continue
@@ -1074,7 +1072,10 @@ class Run:
                 traces = self.trace(Ref(module, call.func.value))
                 keys = {t.made.key for t in traces if t.made is not None}
                 same = [c for c, made in compiles if any(m.key in keys for m in made)]
-                fits.append(KerasFit(ref, traces, same))
+                # A fit in a module that imports no framework (``model.fit(train)`` on what
+                # ``models.get_model()`` returns) is Keras's when its model is compiled so.
+                if module.fm.info.framework == "tensorflow" or same:
+                    fits.append(KerasFit(ref, traces, same))
         return fits
 
     def tape_steps(self, modules: Iterable[Module] | None = None) -> list[TapeStep]:
