@@ -2,7 +2,13 @@
 fixed-point check): it must not break the program it goes into.
 
 * **Names**: a module-level statement must not use a name that is bound only later, or nowhere
-  (``tf.config...`` pinned in a notebook's first cell that imports only ``keras``: NameError).
+  (``tf.config...`` pinned in a notebook's first cell that imports only ``keras``: NameError);
+  and a name the inserted code reads must be bound on every path to the read, in a function
+  as at module level (``s2.set_epoch(epoch)`` in the epoch loop for a sampler made in one
+  branch of an ``if``/``elif`` only: UnboundLocalError at the first epoch). Paths are followed
+  through ``if``, loops (which may run no iteration; ``while True`` ends at its ``break``),
+  ``try`` (a handler may run before anything of the body has), ``with``, ``match``, and end at
+  ``return``, ``raise``, ``break``, ``continue`` and ``sys.exit()``.
 * **Collectives where the ranks do not all go**: ``barrier``, ``broadcast*``, ``allreduce*``,
   ``allgather*`` and ``rank0_first`` are entered by every rank or by none; under a condition that
   can differ between ranks (the rank itself, a value computed from it, a file-system test such as
@@ -49,6 +55,17 @@ def problems(
         known.add(name)
         found.append((line, f"the inserted code uses `{name}` at module level before anything "
                             "binds it (NameError)"))
+    # The same name read unbound on some path in the same scope of the input is the user's.
+    paths = {key for key, _ in _unbound_on_some_path(before)}
+    paths |= {("<module>", name) for name in known}
+    for (scope, name), line in _unbound_on_some_path(after):
+        if (scope, name) in paths or name in noted:
+            continue
+        paths.add((scope, name))
+        where, error = (("at module level", "NameError") if scope == "<module>" else
+                        (f"in {scope}()", "UnboundLocalError"))
+        found.append((line, f"the inserted code reads `{name}` {where} on a path that does "
+                            f"not bind it ({error} when that path runs)"))
     known_collectives = Counter(key for key, _ in _divergent_collectives(before))
     for key, line in _divergent_collectives(after):
         if known_collectives[key]:
@@ -172,6 +189,272 @@ def _binds(stmt: ast.AST) -> set[str]:
         ):
             names.add(node.name)  # type: ignore[union-attr]
     return names
+
+
+# -- names bound on every path -------------------------------------------------------------------
+
+#: Statement calls after which nothing runs (``sys.exit()``): a path ends there.
+_ENDS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
+def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
+    """``((scope, name), line)`` of each read of a local name (of a function, or of the module)
+    that some path reaches before any statement binds it: ``UnboundLocalError`` (``NameError`` at
+    module level) when that path runs. ``scope`` is the function's dotted name, ``<module>``."""
+    found: list[tuple[tuple[str, str], int]] = []
+    stars = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+                for n in tree.body)
+    if not stars:  # a star import binds names no one can list
+        local = _scope_binds(tree) - _hoisted(tree)
+        _Paths("<module>", local, found).block(tree.body, frozenset())
+    for scope, function in _functions(tree, ""):
+        args = function.args
+        params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                  *([args.vararg] if args.vararg else []),
+                                  *([args.kwarg] if args.kwarg else [])]}
+        declared = {n for s in _own_nodes(function) if isinstance(s, ast.Global | ast.Nonlocal)
+                    for n in s.names}
+        local = (_scope_binds(function) | params) - declared
+        _Paths(scope, local, found).block(function.body, frozenset(params))
+    return found
+
+
+def _functions(node: ast.AST, prefix: str) -> list[tuple[str, ast.FunctionDef |
+                                                       ast.AsyncFunctionDef]]:
+    """Every function of ``node`` (methods and nested ones too), with its dotted name."""
+    found: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = prefix + child.name
+            found.append((name, child))
+            found += _functions(child, name + ".")
+        elif isinstance(child, ast.ClassDef):
+            found += _functions(child, prefix + child.name + ".")
+        elif not isinstance(child, ast.Lambda):
+            found += _functions(child, prefix)
+    return found
+
+
+def _own_nodes(function: ast.AST) -> list[ast.AST]:
+    """The nodes of a function's body, not those of the functions and classes it defines."""
+    found: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue  # its name is bound here; its body is its own scope
+        if isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp |
+                      ast.GeneratorExp):
+            continue  # their targets are their own (a walrus inside them is rare)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _scope_binds(function: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in _own_nodes(function):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= _binds(node) - {"*"}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef |
+                        ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+    return names
+
+
+Bound = frozenset[str] | None  # None: no path gets here (after a return, a raise, a break)
+
+
+def _join(*states: Bound) -> Bound:
+    """The names bound on every path that reaches a point from any of ``states``."""
+    live = [s for s in states if s is not None]
+    if not live:
+        return None
+    joined = live[0]
+    for state in live[1:]:
+        joined &= state
+    return joined
+
+
+class _Paths:
+    """One scope's statements, followed along their paths, with the names each path has bound:
+    a read of one of the scope's ``local`` names that some path reaches unbound is recorded."""
+
+    def __init__(self, scope: str, local: set[str],
+                 found: list[tuple[tuple[str, str], int]]) -> None:
+        self.scope, self.local, self.found = scope, local, found
+        self.loops: list[list[Bound]] = []  # the states at each ``break`` of the loops entered
+
+    def block(self, body: list[ast.stmt], bound: Bound) -> Bound:
+        for stmt in body:
+            if bound is None:
+                return None
+            bound = self.stmt(stmt, bound)
+        return bound
+
+    def stmt(self, node: ast.stmt, bound: frozenset[str]) -> Bound:  # noqa: C901 - one per kind
+        if isinstance(node, ast.If):
+            bound = self.expr(node.test, bound)
+            return _join(self.block(node.body, bound), self.block(node.orelse, bound))
+        if isinstance(node, ast.While):
+            bound = self.expr(node.test, bound)
+            forever = isinstance(node.test, ast.Constant) and bool(node.test.value)
+            return self.loop(node.body, node.orelse, bound, None if forever else bound)
+        if isinstance(node, ast.For | ast.AsyncFor):
+            bound = self.expr(node.iter, bound)
+            return self.loop(node.body, node.orelse, self.target(node.target, bound), bound)
+        if isinstance(node, ast.With | ast.AsyncWith):
+            for item in node.items:
+                bound = self.expr(item.context_expr, bound)
+                if item.optional_vars is not None:
+                    bound = self.target(item.optional_vars, bound)
+            return self.block(node.body, bound)
+        if isinstance(node, ast.Try | getattr(ast, "TryStar", ast.Try)):
+            done = self.block(node.orelse, self.block(node.body, bound))
+            # A handler may run after any statement of the body: only what was bound before.
+            handled = [self.block(h.body, bound | ({h.name} if h.name else set()))
+                       for h in node.handlers]
+            after = _join(done, *handled)
+            final = self.block(node.finalbody, bound)
+            if after is None or final is None:
+                return None
+            return after | (final - bound)
+        if isinstance(node, ast.Match):
+            bound = self.expr(node.subject, bound)
+            cases = [self.block(c.body, self.expr(c.guard, bound | _captures(c.pattern))
+                                if c.guard is not None else bound | _captures(c.pattern))
+                     for c in node.cases]
+            return _join(bound, *cases)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for expr in [*node.decorator_list, *node.args.defaults,
+                         *(d for d in node.args.kw_defaults if d is not None)]:
+                bound = self.expr(expr, bound)
+            return bound | {node.name}
+        if isinstance(node, ast.ClassDef):
+            for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
+                bound = self.expr(expr, bound)
+            return bound | {node.name}
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            return bound | (_binds(node) - {"*"})
+        if isinstance(node, ast.Return | ast.Raise):
+            for child in ast.iter_child_nodes(node):
+                bound = self.expr(child, bound)
+            return None
+        if isinstance(node, ast.Break):
+            if self.loops:
+                self.loops[-1].append(bound)
+            return None
+        if isinstance(node, ast.Continue):
+            return None
+        if isinstance(node, ast.Assign):
+            bound = self.expr(node.value, bound)
+            for target in node.targets:
+                bound = self.target(target, bound)
+            return bound
+        if isinstance(node, ast.AnnAssign):
+            if node.value is None:
+                return bound
+            return self.target(node.target, self.expr(node.value, bound))
+        if isinstance(node, ast.AugAssign):
+            bound = self.expr(node.value, bound)
+            return self.expr(_as_read(node.target), bound)
+        if isinstance(node, ast.Delete):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound = self.expr(_as_read(target), bound) - {target.id}
+                else:
+                    bound = self.expr(target, bound)
+            return bound
+        for child in ast.iter_child_nodes(node):  # Expr, Assert, Global, Pass, ...
+            bound = self.expr(child, bound)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and (
+            ast.unparse(node.value.func) in _ENDS
+        ):
+            return None
+        return bound
+
+    def loop(self, body: list[ast.stmt], orelse: list[ast.stmt], inside: frozenset[str],
+             skipped: Bound) -> Bound:
+        """A loop whose body starts with ``inside`` bound; ``skipped``: what is bound when the
+        loop ends by its test (before any iteration too), None when it never does."""
+        self.loops.append([])
+        end = self.block(body, inside)
+        breaks = self.loops.pop()
+        normal = _join(skipped, end) if skipped is not None else None
+        return _join(self.block(orelse, normal) if normal is not None else None, *breaks)
+
+    def target(self, target: ast.expr, bound: frozenset[str]) -> frozenset[str]:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                bound = bound | {node.id}
+            elif isinstance(node, ast.Subscript | ast.Attribute):
+                bound = self.expr(node.value, bound)
+                if isinstance(node, ast.Subscript):
+                    bound = self.expr(node.slice, bound)
+        return bound
+
+    def expr(self, node: ast.AST | None, bound: frozenset[str],
+             hidden: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Record the reads of ``node`` (an expression) that some path reaches unbound; the
+        names a walrus in it binds are bound after it."""
+        if node is None:
+            return bound
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                if node.id in self.local and node.id not in bound and node.id not in hidden:
+                    self.found.append(((self.scope, node.id), node.lineno))
+                return bound
+            return bound | {node.id}
+        if isinstance(node, ast.NamedExpr):
+            return self.expr(node.value, bound, hidden) | {node.target.id}
+        if isinstance(node, ast.Lambda):
+            for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d)]:
+                bound = self.expr(default, bound, hidden)
+            return bound  # its body runs later
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            inner = hidden | {n.id for g in node.generators for n in ast.walk(g.target)
+                              if isinstance(n, ast.Name)}
+            first, *rest = node.generators
+            bound = self.expr(first.iter, bound, hidden)
+            parts: list[ast.AST] = [*first.ifs]
+            for generator in rest:
+                parts += [generator.iter, *generator.ifs]
+            parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+            for part in parts:
+                self.expr(part, bound, inner)
+            return bound
+        if isinstance(node, ast.BoolOp):
+            # Only the first operand always runs: what a walrus binds in the others may not be.
+            after = self.expr(node.values[0], bound, hidden)
+            for value in node.values[1:]:
+                self.expr(value, after, hidden)
+            return after
+        if isinstance(node, ast.IfExp):
+            bound = self.expr(node.test, bound, hidden)
+            return self.expr(node.body, bound, hidden) & self.expr(node.orelse, bound, hidden)
+        for child in ast.iter_child_nodes(node):
+            bound = self.expr(child, bound, hidden)
+        return bound
+
+
+def _as_read(target: ast.expr) -> ast.expr:
+    """``x`` of ``x += 1`` (or ``del x``) as the read it also is."""
+    if isinstance(target, ast.Name):
+        return ast.copy_location(ast.Name(target.id, ast.Load()), target)
+    return target
+
+
+def _captures(pattern: ast.pattern) -> frozenset[str]:
+    return frozenset(
+        name for node in ast.walk(pattern)
+        for name in ([node.name] if isinstance(node, ast.MatchAs | ast.MatchStar) else
+                     [node.rest] if isinstance(node, ast.MatchMapping) else [])
+        if name
+    )
 
 
 # -- collectives -----------------------------------------------------------------------------
