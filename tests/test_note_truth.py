@@ -308,3 +308,72 @@ def test_no_note_is_reported_twice_at_one_place():
             result = convert(textwrap.dedent(source).encode(), Options(line_length=10_000))
             seen = [(c.line, c.transform, c.message) for c in result.changes]
             assert len(seen) == len(set(seen)), seen
+
+
+# -- issue 38: inserted code that runs, and notes that are true ------------------------------------
+
+
+def convert_text(source: str) -> tuple[str, list[str]]:
+    """The converted text and its report lines (``[transform] (manual) message``)."""
+    result = convert(textwrap.dedent(source).encode(), Options(line_length=10_000))
+    return result.output.decode(), [
+        f"[{c.transform}] {'(manual) ' if c.manual else ''}{c.message}" for c in result.changes
+    ]
+
+
+BRANCH_LOADERS = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main(ds="a"):
+    data_a = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    data_b = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    if ds == "a":
+        loader = DataLoader(data_a, batch_size=8, shuffle=True)
+    elif ds == "b":
+        loader = DataLoader(data_b, batch_size=8, shuffle=True)
+    else:
+        raise ValueError(ds)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+
+main()
+"""
+
+
+def test_a_loader_chosen_in_branches_gets_set_epoch_on_the_loader_the_loop_reads():
+    out, notes = convert_text(BRANCH_LOADERS)
+    # Each branch's loader gets its own sampler; the epoch loop, after the branches, sets the
+    # epoch of whichever the loop reads (the branch-local names are unbound on the other path).
+    assert out.count("DistributedSampler(") == 2, out
+    assert out.count(".set_epoch(epoch)") == 1 and "    loader.sampler.set_epoch(epoch)\n" in out
+    assert "[shard_dataloader] call loader.sampler.set_epoch(epoch) at the start of each epoch" in (
+        notes)
+    assert not any("(manual)" in n for n in notes), notes
+    namespace: dict[str, object] = {}
+    exec(compile(out.replace("\nmain()\n", "\n"), "train.py", "exec"), namespace)
+    for ds in ("a", "b"):  # one process (no launcher): both paths run to the end
+        namespace["main"](ds)  # type: ignore[operator]
+
+
+def test_inserted_code_reading_a_name_some_path_leaves_unbound_is_refused(monkeypatch):
+    """Today's converter (before issue 38) read each branch's sampler in the epoch loop:
+    UnboundLocalError at the first epoch. Such a conversion is not written, and says why."""
+    import sdp_convert.transforms.shard_dataloader as transform
+
+    monkeypatch.setattr(transform, "runs_whenever", lambda *args: True)  # that converter
+    result = convert(BRANCH_LOADERS.encode(), Options(line_length=10_000))
+    assert result.output == BRANCH_LOADERS.encode()
+    notes = [c.message for c in result.changes]
+    assert all(c.transform == "sdp_convert" and c.manual for c in result.changes), notes
+    for name in ("loader_sampler", "loader_sampler_2"):
+        assert any(f"not converted: the inserted code reads `{name}` in main() on a path that "
+                   "does not bind it (UnboundLocalError when that path runs)" in n
+                   for n in notes), notes

@@ -35,7 +35,7 @@ from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwarg
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .project import imported_data
-from .scopes import training_loops
+from .scopes import referents, training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, code, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
@@ -182,6 +182,30 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
                 "shuffle explicitly"
             )
     return None
+
+
+def only_sharded_loaders(fm: FileModel, use: cst.CSTNode) -> bool:
+    """Whether every value the read ``use`` (a loader's name where a loop iterates it) may hold
+    is a DataLoader made in this file that has a DistributedSampler, or gets one in this
+    conversion: then ``<use>.sampler.set_epoch(epoch)`` is right whichever of them it holds
+    (a loader chosen in ``if``/``elif`` branches, each with its own sampler)."""
+    if not isinstance(use, cst.Name):
+        return False
+    bindings = referents(fm, use)
+    if not bindings:
+        return False
+    will = enabled(fm, "shard_dataloader")
+    for binding in bindings:
+        value = binding.value
+        if binding.unpacked or not (isinstance(value, cst.Call) and fm.refers_to(
+            value.func, *LOADERS
+        )):
+            return False
+        if not has_distributed_sampler(fm, value) and (
+            not will or loader_problem(fm, value) is not None
+        ):
+            return False
+    return True
 
 
 def training_loaders(fm: FileModel) -> list[cst.Call]:
