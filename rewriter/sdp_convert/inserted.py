@@ -72,7 +72,14 @@ def problems(
             known_collectives[key] -= 1
             continue
         call, test = key
-        found.append((line, f"the inserted {call}() runs only where `{test}` holds, a condition "
+        if ", which runs " in call:  # a helper or a wrapped model's forward, moved under a test
+            first, rest = call.split(", which runs ", 1)
+            found.append((line, f"the conversion runs {first} only where `{test}` holds, a "
+                                f"condition that can differ between ranks, and it runs {rest}, "
+                                "which every rank must run together: the ranks that skip it "
+                                "would leave the others waiting (deadlock)"))
+            continue
+        found.append((line, f"the inserted {call} runs only where `{test}` holds, a condition "
                             "that can differ between ranks: the ranks that skip it would leave "
                             "the others waiting (deadlock)"))
     return found
@@ -461,10 +468,14 @@ def _captures(pattern: ast.pattern) -> frozenset[str]:
 
 
 def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
-    """``((collective, condition), line)`` of each collective call under a condition that can
-    differ between ranks."""
+    """``((what, condition), line)`` of each call under a condition that can differ between
+    ranks that every rank must make together: a collective, or (``CollectiveReach``) a wrapped
+    model's forward or a function of the file that leads to one. ``what``: the call and, for
+    one that leads to a collective, the calls on the way (``dump(...), which runs model(...)``).
+    """
     per_rank = _per_rank_names(tree)
     libraries = _distributed_aliases(tree)
+    reach = CollectiveReach(tree)
     found: list[tuple[tuple[str, str], int]] = []
 
     def visit(node: ast.AST, conditions: tuple[str, ...]) -> None:
@@ -485,11 +496,113 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
         if isinstance(node, ast.Call) and conditions:
             name = _last(node.func)
             if _COLLECTIVE.match(name) and _root(node.func) in libraries:
-                found.append(((name, conditions[-1]), node.lineno))
+                found.append(((f"{name}()", conditions[-1]), node.lineno))
+            elif (path := reach.call(node, reach.wrapped)) is not None:
+                found.append(((", which runs ".join(path), conditions[-1]), node.lineno))
         for child in ast.iter_child_nodes(node):
             visit(child, conditions)
 
     visit(tree, ())
+    return found
+
+
+class CollectiveReach:
+    """What every rank must run together, read with ``ast`` from one module: a collective of a
+    distributed library (a barrier, a broadcast, an allreduce), a ``DistributedDataParallel``'s
+    forward (it syncs buffers and may reduce), or a call of a function of the module that leads
+    to one, 4 calls deep, the wrapped models handed to it followed into its parameters. The
+    inserted-code check asks it of what the conversion put under a rank test, and project mode
+    (``modules.Project.writing_function``) of another module's helpers before moving a call of
+    one onto rank 0. (``program.ranks.reaches_collective`` answers it for the transforms.)"""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.libraries = _distributed_aliases(tree)
+        self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                self.functions.setdefault(node.name, []).append(node)
+        #: The code of what holds a wrapped model (``model``, ``self.net``).
+        self.wrapped = {
+            ast.unparse(target) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call) and _last(node.value.func) in _WRAPPERS
+            for target in node.targets if isinstance(target, ast.Name | ast.Attribute)
+        }
+
+    def call(self, call: ast.Call, models: set[str], depth: int = 0,
+             seen: frozenset[int] = frozenset()) -> tuple[str, ...] | None:
+        """The calls from ``call`` to the first collective it reaches (``("evaluate(...)",
+        "model(...)")``), with ``models`` the code of what holds a wrapped model; None if none."""
+        func = ast.unparse(call.func)
+        if func in models or (
+            _COLLECTIVE.match(_last(call.func)) and _root(call.func) in self.libraries
+        ):
+            return (f"{func}(...)",)
+        if depth >= 4:
+            return None
+        for function in self._callees(call):
+            if id(function) in seen:
+                continue
+            found = self.body(function, self._handed(function, call, models), depth + 1,
+                              seen | {id(function)})
+            if found is not None:
+                return (f"{func}(...)", *found)
+        return None
+
+    def body(self, function: ast.AST, models: set[str], depth: int = 0,
+             seen: frozenset[int] = frozenset()) -> tuple[str, ...] | None:
+        """The first collective the code of ``function`` (a def, or any node) reaches when it
+        runs (not the functions, lambdas and classes it defines, which run later)."""
+        nodes = [n for stmt in getattr(function, "body", [function]) for n in _walk_here(stmt)]
+        for node in sorted((n for n in nodes if isinstance(n, ast.Call)),
+                           key=lambda n: (n.lineno, n.col_offset)):
+            found = self.call(node, models, depth, seen)
+            if found is not None:
+                return found
+        return None
+
+    def _callees(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """``f(...)`` and ``self.m(...)``: the functions of the module of that name."""
+        func = call.func
+        if isinstance(func, ast.Name) or (
+            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+        ):
+            return self.functions.get(_last(func), [])
+        return []
+
+    @staticmethod
+    def _handed(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call,
+                models: set[str]) -> set[str]:
+        """What holds a wrapped model inside ``function`` when ``call`` runs it: the parameters
+        given one, ``self.`` attributes, and the outer names no parameter hides."""
+        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+            params = params[1:]
+        inner = {m for m in models if m.startswith("self.")}
+        inner |= models - {*params, *(a.arg for a in function.args.kwonlyargs)}
+        for position, arg in enumerate(call.args):
+            if position < len(params) and ast.unparse(arg) in models:
+                inner.add(params[position])
+        for keyword in call.keywords:
+            if keyword.arg is not None and ast.unparse(keyword.value) in models:
+                inner.add(keyword.arg)
+        return inner
+
+
+#: Wrappers whose forward every rank must run together.
+_WRAPPERS = frozenset({"DistributedDataParallel"})
+
+
+def _walk_here(node: ast.AST) -> list[ast.AST]:
+    """The nodes of ``node`` that run with it (not the bodies of the functions, lambdas and
+    classes it defines)."""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(child for child in ast.iter_child_nodes(current) if not isinstance(
+            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda))
     return found
 
 
