@@ -8,11 +8,16 @@ each snippet, as a user's run does.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from sdp_convert.base import Options
 from sdp_convert.engine import convert
+
+SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))
 
 
 def report(source: str) -> list[str]:
@@ -377,3 +382,148 @@ def test_inserted_code_reading_a_name_some_path_leaves_unbound_is_refused(monkey
         assert any(f"not converted: the inserted code reads `{name}` in main() on a path that "
                    "does not bind it (UnboundLocalError when that path runs)" in n
                    for n in notes), notes
+
+
+PREDICTIONS = """\
+import json
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+
+
+def predict(model, loader):
+    model.eval()
+    with torch.no_grad():
+        return torch.cat([model(x) for x, _ in loader])
+
+
+def evaluate(model, loader):
+    return float(predict(model, loader).mean())
+
+
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+writer = SummaryWriter("runs")
+for epoch in range(2):
+    model.train()
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    writer.add_scalar("score", evaluate(model, loader), epoch)
+torch.save(predict(model, loader), "preds.pt")
+with open("preds.json", "w") as f:
+    json.dump(predict(model, loader).tolist(), f)
+torch.save(model.state_dict(), "model.pt")
+"""
+
+
+def test_a_write_that_runs_the_wrapped_model_through_helpers_stays_on_every_rank():
+    """Issue 38: ``torch.save(predict(model, loader), p)`` went under ``if sdp.rank() == 0:``,
+    and predict() runs the DDP model's forward (a collective): rank 0 waited alone."""
+    out, notes = convert_text(PREDICTIONS)
+    assert 'if sdp.rank() == 0:\n    torch.save(model.state_dict(), "model.pt")' in out
+    for kept in ('\ntorch.save(predict(model, loader), "preds.pt")\n',
+                 '\nwith open("preds.json", "w") as f:\n',
+                 '\nwriter = SummaryWriter("runs")\n',
+                 '\n    writer.add_scalar("score", evaluate(model, loader), epoch)\n'):
+        assert kept in out, out
+    assert ("[guard_rank0_writes] (manual) torch.save(predict(model, loader), \"preds.pt\") writes "
+            "on every rank, but the statement also calls predict(...), which runs model(...), "
+            "which every rank must run together: not moved onto rank 0") in "\n".join(notes)
+    assert any("with open(\"preds.json\", \"w\") as f: writes on every rank, but the statement "
+               "also calls predict(...)" in n for n in notes), notes
+    # The writer is used where a guard cannot go: it stays (None on the other ranks would crash).
+    assert any("SummaryWriter(...) writes on every rank, and its handle is used where a guard "
+               "cannot go (`writer.add_scalar(\"score\", evaluate(model, loader), epoch)` also "
+               "calls evaluate(...), which runs predict(...), which runs model(...)" in n
+               for n in notes), notes
+    # Where no helper runs the model, the write moves onto rank 0 as before.
+    plain = PREDICTIONS.replace("save(predict(model, loader)", "save(torch.zeros(3)").replace(
+        "dump(predict(model, loader)", "dump(torch.zeros(3)").replace(
+        "\"score\", evaluate(model, loader)", "\"score\", 0.5")
+    out, notes = convert_text(plain)
+    assert 'if sdp.rank() == 0:\n    torch.save(torch.zeros(3), "preds.pt")' in out
+    assert not any("every rank must run together" in n for n in notes), notes
+
+
+def test_inserted_code_that_moves_a_collective_under_a_rank_test_is_refused(monkeypatch):
+    """The converter before issue 38 followed no helper: ``predict(...)`` went onto rank 0 with
+    the write. Such a conversion is not written, and says why."""
+    import sdp_convert.program.ranks as ranks
+
+    monkeypatch.setattr(ranks, "reaches_collective", lambda *args: None)  # that converter
+    source = PREDICTIONS.replace("writer = SummaryWriter(\"runs\")\n", "").replace(
+        "    writer.add_scalar(\"score\", evaluate(model, loader), epoch)\n", "")
+    result = convert(source.encode(), Options(line_length=10_000))
+    assert result.output == source.encode()
+    notes = [c.message for c in result.changes]
+    assert all(c.transform == "sdp_convert" and c.manual for c in result.changes), notes
+    assert any("not converted: the conversion runs predict(...) only where `sdp.rank() == 0` "
+               "holds, a condition that can differ between ranks, and it runs model(...), which "
+               "every rank must run together" in n and "deadlock" in n for n in notes), notes
+
+
+UTILS_DUMP = """\
+import torch
+
+
+def dump_predictions(model, loader, path):
+    model.eval()
+    preds = []
+    with torch.no_grad():
+        for x, _ in loader:
+            preds.append(model(x))
+    torch.save(torch.cat(preds), path)
+
+
+def save_checkpoint(model, path):
+    torch.save(model.state_dict(), path)
+"""
+TRAIN_DUMP = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from utils import dump_predictions, save_checkpoint
+
+
+def main():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=8)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        model.train()
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    dump_predictions(model, loader, "preds.pt")
+    save_checkpoint(model, "model.pt")
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_helper_of_another_module_that_runs_the_model_is_not_moved_onto_rank_0(
+    tmp_path: Path,
+):
+    """Issue 38: ``dump_predictions(model, loader, p)`` (utils.py runs the model's forward, then
+    saves) went under ``if sdp.rank() == 0:`` in train.py: rank 0 waited alone in DDP's forward.
+    It stays on every rank; its write is noted where it is; the checkpoint helper still moves."""
+    (tmp_path / "utils.py").write_text(UTILS_DUMP)
+    (tmp_path / "train.py").write_text(TRAIN_DUMP)
+    done = subprocess.run([SDP_CONVERT, "--diff", "."], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert "+        dump_predictions(model" not in done.stdout, done.stdout
+    assert '+    if sdp.rank() == 0:\n+        save_checkpoint(model, "model.pt")' in done.stdout
+    assert "utils.py:10:5: [contract] (manual) torch.save(...) writes on every rank" in (
+        done.stderr)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .inserted import CollectiveReach
 from .siblings import is_package_folder
 
 # -- import resolution -------------------------------------------------------------------------
@@ -108,11 +109,19 @@ class Project:
 
     def writing_function(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a module-level function of ``path`` that writes files
-        (``save_checkpoint(model, path)`` around ``torch.save``)."""
+        (``save_checkpoint(model, path)`` around ``torch.save``) and that rank 0 may run alone
+        (its callers' calls of it go under ``if rank == 0:``): not one that runs what it is
+        handed (``model(x)``: the forward of a wrapped model waits for every rank) or reaches a
+        collective (``inserted.CollectiveReach``); such a helper runs on every rank, and the
+        write inside it is what must be on rank 0 only."""
         tree = self.tree(path)
         function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
                          and s.name == name), None) if tree is not None else None
-        return function is not None and any(_writes(node) for node in ast.walk(function))
+        if function is None or not any(_writes(node) for node in ast.walk(function)):
+            return False
+        handed = {a.arg for a in [*function.args.posonlyargs, *function.args.args,
+                                  *function.args.kwonlyargs]}
+        return CollectiveReach(tree).body(function, handed) is None
 
     def writing_class(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a class of ``path`` (no Keras callback) whose ``__init__`` opens

@@ -239,3 +239,25 @@ def test_a_loader_chosen_in_branches_trains_every_epoch_on_2_processes(tmp_path:
         proc = run([SDP_RUN, "-n", "2", "train.py", "--data", data], tmp_path, timeout=120)
         seen = re.findall(r"epoch (\d): (\d+) samples", proc.output)
         assert sorted(seen) == [("0", per_rank)] * 2 + [("1", per_rank)] * 2, proc.output
+
+
+def test_a_helper_that_runs_the_model_stays_on_every_rank_and_the_run_ends(tmp_path: Path):
+    """Issue 38: a helper of another module that runs the DDP model's forward and then saves
+    (``dump_predictions``) was moved under ``if sdp.rank() == 0:``: rank 0 waited alone in the
+    forward (BatchNorm's buffers are broadcast), then "Connection closed by peer". It stays on
+    every rank and the run ends; its write, which the report notes, is what the audit sees
+    written by both ranks; the checkpoint helper writes on rank 0 alone."""
+    from tests.test_note_truth import TRAIN_DUMP, UTILS_DUMP
+
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "utils.py").write_text(UTILS_DUMP)
+    (work / "train.py").write_text(TRAIN_DUMP)
+    done = subprocess.run([SDP_CONVERT, "."], cwd=work, capture_output=True, text=True,
+                          timeout=300)
+    assert "utils.py:10:5: [contract] (manual) torch.save(...) writes on every rank" in (
+        done.stderr)
+    run([SDP_RUN, "-n", "2", "train.py"], work, {"SDP_AUDIT": "1"}, audit_dir=tmp_path / "audit",
+        timeout=120)
+    who = writers(tmp_path / "audit")
+    assert who.get("model.pt") == ["0"] and who.get("preds.pt") == ["0", "1"], who

@@ -74,7 +74,13 @@ from ..program.deletions import (
     path_deletions,
 )
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
-from ..program.ranks import kept_off_rank0, only_called_on_rank0, rank0_only, runs_collectives
+from ..program.ranks import (
+    kept_off_rank0,
+    only_called_on_rank0,
+    rank0_only,
+    reaches_collective,
+    runs_collectives,
+)
 from ..program.readback import writes_private_temp
 from ..program.scopes import (
     Binding,
@@ -91,12 +97,13 @@ from ..program.writes import (
     FRAMEWORK_WRITES,
     HANDLES,
     METHOD_WRITES,
-    NOOP_TWINS,
     OPENERS,
     STREAM_WRITES,
     WRITES,
     argument,
     in_memory,
+    module_function_call,
+    noop_twin,
     object_saves,
     open_mode,
 )
@@ -137,7 +144,8 @@ class GuardRank0Writes(Transform):
             candidates += [c for c in self.method_calls(method) if c.args]
         candidates += object_saves(self.fm) + self.calls_to(*DELETIONS) + path_deletions(self.fm)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
-            candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
+            calls = self.method_calls(method)
+            candidates += [c for c in calls if not module_function_call(self.fm, c)]
         order = node_order(self.fm)
         seen: set[int] = set()
         for call in sorted(candidates, key=lambda c: order.get(id(c), -1)):
@@ -145,19 +153,6 @@ class GuardRank0Writes(Transform):
                 seen.add(id(call))
                 self._write(call)
         self._apply()
-
-    def _noop_twin(self, call: cst.Call, names: set[str]) -> cst.Call | None:
-        """``tf.summary.create_noop_writer()`` for ``tf.summary.create_file_writer(...)``."""
-        twin = next((NOOP_TWINS[n] for n in names if n in NOOP_TWINS), None)
-        if twin is None or not isinstance(call.func, cst.Attribute):
-            return None
-        return cst.Call(func=call.func.with_changes(attr=cst.Name(twin)))
-
-    def _is_known_call(self, call: cst.Call) -> bool:
-        """``x.save()`` where ``x.save`` resolves to a known module's function (``np.save``,
-        ``torch.save``): the tables above decide about those."""
-        roots = {i.split(".")[0] for i in self.state.info.imports}
-        return any(n.split(".")[0] in roots for n in self.qualified_names(call.func))
 
     # -- deciding -------------------------------------------------------------------------------
 
@@ -194,7 +189,7 @@ class GuardRank0Writes(Transform):
         if is_handle and isinstance(parent, cst.WithItem) and parent.item is call:
             self._with(parent, what)
             return
-        noop = self._noop_twin(call, names)
+        noop = noop_twin(call, names)
         if noop is not None and isinstance(parent, (cst.Assign, cst.AnnAssign)):
             # A writer with a do-nothing twin: the other ranks get the twin, every use stays.
             self._else[parent] = noop
@@ -280,6 +275,11 @@ class GuardRank0Writes(Transform):
         self._followed, self._problems = set(), []
         if binding is not None:
             self._guard_uses(binding, 0)
+        # A use that also runs a collective (``writer.add_scalar(.., evaluate(model))``) stays
+        # on every rank, where the handle is None: the whole handle stays as it was.
+        self._problems += [f"`{self._describe(a.node)}` also calls {c.words}, which every rank "
+                           "must run together" for a in self._actions[mark:] if a.kind == "guard"
+                           and (c := reaches_collective(self.fm, a.node)) is not None]
         if not self._problems:
             return
         for action in self._actions[mark:]:
