@@ -12,7 +12,14 @@ fixed-point check): it must not break the program it goes into.
 * **Collectives where the ranks do not all go**: ``barrier``, ``broadcast*``, ``allreduce*``,
   ``allgather*`` and ``rank0_first`` are entered by every rank or by none; under a condition that
   can differ between ranks (the rank itself, a value computed from it, a file-system test such as
-  ``os.path.exists``) some ranks wait for others that never come: a deadlock.
+  ``os.path.exists``) some ranks wait for others that never come: a deadlock. The same goes
+  for what leads to one (``CollectiveReach``): a ``DistributedDataParallel``'s forward, or a
+  function of the file that runs one (``dump_predictions(model, ...)`` moved under
+  ``if sdp.rank() == 0:``).
+* **Averaging, once per model**: a Keras model compiled with a ``DistributedOptimizer`` whose
+  class (or a base class) wraps the tape of its ``train_step`` in a ``DistributedGradientTape``,
+  a ``DistributedOptimizer`` over a ``DistributedDataParallel``'s parameters, a tape wrapped
+  twice: the gradients would be averaged twice.
 
 Each check compares the output with the input: what the user wrote is theirs; only what the
 conversion added is held against it.
@@ -24,6 +31,7 @@ import ast
 import builtins
 import re
 from collections import Counter
+from collections.abc import Callable
 
 _BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__",
                                         "__builtins__", "__path__", "__package__", "__loader__",
@@ -82,6 +90,13 @@ def problems(
         found.append((line, f"the inserted {call} runs only where `{test}` holds, a condition "
                             "that can differ between ranks: the ranks that skip it would leave "
                             "the others waiting (deadlock)"))
+    known_twice = Counter(key for key, _ in _averaged_twice(before))
+    for key, line in _averaged_twice(after):
+        if known_twice[key]:
+            known_twice[key] -= 1
+            continue
+        found.append((line, f"the conversion averages the gradients of `{key[0]}` twice: "
+                            f"{key[1]} (each average on top of the other)"))
     return found
 
 
@@ -462,6 +477,114 @@ def _captures(pattern: ast.pattern) -> frozenset[str]:
                      [node.rest] if isinstance(node, ast.MatchMapping) else [])
         if name
     )
+
+
+# -- averaging, once per model -------------------------------------------------------------------
+
+
+def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
+    """``((model, how), line)`` of each model whose gradients the code averages twice: a
+    ``DistributedOptimizer`` over the parameters of a ``DistributedDataParallel``, a tape
+    wrapped twice (before a new tape is bound to its name), a Keras model compiled with a
+    ``DistributedOptimizer`` whose class's ``train_step`` wraps its tape."""
+    libraries = _distributed_aliases(tree)
+
+    def wrap(node: ast.AST | None, name: str) -> ast.Call | None:
+        ok = isinstance(node, ast.Call) and _last(node.func) == name and (
+            _root(node.func) in libraries)
+        return node if ok else None  # type: ignore[return-value]
+
+    found: list[tuple[tuple[str, str], int]] = []
+    ddp: set[str] = set()
+    steps: dict[str, int] = {}  # class -> line of its train_step's DistributedGradientTape
+    for scope, function in [("<module>", tree), *_functions(tree, "")]:
+        for node in _own_nodes(function):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target = ast.unparse(node.targets[0])
+            if wrap(node.value, "DistributedDataParallel") is not None:
+                ddp.add(target)
+            elif wrap(node.value, "DistributedGradientTape") is not None and scope.endswith(
+                ".train_step"
+            ):  # a method: its class is before the dot
+                steps[scope.rsplit(".", 2)[-2]] = node.lineno
+        # A tape wrapped again before a new tape is bound to its name.
+        wrapped: dict[str, bool] = {}
+        for line, name, wraps in sorted(_tape_events(function, wrap)):
+            if wraps and wrapped.get(name):
+                found.append(((f"{scope}: {name}", "the tape is wrapped in "
+                               "DistributedGradientTape twice"), line))
+            wrapped[name] = wraps
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (optimizer := wrap(node, "DistributedOptimizer")):
+            for inner in ast.walk(optimizer):
+                if (isinstance(inner, ast.Call) and _last(inner.func) == "parameters"
+                        and isinstance(inner.func, ast.Attribute)
+                        and ast.unparse(inner.func.value) in ddp):
+                    found.append(((ast.unparse(inner.func.value), "its optimizer is a "
+                                   "DistributedOptimizer and the model a DistributedDataParallel"),
+                                  node.lineno))
+                    break
+    classes = _subclasses(tree, set(steps))
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and _last(node.func) == "compile"
+                and isinstance(node.func, ast.Attribute)):
+            continue
+        optimizer = next((k.value for k in node.keywords if k.arg == "optimizer"), None)
+        if wrap(optimizer, "DistributedOptimizer") is None:
+            continue
+        model = ast.unparse(node.func.value)
+        made = {_last(v.func) for v in _assigned(tree, model) if isinstance(v, ast.Call)}
+        for cls in sorted(made & set(classes)):
+            found.append(((model, f"its optimizer is a DistributedOptimizer and "
+                                  f"{classes[cls]}.train_step wraps its tape in "
+                                  f"DistributedGradientTape (line {steps[classes[cls]]})"),
+                          node.lineno))
+    return found
+
+
+def _tape_events(function: ast.AST, wrap: Callable[[ast.AST | None, str], ast.Call | None]
+                 ) -> list[tuple[int, str, bool]]:
+    """``(line, name, wraps)``: a name bound to a new tape (``with tf.GradientTape() as t``,
+    ``t = tf.GradientTape()``; False) or to its ``DistributedGradientTape`` (True)."""
+    events: list[tuple[int, str, bool]] = []
+    for node in _own_nodes(function):
+        if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) and (
+            isinstance(node.context_expr, ast.Call)
+            and _last(node.context_expr.func) == "GradientTape"
+        ):
+            events.append((node.context_expr.lineno, node.optional_vars.id, False))
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+            node.targets[0], ast.Name
+        ) and isinstance(node.value, ast.Call):
+            if wrap(node.value, "DistributedGradientTape") is not None:
+                events.append((node.lineno, node.targets[0].id, True))
+            elif _last(node.value.func) == "GradientTape":
+                events.append((node.lineno, node.targets[0].id, False))
+    return events
+
+
+def _subclasses(tree: ast.Module, roots: set[str]) -> dict[str, str]:
+    """Each class of the module that is one of ``roots`` or inherits from one (without its own
+    ``train_step``) -> that root."""
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    found = {name: name for name in roots}
+    changed = True
+    while changed:
+        changed = False
+        for name, cls in classes.items():
+            own = any(isinstance(s, ast.FunctionDef) and s.name == "train_step" for s in cls.body)
+            base = next((found[b.id] for b in cls.bases if isinstance(b, ast.Name)
+                         and b.id in found), None)
+            if name not in found and base is not None and not own:
+                found[name] = base
+                changed = True
+    return found
+
+
+def _assigned(tree: ast.Module, target: str) -> list[ast.expr]:
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            and any(ast.unparse(t) == target for t in n.targets)]
 
 
 # -- collectives -----------------------------------------------------------------------------
