@@ -81,7 +81,7 @@ from ..program.ranks import (
     reaches_collective,
     runs_collectives,
 )
-from ..program.readback import writes_private_temp
+from ..program.readback import private_write
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -101,7 +101,6 @@ from ..program.writes import (
     STREAM_WRITES,
     WRITES,
     argument,
-    in_memory,
     module_function_call,
     noop_twin,
     object_saves,
@@ -177,13 +176,10 @@ class GuardRank0Writes(Transform):
         stream = next((n for n in names if n in STREAM_WRITES), None)
         if stream is not None and argument(call, *STREAM_WRITES[stream]) is None:
             return  # returns a string
-        destination = next((self._writes[n] for n in names if self._writes.get(n)), None)
-        if destination is not None and in_memory(self.fm, argument(call, *destination)):
-            return
+        if private_write(self.fm, call, self.state.info.framework or ""):
+            return  # a buffer, a temporary directory, a file of each rank's own
         if rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call):
             return
-        if writes_private_temp(self.fm, call, self.state.info.framework or ""):
-            return  # a tempfile.mkdtemp()/TemporaryDirectory() of this process: every rank's own
         is_handle = opener is not None or any(n in self._handles for n in names)
         parent = self.parent(call)
         if is_handle and isinstance(parent, cst.WithItem) and parent.item is call:
