@@ -112,6 +112,40 @@ for step in tqdm(range(100)):
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
 """
 
+HOROVOD = """\
+import io
+import os
+import tempfile
+
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size()),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for x, y in torch.randn(8, 2, 4, 1):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+{save}
+"""
+TEMP_SAVE = """\
+with tempfile.TemporaryDirectory() as tmp:
+    torch.save(model.state_dict(), os.path.join(tmp, "m.pt"))
+    model.load_state_dict(torch.load(os.path.join(tmp, "m.pt")))
+"""
+LOG_WRITE = TORCH_HEAD + """\
+import os
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))
+for x, y in loader:
+""" + TORCH_STEP + """\
+with open({name}, "w") as f:
+    f.write("done")
+"""
+
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
 CASES = [
     (
@@ -289,6 +323,24 @@ CASES = [
         "model.fit(tf.data.Dataset.list_files('d/*').map(load), epochs=1)\n",
         TF_HEAD + "model.compile(optimizer=optimizer, loss='mse')\n"
         "model.fit(x, y, epochs=1)\n",
+    ),
+    (
+        "horovod_save_into_a_temporary_directory_stays_each_ranks_own",
+        "torch.save(...) now runs on rank 0 only",
+        HOROVOD.format(save='torch.save(model.state_dict(), "m.pt")'),
+        HOROVOD.format(save=TEMP_SAVE),
+    ),
+    (
+        "horovod_save_into_a_buffer_stays_each_ranks_own",
+        "torch.save(...) now runs on rank 0 only",
+        HOROVOD.format(save='torch.save(model.state_dict(), "m.pt")'),
+        HOROVOD.format(save="buffer = io.BytesIO()\ntorch.save(model.state_dict(), buffer)"),
+    ),
+    (
+        "a_file_named_after_the_process_is_each_ranks_own",
+        'open(..., "w") runs on rank 0 only',
+        LOG_WRITE.format(name='"log.txt"'),
+        LOG_WRITE.format(name='f"log-{os.getpid()}.txt"'),
     ),
 ]
 
@@ -527,3 +579,58 @@ def test_a_helper_of_another_module_that_runs_the_model_is_not_moved_onto_rank_0
     assert '+    if sdp.rank() == 0:\n+        save_checkpoint(model, "model.pt")' in done.stdout
     assert "utils.py:10:5: [contract] (manual) torch.save(...) writes on every rank" in (
         done.stderr)
+
+
+SUBCLASSED_STEP = """\
+import numpy as np
+import tensorflow as tf
+
+
+class Base(tf.keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+class Model(Base):
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+x = np.random.RandomState(0).rand(64, 8).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = Model()
+model.compile(optimizer=tf.keras.optimizers.SGD(0.01))
+model.fit(x, y, batch_size=8, epochs=1)
+"""
+
+
+def test_a_model_inheriting_an_averaging_train_step_gets_no_distributed_optimizer():
+    """Issue 38: ``Model(Base)``, ``Base.train_step`` wrapping its tape: compile's optimizer was
+    wrapped in DistributedOptimizer too (gradients averaged twice), beside a note saying not to."""
+    out, notes = convert_text(SUBCLASSED_STEP)
+    assert "tape = sdp.DistributedGradientTape(tape)" in out
+    assert "DistributedOptimizer" not in out, out
+    assert ("[wrap_keras_fit] optimizer not wrapped: Model.train_step averages its gradients "
+            "(DistributedGradientTape) already") in notes
+    assert not any("(manual)" in n for n in notes), notes
+
+
+def test_inserted_code_that_averages_one_model_twice_is_refused(monkeypatch):
+    import sdp_convert.program.training as training
+
+    monkeypatch.setattr(training, "_inherited", lambda *args: None)  # the converter before 38
+    result = convert(SUBCLASSED_STEP.encode(), Options(line_length=10_000))
+    assert result.output == SUBCLASSED_STEP.encode()
+    notes = [c.message for c in result.changes]
+    assert any("not converted: the conversion averages the gradients of `model` twice: its "
+               "optimizer is a DistributedOptimizer and Base.train_step wraps its tape in "
+               "DistributedGradientTape" in n for n in notes), notes
