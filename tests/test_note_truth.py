@@ -146,6 +146,33 @@ with open({name}, "w") as f:
     f.write("done")
 """
 
+ENCODER = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(4, 4)
+        self.dec = torch.nn.Linear(4, 1)
+
+    def encode(self, x):
+        return self.enc(x)
+
+    def forward(self, x):
+        return self.dec(self.encode(x))
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+for x, y in loader:
+    opt.zero_grad()
+{encode}    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
 CASES = [
     (
@@ -341,6 +368,12 @@ CASES = [
         'open(..., "w") runs on rank 0 only',
         LOG_WRITE.format(name='"log.txt"'),
         LOG_WRITE.format(name='f"log-{os.getpid()}.txt"'),
+    ),
+    (
+        "a_model_method_under_no_grad_loses_no_gradient",
+        "encode(...) runs the wrapped module around DDP's forward",
+        ENCODER.format(encode="    z = model.encode(x).sum()\n"),
+        ENCODER.format(encode="    with torch.no_grad():\n        z = model.encode(x)\n"),
     ),
 ]
 
