@@ -173,6 +173,25 @@ for x, y in loader:
     opt.step()
 """
 
+OWN_DISTRIBUTION = """\
+import argparse
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--distributed", action="store_true")
+parser.add_argument("--local_rank", type=int, default={local_rank})
+args = parser.parse_args()
+{gate}dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in torch.randn(8, 2, 4, 1):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
 CASES = [
     (
@@ -374,6 +393,26 @@ CASES = [
         "encode(...) runs the wrapped module around DDP's forward",
         ENCODER.format(encode="    z = model.encode(x).sum()\n"),
         ENCODER.format(encode="    with torch.no_grad():\n        z = model.encode(x)\n"),
+    ),
+    (
+        "launch_as_before_only_where_the_distribution_is_always_on",
+        "already distributed with torch.distributed; launch it as before",
+        OWN_DISTRIBUTION.format(local_rank=-1, gate=""),
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed:\n    "),
+    ),
+    (
+        "a_store_true_flag_in_front_is_named_with_its_launch",
+        "but only when `args.distributed` (args.distributed is False by default: started as "
+        "usual, it runs on one process); to run it on N processes, launch it with `torchrun "
+        "--nproc_per_node=N SCRIPT.py --distributed ...`",
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed:\n    "),
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed or True:\n    "),
+    ),
+    (
+        "a_local_rank_flag_in_front_is_named_with_its_launch",
+        "but only when `args.local_rank != -1` (args.local_rank is -1 by default",
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.local_rank != -1:\n    "),
+        OWN_DISTRIBUTION.format(local_rank=0, gate="if args.local_rank != -1:\n    "),
     ),
 ]
 
