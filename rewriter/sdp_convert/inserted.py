@@ -33,12 +33,11 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+from .modules import COLLECTIVE, CollectiveReach, call_name, distributed_aliases, root_name
+
 _BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__",
                                         "__builtins__", "__path__", "__package__", "__loader__",
                                         "get_ipython", "display"}
-_COLLECTIVE = re.compile(
-    r"^(barrier|broadcast\w*|allreduce\w*|allgather\w*|alltoall\w*|rank0_first)$"
-)
 _RANK = re.compile(r"^(get_)?(local_)?rank$")
 _FILE_TESTS = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glob", "listdir",
                          "iglob", "scandir"})
@@ -487,11 +486,11 @@ def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
     ``DistributedOptimizer`` over the parameters of a ``DistributedDataParallel``, a tape
     wrapped twice (before a new tape is bound to its name), a Keras model compiled with a
     ``DistributedOptimizer`` whose class's ``train_step`` wraps its tape."""
-    libraries = _distributed_aliases(tree)
+    libraries = distributed_aliases(tree)
 
     def wrap(node: ast.AST | None, name: str) -> ast.Call | None:
-        ok = isinstance(node, ast.Call) and _last(node.func) == name and (
-            _root(node.func) in libraries)
+        ok = isinstance(node, ast.Call) and call_name(node.func) == name and (
+            root_name(node.func) in libraries)
         return node if ok else None  # type: ignore[return-value]
 
     found: list[tuple[tuple[str, str], int]] = []
@@ -518,7 +517,7 @@ def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and (optimizer := wrap(node, "DistributedOptimizer")):
             for inner in ast.walk(optimizer):
-                if (isinstance(inner, ast.Call) and _last(inner.func) == "parameters"
+                if (isinstance(inner, ast.Call) and call_name(inner.func) == "parameters"
                         and isinstance(inner.func, ast.Attribute)
                         and ast.unparse(inner.func.value) in ddp):
                     found.append(((ast.unparse(inner.func.value), "its optimizer is a "
@@ -527,14 +526,14 @@ def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
                     break
     classes = _subclasses(tree, set(steps))
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and _last(node.func) == "compile"
+        if not (isinstance(node, ast.Call) and call_name(node.func) == "compile"
                 and isinstance(node.func, ast.Attribute)):
             continue
         optimizer = next((k.value for k in node.keywords if k.arg == "optimizer"), None)
         if wrap(optimizer, "DistributedOptimizer") is None:
             continue
         model = ast.unparse(node.func.value)
-        made = {_last(v.func) for v in _assigned(tree, model) if isinstance(v, ast.Call)}
+        made = {call_name(v.func) for v in _assigned(tree, model) if isinstance(v, ast.Call)}
         for cls in sorted(made & set(classes)):
             found.append(((model, f"its optimizer is a DistributedOptimizer and "
                                   f"{classes[cls]}.train_step wraps its tape in "
@@ -551,7 +550,7 @@ def _tape_events(function: ast.AST, wrap: Callable[[ast.AST | None, str], ast.Ca
     for node in _own_nodes(function):
         if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) and (
             isinstance(node.context_expr, ast.Call)
-            and _last(node.context_expr.func) == "GradientTape"
+            and call_name(node.context_expr.func) == "GradientTape"
         ):
             events.append((node.context_expr.lineno, node.optional_vars.id, False))
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
@@ -559,7 +558,7 @@ def _tape_events(function: ast.AST, wrap: Callable[[ast.AST | None, str], ast.Ca
         ) and isinstance(node.value, ast.Call):
             if wrap(node.value, "DistributedGradientTape") is not None:
                 events.append((node.lineno, node.targets[0].id, True))
-            elif _last(node.value.func) == "GradientTape":
+            elif call_name(node.value.func) == "GradientTape":
                 events.append((node.lineno, node.targets[0].id, False))
     return events
 
@@ -597,7 +596,7 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
     one that leads to a collective, the calls on the way (``dump(...), which runs model(...)``).
     """
     per_rank = _per_rank_names(tree)
-    libraries = _distributed_aliases(tree)
+    libraries = distributed_aliases(tree)
     reach = CollectiveReach(tree)
     found: list[tuple[tuple[str, str], int]] = []
 
@@ -617,8 +616,8 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
             visit(node.orelse, inner)
             return
         if isinstance(node, ast.Call) and conditions:
-            name = _last(node.func)
-            if _COLLECTIVE.match(name) and _root(node.func) in libraries:
+            name = call_name(node.func)
+            if COLLECTIVE.match(name) and root_name(node.func) in libraries:
                 found.append(((f"{name}()", conditions[-1]), node.lineno))
             elif (path := reach.call(node, reach.wrapped)) is not None:
                 found.append(((", which runs ".join(path), conditions[-1]), node.lineno))
@@ -627,133 +626,6 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
 
     visit(tree, ())
     return found
-
-
-class CollectiveReach:
-    """What every rank must run together, read with ``ast`` from one module: a collective of a
-    distributed library (a barrier, a broadcast, an allreduce), a ``DistributedDataParallel``'s
-    forward (it syncs buffers and may reduce), or a call of a function of the module that leads
-    to one, 4 calls deep, the wrapped models handed to it followed into its parameters. The
-    inserted-code check asks it of what the conversion put under a rank test, and project mode
-    (``modules.Project.writing_function``) of another module's helpers before moving a call of
-    one onto rank 0. (``program.ranks.reaches_collective`` answers it for the transforms.)"""
-
-    def __init__(self, tree: ast.Module) -> None:
-        self.libraries = _distributed_aliases(tree)
-        self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                self.functions.setdefault(node.name, []).append(node)
-        #: The code of what holds a wrapped model (``model``, ``self.net``).
-        self.wrapped = {
-            ast.unparse(target) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call) and _last(node.value.func) in _WRAPPERS
-            for target in node.targets if isinstance(target, ast.Name | ast.Attribute)
-        }
-
-    def call(self, call: ast.Call, models: set[str], depth: int = 0,
-             seen: frozenset[int] = frozenset()) -> tuple[str, ...] | None:
-        """The calls from ``call`` to the first collective it reaches (``("evaluate(...)",
-        "model(...)")``), with ``models`` the code of what holds a wrapped model; None if none."""
-        func = ast.unparse(call.func)
-        if func in models or (
-            _COLLECTIVE.match(_last(call.func)) and _root(call.func) in self.libraries
-        ):
-            return (f"{func}(...)",)
-        if depth >= 4:
-            return None
-        for function in self._callees(call):
-            if id(function) in seen:
-                continue
-            found = self.body(function, self._handed(function, call, models), depth + 1,
-                              seen | {id(function)})
-            if found is not None:
-                return (f"{func}(...)", *found)
-        return None
-
-    def body(self, function: ast.AST, models: set[str], depth: int = 0,
-             seen: frozenset[int] = frozenset()) -> tuple[str, ...] | None:
-        """The first collective the code of ``function`` (a def, or any node) reaches when it
-        runs (not the functions, lambdas and classes it defines, which run later)."""
-        nodes = [n for stmt in getattr(function, "body", [function]) for n in _walk_here(stmt)]
-        for node in sorted((n for n in nodes if isinstance(n, ast.Call)),
-                           key=lambda n: (n.lineno, n.col_offset)):
-            found = self.call(node, models, depth, seen)
-            if found is not None:
-                return found
-        return None
-
-    def _callees(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-        """``f(...)`` and ``self.m(...)``: the functions of the module of that name."""
-        func = call.func
-        if isinstance(func, ast.Name) or (
-            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-            and func.value.id == "self"
-        ):
-            return self.functions.get(_last(func), [])
-        return []
-
-    @staticmethod
-    def _handed(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call,
-                models: set[str]) -> set[str]:
-        """What holds a wrapped model inside ``function`` when ``call`` runs it: the parameters
-        given one, ``self.`` attributes, and the outer names no parameter hides."""
-        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
-        if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
-            params = params[1:]
-        inner = {m for m in models if m.startswith("self.")}
-        inner |= models - {*params, *(a.arg for a in function.args.kwonlyargs)}
-        for position, arg in enumerate(call.args):
-            if position < len(params) and ast.unparse(arg) in models:
-                inner.add(params[position])
-        for keyword in call.keywords:
-            if keyword.arg is not None and ast.unparse(keyword.value) in models:
-                inner.add(keyword.arg)
-        return inner
-
-
-#: Wrappers whose forward every rank must run together.
-_WRAPPERS = frozenset({"DistributedDataParallel"})
-
-
-def _walk_here(node: ast.AST) -> list[ast.AST]:
-    """The nodes of ``node`` that run with it (not the bodies of the functions, lambdas and
-    classes it defines)."""
-    found: list[ast.AST] = []
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(child for child in ast.iter_child_nodes(current) if not isinstance(
-            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda))
-    return found
-
-
-def _last(func: ast.expr) -> str:
-    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-
-
-#: Libraries whose module-level functions are collectives.
-_DISTRIBUTED = ("sdp_runtime", "torch.distributed", "horovod", "smdistributed")
-
-
-def _distributed_aliases(tree: ast.Module) -> set[str]:
-    """Local names of the distributed libraries' modules and functions (``sdp``, ``dist``,
-    ``hvd``, ``barrier`` from ``from sdp_runtime.torch import barrier``)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names
-                      if a.name.startswith(_DISTRIBUTED)}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_DISTRIBUTED):
-            names |= {a.asname or a.name for a in node.names}
-    return names
-
-
-def _root(func: ast.expr) -> str:
-    while isinstance(func, ast.Attribute):
-        func = func.value
-    return func.id if isinstance(func, ast.Name) else ""
 
 
 def _per_rank_names(tree: ast.Module) -> set[str]:
@@ -770,7 +642,7 @@ def _per_rank_names(tree: ast.Module) -> set[str]:
 def _divergent(test: ast.expr, per_rank: set[str], files: bool = True) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.Call):
-            name = _last(node.func)
+            name = call_name(node.func)
             if _RANK.match(name) or (files and name in _FILE_TESTS):
                 return True
         if isinstance(node, ast.Name | ast.Attribute) and ast.unparse(node) in per_rank:
