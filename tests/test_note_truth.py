@@ -192,6 +192,24 @@ for x, y in torch.randn(8, 2, 4, 1):
     opt.step()
 """
 
+RANDOM_BATCHES = """\
+x = np.random.rand(640, 8).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+
+
+def get_batch():
+    idx = np.random.randint(0, 640, 32)
+    return x[idx], y[idx]
+
+
+for step in range(100):
+    xb, yb = get_batch()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+"""
+
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
 CASES = [
     (
@@ -336,6 +354,39 @@ CASES = [
         "Adam: default learning rate 0.001 written out, * sdp.size()",
         WRAPPER.format(update=""),
         WRAPPER.format(update=SETS_LR),
+    ),
+    (
+        "same_gradient_only_where_every_rank_has_the_same_tensors",
+        "every rank computes the same gradient",
+        TORCH_HEAD + "torch.manual_seed(0)\nx, y = torch.randn(64, 4), torch.randn(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+    ),
+    (
+        "unseeded_full_batch_is_each_ranks_own_draw",
+        "on tensors each rank draws for itself (torch.randn(64, 4), no seed)",
+        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+        TORCH_HEAD + "torch.manual_seed(0)\nx, y = torch.randn(64, 4), torch.randn(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+    ),
+    (
+        "random_batches_drawn_in_a_helper_are_no_full_batch",
+        "full-batch training, every worker sees the same data",
+        TF_HEAD + RANDOM_BATCHES.replace("xb, yb = get_batch()", "xb, yb = x, y").replace(
+            'np.random.rand(640, 8).astype("float32")', 'np.ones((640, 8), "float32")'),
+        TF_HEAD + RANDOM_BATCHES,
+    ),
+    (
+        "random_batches_drawn_in_a_helper_are_no_full_batch_torch",
+        "full-batch training",
+        TORCH_HEAD + "x, y = torch.ones(64, 4), torch.ones(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+        TORCH_HEAD + "data_x, data_y = torch.ones(640, 4), torch.ones(640, 1)\n\n\n"
+        "def get_batch():\n    idx = torch.randint(0, 640, (32,))\n"
+        "    return data_x[idx], data_y[idx]\n\n\n"
+        "for step in range(100):\n    x, y = get_batch()\n" + TORCH_STEP,
     ),
     (
         "full_batch_training",

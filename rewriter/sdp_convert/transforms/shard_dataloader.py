@@ -74,6 +74,7 @@ from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_ep
 from ..program.project import imported_loaders, returned_feed, single_process_fallback
 from ..program.scopes import Binding, assigned_binding, runs_whenever, training_loops
 from ..program.sharding import (
+    full_batch_note,
     has_distributed_sampler,
     loader_args,
     loader_problem,
@@ -128,15 +129,8 @@ class ShardDataLoader(Transform):
                     "as written, every rank would compute the same thing; run it on one process",
                     manual=True,
                 )
-            elif data.kind == "full batch":
-                self.record(
-                    data.node or backward[0],
-                    "full-batch training (the same tensors every step): data parallelism does "
-                    "not speed this up as written; every rank computes the same gradient. Split "
-                    f"the data (e.g. indices[{self.sdp}.rank()::{self.sdp}.size()]) and scale the "
-                    "learning rate yourself, or run it on one process",
-                    manual=True,
-                )
+            elif data.kind.startswith("full batch"):
+                self.record(data.node or backward[0], full_batch_note(self.fm, data), manual=True)
             else:
                 self.record(backward[0], unfollowed_loaders(self.fm, loaders), manual=True)
 
