@@ -757,3 +757,12 @@ def test_inserted_code_that_averages_one_model_twice_is_refused(monkeypatch):
     assert any("not converted: the conversion averages the gradients of `model` twice: its "
                "optimizer is a DistributedOptimizer and Base.train_step wraps its tape in "
                "DistributedGradientTape" in n for n in notes), notes
+
+
+def test_the_same_data_note_is_not_repeated_at_each_loop():
+    """Issue 38: two loops over ``load_data()`` got the same manual note twice (and two
+    markers to delete for one fix)."""
+    source = tf_script("", "load_data()") + textwrap.dedent(TF_LOOP.format(data="load_data()"))
+    _, notes = convert_text(source)
+    said = [n for n in notes if "training data not sharded (built by load_data())" in n]
+    assert len(said) == 1, notes
