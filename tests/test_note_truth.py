@@ -210,6 +210,11 @@ for step in range(100):
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
 """
 
+DRAWN_FULL_BATCH = TORCH_HEAD + """\
+{seed}x, y = torch.randn(64, 4), torch.randn(64, 1)
+for epoch in range(10):
+""" + TORCH_STEP
+
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
 CASES = [
     (
@@ -358,18 +363,14 @@ CASES = [
     (
         "same_gradient_only_where_every_rank_has_the_same_tensors",
         "every rank computes the same gradient",
-        TORCH_HEAD + "torch.manual_seed(0)\nx, y = torch.randn(64, 4), torch.randn(64, 1)\n"
-        + "for epoch in range(10):\n" + TORCH_STEP,
-        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
-        + "for epoch in range(10):\n" + TORCH_STEP,
+        DRAWN_FULL_BATCH.format(seed="torch.manual_seed(0)\n"),
+        DRAWN_FULL_BATCH.format(seed=""),
     ),
     (
         "unseeded_full_batch_is_each_ranks_own_draw",
         "on tensors each rank draws for itself (torch.randn(64, 4), no seed)",
-        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
-        + "for epoch in range(10):\n" + TORCH_STEP,
-        TORCH_HEAD + "torch.manual_seed(0)\nx, y = torch.randn(64, 4), torch.randn(64, 1)\n"
-        + "for epoch in range(10):\n" + TORCH_STEP,
+        DRAWN_FULL_BATCH.format(seed=""),
+        DRAWN_FULL_BATCH.format(seed="torch.manual_seed(0)\n"),
     ),
     (
         "random_batches_drawn_in_a_helper_are_no_full_batch",
@@ -391,8 +392,7 @@ CASES = [
     (
         "full_batch_training",
         "full-batch training (the same tensors every step)",
-        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
-        + "for epoch in range(10):\n" + TORCH_STEP,
+        DRAWN_FULL_BATCH.format(seed=""),
         TORCH_HEAD
         + "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))\n"
         + "for x, y in loader:\n" + TORCH_STEP,

@@ -31,7 +31,10 @@ methods, ``save`` of a PIL image or a tokenizer) and ``FRAMEWORK_WRITES`` (e.g. 
 functions of other modules that write (``utils.save_checkpoint(...)``: guarded at the call, the
 helper's module stays as it is for its other callers). Reads, ``print``, logging
 and ``os.makedirs`` stay on every rank (``allow_existing_dirs`` makes the latter race-free).
-Saves into an ``io.BytesIO`` are not file writes and stay too.
+Writes private to each process stay too (``program.readback.private_write``: an ``io.BytesIO``,
+a ``tempfile`` directory of its own, a file named after the rank or ``os.getpid()``). A write
+whose statement runs a wrapped model or a collective, also through helpers
+(``torch.save(predict(model, loader), p)``), stays on every rank with a note: rank 0 would wait.
 
 Deletions (``program.deletions``: ``shutil.rmtree``, ``os.remove``, ``tf.io.gfile.rmtree``,
 ``Path.unlink``, ...) run on rank 0 with the file-system test or loop around them, then every rank

@@ -22,9 +22,10 @@ After (with ``scale_keras_learning_rate`` and ``add_runtime_init``)::
 Why, step by step:
 
 * ``DistributedOptimizer`` averages the gradients across workers before Keras applies them. Not done
-  when the model's class overrides ``train_step`` with a tape that ``wrap_gradient_tape`` wrapped:
-  the gradients would be averaged twice. A string optimizer (``"adam"``) or none (Keras' default
-  ``"rmsprop"``) becomes the optimizer object first, in the Keras namespace the file uses.
+  when the model's class overrides ``train_step`` (or inherits one from a class of the file) with
+  a tape that ``wrap_gradient_tape`` wrapped: the gradients would be averaged twice. A string
+  optimizer (``"adam"``) or none (Keras' default ``"rmsprop"``) becomes the optimizer object
+  first, in the Keras namespace the file uses.
 * ``BroadcastGlobalVariablesCallback(0)`` gives every worker rank 0's weights and optimizer state
   after the first batch (when Keras 3 has built them); ``MetricAverageCallback`` averages the epoch
   metrics so that ``EarlyStopping``, ``ReduceLROnPlateau`` and checkpoints decide the same on every
