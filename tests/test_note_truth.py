@@ -8,11 +8,16 @@ each snippet, as a user's run does.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from sdp_convert.base import Options
 from sdp_convert.engine import convert
+
+SDP_CONVERT = str(Path(sys.executable).with_name("sdp-convert"))
 
 
 def report(source: str) -> list[str]:
@@ -106,6 +111,109 @@ for step in tqdm(range(100)):
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
 """
+
+HOROVOD = """\
+import io
+import os
+import tempfile
+
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size()),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for x, y in torch.randn(8, 2, 4, 1):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+{save}
+"""
+TEMP_SAVE = """\
+with tempfile.TemporaryDirectory() as tmp:
+    torch.save(model.state_dict(), os.path.join(tmp, "m.pt"))
+    model.load_state_dict(torch.load(os.path.join(tmp, "m.pt")))
+"""
+LOG_WRITE = TORCH_HEAD + """\
+import os
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))
+for x, y in loader:
+""" + TORCH_STEP + """\
+with open({name}, "w") as f:
+    f.write("done")
+"""
+
+ENCODER = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(4, 4)
+        self.dec = torch.nn.Linear(4, 1)
+
+    def encode(self, x):
+        return self.enc(x)
+
+    def forward(self, x):
+        return self.dec(self.encode(x))
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+for x, y in loader:
+    opt.zero_grad()
+{encode}    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+OWN_DISTRIBUTION = """\
+import argparse
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--distributed", action="store_true")
+parser.add_argument("--local_rank", type=int, default={local_rank})
+args = parser.parse_args()
+{gate}dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in torch.randn(8, 2, 4, 1):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+RANDOM_BATCHES = """\
+x = np.random.rand(640, 8).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+
+
+def get_batch():
+    idx = np.random.randint(0, 640, 32)
+    return x[idx], y[idx]
+
+
+for step in range(100):
+    xb, yb = get_batch()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+"""
+
+DRAWN_FULL_BATCH = TORCH_HEAD + """\
+{seed}x, y = torch.randn(64, 4), torch.randn(64, 1)
+for epoch in range(10):
+""" + TORCH_STEP
 
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
 CASES = [
@@ -253,10 +361,38 @@ CASES = [
         WRAPPER.format(update=SETS_LR),
     ),
     (
+        "same_gradient_only_where_every_rank_has_the_same_tensors",
+        "every rank computes the same gradient",
+        DRAWN_FULL_BATCH.format(seed="torch.manual_seed(0)\n"),
+        DRAWN_FULL_BATCH.format(seed=""),
+    ),
+    (
+        "unseeded_full_batch_is_each_ranks_own_draw",
+        "on tensors each rank draws for itself (torch.randn(64, 4), no seed)",
+        DRAWN_FULL_BATCH.format(seed=""),
+        DRAWN_FULL_BATCH.format(seed="torch.manual_seed(0)\n"),
+    ),
+    (
+        "random_batches_drawn_in_a_helper_are_no_full_batch",
+        "full-batch training, every worker sees the same data",
+        TF_HEAD + RANDOM_BATCHES.replace("xb, yb = get_batch()", "xb, yb = x, y").replace(
+            'np.random.rand(640, 8).astype("float32")', 'np.ones((640, 8), "float32")'),
+        TF_HEAD + RANDOM_BATCHES,
+    ),
+    (
+        "random_batches_drawn_in_a_helper_are_no_full_batch_torch",
+        "full-batch training",
+        TORCH_HEAD + "x, y = torch.ones(64, 4), torch.ones(64, 1)\n"
+        + "for epoch in range(10):\n" + TORCH_STEP,
+        TORCH_HEAD + "data_x, data_y = torch.ones(640, 4), torch.ones(640, 1)\n\n\n"
+        "def get_batch():\n    idx = torch.randint(0, 640, (32,))\n"
+        "    return data_x[idx], data_y[idx]\n\n\n"
+        "for step in range(100):\n    x, y = get_batch()\n" + TORCH_STEP,
+    ),
+    (
         "full_batch_training",
         "full-batch training (the same tensors every step)",
-        TORCH_HEAD + "x, y = torch.randn(64, 4), torch.randn(64, 1)\n"
-        + "for epoch in range(10):\n" + TORCH_STEP,
+        DRAWN_FULL_BATCH.format(seed=""),
         TORCH_HEAD
         + "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)))\n"
         + "for x, y in loader:\n" + TORCH_STEP,
@@ -285,6 +421,50 @@ CASES = [
         TF_HEAD + "model.compile(optimizer=optimizer, loss='mse')\n"
         "model.fit(x, y, epochs=1)\n",
     ),
+    (
+        "horovod_save_into_a_temporary_directory_stays_each_ranks_own",
+        "torch.save(...) now runs on rank 0 only",
+        HOROVOD.format(save='torch.save(model.state_dict(), "m.pt")'),
+        HOROVOD.format(save=TEMP_SAVE),
+    ),
+    (
+        "horovod_save_into_a_buffer_stays_each_ranks_own",
+        "torch.save(...) now runs on rank 0 only",
+        HOROVOD.format(save='torch.save(model.state_dict(), "m.pt")'),
+        HOROVOD.format(save="buffer = io.BytesIO()\ntorch.save(model.state_dict(), buffer)"),
+    ),
+    (
+        "a_file_named_after_the_process_is_each_ranks_own",
+        'open(..., "w") runs on rank 0 only',
+        LOG_WRITE.format(name='"log.txt"'),
+        LOG_WRITE.format(name='f"log-{os.getpid()}.txt"'),
+    ),
+    (
+        "a_model_method_under_no_grad_loses_no_gradient",
+        "encode(...) runs the wrapped module around DDP's forward",
+        ENCODER.format(encode="    z = model.encode(x).sum()\n"),
+        ENCODER.format(encode="    with torch.no_grad():\n        z = model.encode(x)\n"),
+    ),
+    (
+        "launch_as_before_only_where_the_distribution_is_always_on",
+        "already distributed with torch.distributed; launch it as before",
+        OWN_DISTRIBUTION.format(local_rank=-1, gate=""),
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed:\n    "),
+    ),
+    (
+        "a_store_true_flag_in_front_is_named_with_its_launch",
+        "but only when `args.distributed` (args.distributed is False by default: started as "
+        "usual, it runs on one process); to run it on N processes, launch it with `torchrun "
+        "--nproc_per_node=N SCRIPT.py --distributed ...`",
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed:\n    "),
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed or True:\n    "),
+    ),
+    (
+        "a_local_rank_flag_in_front_is_named_with_its_launch",
+        "but only when `args.local_rank != -1` (args.local_rank is -1 by default",
+        OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.local_rank != -1:\n    "),
+        OWN_DISTRIBUTION.format(local_rank=0, gate="if args.local_rank != -1:\n    "),
+    ),
 ]
 
 
@@ -308,3 +488,281 @@ def test_no_note_is_reported_twice_at_one_place():
             result = convert(textwrap.dedent(source).encode(), Options(line_length=10_000))
             seen = [(c.line, c.transform, c.message) for c in result.changes]
             assert len(seen) == len(set(seen)), seen
+
+
+# -- issue 38: inserted code that runs, and notes that are true ------------------------------------
+
+
+def convert_text(source: str) -> tuple[str, list[str]]:
+    """The converted text and its report lines (``[transform] (manual) message``)."""
+    result = convert(textwrap.dedent(source).encode(), Options(line_length=10_000))
+    return result.output.decode(), [
+        f"[{c.transform}] {'(manual) ' if c.manual else ''}{c.message}" for c in result.changes
+    ]
+
+
+BRANCH_LOADERS = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main(ds="a"):
+    data_a = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    data_b = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    if ds == "a":
+        loader = DataLoader(data_a, batch_size=8, shuffle=True)
+    elif ds == "b":
+        loader = DataLoader(data_b, batch_size=8, shuffle=True)
+    else:
+        raise ValueError(ds)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+
+main()
+"""
+
+
+def test_a_loader_chosen_in_branches_gets_set_epoch_on_the_loader_the_loop_reads():
+    out, notes = convert_text(BRANCH_LOADERS)
+    # Each branch's loader gets its own sampler; the epoch loop, after the branches, sets the
+    # epoch of whichever the loop reads (the branch-local names are unbound on the other path).
+    assert out.count("DistributedSampler(") == 2, out
+    assert out.count(".set_epoch(epoch)") == 1 and "    loader.sampler.set_epoch(epoch)\n" in out
+    assert "[shard_dataloader] call loader.sampler.set_epoch(epoch) at the start of each epoch" in (
+        notes)
+    assert not any("(manual)" in n for n in notes), notes
+    namespace: dict[str, object] = {}
+    exec(compile(out.replace("\nmain()\n", "\n"), "train.py", "exec"), namespace)
+    for ds in ("a", "b"):  # one process (no launcher): both paths run to the end
+        namespace["main"](ds)  # type: ignore[operator]
+
+
+def test_inserted_code_reading_a_name_some_path_leaves_unbound_is_refused(monkeypatch):
+    """Today's converter (before issue 38) read each branch's sampler in the epoch loop:
+    UnboundLocalError at the first epoch. Such a conversion is not written, and says why."""
+    import sdp_convert.transforms.shard_dataloader as transform
+
+    monkeypatch.setattr(transform, "runs_whenever", lambda *args: True)  # that converter
+    result = convert(BRANCH_LOADERS.encode(), Options(line_length=10_000))
+    assert result.output == BRANCH_LOADERS.encode()
+    notes = [c.message for c in result.changes]
+    assert all(c.transform == "sdp_convert" and c.manual for c in result.changes), notes
+    for name in ("loader_sampler", "loader_sampler_2"):
+        assert any(f"not converted: the inserted code reads `{name}` in main() on a path that "
+                   "does not bind it (UnboundLocalError when that path runs)" in n
+                   for n in notes), notes
+
+
+PREDICTIONS = """\
+import json
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+
+
+def predict(model, loader):
+    model.eval()
+    with torch.no_grad():
+        return torch.cat([model(x) for x, _ in loader])
+
+
+def evaluate(model, loader):
+    return float(predict(model, loader).mean())
+
+
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+writer = SummaryWriter("runs")
+for epoch in range(2):
+    model.train()
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    writer.add_scalar("score", evaluate(model, loader), epoch)
+torch.save(predict(model, loader), "preds.pt")
+with open("preds.json", "w") as f:
+    json.dump(predict(model, loader).tolist(), f)
+torch.save(model.state_dict(), "model.pt")
+"""
+
+
+def test_a_write_that_runs_the_wrapped_model_through_helpers_stays_on_every_rank():
+    """Issue 38: ``torch.save(predict(model, loader), p)`` went under ``if sdp.rank() == 0:``,
+    and predict() runs the DDP model's forward (a collective): rank 0 waited alone."""
+    out, notes = convert_text(PREDICTIONS)
+    assert 'if sdp.rank() == 0:\n    torch.save(model.state_dict(), "model.pt")' in out
+    for kept in ('\ntorch.save(predict(model, loader), "preds.pt")\n',
+                 '\nwith open("preds.json", "w") as f:\n',
+                 '\nwriter = SummaryWriter("runs")\n',
+                 '\n    writer.add_scalar("score", evaluate(model, loader), epoch)\n'):
+        assert kept in out, out
+    assert ("[guard_rank0_writes] (manual) torch.save(predict(model, loader), \"preds.pt\") writes "
+            "on every rank, but the statement also calls predict(...), which runs model(...), "
+            "which every rank must run together: not moved onto rank 0") in "\n".join(notes)
+    assert any("with open(\"preds.json\", \"w\") as f: writes on every rank, but the statement "
+               "also calls predict(...)" in n for n in notes), notes
+    # The writer is used where a guard cannot go: it stays (None on the other ranks would crash).
+    assert any("SummaryWriter(...) writes on every rank, and its handle is used where a guard "
+               "cannot go (`writer.add_scalar(\"score\", evaluate(model, loader), epoch)` also "
+               "calls evaluate(...), which runs predict(...), which runs model(...)" in n
+               for n in notes), notes
+    # Where no helper runs the model, the write moves onto rank 0 as before.
+    plain = PREDICTIONS.replace("save(predict(model, loader)", "save(torch.zeros(3)").replace(
+        "dump(predict(model, loader)", "dump(torch.zeros(3)").replace(
+        "\"score\", evaluate(model, loader)", "\"score\", 0.5")
+    out, notes = convert_text(plain)
+    assert 'if sdp.rank() == 0:\n    torch.save(torch.zeros(3), "preds.pt")' in out
+    assert not any("every rank must run together" in n for n in notes), notes
+
+
+def test_inserted_code_that_moves_a_collective_under_a_rank_test_is_refused(monkeypatch):
+    """The converter before issue 38 followed no helper: ``predict(...)`` went onto rank 0 with
+    the write. Such a conversion is not written, and says why."""
+    import sdp_convert.program.ranks as ranks
+
+    monkeypatch.setattr(ranks, "reaches_collective", lambda *args: None)  # that converter
+    source = PREDICTIONS.replace("writer = SummaryWriter(\"runs\")\n", "").replace(
+        "    writer.add_scalar(\"score\", evaluate(model, loader), epoch)\n", "")
+    result = convert(source.encode(), Options(line_length=10_000))
+    assert result.output == source.encode()
+    notes = [c.message for c in result.changes]
+    assert all(c.transform == "sdp_convert" and c.manual for c in result.changes), notes
+    assert any("not converted: the conversion runs predict(...) only where `sdp.rank() == 0` "
+               "holds, a condition that can differ between ranks, and it runs model(...), which "
+               "every rank must run together" in n and "deadlock" in n for n in notes), notes
+
+
+UTILS_DUMP = """\
+import torch
+
+
+def dump_predictions(model, loader, path):
+    model.eval()
+    preds = []
+    with torch.no_grad():
+        for x, _ in loader:
+            preds.append(model(x))
+    torch.save(torch.cat(preds), path)
+
+
+def save_checkpoint(model, path):
+    torch.save(model.state_dict(), path)
+"""
+TRAIN_DUMP = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from utils import dump_predictions, save_checkpoint
+
+
+def main():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=8)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        model.train()
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    dump_predictions(model, loader, "preds.pt")
+    save_checkpoint(model, "model.pt")
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_helper_of_another_module_that_runs_the_model_is_not_moved_onto_rank_0(
+    tmp_path: Path,
+):
+    """Issue 38: ``dump_predictions(model, loader, p)`` (utils.py runs the model's forward, then
+    saves) went under ``if sdp.rank() == 0:`` in train.py: rank 0 waited alone in DDP's forward.
+    It stays on every rank; its write is noted where it is; the checkpoint helper still moves."""
+    (tmp_path / "utils.py").write_text(UTILS_DUMP)
+    (tmp_path / "train.py").write_text(TRAIN_DUMP)
+    done = subprocess.run([SDP_CONVERT, "--diff", "."], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert "+        dump_predictions(model" not in done.stdout, done.stdout
+    assert '+    if sdp.rank() == 0:\n+        save_checkpoint(model, "model.pt")' in done.stdout
+    assert "utils.py:10:5: [contract] (manual) torch.save(...) writes on every rank" in (
+        done.stderr)
+
+
+SUBCLASSED_STEP = """\
+import numpy as np
+import tensorflow as tf
+
+
+class Base(tf.keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+class Model(Base):
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+x = np.random.RandomState(0).rand(64, 8).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = Model()
+model.compile(optimizer=tf.keras.optimizers.SGD(0.01))
+model.fit(x, y, batch_size=8, epochs=1)
+"""
+
+
+def test_a_model_inheriting_an_averaging_train_step_gets_no_distributed_optimizer():
+    """Issue 38: ``Model(Base)``, ``Base.train_step`` wrapping its tape: compile's optimizer was
+    wrapped in DistributedOptimizer too (gradients averaged twice), beside a note saying not to."""
+    out, notes = convert_text(SUBCLASSED_STEP)
+    assert "tape = sdp.DistributedGradientTape(tape)" in out
+    assert "DistributedOptimizer" not in out, out
+    assert ("[wrap_keras_fit] optimizer not wrapped: Model.train_step averages its gradients "
+            "(DistributedGradientTape) already") in notes
+    assert not any("(manual)" in n for n in notes), notes
+
+
+def test_inserted_code_that_averages_one_model_twice_is_refused(monkeypatch):
+    import sdp_convert.program.training as training
+
+    monkeypatch.setattr(training, "_inherited", lambda *args: None)  # the converter before 38
+    result = convert(SUBCLASSED_STEP.encode(), Options(line_length=10_000))
+    assert result.output == SUBCLASSED_STEP.encode()
+    notes = [c.message for c in result.changes]
+    assert any("not converted: the conversion averages the gradients of `model` twice: its "
+               "optimizer is a DistributedOptimizer and Base.train_step wraps its tape in "
+               "DistributedGradientTape" in n for n in notes), notes
+
+
+def test_the_same_data_note_is_not_repeated_at_each_loop():
+    """Issue 38: two loops over ``load_data()`` got the same manual note twice (and two
+    markers to delete for one fix)."""
+    source = tf_script("", "load_data()") + textwrap.dedent(TF_LOOP.format(data="load_data()"))
+    _, notes = convert_text(source)
+    said = [n for n in notes if "training data not sharded (built by load_data())" in n]
+    assert len(said) == 1, notes

@@ -2,11 +2,24 @@
 fixed-point check): it must not break the program it goes into.
 
 * **Names**: a module-level statement must not use a name that is bound only later, or nowhere
-  (``tf.config...`` pinned in a notebook's first cell that imports only ``keras``: NameError).
+  (``tf.config...`` pinned in a notebook's first cell that imports only ``keras``: NameError);
+  and a name the inserted code reads must be bound on every path to the read, in a function
+  as at module level (``s2.set_epoch(epoch)`` in the epoch loop for a sampler made in one
+  branch of an ``if``/``elif`` only: UnboundLocalError at the first epoch). Paths are followed
+  through ``if``, loops (which may run no iteration; ``while True`` ends at its ``break``),
+  ``try`` (a handler may run before anything of the body has), ``with``, ``match``, and end at
+  ``return``, ``raise``, ``break``, ``continue`` and ``sys.exit()``.
 * **Collectives where the ranks do not all go**: ``barrier``, ``broadcast*``, ``allreduce*``,
   ``allgather*`` and ``rank0_first`` are entered by every rank or by none; under a condition that
   can differ between ranks (the rank itself, a value computed from it, a file-system test such as
-  ``os.path.exists``) some ranks wait for others that never come: a deadlock.
+  ``os.path.exists``) some ranks wait for others that never come: a deadlock. The same goes
+  for what leads to one (``CollectiveReach``): a ``DistributedDataParallel``'s forward, or a
+  function of the file that runs one (``dump_predictions(model, ...)`` moved under
+  ``if sdp.rank() == 0:``).
+* **Averaging, once per model**: a Keras model compiled with a ``DistributedOptimizer`` whose
+  class (or a base class) wraps the tape of its ``train_step`` in a ``DistributedGradientTape``,
+  a ``DistributedOptimizer`` over a ``DistributedDataParallel``'s parameters, a tape wrapped
+  twice: the gradients would be averaged twice.
 
 Each check compares the output with the input: what the user wrote is theirs; only what the
 conversion added is held against it.
@@ -18,13 +31,13 @@ import ast
 import builtins
 import re
 from collections import Counter
+from collections.abc import Callable
+
+from .modules import COLLECTIVE, CollectiveReach, call_name, distributed_aliases, root_name
 
 _BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__",
                                         "__builtins__", "__path__", "__package__", "__loader__",
                                         "get_ipython", "display"}
-_COLLECTIVE = re.compile(
-    r"^(barrier|broadcast\w*|allreduce\w*|allgather\w*|alltoall\w*|rank0_first)$"
-)
 _RANK = re.compile(r"^(get_)?(local_)?rank$")
 _FILE_TESTS = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glob", "listdir",
                          "iglob", "scandir"})
@@ -49,15 +62,40 @@ def problems(
         known.add(name)
         found.append((line, f"the inserted code uses `{name}` at module level before anything "
                             "binds it (NameError)"))
+    # The same name read unbound on some path in the same scope of the input is the user's.
+    paths = {key for key, _ in _unbound_on_some_path(before)}
+    paths |= {("<module>", name) for name in known}
+    for (scope, name), line in _unbound_on_some_path(after):
+        if (scope, name) in paths or name in noted:
+            continue
+        paths.add((scope, name))
+        where, error = (("at module level", "NameError") if scope == "<module>" else
+                        (f"in {scope}()", "UnboundLocalError"))
+        found.append((line, f"the inserted code reads `{name}` {where} on a path that does "
+                            f"not bind it ({error} when that path runs)"))
     known_collectives = Counter(key for key, _ in _divergent_collectives(before))
     for key, line in _divergent_collectives(after):
         if known_collectives[key]:
             known_collectives[key] -= 1
             continue
         call, test = key
-        found.append((line, f"the inserted {call}() runs only where `{test}` holds, a condition "
+        if ", which runs " in call:  # a helper or a wrapped model's forward, moved under a test
+            first, rest = call.split(", which runs ", 1)
+            found.append((line, f"the conversion runs {first} only where `{test}` holds, a "
+                                f"condition that can differ between ranks, and it runs {rest}, "
+                                "which every rank must run together: the ranks that skip it "
+                                "would leave the others waiting (deadlock)"))
+            continue
+        found.append((line, f"the inserted {call} runs only where `{test}` holds, a condition "
                             "that can differ between ranks: the ranks that skip it would leave "
                             "the others waiting (deadlock)"))
+    known_twice = Counter(key for key, _ in _averaged_twice(before))
+    for key, line in _averaged_twice(after):
+        if known_twice[key]:
+            known_twice[key] -= 1
+            continue
+        found.append((line, f"the conversion averages the gradients of `{key[0]}` twice: "
+                            f"{key[1]} (each average on top of the other)"))
     return found
 
 
@@ -174,14 +212,392 @@ def _binds(stmt: ast.AST) -> set[str]:
     return names
 
 
+# -- names bound on every path -------------------------------------------------------------------
+
+#: Statement calls after which nothing runs (``sys.exit()``): a path ends there.
+_ENDS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
+def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
+    """``((scope, name), line)`` of each read of a local name (of a function, or of the module)
+    that some path reaches before any statement binds it: ``UnboundLocalError`` (``NameError`` at
+    module level) when that path runs. ``scope`` is the function's dotted name, ``<module>``."""
+    found: list[tuple[tuple[str, str], int]] = []
+    stars = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+                for n in tree.body)
+    if not stars:  # a star import binds names no one can list
+        local = _scope_binds(tree) - _hoisted(tree)
+        _Paths("<module>", local, found).block(tree.body, frozenset())
+    for scope, function in _functions(tree, ""):
+        args = function.args
+        params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                  *([args.vararg] if args.vararg else []),
+                                  *([args.kwarg] if args.kwarg else [])]}
+        declared = {n for s in _own_nodes(function) if isinstance(s, ast.Global | ast.Nonlocal)
+                    for n in s.names}
+        local = (_scope_binds(function) | params) - declared
+        _Paths(scope, local, found).block(function.body, frozenset(params))
+    return found
+
+
+def _functions(node: ast.AST, prefix: str) -> list[tuple[str, ast.FunctionDef |
+                                                       ast.AsyncFunctionDef]]:
+    """Every function of ``node`` (methods and nested ones too), with its dotted name."""
+    found: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = prefix + child.name
+            found.append((name, child))
+            found += _functions(child, name + ".")
+        elif isinstance(child, ast.ClassDef):
+            found += _functions(child, prefix + child.name + ".")
+        elif not isinstance(child, ast.Lambda):
+            found += _functions(child, prefix)
+    return found
+
+
+def _own_nodes(function: ast.AST) -> list[ast.AST]:
+    """The nodes of a function's body, not those of the functions and classes it defines."""
+    found: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue  # its name is bound here; its body is its own scope
+        if isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp |
+                      ast.GeneratorExp):
+            continue  # their targets are their own (a walrus inside them is rare)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _scope_binds(function: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in _own_nodes(function):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= _binds(node) - {"*"}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef |
+                        ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+    return names
+
+
+Bound = frozenset[str] | None  # None: no path gets here (after a return, a raise, a break)
+
+
+def _join(*states: Bound) -> Bound:
+    """The names bound on every path that reaches a point from any of ``states``."""
+    live = [s for s in states if s is not None]
+    if not live:
+        return None
+    joined = live[0]
+    for state in live[1:]:
+        joined &= state
+    return joined
+
+
+class _Paths:
+    """One scope's statements, followed along their paths, with the names each path has bound:
+    a read of one of the scope's ``local`` names that some path reaches unbound is recorded."""
+
+    def __init__(self, scope: str, local: set[str],
+                 found: list[tuple[tuple[str, str], int]]) -> None:
+        self.scope, self.local, self.found = scope, local, found
+        self.loops: list[list[Bound]] = []  # the states at each ``break`` of the loops entered
+
+    def block(self, body: list[ast.stmt], bound: Bound) -> Bound:
+        for stmt in body:
+            if bound is None:
+                return None
+            bound = self.stmt(stmt, bound)
+        return bound
+
+    def stmt(self, node: ast.stmt, bound: frozenset[str]) -> Bound:  # noqa: C901 - one per kind
+        if isinstance(node, ast.If):
+            bound = self.expr(node.test, bound)
+            return _join(self.block(node.body, bound), self.block(node.orelse, bound))
+        if isinstance(node, ast.While):
+            bound = self.expr(node.test, bound)
+            forever = isinstance(node.test, ast.Constant) and bool(node.test.value)
+            return self.loop(node.body, node.orelse, bound, None if forever else bound)
+        if isinstance(node, ast.For | ast.AsyncFor):
+            bound = self.expr(node.iter, bound)
+            return self.loop(node.body, node.orelse, self.target(node.target, bound), bound)
+        if isinstance(node, ast.With | ast.AsyncWith):
+            for item in node.items:
+                bound = self.expr(item.context_expr, bound)
+                if item.optional_vars is not None:
+                    bound = self.target(item.optional_vars, bound)
+            return self.block(node.body, bound)
+        if isinstance(node, ast.Try | getattr(ast, "TryStar", ast.Try)):
+            done = self.block(node.orelse, self.block(node.body, bound))
+            # A handler may run after any statement of the body: only what was bound before.
+            handled = [self.block(h.body, bound | ({h.name} if h.name else set()))
+                       for h in node.handlers]
+            after = _join(done, *handled)
+            final = self.block(node.finalbody, bound)
+            if after is None or final is None:
+                return None
+            return after | (final - bound)
+        if isinstance(node, ast.Match):
+            bound = self.expr(node.subject, bound)
+            cases = [self.block(c.body, self.expr(c.guard, bound | _captures(c.pattern))
+                                if c.guard is not None else bound | _captures(c.pattern))
+                     for c in node.cases]
+            return _join(bound, *cases)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for expr in [*node.decorator_list, *node.args.defaults,
+                         *(d for d in node.args.kw_defaults if d is not None)]:
+                bound = self.expr(expr, bound)
+            return bound | {node.name}
+        if isinstance(node, ast.ClassDef):
+            for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
+                bound = self.expr(expr, bound)
+            return bound | {node.name}
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            return bound | (_binds(node) - {"*"})
+        if isinstance(node, ast.Return | ast.Raise):
+            for child in ast.iter_child_nodes(node):
+                bound = self.expr(child, bound)
+            return None
+        if isinstance(node, ast.Break):
+            if self.loops:
+                self.loops[-1].append(bound)
+            return None
+        if isinstance(node, ast.Continue):
+            return None
+        if isinstance(node, ast.Assign):
+            bound = self.expr(node.value, bound)
+            for target in node.targets:
+                bound = self.target(target, bound)
+            return bound
+        if isinstance(node, ast.AnnAssign):
+            if node.value is None:
+                return bound
+            return self.target(node.target, self.expr(node.value, bound))
+        if isinstance(node, ast.AugAssign):
+            bound = self.expr(node.value, bound)
+            return self.expr(_as_read(node.target), bound)
+        if isinstance(node, ast.Delete):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound = self.expr(_as_read(target), bound) - {target.id}
+                else:
+                    bound = self.expr(target, bound)
+            return bound
+        for child in ast.iter_child_nodes(node):  # Expr, Assert, Global, Pass, ...
+            bound = self.expr(child, bound)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and (
+            ast.unparse(node.value.func) in _ENDS
+        ):
+            return None
+        return bound
+
+    def loop(self, body: list[ast.stmt], orelse: list[ast.stmt], inside: frozenset[str],
+             skipped: Bound) -> Bound:
+        """A loop whose body starts with ``inside`` bound; ``skipped``: what is bound when the
+        loop ends by its test (before any iteration too), None when it never does."""
+        self.loops.append([])
+        end = self.block(body, inside)
+        breaks = self.loops.pop()
+        normal = _join(skipped, end) if skipped is not None else None
+        return _join(self.block(orelse, normal) if normal is not None else None, *breaks)
+
+    def target(self, target: ast.expr, bound: frozenset[str]) -> frozenset[str]:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                bound = bound | {node.id}
+            elif isinstance(node, ast.Subscript | ast.Attribute):
+                bound = self.expr(node.value, bound)
+                if isinstance(node, ast.Subscript):
+                    bound = self.expr(node.slice, bound)
+        return bound
+
+    def expr(self, node: ast.AST | None, bound: frozenset[str],
+             hidden: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Record the reads of ``node`` (an expression) that some path reaches unbound; the
+        names a walrus in it binds are bound after it."""
+        if node is None:
+            return bound
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                if node.id in self.local and node.id not in bound and node.id not in hidden:
+                    self.found.append(((self.scope, node.id), node.lineno))
+                return bound
+            return bound | {node.id}
+        if isinstance(node, ast.NamedExpr):
+            return self.expr(node.value, bound, hidden) | {node.target.id}
+        if isinstance(node, ast.Lambda):
+            for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d)]:
+                bound = self.expr(default, bound, hidden)
+            return bound  # its body runs later
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            inner = hidden | {n.id for g in node.generators for n in ast.walk(g.target)
+                              if isinstance(n, ast.Name)}
+            first, *rest = node.generators
+            bound = self.expr(first.iter, bound, hidden)
+            parts: list[ast.AST] = [*first.ifs]
+            for generator in rest:
+                parts += [generator.iter, *generator.ifs]
+            parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+            for part in parts:
+                self.expr(part, bound, inner)
+            return bound
+        if isinstance(node, ast.BoolOp):
+            # Only the first operand always runs: what a walrus binds in the others may not be.
+            after = self.expr(node.values[0], bound, hidden)
+            for value in node.values[1:]:
+                self.expr(value, after, hidden)
+            return after
+        if isinstance(node, ast.IfExp):
+            bound = self.expr(node.test, bound, hidden)
+            return self.expr(node.body, bound, hidden) & self.expr(node.orelse, bound, hidden)
+        for child in ast.iter_child_nodes(node):
+            bound = self.expr(child, bound, hidden)
+        return bound
+
+
+def _as_read(target: ast.expr) -> ast.expr:
+    """``x`` of ``x += 1`` (or ``del x``) as the read it also is."""
+    if isinstance(target, ast.Name):
+        return ast.copy_location(ast.Name(target.id, ast.Load()), target)
+    return target
+
+
+def _captures(pattern: ast.pattern) -> frozenset[str]:
+    return frozenset(
+        name for node in ast.walk(pattern)
+        for name in ([node.name] if isinstance(node, ast.MatchAs | ast.MatchStar) else
+                     [node.rest] if isinstance(node, ast.MatchMapping) else [])
+        if name
+    )
+
+
+# -- averaging, once per model -------------------------------------------------------------------
+
+
+def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
+    """``((model, how), line)`` of each model whose gradients the code averages twice: a
+    ``DistributedOptimizer`` over the parameters of a ``DistributedDataParallel``, a tape
+    wrapped twice (before a new tape is bound to its name), a Keras model compiled with a
+    ``DistributedOptimizer`` whose class's ``train_step`` wraps its tape."""
+    libraries = distributed_aliases(tree)
+
+    def wrap(node: ast.AST | None, name: str) -> ast.Call | None:
+        ok = isinstance(node, ast.Call) and call_name(node.func) == name and (
+            root_name(node.func) in libraries)
+        return node if ok else None  # type: ignore[return-value]
+
+    found: list[tuple[tuple[str, str], int]] = []
+    ddp: set[str] = set()
+    steps: dict[str, int] = {}  # class -> line of its train_step's DistributedGradientTape
+    for scope, function in [("<module>", tree), *_functions(tree, "")]:
+        for node in _own_nodes(function):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target = ast.unparse(node.targets[0])
+            if wrap(node.value, "DistributedDataParallel") is not None:
+                ddp.add(target)
+            elif wrap(node.value, "DistributedGradientTape") is not None and scope.endswith(
+                ".train_step"
+            ):  # a method: its class is before the dot
+                steps[scope.rsplit(".", 2)[-2]] = node.lineno
+        # A tape wrapped again before a new tape is bound to its name.
+        wrapped: dict[str, bool] = {}
+        for line, name, wraps in sorted(_tape_events(function, wrap)):
+            if wraps and wrapped.get(name):
+                found.append(((f"{scope}: {name}", "the tape is wrapped in "
+                               "DistributedGradientTape twice"), line))
+            wrapped[name] = wraps
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (optimizer := wrap(node, "DistributedOptimizer")):
+            for inner in ast.walk(optimizer):
+                if (isinstance(inner, ast.Call) and call_name(inner.func) == "parameters"
+                        and isinstance(inner.func, ast.Attribute)
+                        and ast.unparse(inner.func.value) in ddp):
+                    found.append(((ast.unparse(inner.func.value), "its optimizer is a "
+                                   "DistributedOptimizer and the model a DistributedDataParallel"),
+                                  node.lineno))
+                    break
+    classes = _subclasses(tree, set(steps))
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and call_name(node.func) == "compile"
+                and isinstance(node.func, ast.Attribute)):
+            continue
+        optimizer = next((k.value for k in node.keywords if k.arg == "optimizer"), None)
+        if wrap(optimizer, "DistributedOptimizer") is None:
+            continue
+        model = ast.unparse(node.func.value)
+        made = {call_name(v.func) for v in _assigned(tree, model) if isinstance(v, ast.Call)}
+        for cls in sorted(made & set(classes)):
+            found.append(((model, f"its optimizer is a DistributedOptimizer and "
+                                  f"{classes[cls]}.train_step wraps its tape in "
+                                  f"DistributedGradientTape (line {steps[classes[cls]]})"),
+                          node.lineno))
+    return found
+
+
+def _tape_events(function: ast.AST, wrap: Callable[[ast.AST | None, str], ast.Call | None]
+                 ) -> list[tuple[int, str, bool]]:
+    """``(line, name, wraps)``: a name bound to a new tape (``with tf.GradientTape() as t``,
+    ``t = tf.GradientTape()``; False) or to its ``DistributedGradientTape`` (True)."""
+    events: list[tuple[int, str, bool]] = []
+    for node in _own_nodes(function):
+        if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) and (
+            isinstance(node.context_expr, ast.Call)
+            and call_name(node.context_expr.func) == "GradientTape"
+        ):
+            events.append((node.context_expr.lineno, node.optional_vars.id, False))
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+            node.targets[0], ast.Name
+        ) and isinstance(node.value, ast.Call):
+            if wrap(node.value, "DistributedGradientTape") is not None:
+                events.append((node.lineno, node.targets[0].id, True))
+            elif call_name(node.value.func) == "GradientTape":
+                events.append((node.lineno, node.targets[0].id, False))
+    return events
+
+
+def _subclasses(tree: ast.Module, roots: set[str]) -> dict[str, str]:
+    """Each class of the module that is one of ``roots`` or inherits from one (without its own
+    ``train_step``) -> that root."""
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    found = {name: name for name in roots}
+    changed = True
+    while changed:
+        changed = False
+        for name, cls in classes.items():
+            own = any(isinstance(s, ast.FunctionDef) and s.name == "train_step" for s in cls.body)
+            base = next((found[b.id] for b in cls.bases if isinstance(b, ast.Name)
+                         and b.id in found), None)
+            if name not in found and base is not None and not own:
+                found[name] = base
+                changed = True
+    return found
+
+
+def _assigned(tree: ast.Module, target: str) -> list[ast.expr]:
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            and any(ast.unparse(t) == target for t in n.targets)]
+
+
 # -- collectives -----------------------------------------------------------------------------
 
 
 def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
-    """``((collective, condition), line)`` of each collective call under a condition that can
-    differ between ranks."""
+    """``((what, condition), line)`` of each call under a condition that can differ between
+    ranks that every rank must make together: a collective, or (``CollectiveReach``) a wrapped
+    model's forward or a function of the file that leads to one. ``what``: the call and, for
+    one that leads to a collective, the calls on the way (``dump(...), which runs model(...)``).
+    """
     per_rank = _per_rank_names(tree)
-    libraries = _distributed_aliases(tree)
+    libraries = distributed_aliases(tree)
+    reach = CollectiveReach(tree)
     found: list[tuple[tuple[str, str], int]] = []
 
     def visit(node: ast.AST, conditions: tuple[str, ...]) -> None:
@@ -200,41 +616,16 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
             visit(node.orelse, inner)
             return
         if isinstance(node, ast.Call) and conditions:
-            name = _last(node.func)
-            if _COLLECTIVE.match(name) and _root(node.func) in libraries:
-                found.append(((name, conditions[-1]), node.lineno))
+            name = call_name(node.func)
+            if COLLECTIVE.match(name) and root_name(node.func) in libraries:
+                found.append(((f"{name}()", conditions[-1]), node.lineno))
+            elif (path := reach.call(node, reach.wrapped)) is not None:
+                found.append(((", which runs ".join(path), conditions[-1]), node.lineno))
         for child in ast.iter_child_nodes(node):
             visit(child, conditions)
 
     visit(tree, ())
     return found
-
-
-def _last(func: ast.expr) -> str:
-    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-
-
-#: Libraries whose module-level functions are collectives.
-_DISTRIBUTED = ("sdp_runtime", "torch.distributed", "horovod", "smdistributed")
-
-
-def _distributed_aliases(tree: ast.Module) -> set[str]:
-    """Local names of the distributed libraries' modules and functions (``sdp``, ``dist``,
-    ``hvd``, ``barrier`` from ``from sdp_runtime.torch import barrier``)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names
-                      if a.name.startswith(_DISTRIBUTED)}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_DISTRIBUTED):
-            names |= {a.asname or a.name for a in node.names}
-    return names
-
-
-def _root(func: ast.expr) -> str:
-    while isinstance(func, ast.Attribute):
-        func = func.value
-    return func.id if isinstance(func, ast.Name) else ""
 
 
 def _per_rank_names(tree: ast.Module) -> set[str]:
@@ -251,7 +642,7 @@ def _per_rank_names(tree: ast.Module) -> set[str]:
 def _divergent(test: ast.expr, per_rank: set[str], files: bool = True) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.Call):
-            name = _last(node.func)
+            name = call_name(node.func)
             if _RANK.match(name) or (files and name in _FILE_TESTS):
                 return True
         if isinstance(node, ast.Name | ast.Attribute) and ast.unparse(node) in per_rank:

@@ -3,7 +3,8 @@
 ``Project`` resolves a qualified name as one file spells it (``data.get_loaders``,
 ``.data.get_loaders``, ``pkg.get_loaders`` through a package ``__init__`` that re-exports it) to
 the file and top-level name that define it; ``imported_modules`` lists the other modules of the
-run a module imports. Project mode plans with them, and the whole-program contract
+run a module imports; ``CollectiveReach`` what the code of one module runs that every rank must
+run together. Project mode plans with them, and the whole-program contract
 (``contract``) follows the imports of a converted program with them, also in a warm run that
 answers every file from the cache and loads no libcst.
 """
@@ -11,6 +12,7 @@ answers every file from the cache and loads no libcst.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,11 +110,19 @@ class Project:
 
     def writing_function(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a module-level function of ``path`` that writes files
-        (``save_checkpoint(model, path)`` around ``torch.save``)."""
+        (``save_checkpoint(model, path)`` around ``torch.save``) and that rank 0 may run alone
+        (its callers' calls of it go under ``if rank == 0:``): not one that runs what it is
+        handed (``model(x)``: the forward of a wrapped model waits for every rank) or reaches a
+        collective (``inserted.CollectiveReach``); such a helper runs on every rank, and the
+        write inside it is what must be on rank 0 only."""
         tree = self.tree(path)
         function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
                          and s.name == name), None) if tree is not None else None
-        return function is not None and any(_writes(node) for node in ast.walk(function))
+        if function is None or not any(_writes(node) for node in ast.walk(function)):
+            return False
+        handed = {a.arg for a in [*function.args.posonlyargs, *function.args.args,
+                                  *function.args.kwonlyargs]}
+        return CollectiveReach(tree).body(function, handed) is None
 
     def writing_class(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a class of ``path`` (no Keras callback) whose ``__init__`` opens
@@ -290,3 +300,138 @@ def reachable_modules(imported: Mapping[Path, list[Path]], path: Path) -> list[P
         found.append(module)
         todo.extend(imported.get(module, ()))
     return found
+
+
+# -- what every rank must run together ------------------------------------------------------------
+
+#: The collectives of the distributed libraries, by their last name.
+COLLECTIVE = re.compile(
+    r"^(barrier|broadcast\w*|allreduce\w*|allgather\w*|alltoall\w*|rank0_first)$"
+)
+
+
+class CollectiveReach:
+    """What every rank must run together, read with ``ast`` from one module: a collective of a
+    distributed library (a barrier, a broadcast, an allreduce), a ``DistributedDataParallel``'s
+    forward (it syncs buffers and may reduce), or a call of a function of the module that leads
+    to one, 4 calls deep, the wrapped models handed to it followed into its parameters. The
+    inserted-code check (``inserted``) asks it of what the conversion put under a rank test, and
+    project mode (``Project.writing_function``) of another module's helpers before moving a call
+    of one onto rank 0. (``program.ranks.reaches_collective`` answers it for the transforms.)"""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.libraries = distributed_aliases(tree)
+        self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                self.functions.setdefault(node.name, []).append(node)
+        #: The code of what holds a wrapped model (``model``, ``self.net``).
+        self.wrapped = {
+            ast.unparse(target) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call) and call_name(node.value.func) in _WRAPPERS
+            for target in node.targets if isinstance(target, ast.Name | ast.Attribute)
+        }
+
+    def call(self, call: ast.Call, models: set[str], depth: int = 0,
+             seen: frozenset[int] = frozenset()) -> tuple[str, ...] | None:
+        """The calls from ``call`` to the first collective it reaches (``("evaluate(...)",
+        "model(...)")``), with ``models`` the code of what holds a wrapped model; None if none."""
+        func = ast.unparse(call.func)
+        if func in models or (
+            COLLECTIVE.match(call_name(call.func)) and root_name(call.func) in self.libraries
+        ):
+            return (f"{func}(...)",)
+        if depth >= 4:
+            return None
+        for function in self._callees(call):
+            if id(function) in seen:
+                continue
+            found = self.body(function, self._handed(function, call, models), depth + 1,
+                              seen | {id(function)})
+            if found is not None:
+                return (f"{func}(...)", *found)
+        return None
+
+    def body(self, function: ast.AST, models: set[str], depth: int = 0,
+             seen: frozenset[int] = frozenset()) -> tuple[str, ...] | None:
+        """The first collective the code of ``function`` (a def, or any node) reaches when it
+        runs (not the functions, lambdas and classes it defines, which run later)."""
+        nodes = [n for stmt in getattr(function, "body", [function]) for n in _walk_here(stmt)]
+        for node in sorted((n for n in nodes if isinstance(n, ast.Call)),
+                           key=lambda n: (n.lineno, n.col_offset)):
+            found = self.call(node, models, depth, seen)
+            if found is not None:
+                return found
+        return None
+
+    def _callees(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """``f(...)`` and ``self.m(...)``: the functions of the module of that name."""
+        func = call.func
+        if isinstance(func, ast.Name) or (
+            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+        ):
+            return self.functions.get(call_name(func), [])
+        return []
+
+    @staticmethod
+    def _handed(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call,
+                models: set[str]) -> set[str]:
+        """What holds a wrapped model inside ``function`` when ``call`` runs it: the parameters
+        given one, ``self.`` attributes, and the outer names no parameter hides."""
+        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+            params = params[1:]
+        inner = {m for m in models if m.startswith("self.")}
+        inner |= models - {*params, *(a.arg for a in function.args.kwonlyargs)}
+        for position, arg in enumerate(call.args):
+            if position < len(params) and ast.unparse(arg) in models:
+                inner.add(params[position])
+        for keyword in call.keywords:
+            if keyword.arg is not None and ast.unparse(keyword.value) in models:
+                inner.add(keyword.arg)
+        return inner
+
+
+#: Wrappers whose forward every rank must run together.
+_WRAPPERS = frozenset({"DistributedDataParallel"})
+
+
+def _walk_here(node: ast.AST) -> list[ast.AST]:
+    """The nodes of ``node`` that run with it (not the bodies of the functions, lambdas and
+    classes it defines)."""
+    found: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(child for child in ast.iter_child_nodes(current) if not isinstance(
+            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda))
+    return found
+
+
+def call_name(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+#: Libraries whose module-level functions are collectives.
+_DISTRIBUTED = ("sdp_runtime", "torch.distributed", "horovod", "smdistributed")
+
+
+def distributed_aliases(tree: ast.Module) -> set[str]:
+    """Local names of the distributed libraries' modules and functions (``sdp``, ``dist``,
+    ``hvd``, ``barrier`` from ``from sdp_runtime.torch import barrier``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names
+                      if a.name.startswith(_DISTRIBUTED)}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_DISTRIBUTED):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def root_name(func: ast.expr) -> str:
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return func.id if isinstance(func, ast.Name) else ""

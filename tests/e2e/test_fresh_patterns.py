@@ -189,3 +189,75 @@ def test_keras_weights_read_before_fit_are_rank_0s_on_every_rank(tmp_path: Path)
         # Unseeded: each rank builds its own random weights; read before fit, they are rank 0's
         # only with the broadcast (and the distance moved is then the same on both ranks).
         assert (before[0] == before[1] and moved[0] == moved[1]) is same, proc.output
+
+
+BRANCH_LOADERS = """\
+import argparse
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", default="a")
+args = parser.parse_args()
+torch.manual_seed(0)
+data_a = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+data_b = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+
+
+def main():
+    if args.data == "a":
+        loader = DataLoader(data_a, batch_size=8, shuffle=True)
+    elif args.data == "b":
+        loader = DataLoader(data_b, batch_size=8, shuffle=True)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(2):
+        seen = 0
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            seen += len(x)
+        print(f"epoch {epoch}: {seen} samples", flush=True)
+
+
+main()
+"""
+
+
+def test_a_loader_chosen_in_branches_trains_every_epoch_on_2_processes(tmp_path: Path):
+    """Issue 38: each branch's loader gets its own sampler, and the epoch loop sets the epoch of
+    the one the loop reads (it was ``loader_sampler.set_epoch(epoch)`` and
+    ``loader_sampler_2.set_epoch(epoch)``: UnboundLocalError at the first epoch on either path)."""
+    (tmp_path / "train.py").write_text(BRANCH_LOADERS)
+    done = subprocess.run([SDP_CONVERT, "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "loader.sampler.set_epoch(epoch)" in (tmp_path / "train.py").read_text()
+    for data, per_rank in (("a", "32"), ("b", "16")):
+        proc = run([SDP_RUN, "-n", "2", "train.py", "--data", data], tmp_path, timeout=120)
+        seen = re.findall(r"epoch (\d): (\d+) samples", proc.output)
+        assert sorted(seen) == [("0", per_rank)] * 2 + [("1", per_rank)] * 2, proc.output
+
+
+def test_a_helper_that_runs_the_model_stays_on_every_rank_and_the_run_ends(tmp_path: Path):
+    """Issue 38: a helper of another module that runs the DDP model's forward and then saves
+    (``dump_predictions``) was moved under ``if sdp.rank() == 0:``: rank 0 waited alone in the
+    forward (BatchNorm's buffers are broadcast), then "Connection closed by peer". It stays on
+    every rank and the run ends; its write, which the report notes, is what the audit sees
+    written by both ranks; the checkpoint helper writes on rank 0 alone."""
+    from tests.test_note_truth import TRAIN_DUMP, UTILS_DUMP
+
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "utils.py").write_text(UTILS_DUMP)
+    (work / "train.py").write_text(TRAIN_DUMP)
+    done = subprocess.run([SDP_CONVERT, "."], cwd=work, capture_output=True, text=True,
+                          timeout=300)
+    assert "utils.py:10:5: [contract] (manual) torch.save(...) writes on every rank" in (
+        done.stderr)
+    run([SDP_RUN, "-n", "2", "train.py"], work, {"SDP_AUDIT": "1"}, audit_dir=tmp_path / "audit",
+        timeout=120)
+    who = writers(tmp_path / "audit")
+    assert who.get("model.pt") == ["0"] and who.get("preds.pt") == ["0", "1"], who

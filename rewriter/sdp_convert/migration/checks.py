@@ -13,6 +13,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 from ..analysis import Visitor
 from ..base import Transform
 from ..program.ranks import is_rank_exit
+from ..program.readback import private_write
 from .common import (
     _BROADCASTS,
     _KERAS_CALLBACK_MODULES,
@@ -233,7 +234,9 @@ class MigrationChecks(Transform):
                     continue  # np.save, pickle-like module functions: not a model's checkpoint
                 candidates.append(call)
         for call in sorted(set(candidates), key=self._order):
-            if self._under_rank_check(call) or self._mentions_rank(call):
+            if self._under_rank_check(call) or self._mentions_rank(call) or private_write(
+                self.fm, call, self.state.info.framework or ""
+            ):  # a buffer, a temporary directory of its own: each rank's own
                 continue
             text = self.module.code_for_node(call.func)
             stmt = self.enclosing_statement(call)

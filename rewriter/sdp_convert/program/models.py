@@ -372,7 +372,10 @@ def user_methods_in_training(
     fm: FileModel, uses: list[cst.CSTNode]
 ) -> Iterator[tuple[cst.Call, cst.Attribute, cst.CSTNode]]:
     """``(call, model.method, model)`` for each call of a user method of the model (not the
-    ``nn.Module`` API) in a function that calls ``backward()``: it runs around DDP's forward."""
+    ``nn.Module`` API) in a function that calls ``backward()``: it runs around DDP's forward.
+    Not one under ``torch.no_grad()``: it computes no gradient, so none goes unaveraged."""
+    from .model_setup import _without_grad  # it builds on this module
+
     trains = {id(fm.enclosing_function(c)) for c in fm.method_calls("backward")}
     for use in uses:
         parent = fm.parent(use)
@@ -382,6 +385,7 @@ def user_methods_in_training(
             and parent.attr.value not in MODULE_API
             and isinstance(call, cst.Call) and call.func is parent
             and id(fm.enclosing_function(call)) in trains
+            and not _without_grad(fm, call)
         ):
             yield call, parent, use
 

@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from .scopes import assigned_values, class_of, function_references, training_calls
+from .scopes import (
+    assigned_values,
+    callee,
+    class_of,
+    function_references,
+    param_for_arg,
+    training_calls,
+)
 from .writes import COLLECTIVE_PREFIXES
 
 if TYPE_CHECKING:
@@ -248,26 +256,78 @@ _DDP = ("sdp_runtime.torch.DistributedDataParallel", "torch.nn.parallel.Distribu
         "sdp_runtime.torch.parallel.DistributedDataParallel")
 
 
-def enters_collective(fm: FileModel, stmt: cst.CSTNode) -> cst.Call | None:
-    """A call in ``stmt`` that every rank must make together: a wrapped model's forward (DDP
-    syncs buffers, BatchNorm's included, and may reduce), or a runtime/torch.distributed call.
-    Such a statement must never be moved onto rank 0 alone."""
+@dataclass(frozen=True)
+class Collective:
+    """A call every rank must make together, reached from a statement: ``call`` is in the
+    statement (the collective itself, or the call of a function of this file that leads to
+    it); ``path`` names the calls on the way, outermost first, ending with the collective."""
+
+    call: cst.Call
+    path: tuple[str, ...]
+
+    @property
+    def words(self) -> str:
+        """``evaluate(...), which runs model(...)`` (the report's words)."""
+        return ", which runs ".join(self.path)
+
+
+def reaches_collective(fm: FileModel, node: cst.CSTNode) -> Collective | None:
+    """A call in ``node`` (a statement or a block) that every rank must make together, directly
+    or through the functions of this file it calls (4 deep, the wrapped models handed to them
+    followed into their parameters): a wrapped model's forward (DDP syncs buffers, BatchNorm's
+    included, and may reduce), or a runtime/torch.distributed call (a barrier, a broadcast, an
+    allreduce). What reaches one must never be moved onto rank 0 alone: the others never come.
+    None when nothing does (or when the way goes through code of another module)."""
     models = set(fm.facts.wrapped_models or ())
-    for call in m.findall(stmt, m.Call()):
+    return _reach(fm, node, models, 0, set())
+
+
+def _reach(fm: FileModel, node: cst.CSTNode, models: set[str], depth: int,
+           seen: set[int]) -> Collective | None:
+    for call in m.findall(node, m.Call()):
         assert isinstance(call, cst.Call)
-        if models and fm.module.code_for_node(call.func) in models:
-            return call
-        if isinstance(call.func, cst.Name) and any(
-            isinstance(v, cst.Call) and fm.refers_to(v.func, *_DDP)
-            for v in assigned_values(fm, call.func)
-        ):  # the converted file (its second pass): ``model = sdp.DistributedDataParallel(...)``
-            return call
+        func = fm.module.code_for_node(call.func)
+        if _wrapped(fm, call.func, models):
+            return Collective(call, (f"{func}(...)",))
         if fm.refers_to(call.func, *COLLECTIVE_PREFIXES, prefix=True) and not fm.refers_to(
-            call.func, *RANK_FUNCTIONS, "sdp_runtime.torch.size", "sdp_runtime.tensorflow.size",
-            "sdp_runtime.torch.local_rank", "sdp_runtime.tensorflow.local_rank",
+            call.func, *RANK_FUNCTIONS, *_NOT_COLLECTIVE
         ):
-            return call
+            return Collective(call, (f"{func}(...)",))
+        function = callee(fm, call) if depth < 4 else None
+        if function is None or id(function) in seen:
+            continue
+        inner = {code for code in models if code.startswith("self.")}
+        for arg in call.args:
+            param = param_for_arg(function, call, arg)
+            if param is not None and _wrapped(fm, arg.value, models):
+                inner.add(param.name.value)
+        found = _reach(fm, function.body, inner | (models - _param_names(function)), depth + 1,
+                       seen | {id(function)})
+        if found is not None:
+            return Collective(call, (f"{func}(...)", *found.path))
     return None
+
+
+def _wrapped(fm: FileModel, expr: cst.BaseExpression, models: set[str]) -> bool:
+    """``expr`` is a wrapped model: one of ``models`` (the names the wrap was given), or, in a
+    converted file (its second pass), a name bound to ``sdp.DistributedDataParallel(...)``."""
+    return fm.module.code_for_node(expr) in models or (isinstance(expr, cst.Name) and any(
+        isinstance(v, cst.Call) and fm.refers_to(v.func, *_DDP)
+        for v in assigned_values(fm, expr)
+    ))
+
+
+def _param_names(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    return {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params,
+                                   params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)}
+
+
+#: Runtime calls every rank may make on its own: who am I, how many are we.
+_NOT_COLLECTIVE = (
+    "sdp_runtime.torch.size", "sdp_runtime.tensorflow.size", "sdp_runtime.torch.local_rank",
+    "sdp_runtime.tensorflow.local_rank",
+)
 
 
 def kept_off_rank0(
@@ -280,10 +340,9 @@ def kept_off_rank0(
     ranks: BatchNorm's buffers, DDP's reductions); None when it may move onto rank 0."""
     stmt, at = action.node, action.anchor  # type: ignore[attr-defined]
     what = describe(at)
-    shared = enters_collective(fm, stmt)
+    shared = reaches_collective(fm, stmt)
     if shared is None:
         return None
-    return (f"{what} writes on every rank, but the statement also calls "
-            f"{fm.module.code_for_node(shared.func)}(...), which every rank must run "
-            f"together: not moved onto rank 0. Compute the value on every rank first, then "
-            f"write it under `if {fm.sdp}.rank() == 0:`")
+    return (f"{what} writes on every rank, but the statement also calls {shared.words}, which "
+            f"every rank must run together: not moved onto rank 0. Compute the value on every "
+            f"rank first, then write it under `if {fm.sdp}.rank() == 0:`")

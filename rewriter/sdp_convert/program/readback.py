@@ -19,6 +19,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameSource
 
+from .ranks import is_rank_call
 from .scopes import assigned_values, referents
 from .syntax import names_read
 from .writes import (
@@ -154,6 +155,12 @@ def read_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
 def writes_private_temp(fm: FileModel, call: cst.Call, framework: str) -> bool:
     """``call`` writes under a temporary file or directory of this process (never guard it:
     every rank has its own, and the rank's own code reads it back)."""
+    return is_private_temp(fm, _destination(fm, call, framework))
+
+
+def _destination(fm: FileModel, call: cst.Call, framework: str) -> cst.BaseExpression | None:
+    """Where a write goes: its path (or buffer) argument, or the path object a method writes
+    (``(Path(tmp) / "x").write_text(...)``); None when it cannot be told."""
     names = fm.qualified_names(call.func)
     table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {})}
     where = next((table[n] for n in names if table.get(n)), None)
@@ -161,12 +168,83 @@ def writes_private_temp(fm: FileModel, call: cst.Call, framework: str) -> bool:
         where = (0, "file")
     if where is not None:
         arg = argument(call, *where)
-        return arg is not None and is_private_temp(fm, arg.value)
+        return arg.value if arg is not None else None
     positional = [a for a in call.args if a.keyword is None and not a.star]
     if not positional and isinstance(call.func, cst.Attribute):
-        return is_private_temp(fm, call.func.value)  # ``(Path(tmp) / "x").unlink()``
+        return call.func.value  # ``(Path(tmp) / "x").unlink()``
     # shutil.copy(src, dst), os.remove(path), model.save(path): the destination comes last.
-    return bool(positional) and is_private_temp(fm, positional[-1].value)
+    return positional[-1].value if positional else None
+
+
+def private_write(fm: FileModel, call: cst.Call, framework: str) -> str | None:
+    """Why the write ``call`` belongs to this process alone and must stay on every rank (never
+    go under ``if rank == 0:``, nor be reported as a write of one file by every rank), in
+    words; None when it may be a file every rank writes:
+
+    * into an in-memory buffer (``io.BytesIO()``);
+    * under a temporary file or directory of this process (``tempfile.mkdtemp()``,
+      ``TemporaryDirectory()``): its own code reads it back, and rank 0's is not the others';
+    * to a file named after the rank (``f"rank_{rank}_log.txt"``, ``hvd.rank()``, a name
+      holding one) or the process (``os.getpid()``): each rank writes its own;
+    * in a helper module's ``if __name__ == "__main__":`` block (project mode: the module is
+      imported by the training script, so that block never runs in training).
+    """
+    destination = _destination(fm, call, framework)
+    if destination is not None and in_memory(fm, cst.Arg(destination)):
+        return "it writes into an in-memory buffer"
+    if is_private_temp(fm, destination):
+        return "it writes under a temporary directory of this process"
+    if destination is not None and names_the_process(fm, destination):
+        return "its file name is built from the rank, so each rank writes its own file"
+    project = fm.project
+    if project is not None and project.helper and not fm.info.training and (
+        runs_only_as_script(fm, call)
+    ):
+        return "it runs only when this module is run as a script, not when it is imported"
+    return None
+
+
+def names_the_process(fm: FileModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
+    """Whether ``expr`` (a path) is built from the rank or the process id: a rank call, a name
+    holding one (``rank = dist.get_rank()``, through assignments), ``os.getpid()``, ``RANK`` /
+    ``LOCAL_RANK`` read from the environment, ``args.local_rank``."""
+    if depth > 3:
+        return False
+    for node in m.findall(expr, m.Call() | m.Name() | m.Attribute() | m.SimpleString()):
+        if isinstance(node, cst.Call) and (
+            is_rank_call(fm, node) or fm.refers_to(node.func, "os.getpid")
+            or fm.refers_to(node.func, *_LOCAL_RANKS)
+        ):
+            return True
+        if isinstance(node, cst.SimpleString) and node.evaluated_value in _RANK_VARIABLES:
+            return True  # os.environ["RANK"]
+        if isinstance(node, cst.Attribute) and node.attr.value == "local_rank":
+            return True  # args.local_rank (not ``cfg.rank``: a LoRA rank is no process's)
+        if isinstance(node, cst.Name) and any(
+            names_the_process(fm, v, depth + 1) for v in assigned_values(fm, node)
+        ):
+            return True
+    return False
+
+
+#: Who-am-I calls that differ between the processes of one machine.
+_LOCAL_RANKS = ("sdp_runtime.torch.local_rank", "sdp_runtime.tensorflow.local_rank",
+                "horovod.torch.local_rank", "horovod.tensorflow.local_rank",
+                "horovod.tensorflow.keras.local_rank",
+                "smdistributed.dataparallel.torch.distributed.get_local_rank")
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK")
+
+
+def runs_only_as_script(fm: FileModel, node: cst.CSTNode) -> bool:
+    """``node`` is in the module's top-level ``if __name__ == "__main__":`` block: it runs when
+    the module is run as a script, never when another module imports it."""
+    for parent in fm.ancestors(node):
+        if isinstance(parent, cst.If) and fm.parent(parent) is fm.module and m.matches(
+            parent.test, m.Comparison(left=m.Name("__name__"), comparisons=[
+                m.ComparisonTarget(m.Equal(), m.SimpleString())])
+        ):
+            return "__main__" in fm.module.code_for_node(parent.test)
+    return False
 
 
 def is_private_temp(fm: FileModel, expr: cst.BaseExpression | None, depth: int = 0) -> bool:

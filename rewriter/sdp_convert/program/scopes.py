@@ -60,6 +60,36 @@ def _is_store(fm: FileModel, node: cst.CSTNode) -> bool:
     return isinstance(parent, cst.AnnAssign) and parent.target is node
 
 
+def runs_whenever(fm: FileModel, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+    """Whether ``first`` (a statement) has run whenever ``then`` runs: in one scope, ``first``
+    earlier and every block holding ``first`` (an ``if`` branch, a loop or ``try`` body) holding
+    ``then`` too; in another scope (``self.x`` set in ``__init__`` and read in ``fit``, a
+    module-level name read in a function), ``first`` in no block of its own scope (whether that
+    scope has run first is not this question). A name bound at ``first`` is then bound on
+    every path to ``then``; one bound in a branch of an ``if``/``elif`` is not (the bodies of
+    ``with`` and of the scope itself always run, as in ``program.index``)."""
+    index = file_index(fm)
+    blocks = _blocks(fm, first)
+    if index.scope(first) is not index.scope(then):
+        return not blocks
+    return index.is_before(first, then) and blocks == _blocks(fm, then)[: len(blocks)]
+
+
+def _blocks(fm: FileModel, node: cst.CSTNode) -> list[int]:
+    """The blocks around ``node`` inside its scope, outermost first (``program.index``'s)."""
+    found: list[int] = []
+    child = node
+    for parent in fm.ancestors(node):
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            break
+        if isinstance(child, (cst.IndentedBlock, cst.SimpleStatementSuite)) and not isinstance(
+            parent, cst.With
+        ):
+            found.append(id(child))
+        child = parent
+    return found[::-1]
+
+
 def referents(fm: FileModel, name: cst.Name) -> list[Binding]:
     """The bindings an original Name (a read) may refer to, whatever the order."""
     return file_index(fm).referents(name)

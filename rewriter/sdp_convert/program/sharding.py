@@ -15,7 +15,8 @@ steps N times too far. So the rate is scaled only where this module says the tra
 Otherwise ``training_data`` says what was found instead (``DataSharding.kind``): ``"environment"``
 (reinforcement learning: the data comes from a gym environment), ``"input"`` (the optimizer trains
 a tensor, not a model: style transfer optimises an image), ``"full batch"`` (loops over
-``range`` that read the same tensors every step), ``"not found"`` (batches come from somewhere
+``range`` that read the same tensors every step; ``"full batch drawn"`` when each rank draws
+them without a seed), ``"not found"`` (batches come from somewhere
 the converter does not follow) or ``"not sharded"`` (a loader or dataset it cannot split).
 """
 
@@ -36,7 +37,7 @@ from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .project import imported_data
 from .rank_splits import made_for_rank, split_by_rank
-from .scopes import training_loops
+from .scopes import callee, referents, training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, code, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
@@ -185,6 +186,30 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     return None
 
 
+def only_sharded_loaders(fm: FileModel, use: cst.CSTNode) -> bool:
+    """Whether every value the read ``use`` (a loader's name where a loop iterates it) may hold
+    is a DataLoader made in this file that has a DistributedSampler, or gets one in this
+    conversion: then ``<use>.sampler.set_epoch(epoch)`` is right whichever of them it holds
+    (a loader chosen in ``if``/``elif`` branches, each with its own sampler)."""
+    if not isinstance(use, cst.Name):
+        return False
+    bindings = referents(fm, use)
+    if not bindings:
+        return False
+    will = enabled(fm, "shard_dataloader")
+    for binding in bindings:
+        value = binding.value
+        if binding.unpacked or not (isinstance(value, cst.Call) and fm.refers_to(
+            value.func, *LOADERS
+        )):
+            return False
+        if not has_distributed_sampler(fm, value) and (
+            not will or loader_problem(fm, value) is not None
+        ):
+            return False
+    return True
+
+
 def training_loaders(fm: FileModel) -> list[cst.Call]:
     """The DataLoader calls whose loaders a training loop iterates."""
     loaders = fm.calls_to(*LOADERS)
@@ -319,7 +344,7 @@ def input_optimisation(fm: FileModel) -> cst.CSTNode | None:
     if tensor is None or training_loaders(fm):
         return None
     loops = [loop for loop in training_loops(fm) if isinstance(loop, (cst.For, cst.While))]
-    return tensor if loops and _without_source(fm, loops).kind == "full batch" else None
+    return tensor if loops and _without_source(fm, loops).kind.startswith("full batch") else None
 
 
 def _torch(fm: FileModel) -> DataSharding:
@@ -399,8 +424,8 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
             return DataSharding(False, "not found", loop)
         if m.findall(loop.body, m.Call(func=m.Name("next"))):
             return DataSharding(False, "not found", loop)
-        if any(_makes_random(fm, call) for call in m.findall(loop.body, m.Call())):
-            return DataSharding(False, "not found", loop)  # synthetic data, drawn every step
+        if _draws(fm, loop.body, 0):  # synthetic data or random batches, drawn every step
+            return DataSharding(False, "not found", loop)
         target = loop.target if isinstance(loop, cst.For) else None
         names = {n.value for n in m.findall(target, m.Name())} if target is not None else set()
         for sub in m.findall(loop.body, m.Subscript()):
@@ -408,18 +433,88 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
             read = {n.value for s in sub.slice for n in m.findall(s, m.Name())}
             if read & names:
                 return DataSharding(False, "not found", loop)  # batches sliced by hand
+    drawn = _drawn_per_rank(fm, loops[0])
+    if drawn is not None:
+        return DataSharding(False, "full batch drawn", drawn)
     return DataSharding(False, "full batch", loops[0])
 
 
+def full_batch_note(fm: FileModel, data: DataSharding) -> str:
+    """The manual note for full-batch training (``DataSharding.kind`` ``"full batch"`` or
+    ``"full batch drawn"``): every rank computes the same gradient only where every rank has
+    the same tensors; tensors each rank draws without a seed differ from rank to rank."""
+    split = (f"split the data (e.g. indices[{fm.sdp}.rank()::{fm.sdp}.size()]) and scale the "
+             "learning rate yourself, or run it on one process")
+    if data.kind == "full batch drawn":
+        return ("full-batch training (the same tensors every step) on tensors each rank draws "
+                f"for itself ({code(data.node).strip()}, no seed): data parallelism does not "
+                "speed this up as written, and the ranks train on different data than one "
+                f"process would. Seed the draw (the same seed on every rank), then {split}")
+    return ("full-batch training (the same tensors every step): data parallelism does not "
+            f"speed this up as written; every rank computes the same gradient. "
+            f"{split[0].upper()}{split[1:]}")
+
+
+def _draws(fm: FileModel, node: cst.CSTNode, depth: int) -> bool:
+    """Whether running ``node`` draws random numbers (``torch.randint``, ``np.random.choice``,
+    ``random.sample``, ...), there or in the functions of this file it calls (3 deep): batches
+    drawn anew every step, different on each rank unless seeded alike."""
+    for call in m.findall(node, m.Call()):
+        assert isinstance(call, cst.Call)
+        if _makes_random(fm, call):
+            return True
+        function = callee(fm, call) if depth < 3 else None
+        if function is not None and _draws(fm, function.body, depth + 1):
+            return True
+    return False
+
+
+def _drawn_per_rank(fm: FileModel, loop: cst.For | cst.While) -> cst.Call | None:
+    """The unseeded random draw (``torch.randn(64, 4)``) that made a tensor the loop reads, when
+    nothing in the file seeds the generators: each rank draws different tensors."""
+    if any(fm.calls_to(*_SEEDS)):
+        return None
+    for name in m.findall(loop.body, m.Name()):
+        assert isinstance(name, cst.Name)
+        for value in assigned_or_unpacked(fm, name):
+            for call in m.findall(value, m.Call()):
+                assert isinstance(call, cst.Call)
+                if _makes_random(fm, call):
+                    return call
+    return None
+
+
+def assigned_or_unpacked(fm: FileModel, name: cst.Name) -> list[cst.BaseExpression]:
+    """The values a read may hold: ``x = value``, or the element of ``x, y = (a, b)``."""
+    found = []
+    for binding in referents(fm, name):
+        value = binding.value
+        if binding.kind != "assign" or value is None:
+            continue
+        if not binding.unpacked:
+            found.append(value)
+        elif isinstance(value, cst.Tuple):
+            found += [e.value for e in value.elements]
+    return found
+
+
 def _makes_random(fm: FileModel, call: cst.CSTNode) -> bool:
-    """``torch.randn(...)``, ``np.random.rand(...)``, ``tf.random.normal(...)``: new data."""
+    """``torch.randn(...)``, ``np.random.rand(...)``, ``tf.random.normal(...)``,
+    ``torch.randperm(...)``, ``random.sample(...)``: new random numbers."""
     assert isinstance(call, cst.Call)
     return any(
-        ".random." in q or q.split(".")[-1] in _RANDOM for q in fm.qualified_names(call.func)
+        ".random." in q or q.startswith("random.") or q.split(".")[-1] in _RANDOM
+        for q in fm.qualified_names(call.func)
     )
 
 
-_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "normal", "uniform"})
+_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "normal", "uniform",
+                     "randperm", "multinomial", "bernoulli"})
+#: Calls that seed the random generators (the same draw on every rank when seeded alike).
+_SEEDS = ("torch.manual_seed", "torch.random.manual_seed", "numpy.random.seed", "random.seed",
+          "tensorflow.random.set_seed", "keras.utils.set_random_seed",
+          "tensorflow.keras.utils.set_random_seed", "numpy.random.default_rng",
+          "numpy.random.RandomState", "torch.Generator")
 
 
 def _counts(fm: FileModel, loop: cst.For) -> bool:

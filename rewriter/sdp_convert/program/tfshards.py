@@ -264,7 +264,10 @@ class _Planner:
         self.plan = TfShardPlan()
 
     def note(self, node: cst.CSTNode, message: str) -> None:
-        self.plan.reports.append((node, message, True))
+        """A manual note, once: the same data (``load_data()`` read by two loops) is noted where
+        it is first trained on, not again at each loop."""
+        if not any(manual and said == message for _, said, manual in self.plan.reports):
+            self.plan.reports.append((node, message, True))
 
     def source(self, trace: DatasetTrace) -> str | None:
         """How the source of ``trace`` is sharded, planning its shard the first time."""

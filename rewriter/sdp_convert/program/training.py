@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from .index import FileIndex, Scope, file_index
+from .index import FileIndex, Scope, file_index, nodes_of
 from .scopes import callers
 from .syntax import target_names
 
@@ -61,7 +61,8 @@ class TrainingFacts:
     sites: list[StepSite] = field(default_factory=list)
     #: applies found in no training loop (Keras ``train_step`` overrides, or unusual code)
     loopless: list[cst.Call] = field(default_factory=list)
-    #: classes whose ``train_step`` applies gradients of a tape (Keras fit drives them)
+    #: classes whose ``train_step`` applies gradients of a tape (Keras fit drives them), with
+    #: that ``train_step`` (their own, or one they inherit from a class of the file)
     train_step_classes: dict[str, cst.FunctionDef] = field(default_factory=dict)
     #: every such ``train_step`` (a class redefined under the same name keeps each of its own)
     train_step_methods: list[cst.FunctionDef] = field(default_factory=list)
@@ -86,6 +87,7 @@ def training_facts(fm: FileModel) -> TrainingFacts:
             if isinstance(owner, cst.ClassDef):
                 facts.train_step_classes[owner.name.value] = scope
                 facts.train_step_methods.append(scope)
+    _inherited(fm, facts.train_step_classes)
     for apply in sorted(facts.applies, key=lambda n: index.order.get(id(n), 0)):
         sites = _step_sites(fm, index, apply, apply, [])
         if sites:
@@ -94,6 +96,24 @@ def training_facts(fm: FileModel) -> TrainingFacts:
             facts.loopless.append(apply)
     fm.facts.training = facts
     return facts
+
+
+def _inherited(fm: FileModel, classes: dict[str, cst.FunctionDef]) -> None:
+    """Add the classes of the file that inherit such a ``train_step`` (``class Model(Base)``,
+    ``Base.train_step`` averaging its tape's gradients), not overriding it: fit drives it for
+    their instances too."""
+    found = True
+    while found:
+        found = False
+        for cls in nodes_of(fm, cst.ClassDef):
+            name = cls.name.value
+            own = any(isinstance(s, cst.FunctionDef) and s.name.value == "train_step"
+                      for s in getattr(cls.body, "body", ()))
+            base = next((classes[b.value.value] for b in cls.bases if isinstance(b.value, cst.Name)
+                         and b.value.value in classes), None)
+            if name not in classes and not own and base is not None:
+                classes[name] = base
+                found = True
 
 
 def _tape(fm: FileModel, index: FileIndex, call: cst.Call) -> Tape | None:

@@ -161,6 +161,22 @@ def in_memory(fm: FileModel, arg: cst.Arg | None) -> bool:
     )
 
 
+def noop_twin(call: cst.Call, names: set[str]) -> cst.Call | None:
+    """``tf.summary.create_noop_writer()`` for ``tf.summary.create_file_writer(...)`` (``names``:
+    the call's qualified names): what the other ranks get instead of a writer."""
+    twin = next((NOOP_TWINS[n] for n in names if n in NOOP_TWINS), None)
+    if twin is None or not isinstance(call.func, cst.Attribute):
+        return None
+    return cst.Call(func=call.func.with_changes(attr=cst.Name(twin)))
+
+
+def module_function_call(fm: FileModel, call: cst.Call) -> bool:
+    """``x.save()`` where ``x.save`` resolves to a function of an imported module (``np.save``,
+    ``torch.save``), not a method of an object: the write tables decide about those."""
+    roots = {i.split(".")[0] for i in fm.info.imports}
+    return any(n.split(".")[0] in roots for n in fm.qualified_names(call.func))
+
+
 def argument(call: cst.Call, position: int, keyword: str) -> cst.Arg | None:
     positional = [a for a in call.args if a.keyword is None and not a.star]
     if position < len(positional):

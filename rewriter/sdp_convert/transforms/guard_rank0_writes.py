@@ -31,7 +31,10 @@ methods, ``save`` of a PIL image or a tokenizer) and ``FRAMEWORK_WRITES`` (e.g. 
 functions of other modules that write (``utils.save_checkpoint(...)``: guarded at the call, the
 helper's module stays as it is for its other callers). Reads, ``print``, logging
 and ``os.makedirs`` stay on every rank (``allow_existing_dirs`` makes the latter race-free).
-Saves into an ``io.BytesIO`` are not file writes and stay too.
+Writes private to each process stay too (``program.readback.private_write``: an ``io.BytesIO``,
+a ``tempfile`` directory of its own, a file named after the rank or ``os.getpid()``). A write
+whose statement runs a wrapped model or a collective, also through helpers
+(``torch.save(predict(model, loader), p)``), stays on every rank with a note: rank 0 would wait.
 
 Deletions (``program.deletions``: ``shutil.rmtree``, ``os.remove``, ``tf.io.gfile.rmtree``,
 ``Path.unlink``, ...) run on rank 0 with the file-system test or loop around them, then every rank
@@ -75,8 +78,14 @@ from ..program.deletions import (
 )
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
 from ..program.project import repairs_of
-from ..program.ranks import kept_off_rank0, only_called_on_rank0, rank0_only, runs_collectives
-from ..program.readback import writes_private_temp
+from ..program.ranks import (
+    kept_off_rank0,
+    only_called_on_rank0,
+    rank0_only,
+    reaches_collective,
+    runs_collectives,
+)
+from ..program.readback import private_write
 from ..program.scopes import (
     Binding,
     assigned_binding,
@@ -92,12 +101,12 @@ from ..program.writes import (
     FRAMEWORK_WRITES,
     HANDLES,
     METHOD_WRITES,
-    NOOP_TWINS,
     OPENERS,
     STREAM_WRITES,
     WRITES,
     argument,
-    in_memory,
+    module_function_call,
+    noop_twin,
     object_saves,
     open_mode,
 )
@@ -141,7 +150,8 @@ class GuardRank0Writes(Transform):
             candidates += [c for c in self.method_calls(method) if c.args]
         candidates += object_saves(self.fm) + self.calls_to(*DELETIONS) + path_deletions(self.fm)
         for method in FRAMEWORK_METHOD_WRITES.get(framework, ()):
-            candidates += [c for c in self.method_calls(method) if not self._is_known_call(c)]
+            calls = self.method_calls(method)
+            candidates += [c for c in calls if not module_function_call(self.fm, c)]
         # The whole-program contract's ``guard_write``: a write on every rank in a module that
         # trains nothing itself, or the call of a helper of another module that writes.
         asked = [node for _, node in repairs_of(self.fm, "guard_write")
@@ -156,19 +166,6 @@ class GuardRank0Writes(Transform):
                 seen.add(id(call))
                 self._write(call)
         self._apply()
-
-    def _noop_twin(self, call: cst.Call, names: set[str]) -> cst.Call | None:
-        """``tf.summary.create_noop_writer()`` for ``tf.summary.create_file_writer(...)``."""
-        twin = next((NOOP_TWINS[n] for n in names if n in NOOP_TWINS), None)
-        if twin is None or not isinstance(call.func, cst.Attribute):
-            return None
-        return cst.Call(func=call.func.with_changes(attr=cst.Name(twin)))
-
-    def _is_known_call(self, call: cst.Call) -> bool:
-        """``x.save()`` where ``x.save`` resolves to a known module's function (``np.save``,
-        ``torch.save``): the tables above decide about those."""
-        roots = {i.split(".")[0] for i in self.state.info.imports}
-        return any(n.split(".")[0] in roots for n in self.qualified_names(call.func))
 
     # -- deciding -------------------------------------------------------------------------------
 
@@ -193,19 +190,16 @@ class GuardRank0Writes(Transform):
         stream = next((n for n in names if n in STREAM_WRITES), None)
         if stream is not None and argument(call, *STREAM_WRITES[stream]) is None:
             return  # returns a string
-        destination = next((self._writes[n] for n in names if self._writes.get(n)), None)
-        if destination is not None and in_memory(self.fm, argument(call, *destination)):
-            return
+        if private_write(self.fm, call, self.state.info.framework or ""):
+            return  # a buffer, a temporary directory, a file of each rank's own
         if rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call):
             return
-        if writes_private_temp(self.fm, call, self.state.info.framework or ""):
-            return  # a tempfile.mkdtemp()/TemporaryDirectory() of this process: every rank's own
         is_handle = opener is not None or any(n in self._handles for n in names)
         parent = self.parent(call)
         if is_handle and isinstance(parent, cst.WithItem) and parent.item is call:
             self._with(parent, what)
             return
-        noop = self._noop_twin(call, names)
+        noop = noop_twin(call, names)
         if noop is not None and isinstance(parent, (cst.Assign, cst.AnnAssign)):
             # A writer with a do-nothing twin: the other ranks get the twin, every use stays.
             self._else[parent] = noop
@@ -291,6 +285,11 @@ class GuardRank0Writes(Transform):
         self._followed, self._problems = set(), []
         if binding is not None:
             self._guard_uses(binding, 0)
+        # A use that also runs a collective (``writer.add_scalar(.., evaluate(model))``) stays
+        # on every rank, where the handle is None: the whole handle stays as it was.
+        self._problems += [f"`{self._describe(a.node)}` also calls {c.words}, which every rank "
+                           "must run together" for a in self._actions[mark:] if a.kind == "guard"
+                           and (c := reaches_collective(self.fm, a.node)) is not None]
         if not self._problems:
             return
         for action in self._actions[mark:]:

@@ -18,7 +18,11 @@ from the environment, ``args.distributed``/``args.local_rank``, an import of
 the same weights; adding sdp_runtime on top would do it twice. Such a file is left byte for byte
 as it is (a second ``init`` would fail: "trying to initialize the default process group twice"),
 but the report says why nothing happened, so that an unchanged file is never mistaken
-for one the converter did not understand. (Horovod and SMDDP scripts are migrated instead, by
+for one the converter did not understand. Where that distribution sits behind a flag that is
+off by default (``if args.local_rank != -1:`` with ``--local_rank`` defaulting to -1, a
+``store_true`` ``--distributed``, ``hparams.distributed_run=False``), the note names the flag
+and the launch that turns it on (``program.launch``): "as before" would be one process.
+(Horovod and SMDDP scripts are migrated instead, by
 ``migrate_horovod`` and ``migrate_smddp``.) A program that is parallel another way,
 ``torch.multiprocessing`` workers sharing one model (``share_memory()``, Hogwild), is left alone
 the same way: data parallelism over it would be a second, conflicting parallelism.
@@ -35,6 +39,7 @@ import libcst as cst
 
 from ..analysis import FileInfo, Visitor
 from ..base import Transform
+from ..program.launch import distribution_switch
 
 #: What each library is called in the note, by the calls and the imports that show it.
 _CALLS = {
@@ -87,9 +92,18 @@ class NoteAlreadyDistributed(Transform):
             found.append((info.reason, info.distributed_at or module))
         found.sort(key=lambda item: item[0] != info.reason)
         labels = list(dict.fromkeys(label for label, _ in found)) or [info.reason]
+        switch = next((s for _, node in found if (s := distribution_switch(self.fm, node))),
+                      None)
+        if switch is None:
+            self.record(found[0][1] if found else module, f"left unchanged: already distributed "
+                        f"with {' + '.join(labels)}; launch it as before")
+            return
+        # Its distribution is off by default: "as before" is one process.
         self.record(
-            found[0][1] if found else module,
-            f"left unchanged: already distributed with {' + '.join(labels)}; launch it as before",
+            found[0][1],
+            f"left unchanged: already distributed with {' + '.join(labels)}, but only when "
+            f"`{switch.test}` ({switch.flag} is {switch.default} by default: started as usual, "
+            f"it runs on one process); to run it on N processes, launch it with {switch.launch}",
         )
 
 

@@ -77,6 +77,8 @@ UNSHARDED = {
     "environment": "the data comes from an environment, not a dataset the workers can split",
     "input": "it optimises an input tensor, not a model: not data-parallel as written",
     "full batch": "full-batch training, every worker sees the same data",
+    "full batch drawn": "full-batch training on tensors each worker draws for itself, not "
+    "parts of one dataset",
     "not found": "no sharded training data was found",
 }
 

@@ -82,6 +82,8 @@ UNSHARDED = {
     "input": "it optimises an input tensor, not a model's parameters: not data-parallel as "
     "written",
     "full batch": "full-batch training, every rank sees the same data",
+    "full batch drawn": "full-batch training on tensors each rank draws for itself, not "
+    "parts of one dataset",
     "not found": "no sharded training data was found",
 }
 #: Calls whose result is the world size (a learning rate mentioning one is already scaled).

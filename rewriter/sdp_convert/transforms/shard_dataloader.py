@@ -47,8 +47,10 @@ Decisions:
 * ``set_epoch(epoch)`` goes first in the nearest ``for <name> in range(...)`` around the training
   loop, or around the call that leads to it: ``train_sampler.set_epoch(epoch)`` where the sampler
   is visible, ``loader.sampler.set_epoch(epoch)`` on a parameter every caller fills with this
-  loader, right after the sampler when the loader is made inside the epoch loop. None when the
-  loader never shuffles; a manual note when no such loop is found.
+  loader, or on a loader made in one branch of an ``if``/``elif`` (its sampler is not bound on
+  the other paths; every loader the loop may read gets one), right after the sampler when the
+  loader is made inside the epoch loop. None when the loader never shuffles; a manual note when
+  no such loop is found.
 * Manual notes: a training loader with its own ``sampler``/``batch_sampler``, over an
   ``IterableDataset`` (streams), with ``*args``, or whose ``shuffle`` cannot be seen; and a
   training script whose loop reads no DataLoader at all (batches sliced by hand).
@@ -80,21 +82,20 @@ from ..program.scopes import (
     Binding,
     arguments_for,
     assigned_binding,
+    runs_whenever,
     training_loops,
 )
 from ..program.sharding import (
+    full_batch_note,
     has_distributed_sampler,
     loader_args,
     loader_problem,
+    only_sharded_loaders,
     plain_sampler,
     training_data,
     unfollowed_loaders,
 )
-from ..program.syntax import (
-    append_arg,
-    fix_last_comma,
-    is_simple_reference,
-)
+from ..program.syntax import append_arg, fix_last_comma, is_simple_reference
 
 
 @dataclass
@@ -125,6 +126,7 @@ class ShardDataLoader(Transform):
         self._strip_leading: set[cst.CSTNode] = set()
         self._taken: dict[cst.CSTNode, set[str]] = {}
         self._splits: set[cst.Call] = set()
+        self._epochs: set[tuple[int, str]] = set()  # (loop, receiver) of set_epoch calls planned
         loaders = self.calls_to(*LOADERS)
         self._training_loops = training_loops(self.fm) if loaders else set()
         handled = False
@@ -148,15 +150,8 @@ class ShardDataLoader(Transform):
                     "as written, every rank would compute the same thing; run it on one process",
                     manual=True,
                 )
-            elif data.kind == "full batch":
-                self.record(
-                    data.node or backward[0],
-                    "full-batch training (the same tensors every step): data parallelism does "
-                    "not speed this up as written; every rank computes the same gradient. Split "
-                    f"the data (e.g. indices[{self.sdp}.rank()::{self.sdp}.size()]) and scale the "
-                    "learning rate yourself, or run it on one process",
-                    manual=True,
-                )
+            elif data.kind.startswith("full batch"):
+                self.record(data.node or backward[0], full_batch_note(self.fm, data), manual=True)
             else:
                 self.record(backward[0], unfollowed_loaders(self.fm, loaders), manual=True)
 
@@ -364,6 +359,7 @@ class ShardDataLoader(Transform):
             )
         if (
             _may_shuffle(shuffle) and not epochs and not self.method_calls("set_epoch")
+            and (id(stmt), "") not in self._epochs
             and feed is None  # the importer's epoch loop calls it
             and repair is None  # so does the loop this loader feeds (``known_loader``)
         ):
@@ -419,14 +415,19 @@ class ShardDataLoader(Transform):
     ) -> list[tuple[cst.For | None, cst.BaseStatement]]:
         """``(epoch loop, set_epoch statement)``; loop None: right after the sampler is made."""
         found: list[tuple[cst.For | None, cst.BaseStatement]] = []
-        keys: set[tuple[int, str]] = set()
         for site in sites:
             where = epoch_loop(self.fm, site)
             if where is None:
                 continue
             loop, holder = where
+            inside = any(a is loop for a in self.ancestors(stmt))
             if holder is None or (own is not None and holder.same_as(own)):
                 receiver = plan.sampler
+                if not inside and not runs_whenever(self.fm, stmt, loop):
+                    # Made in one branch only: the sampler of the loader the loop reads.
+                    if holder is None or not only_sharded_loaders(self.fm, site.use):
+                        continue
+                    receiver = f"{holder.code}.sampler"
             elif not holder.unpacked and isinstance(holder.value, (cst.Dict, cst.List, cst.Tuple)):
                 # Picked out of a literal: ``loaders["train"].sampler``.
                 picked = [use for _, use, b in (*site.trail, (None, site.use, site.binding))
@@ -440,15 +441,17 @@ class ShardDataLoader(Transform):
                 continue  # a parameter other callers fill with other loaders
             target = loop.target
             assert isinstance(target, cst.Name)
-            inside = any(a is loop for a in self.ancestors(stmt))
             if inside:
                 receiver = plan.sampler  # the loader is made anew each epoch, right here
             key = (id(loop), receiver)
-            if key in keys or sets_epoch(self.fm, loop, receiver):
+            if key in self._epochs:  # planned already, for this loader or another one
+                self._epochs.add((id(stmt), ""))
                 continue
-            if not inside and not isinstance(loop.body, cst.IndentedBlock):
+            if sets_epoch(self.fm, loop, receiver) or (
+                not inside and not isinstance(loop.body, cst.IndentedBlock)
+            ):
                 continue
-            keys.add(key)
+            self._epochs.add(key)
             set_epoch = cst.parse_statement(f"{receiver}.set_epoch({target.value})\n")
             found.append((None if inside else loop, set_epoch))
         return found

@@ -22,9 +22,10 @@ After (with ``scale_keras_learning_rate`` and ``add_runtime_init``)::
 Why, step by step:
 
 * ``DistributedOptimizer`` averages the gradients across workers before Keras applies them. Not done
-  when the model's class overrides ``train_step`` with a tape that ``wrap_gradient_tape`` wrapped:
-  the gradients would be averaged twice. A string optimizer (``"adam"``) or none (Keras' default
-  ``"rmsprop"``) becomes the optimizer object first, in the Keras namespace the file uses.
+  when the model's class overrides ``train_step`` (or inherits one from a class of the file) with
+  a tape that ``wrap_gradient_tape`` wrapped: the gradients would be averaged twice. A string
+  optimizer (``"adam"``) or none (Keras' default ``"rmsprop"``) becomes the optimizer object
+  first, in the Keras namespace the file uses.
 * ``BroadcastGlobalVariablesCallback(0)`` gives every worker rank 0's weights and optimizer state
   after the first batch (when Keras 3 has built them); ``MetricAverageCallback`` averages the epoch
   metrics so that ``EarlyStopping``, ``ReduceLROnPlateau`` and checkpoints decide the same on every
@@ -128,7 +129,7 @@ class WrapKerasFit(Transform):
             arg = compile_optimizer_arg(call)
             if arg is not None and mentions(self.fm, arg.value, f"{keras}.DistributedOptimizer"):
                 continue
-            owner = self._train_step_owner(index, call, set(facts.train_step_classes))
+            owner = self._train_step_owner(index, call, facts.train_step_classes)
             if owner is not None:
                 if self.state.info.origin == "sdp":
                     continue  # said when the file was converted; nothing new to report
@@ -149,7 +150,7 @@ class WrapKerasFit(Transform):
     # -- compile ----------------------------------------------------------------------------------
 
     def _train_step_owner(
-        self, index: FileIndex, call: cst.Call, classes: set[str]
+        self, index: FileIndex, call: cst.Call, classes: dict[str, cst.FunctionDef]
     ) -> str | None:
         """The class with a wrapped ``train_step`` that the compiled model is an instance of."""
         if not classes:
@@ -168,15 +169,15 @@ class WrapKerasFit(Transform):
                     return owner.name.value
         if keras_own_train_step(self.fm, index, receiver, call):
             return None  # keras.Sequential, a functional keras.Model: Keras' own train_step
-        if len(classes) == 1:  # a model built elsewhere (a factory): the file's only such class
+        steps = {id(f): f for f in classes.values()}
+        if len(steps) == 1:  # a model built elsewhere (a factory): the file's only such step
             if self.state.info.origin == "sdp":
                 return None
-            self.record(
-                call,
-                f"{next(iter(classes))}.train_step averages its gradients already: if this model "
-                f"is one, do not also wrap its optimizer in {self.sdp}.keras.DistributedOptimizer",
-                manual=True,
-            )
+            owner = index.parent_scope.get(id(next(iter(steps.values()))))
+            assert isinstance(owner, cst.ClassDef)  # a train_step of training_facts' classes
+            self.record(call, f"{owner.name.value}.train_step averages its gradients already: if "
+                        "this model is one, do not also wrap its optimizer in "
+                        f"{self.sdp}.keras.DistributedOptimizer", manual=True)
         return None
 
     def _compile(self, original: cst.Call, updated: cst.Call) -> cst.Call:

@@ -1,0 +1,201 @@
+"""How a script that distributes itself is switched on: the flag in front of its own
+distribution, that flag's default, and the launch that sets it.
+
+Many such scripts run on one process as they are usually started: ``if args.local_rank != -1:
+init_process_group(...)`` with ``--local_rank`` defaulting to -1, ``if args.distributed:`` with
+a ``--distributed`` that is ``store_true``, ``if hparams.distributed_run:`` with
+``distributed_run=False`` in the hyper-parameters. "Launch it as before" then means one
+process; ``distribution_switch`` finds such a flag, so that the note can say which flag and
+which launch command start the script's own distribution.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import libcst.matchers as m
+
+from .scopes import callers
+from .syntax import arg_named, code
+
+if TYPE_CHECKING:
+    from .model import FileModel
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A flag whose default leaves the script's own distribution off."""
+
+    #: The flag as the script reads it (``args.local_rank``, ``hparams.distributed_run``).
+    flag: str
+    #: The test it is read in (``args.local_rank != -1``).
+    test: str
+    #: Its default, as code (``-1``, ``False``).
+    default: str
+    #: The command-line spellings of its option (``--local_rank``), when it is one.
+    options: tuple[str, ...] = ()
+    #: The rank ``init_process_group`` is given by the script (``rank=rank``), when it is not
+    #: the launcher's (torchrun's environment): its own launcher starts it.
+    own_rank: str | None = None
+
+    @property
+    def launch(self) -> str:
+        """The launch that turns the distribution on, in words."""
+        if self.own_rank is not None:
+            return (f"one process per GPU, each given its rank (init_process_group(rank="
+                    f"{self.own_rank})), with {self.flag} set, as its own launcher does")
+        if self.flag.rsplit(".", 1)[-1] == "local_rank" and self.options:
+            command = "`python -m torch.distributed.launch --nproc_per_node=N SCRIPT.py ...`"
+            if "--local-rank" in self.options:
+                return f"{command} (it passes each process its --local-rank)"
+            return (f"{command} (it passes each process --local-rank since PyTorch 2.0: add "
+                    f"that spelling to the parser's {' / '.join(self.options)})")
+        if self.options:
+            option = self.options[0]
+            value = "" if self.default in ("False", "None") else " VALUE"
+            return f"`torchrun --nproc_per_node=N SCRIPT.py {option}{value} ...`"
+        return f"`torchrun --nproc_per_node=N SCRIPT.py ...` with {self.flag} set"
+
+
+def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
+    """The flag in front of ``node`` (the call that distributes the script: its
+    ``init_process_group``, its ``DistributedDataParallel``, its own set-up function) whose
+    default leaves it off: the test of an ``if`` around it (or around a call of the function it
+    is in) that is false with the flag's default. None when no such test is found, or the
+    default cannot be read (a value set at run time: ``args.distributed = world_size > 1``)."""
+    for test in _tests_around(fm, node):
+        for flag in {code(n) for n in m.findall(test, m.Attribute(value=m.Name()))}:
+            default, options = _default(fm, flag.rsplit(".", 1)[-1])
+            if default is None:
+                continue
+            if _evaluate(code(test), flag, default) is False:
+                return Switch(flag, code(test), repr(default), options, _own_rank(fm))
+    return None
+
+
+def _own_rank(fm: FileModel) -> str | None:
+    """The ``rank=`` the script gives ``init_process_group`` itself (not read from the
+    environment a launcher such as torchrun sets)."""
+    for call in fm.calls_to("torch.distributed.init_process_group"):
+        rank = arg_named(call, "rank", 4)
+        if rank is not None and "environ" not in code(rank.value) and "RANK" not in code(
+            rank.value
+        ):
+            return code(rank.value)
+    return None
+
+
+def _tests_around(fm: FileModel, node: cst.CSTNode, depth: int = 0) -> list[cst.BaseExpression]:
+    """The tests of the ``if``s whose body holds ``node``, innermost first, then those around
+    the calls of its function (2 calls up)."""
+    tests: list[cst.BaseExpression] = []
+    child = node
+    for parent in fm.ancestors(node):
+        if isinstance(parent, cst.If) and child in (parent.body, parent.test):
+            tests.append(parent.test)  # (a read of the flag itself shows the distribution)
+        if isinstance(parent, cst.FunctionDef):
+            if depth < 2:
+                for call in callers(fm, parent):
+                    tests += _tests_around(fm, call, depth + 1)
+            break
+        child = parent
+    return tests
+
+
+def _default(fm: FileModel, name: str) -> tuple[object, tuple[str, ...]]:
+    """The default of the flag ``name``: an ``add_argument`` whose destination it is
+    (``default=``, or the ``store_true``/``store_false`` action's), or else the one literal the
+    file gives it (``HParams(distributed_run=False)``, ``{"distributed_run": False}``,
+    ``distributed_run = False``). ``(None, ())`` when there is none, or several."""
+    for call in fm.method_calls("add_argument"):
+        options = tuple(a.value.evaluated_value for a in call.args if a.keyword is None
+                        and isinstance(a.value, cst.SimpleString)
+                        and isinstance(a.value.evaluated_value, str))
+        dest = arg_named(call, "dest")
+        longs = [o for o in options if o.startswith("--")]
+        spelled = (_literal(dest.value) if dest is not None else
+                   longs[0].lstrip("-").replace("-", "_") if longs else None)
+        if spelled != name:
+            continue
+        default, action = arg_named(call, "default"), arg_named(call, "action")
+        if default is not None:
+            return _literal(default.value), options
+        kind = _literal(action.value) if action is not None else None
+        return {"store_true": False, "store_false": True}.get(str(kind)), options
+    values = []
+    for kw in m.findall(fm.module, m.Arg(keyword=m.Name(name))):
+        assert isinstance(kw, cst.Arg)
+        values.append(_literal(kw.value))
+    for element in m.findall(fm.module, m.DictElement(key=m.SimpleString())):
+        assert isinstance(element, cst.DictElement)
+        if _literal(element.key) == name:
+            values.append(_literal(element.value))
+    for assign in m.findall(fm.module, m.Assign(targets=[m.AssignTarget(
+            m.Name(name) | m.Attribute(attr=m.Name(name)))])):
+        assert isinstance(assign, cst.Assign)
+        values.append(_literal(assign.value))
+    found = {repr(v) for v in values}
+    return (values[0], ()) if len(found) == 1 and values[0] is not None else (None, ())
+
+
+_UNREAD = object()
+
+
+def _literal(expr: cst.BaseExpression) -> object:
+    """The value of a literal (``-1``, ``False``, ``"x"``); None for anything else."""
+    with contextlib.suppress(ValueError, SyntaxError):
+        return ast.literal_eval(code(expr))
+    return None
+
+
+def _evaluate(test: str, flag: str, value: object) -> bool | None:
+    """The truth of ``test`` with ``flag`` holding ``value``; None when it reads anything else
+    or is not made of comparisons, ``and``/``or``/``not`` and literals."""
+
+    def value_of(node: ast.expr) -> object:
+        if ast.unparse(node) == flag:
+            return value
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.Not):
+            inner = value_of(node.operand)
+            if inner is _UNREAD:
+                return _UNREAD
+            return -inner if isinstance(node.op, ast.USub) else not inner  # type: ignore
+        if isinstance(node, ast.BoolOp):
+            values = [value_of(v) for v in node.values]
+            if _UNREAD in values:
+                return _UNREAD
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            left, right = value_of(node.left), value_of(node.comparators[0])
+            if _UNREAD in (left, right):
+                return _UNREAD
+            op = node.ops[0]
+            with contextlib.suppress(TypeError):
+                return {ast.Eq: left == right, ast.NotEq: left != right,
+                        ast.Is: left is right, ast.IsNot: left is not right}.get(
+                    type(op), _compare(op, left, right))
+        return _UNREAD
+
+    try:
+        result = value_of(ast.parse(test, mode="eval").body)
+    except SyntaxError:
+        return None
+    return None if result is _UNREAD else bool(result)
+
+
+def _compare(op: ast.cmpop, left: object, right: object) -> object:
+    if isinstance(op, ast.Lt):
+        return left < right  # type: ignore[operator]
+    if isinstance(op, ast.LtE):
+        return left <= right  # type: ignore[operator]
+    if isinstance(op, ast.Gt):
+        return left > right  # type: ignore[operator]
+    if isinstance(op, ast.GtE):
+        return left >= right  # type: ignore[operator]
+    return _UNREAD
