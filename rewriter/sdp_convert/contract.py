@@ -42,7 +42,7 @@ import libcst as cst
 from .changes import Change
 from .program.project import Repair, repair_code
 from .program.ranks import local_rank0_only, rank0_only
-from .program.readback import writes_private_temp
+from .program.readback import private_write
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
 from .program.vocab import (
     CACHED_DOWNLOADS,
@@ -1300,8 +1300,8 @@ def _is_self_call(func: cst.Attribute) -> bool:
 def _per_process(module: Module, call: cst.Call, framework: str) -> bool:
     """A write private to its process: under its own temporary directory, or to a path built
     from the rank (each rank its own file)."""
-    if writes_private_temp(module.fm, call, framework):
-        return True
+    if private_write(module.fm, call, framework) is not None:
+        return True  # the one answer the conversion gives too (``guard_rank0_writes``)
     return _per_rank(module, call)
 
 

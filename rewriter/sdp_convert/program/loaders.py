@@ -169,3 +169,4 @@ def sets_epoch(fm: FileModel, loop: cst.For, receiver: str) -> bool:
         ):
             return True
     return False
+

@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
-from .index import Scope, file_index, nodes_of
-from .models import MODULE_API, PARAMETER_METHODS
+from .index import Binding, Scope, file_index, nodes_of
+from .models import (
+    DATA_PARALLEL,
+    MODULE_API,
+    PARAMETER_METHODS,
+    SETUP_METHODS,
+    freezes,
+    is_wrapper,
+)
 from .scopes import callee, training_calls
 
 if TYPE_CHECKING:
@@ -225,3 +232,55 @@ def training_starts(
         stmt = level(node)
         if stmt is not None and order(stmt) > start:
             yield order(stmt)
+
+
+def wrap_anchor(fm: FileModel, first: cst.BaseStatement, same: list[Binding],
+                uses: list[cst.CSTNode]) -> cst.BaseStatement:
+    """The statement a model's DDP wrap goes after: the last that makes, moves, freezes or sets
+    up its weights (``first``: the statement that creates it; ``same``: every binding of its
+    name; ``uses``: its reads), before its training may begin (``model_setup.training_starts``)."""
+    index = file_index(fm)
+    bodies = {id(p) for p in fm.ancestors(first) if isinstance(p, (cst.Module, cst.IndentedBlock))}
+
+    def level(node: cst.CSTNode) -> cst.BaseStatement | None:
+        child = node
+        for parent in fm.ancestors(node):
+            if id(parent) in bodies and isinstance(child, cst.BaseStatement):
+                if isinstance(child, (cst.FunctionDef, cst.ClassDef)):
+                    return None  # defining a function runs nothing
+                return child
+            child = parent
+        return None
+
+    def order(node: cst.CSTNode) -> int:
+        return index.order.get(id(node), -1)
+
+    start = order(first)
+    later = [
+        order(stmt) for b in same
+        if b.value is not None and not is_wrapper(fm, b.value)
+        and (stmt := level(b.stmt)) is not None and order(stmt) > start
+    ]
+    end = min([*later, *training_starts(fm, uses, level, order, start)], default=1 << 62)
+    setup: list[cst.BaseStatement] = [first]
+    for b in same:  # ``model = nn.DataParallel(model)`` and the like, where they stand
+        if b.value is not None and is_wrapper(fm, b.value, DATA_PARALLEL):
+            setup.extend(filter(None, [level(b.stmt)]))
+    for use in uses:
+        parent = fm.parent(use)
+        call = fm.parent(parent) if parent is not None else None
+        if (
+            isinstance(parent, cst.Attribute) and parent.value is use
+            and parent.attr.value in SETUP_METHODS
+            and isinstance(call, cst.Call) and call.func is parent
+        ) or (isinstance(call, cst.Call) and isinstance(parent, cst.Arg)
+              and sets_weights(fm, call)):  # ``initialize_weights(model)``
+            setup.extend(filter(None, [level(call)]))
+        else:
+            stmt = level(use)
+            if stmt is not None and start < order(stmt) < end and (
+                freezes(stmt) or (isinstance(use, cst.Name) and gets_module(fm, use))
+            ):  # ``model.fc = nn.Linear(...)``: DDP must see the new head's parameters
+                setup.append(stmt)
+    candidates = [s for s in setup if start <= order(s) < end]
+    return max(candidates, key=order) if candidates else first

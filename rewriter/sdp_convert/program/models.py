@@ -468,3 +468,4 @@ def unused_parameters_reason(discarding: cst.Call | None, no_grad: cst.Call | No
         return (f" with find_unused_parameters=True: its forward runs {code(no_grad.func)} under "
                 "torch.no_grad(), so those parameters get no gradient")
     return ""
+

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ..modules import Project, module_name  # noqa: F401 - re-exported (its users import them here)
-from .flow import Site, epoch_loop, follow, holds_only, unpacked_target
+from .flow import Site, epoch_loop, follow, holds_only, range_loop_around, unpacked_target
 from .loaders import sets_epoch
-from .scopes import assigned_binding, binding_of, training_loops, uses
+from .scopes import arguments_for, assigned_binding, binding_of, training_loops, uses
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -435,3 +435,73 @@ def _node_lines(fm: FileModel, nodes: list[cst.CSTNode]) -> list[int]:
 
     where = node_positions(fm.module, {id(n) for n in nodes})
     return [where.get(id(n), (1, 0))[0] for n in nodes]
+
+
+@dataclass
+class KnownLoader:
+    """A loop of this file that reads a loader another module builds and splits (``Repair``
+    ``known_loader``), and where its sampler's ``set_epoch`` goes."""
+
+    loop: cst.For | cst.CompFor
+    #: Where the loader is built (``data.py:30``), for the report.
+    built_at: str
+    #: The code of the sampler (``self.loader.sampler``) at ``epochs`` (or at the loop).
+    receiver: str
+    #: The ``for epoch in range(...)`` loop that takes the ``set_epoch``; None where none is
+    #: found (in the loop's function, or around a call of it in this file).
+    epochs: cst.For | None
+
+
+_ITERATED = ("builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "builtins.iter")
+
+
+def known_loaders(fm: FileModel) -> list[KnownLoader]:
+    """The loops of this file the whole-program model found reading a loader split in another
+    module whose sampler shuffles (one without: the same order every epoch is what the script
+    asked for, and nothing is to be done but to say nothing); every such loop counts, for the
+    "no DataLoader feeding this loop" question, in ``has_known_loaders``."""
+    found = []
+    for repair, loop in repairs_of(fm, "known_loader"):
+        if not isinstance(loop, (cst.For, cst.CompFor)) or not repair.shuffle:
+            continue
+        iterable = loop.iter
+        while isinstance(iterable, cst.Call) and iterable.args and fm.refers_to(
+            iterable.func, *_ITERATED
+        ):
+            iterable = iterable.args[0].value
+        where = _epoch_loop(fm, loop, iterable)
+        receiver = f"{fm.code(where[1] if where else iterable).strip()}.sampler"
+        found.append(KnownLoader(loop, repair.detail, receiver, where[0] if where else None))
+    return found
+
+
+def has_known_loaders(fm: FileModel) -> bool:
+    return any(isinstance(loop, (cst.For, cst.CompFor))
+               for _, loop in repairs_of(fm, "known_loader"))
+
+
+def _epoch_loop(fm: FileModel, loop: cst.CSTNode, iterable: cst.BaseExpression
+                ) -> tuple[cst.For, cst.BaseExpression] | None:
+    """The ``for epoch in range(...)`` around ``loop`` and the expression holding the loader
+    there: in the same function, or, where ``iterable`` is a parameter of the loop's function,
+    around a call of it in this file (the argument it passes)."""
+
+    def usable(epochs: cst.For | None) -> bool:
+        return epochs is not None and isinstance(epochs.target, cst.Name) and isinstance(
+            epochs.body, cst.IndentedBlock)
+
+    epochs = range_loop_around(fm, loop)
+    if usable(epochs):
+        assert epochs is not None
+        return epochs, iterable
+    function = fm.enclosing_function(loop)
+    if function is None or not isinstance(iterable, cst.Name) or not any(
+        p.name.value == iterable.value for p in function.params.params
+    ):
+        return None
+    for value, call in arguments_for(fm, function, iterable.value):
+        epochs = range_loop_around(fm, call)
+        if usable(epochs):
+            assert epochs is not None
+            return epochs, value
+    return None

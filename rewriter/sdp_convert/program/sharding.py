@@ -29,15 +29,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from .builders import runs_right_before
-from .flow import loader_sites
-from .index import file_index, reaching_values
+from .flow import Site, epoch_loop, holds_only, loader_sites
+from .index import Binding, file_index, reaching_values
 from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
 from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .project import imported_data
 from .rank_splits import made_for_rank, split_by_rank
-from .scopes import callee, referents, training_loops
+from .scopes import callee, referents, runs_whenever, training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, code, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
@@ -531,3 +531,59 @@ def _counts(fm: FileModel, loop: cst.For) -> bool:
         fm.refers_to(it.func, "builtins.range")
         or any(q.endswith(".trange") for q in fm.qualified_names(it.func))
     )
+
+
+def set_epoch_site(
+    fm: FileModel, site: Site, own: Binding | None, sampler: str, stmt: cst.CSTNode,
+    flow: set[int],
+) -> tuple[cst.For, str, bool] | None:
+    """Where ``<loader>.sampler.set_epoch(epoch)`` goes for a loader built at ``stmt`` (bound to
+    ``own``, its new sampler named ``sampler``) and iterated at ``site``: ``(epoch loop, the
+    code of the sampler there, made inside that loop)``; None where it cannot be said (a
+    parameter other callers fill with other loaders, a loader picked out of something else)."""
+    where = epoch_loop(fm, site)
+    if where is None:
+        return None
+    loop, holder = where
+    inside = any(a is loop for a in fm.ancestors(stmt))
+    if inside:
+        return loop, sampler, True  # the loader is made anew each epoch, right here
+    if holder is None or (own is not None and holder.same_as(own)):
+        if runs_whenever(fm, stmt, loop):
+            return loop, sampler, False
+        # Made in one branch only: the sampler of the loader the loop reads.
+        if holder is None or not only_sharded_loaders(fm, site.use):
+            return None
+        return loop, f"{holder.code}.sampler", False
+    if not holder.unpacked and isinstance(holder.value, (cst.Dict, cst.List, cst.Tuple)):
+        # Picked out of a literal: ``loaders["train"].sampler``.
+        picked = [use for _, use, b in (*site.trail, (None, site.use, site.binding))
+                  if b is holder and isinstance(use, cst.Subscript)]
+        return (loop, f"{fm.code(picked[0]).strip()}.sampler", False) if picked else None
+    if holds_only(fm, holder, flow):
+        return loop, f"{holder.code}.sampler", False
+    return None  # a parameter other callers fill with other loaders
+
+
+def no_loader_note(fm: FileModel, backward: cst.CSTNode, loaders: list[cst.Call]
+                   ) -> tuple[cst.CSTNode, str]:
+    """Where and what to say of a file that trains (``backward`` is its first backward pass)
+    and shards no DataLoader: reinforcement learning, an optimised input, full-batch
+    training, or loaders the flow could not follow (``unfollowed_loaders``)."""
+    data = training_data(fm)
+    node = data.node or backward
+    sdp = fm.sdp
+    if data.kind == "environment":
+        return node, (
+            "reinforcement learning (data from an environment): data parallelism does not speed "
+            "this up as written, every rank collects the same episodes; seed each rank's "
+            f"environment differently (env.reset(seed=seed + {sdp}.rank())) so that they "
+            "collect different ones, and scale the learning rate yourself if you average them")
+    if data.kind == "input":
+        return node, (
+            f"the optimizer trains {fm.code(data.node).strip()}, an input, not a model's "  # type: ignore[arg-type]
+            "parameters (as style transfer does): not data-parallel as written, every rank "
+            "would compute the same thing; run it on one process")
+    if data.kind.startswith("full batch"):
+        return node, full_batch_note(fm, data)
+    return backward, unfollowed_loaders(fm, loaders)

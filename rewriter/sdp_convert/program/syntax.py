@@ -367,3 +367,25 @@ def counts_up(body: cst.CSTNode, counter: str) -> bool:
             ),
         )
     )
+
+
+def assigned_target(fm: FileModel, value: cst.CSTNode) -> cst.BaseExpression | None:
+    """The target ``value`` is assigned to: ``model`` of ``model = Net()``, ``netD`` of
+    ``netG, netD = Generator(), Discriminator()``; None for anything else."""
+    parent = fm.parent(value)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return parent.targets[0].target
+    if not isinstance(parent, cst.Element):
+        return None
+    values = fm.parent(parent)
+    assign = fm.parent(values) if values is not None else None
+    if not (isinstance(values, cst.Tuple) and isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1 and assign.value is values):
+        return None
+    targets = assign.targets[0].target
+    if not isinstance(targets, (cst.Tuple, cst.List)) or len(targets.elements) != len(
+        values.elements
+    ):
+        return None
+    position = next(i for i, e in enumerate(values.elements) if e is parent)
+    return targets.elements[position].value

@@ -229,3 +229,24 @@ def _makes_saving_object(fm: FileModel, value: cst.BaseExpression) -> bool:
         return False
     names = fm.qualified_names(value.func)
     return any(n.startswith(p) or n == p for n in names for p in SAVING_OBJECTS)
+
+
+def describe_write(fm: FileModel, node: cst.CSTNode) -> str:
+    """How the report names a write: ``torch.save(...)``, ``open(..., "w")``, or the first line
+    of a statement."""
+    if isinstance(node, cst.Call):
+        func = fm.code(node.func)
+        if fm.refers_to(node.func, *OPENERS):
+            mode = argument(node, 1, "mode")
+            if mode is not None:
+                return f"{func}(..., {fm.code(mode.value)})"
+        return f"{func}(...)"
+    return fm.code(node).strip().splitlines()[0]
+
+
+def use_message(fm: FileModel, stmt: cst.CSTNode, holder: str) -> str:
+    """The report's line for a use of a rank-0-only handle ``holder`` guarded at ``stmt``."""
+    head = fm.code(stmt).strip().splitlines()[0]
+    if len(head) > 60:
+        head = head[:57] + "..."
+    return f"{head} runs on rank 0 only ({holder} exists there only)"

@@ -63,6 +63,7 @@ framework-neutral.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
@@ -105,10 +106,12 @@ from ..program.writes import (
     STREAM_WRITES,
     WRITES,
     argument,
+    describe_write,
     module_function_call,
     noop_twin,
     object_saves,
     open_mode,
+    use_message,
 )
 
 
@@ -126,11 +129,11 @@ class _Action:
 class GuardRank0Writes(Transform):
     DESCRIPTION = "Write files (checkpoints, logs, TensorBoard) on rank 0 only."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
-    #: Project mode: a module that trains nothing itself but writes on every rank of a program
-    #: that trains (the whole-program contract's ``guard_write``).
+    #: Project mode: a module that trains nothing, writing on every rank (contract's repair).
     PROJECT_ROLES = frozenset({"repair:guard_write"})
 
     def prepare(self, module: cst.Module) -> None:
+        self._describe = partial(describe_write, self.fm)
         self._actions: list[_Action] = []
         self._else: dict[cst.CSTNode, cst.BaseExpression] = {}  # ifexp assignment -> its else
         self._by_node: dict[cst.CSTNode, _Action] = {}
@@ -331,7 +334,7 @@ class GuardRank0Writes(Transform):
                 stmt = self.parent(parent)
                 assert isinstance(stmt, cst.With)
                 if not runs_collectives(self.fm, stmt.body):
-                    self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
+                    self._add("guard", stmt, stmt, use, use_message(self.fm, stmt, binding.code))
                     continue
             stmt = self.enclosing_statement(use)
             small = (
@@ -361,16 +364,10 @@ class GuardRank0Writes(Transform):
                 and isinstance(small, cst.Expr)
                 and why_not_guardable(self.fm, use, stmt) is None
             ):
-                self._add("guard", stmt, stmt, use, self._use_message(stmt, binding))
+                self._add("guard", stmt, stmt, use, use_message(self.fm, stmt, binding.code))
                 continue
             code = self.module.code_for_node(stmt or use).strip().splitlines()[0]
             self._problems.append(f"`{code}`")
-
-    def _use_message(self, stmt: cst.CSTNode, binding: Binding) -> str:
-        head = self.module.code_for_node(stmt).strip().splitlines()[0]
-        if len(head) > 60:
-            head = head[:57] + "..."
-        return f"{head} runs on rank 0 only ({binding.code} exists there only)"
 
     def _add(
         self, kind: str, node: cst.CSTNode, anchor: cst.CSTNode, at: cst.CSTNode, message: str
@@ -447,14 +444,5 @@ class GuardRank0Writes(Transform):
 
     # -- questions ------------------------------------------------------------------------------
 
-    def _describe(self, node: cst.CSTNode) -> str:
-        if isinstance(node, cst.Call):
-            func = self.module.code_for_node(node.func)
-            if self.refers_to(node.func, *OPENERS):
-                mode = argument(node, 1, "mode")
-                if mode is not None:
-                    return f"{func}(..., {self.module.code_for_node(mode.value)})"
-            return f"{func}(...)"
-        return self.module.code_for_node(node).strip().splitlines()[0]
 
 

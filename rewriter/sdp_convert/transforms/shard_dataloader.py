@@ -69,31 +69,30 @@ import libcst as cst
 from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.datasets import SEEDED_SPLIT, new_unseeded_split, seeded_split
-from ..program.flow import Site, epoch_loop, holds_only, loader_sites, range_loop_around
-from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
+from ..program.flow import Site, loader_sites
+from ..program.loaders import (
+    LOADERS,
+    kwargs_literal,
+    loader_base_name,
+    sets_epoch,
+)
 from ..program.project import (
+    has_known_loaders,
     imported_loaders,
+    known_loaders,
     repairs_of,
     returned_feed,
     single_process_fallback,
 )
 from ..program.rank_splits import split_by_rank
-from ..program.scopes import (
-    Binding,
-    arguments_for,
-    assigned_binding,
-    runs_whenever,
-    training_loops,
-)
+from ..program.scopes import Binding, assigned_binding, training_loops
 from ..program.sharding import (
-    full_batch_note,
     has_distributed_sampler,
     loader_args,
     loader_problem,
-    only_sharded_loaders,
+    no_loader_note,
     plain_sampler,
-    training_data,
-    unfollowed_loaders,
+    set_epoch_site,
 )
 from ..program.syntax import append_arg, fix_last_comma, is_simple_reference
 
@@ -139,21 +138,7 @@ class ShardDataLoader(Transform):
         handled = bool(repairs_of(self.fm, "known_data")) or handled
         backward = self.method_calls("backward")
         if not handled and backward:
-            data = training_data(self.fm)
-            if data.kind == "environment":
-                self._environment(data.node or backward[0])
-            elif data.kind == "input":
-                self.record(
-                    data.node or backward[0],
-                    f"the optimizer trains {self.module.code_for_node(data.node).strip()}, an "
-                    "input, not a model's parameters (as style transfer does): not data-parallel "
-                    "as written, every rank would compute the same thing; run it on one process",
-                    manual=True,
-                )
-            elif data.kind.startswith("full batch"):
-                self.record(data.node or backward[0], full_batch_note(self.fm, data), manual=True)
-            else:
-                self.record(backward[0], unfollowed_loaders(self.fm, loaders), manual=True)
+            self.record(*no_loader_note(self.fm, backward[0], loaders), manual=True)
 
     def _imported(self) -> bool:
         """Loaders built (and sharded) in another module of the project: ``set_epoch`` in this
@@ -172,33 +157,19 @@ class ShardDataLoader(Transform):
         return imported.feeds
 
     def _known_loaders(self) -> bool:
-        """Loops of this file that read a loader another module builds and splits (the
-        whole-program model followed it there: ``Repair`` ``known_loader``): its sampler's
-        ``set_epoch`` at the start of each epoch (when it shuffles), and no "no DataLoader"
-        note."""
-        found = False
-        for repair, loop in repairs_of(self.fm, "known_loader"):
-            if not isinstance(loop, (cst.For, cst.CompFor)):
-                continue
-            found = True
-            if not repair.shuffle:
-                continue  # the same order every epoch is what the script asked for
-            iterable = loop.iter
-            while isinstance(iterable, cst.Call) and iterable.args and self.refers_to(
-                iterable.func, "builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "builtins.iter"
-            ):
-                iterable = iterable.args[0].value
-            where = self._epoch_loop(loop, iterable)
-            if where is None:
+        """Loops of this file that read a loader another module builds and splits
+        (``program.project.known_loaders``): its sampler's ``set_epoch`` at the start of each
+        epoch (when it shuffles), and no "no DataLoader" note."""
+        for known in known_loaders(self.fm):
+            if known.epochs is None:
                 if self.method_calls("set_epoch") or self._epochs_set:
                     continue  # an epoch loop of a caller sets it (this run, or the script)
-                receiver = f"{self.module.code_for_node(iterable).strip()}.sampler"
-                self.record(loop, f"call {receiver}.set_epoch(epoch) at the start of every epoch "
-                            f"(its DistributedSampler is added where the loader is built, "
-                            f"{repair.detail}; found no `for epoch in range(...)` loop to put it "
-                            "in), or every epoch sees the same order", manual=True)
+                self.record(known.loop, f"call {known.receiver}.set_epoch(epoch) at the start "
+                            "of every epoch (its DistributedSampler is added where the loader "
+                            f"is built, {known.built_at}; found no `for epoch in range(...)` "
+                            "loop to put it in), or every epoch sees the same order", manual=True)
                 continue
-            epochs, receiver = where
+            epochs, receiver = known.epochs, known.receiver
             if sets_epoch(self.fm, epochs, receiver) or (id(epochs), receiver) in self._epochs_set:
                 continue
             assert isinstance(epochs.target, cst.Name) and isinstance(
@@ -206,44 +177,9 @@ class ShardDataLoader(Transform):
             set_epoch = f"{receiver}.set_epoch({epochs.target.value})"
             self.insert_before(epochs.body.body[0], cst.parse_statement(set_epoch + "\n"))
             self.record(epochs, f"call {set_epoch} at the start of each epoch (its "
-                        f"DistributedSampler is added where the loader is built, {repair.detail})")
-        return found
-
-    def _epoch_loop(self, loop: cst.For | cst.CompFor, iterable: cst.BaseExpression
-                    ) -> tuple[cst.For, str] | None:
-        """The ``for epoch in range(...)`` around ``loop`` and the code of the loader's sampler
-        there: in the same function, or, where ``iterable`` is a parameter of the loop's
-        function, around a call of it in this file (the argument it passes)."""
-
-        def usable(epochs: cst.For | None) -> bool:
-            return epochs is not None and isinstance(epochs.target, cst.Name) and isinstance(
-                epochs.body, cst.IndentedBlock)
-
-        epochs = range_loop_around(self.fm, loop)
-        if usable(epochs):
-            assert epochs is not None
-            return epochs, f"{self.module.code_for_node(iterable).strip()}.sampler"
-        function = self.enclosing_function(loop)
-        if function is None or not isinstance(iterable, cst.Name) or not any(
-            p.name.value == iterable.value for p in function.params.params
-        ):
-            return None
-        for value, call in arguments_for(self.fm, function, iterable.value):
-            epochs = range_loop_around(self.fm, call)
-            if usable(epochs):
-                assert epochs is not None
-                return epochs, f"{self.module.code_for_node(value).strip()}.sampler"
-        return None
-
-    def _environment(self, node: cst.CSTNode) -> None:
-        self.record(
-            node,
-            "reinforcement learning (data from an environment): data parallelism does not speed "
-            "this up as written, every rank collects the same episodes; seed each rank's "
-            f"environment differently (env.reset(seed=seed + {self.sdp}.rank())) so that they "
-            "collect different ones, and scale the learning rate yourself if you average them",
-            manual=True,
-        )
+                        f"DistributedSampler is added where the loader is built, "
+                        f"{known.built_at})")
+        return has_known_loaders(self.fm)
 
     # -- one loader -----------------------------------------------------------------------------
 
@@ -416,33 +352,12 @@ class ShardDataLoader(Transform):
         """``(epoch loop, set_epoch statement)``; loop None: right after the sampler is made."""
         found: list[tuple[cst.For | None, cst.BaseStatement]] = []
         for site in sites:
-            where = epoch_loop(self.fm, site)
+            where = set_epoch_site(self.fm, site, own, plan.sampler, stmt, flow)
             if where is None:
                 continue
-            loop, holder = where
-            inside = any(a is loop for a in self.ancestors(stmt))
-            if holder is None or (own is not None and holder.same_as(own)):
-                receiver = plan.sampler
-                if not inside and not runs_whenever(self.fm, stmt, loop):
-                    # Made in one branch only: the sampler of the loader the loop reads.
-                    if holder is None or not only_sharded_loaders(self.fm, site.use):
-                        continue
-                    receiver = f"{holder.code}.sampler"
-            elif not holder.unpacked and isinstance(holder.value, (cst.Dict, cst.List, cst.Tuple)):
-                # Picked out of a literal: ``loaders["train"].sampler``.
-                picked = [use for _, use, b in (*site.trail, (None, site.use, site.binding))
-                          if b is holder and isinstance(use, cst.Subscript)]
-                if not picked:
-                    continue
-                receiver = f"{self.module.code_for_node(picked[0])}.sampler"
-            elif holds_only(self.fm, holder, flow):
-                receiver = f"{holder.code}.sampler"
-            else:
-                continue  # a parameter other callers fill with other loaders
+            loop, receiver, inside = where
             target = loop.target
             assert isinstance(target, cst.Name)
-            if inside:
-                receiver = plan.sampler  # the loader is made anew each epoch, right here
             key = (id(loop), receiver)
             if key in self._epochs:  # planned already, for this loader or another one
                 self._epochs.add((id(stmt), ""))

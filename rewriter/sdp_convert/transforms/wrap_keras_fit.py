@@ -98,8 +98,7 @@ class WrapKerasFit(Transform):
         "Keras fit: DistributedOptimizer, broadcast/metric callbacks, rank-0 callbacks and output."
     )
     FRAMEWORKS = frozenset({"tensorflow"})
-    #: Project mode: a compile in a module that trains nothing itself, whose model another
-    #: module fits (the whole-program contract's ``distributed_compile``): its optimizer alone.
+    #: Project mode: a compile of a module that trains nothing, its model fit by another.
     PROJECT_ROLES = frozenset({"repair:distributed_compile"})
 
     def prepare(self, module: cst.Module) -> None:
@@ -119,12 +118,12 @@ class WrapKerasFit(Transform):
             return
         index = file_index(self.fm)
         facts = training_facts(self.fm)
-        asked = [node for _, node in repairs_of(self.fm, "distributed_compile")]
+        asked = {id(n) for _, n in repairs_of(self.fm, "distributed_compile")}
         only_asked = not self.state.info.training
         for call in self.method_calls("compile"):
             if not is_keras_compile(self.fm, call):
                 continue
-            if only_asked and not any(a is call for a in asked):
+            if only_asked and id(call) not in asked:
                 continue
             arg = compile_optimizer_arg(call)
             if arg is not None and mentions(self.fm, arg.value, f"{keras}.DistributedOptimizer"):
@@ -222,8 +221,9 @@ class WrapKerasFit(Transform):
 
     def _fit(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         kwargs = double_star(original)
-        if kwargs is not None:
-            self._hidden_arguments(original, kwargs)
+        if kwargs is not None and (todo := hidden_fit_arguments(original, self.sdp)):
+            self.record(kwargs, f"fit(**{code(kwargs.value)}): the converter cannot see what it "
+                        "holds: " + "; ".join(todo), manual=True)
         updated = self._callbacks(original, updated)
         updated = self._verbose(original, updated)
         steps = fit_arg(updated, "steps_per_epoch")
@@ -267,13 +267,6 @@ class WrapKerasFit(Transform):
                 f"the same number of steps (batch_size is per worker){split}",
             )
         return updated
-
-    def _hidden_arguments(self, original: cst.Call, kwargs: cst.Arg) -> None:
-        """``fit(x, y, **fit_kwargs)``: what the dict may hold is left to a person."""
-        todo = hidden_fit_arguments(original, self.sdp)
-        if todo:
-            self.record(kwargs, f"fit(**{code(kwargs.value)}): the converter cannot see what it "
-                        "holds: " + "; ".join(todo), manual=True)
 
     def _callbacks(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         arg = fit_arg(original, "callbacks")
@@ -401,8 +394,7 @@ class WrapKerasFit(Transform):
     def _in_rank0_branch(self, node: cst.CSTNode) -> bool:
         parent = self.parent(node)
         return isinstance(parent, cst.IfExp) and parent.body is node and is_rank0_test(
-            self.fm, parent.test
-        )
+            self.fm, parent.test)
 
     def _split(self, original: cst.List, updated: cst.List) -> cst.BaseExpression:
         index = file_index(self.fm)

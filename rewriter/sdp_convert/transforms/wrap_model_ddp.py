@@ -62,23 +62,18 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.index import Binding, FileIndex, file_index
-from ..program.model import FileModel
 from ..program.model_setup import (
     broadcast_already,
-    gets_module,
     not_trained,
-    sets_weights,
-    training_starts,
+    wrap_anchor,
 )
 from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
     DDP,
-    SETUP_METHODS,
     arguments,
     branch_join,
     discarded_outputs,
-    freezes,
     is_plain_object,
     is_wrapper,
     model_bindings,
@@ -97,31 +92,9 @@ from ..program.models import (
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.project import repairs_of
 from ..program.scopes import uses as reads_of
-from ..program.syntax import arg_named, code
+from ..program.syntax import arg_named, assigned_target, code
 
 Scope = cst.FunctionDef | cst.ClassDef | None
-
-
-def _assigned_to(fm: FileModel, value: cst.CSTNode) -> cst.BaseExpression | None:
-    """The target ``value`` is assigned to: ``model`` of ``model = Net()``, ``netD`` of
-    ``netG, netD = Generator(), Discriminator()``; None for anything else."""
-    parent = fm.parent(value)
-    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
-        return parent.targets[0].target
-    if not isinstance(parent, cst.Element):
-        return None
-    values = fm.parent(parent)
-    assign = fm.parent(values) if values is not None else None
-    if not (isinstance(values, cst.Tuple) and isinstance(assign, cst.Assign)
-            and len(assign.targets) == 1 and assign.value is values):
-        return None
-    targets = assign.targets[0].target
-    if not isinstance(targets, (cst.Tuple, cst.List)) or len(targets.elements) != len(
-        values.elements
-    ):
-        return None
-    position = next(i for i, e in enumerate(values.elements) if e is parent)
-    return targets.elements[position].value
 
 
 @dataclass(eq=False)
@@ -213,7 +186,7 @@ class WrapModelDdp(Transform):
         (``program.project.Repair``): each becomes a model to wrap, as if an optimizer of this
         file trained it."""
         for repair, node in repairs_of(self.fm, "wrap_model"):
-            target = _assigned_to(self.fm, node)
+            target = assigned_target(self.fm, node)
             if isinstance(target, (cst.Name, cst.Attribute)) and self._add(target, node):
                 continue
             self.record(
@@ -359,54 +332,11 @@ class WrapModelDdp(Transform):
         if first is None:
             return
         first = self._join(model, same, first)
-        bodies = {
-            id(p) for p in self.ancestors(first) if isinstance(p, (cst.Module, cst.IndentedBlock))
-        }
-
-        def level(node: cst.CSTNode) -> cst.BaseStatement | None:
-            child = node
-            for parent in self.ancestors(node):
-                if id(parent) in bodies and isinstance(child, cst.BaseStatement):
-                    if isinstance(child, (cst.FunctionDef, cst.ClassDef)):
-                        return None  # defining a function runs nothing
-                    return child
-                child = parent
-            return None
+        uses = self._uses(model)
+        anchor = wrap_anchor(self.fm, first, same, uses)
 
         def order(node: cst.CSTNode) -> int:
             return self.index.order.get(id(node), -1)
-
-        start = order(first)
-        later = [
-            order(stmt) for b in same
-            if b.value is not None and not is_wrapper(self.fm, b.value)
-            and (stmt := level(b.stmt)) is not None and order(stmt) > start
-        ]
-        uses = self._uses(model)
-        end = min([*later, *training_starts(self.fm, uses, level, order, start)], default=1 << 62)
-
-        setup: list[cst.BaseStatement] = [first]
-        for b in same:  # ``model = nn.DataParallel(model)`` and the like, where they stand
-            if b.value is not None and is_wrapper(self.fm, b.value, DATA_PARALLEL):
-                setup.extend(filter(None, [level(b.stmt)]))
-        for use in uses:
-            parent = self.parent(use)
-            call = self.parent(parent) if parent is not None else None
-            if (
-                isinstance(parent, cst.Attribute) and parent.value is use
-                and parent.attr.value in SETUP_METHODS
-                and isinstance(call, cst.Call) and call.func is parent
-            ) or (isinstance(call, cst.Call) and isinstance(parent, cst.Arg)
-                  and sets_weights(self.fm, call)):  # ``initialize_weights(model)``
-                setup.extend(filter(None, [level(call)]))
-            else:
-                stmt = level(use)
-                if stmt is not None and start < order(stmt) < end and (
-                    freezes(stmt) or (isinstance(use, cst.Name) and gets_module(self.fm, use))
-                ):  # ``model.fc = nn.Linear(...)``: DDP must see the new head's parameters
-                    setup.append(stmt)
-        candidates = [s for s in setup if start <= order(s) < end]
-        anchor = max(candidates, key=order) if candidates else first
 
         self.add_runtime_import()
         if frozen is not None:  # no DDP (no gradient), but every rank runs rank 0's weights
