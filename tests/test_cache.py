@@ -99,26 +99,27 @@ def test_a_warm_run_does_not_load_the_converter(tmp_path):
 
 
 def test_a_warm_run_reads_no_file_again_for_the_whole_program_check(tmp_path):
-    """The contract's view of each file is remembered too: a warm run gives the same report
-    (its contract findings included) without reading a file with ``ast`` again."""
+    """The contract's answers for a run are remembered too (keyed on every text it reads): a
+    warm run gives the same report (its contract findings included) without checking the program
+    again; an edit to any file of it makes the check run again."""
     src = tree(tmp_path / "src")
     args = ["--check", "--report", "-", "--report-format", "json", str(src)]
     cold = sdp(*args)
     assert b'"contract"' in cold.stdout  # the entry point's parts are in the report
     probe = (
-        "import json, sys\nimport sdp_convert.contract as c\n"
-        "def read_again(*a, **k):\n    raise AssertionError('read again')\n"
-        "c.read_module = read_again\n"
+        "import json, sys\nimport sdp_convert.runner as r\n"
+        "def checked_again(*a, **k):\n    raise AssertionError('checked again')\n"
+        "r._check_program = checked_again\n"
         "from sdp_convert.cli import main\n"
         f"sys.exit(main({args!r}))\n"
     )
     warm = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120)
-    assert b"whole-program check failed" not in warm.stderr, warm.stderr
+    assert b"whole-program check could not run" not in warm.stderr, warm.stderr
     assert seen(warm) == seen(cold)
-    # An edit is read again, and only that file.
+    # An edit is read again.
     write(src / "unsharded.py", UNSHARDED + "\n# edited\n")
     again = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120)
-    assert b"whole-program check failed (AssertionError: read again)" in again.stderr
+    assert b"whole-program check could not run (AssertionError: checked again)" in again.stderr
 
 
 def test_an_edit_between_runs_is_seen(tmp_path):
@@ -187,8 +188,8 @@ def test_concurrent_parallel_runs_share_the_cache_safely(tmp_path):
         results.append((proc.returncode, out, err))
     assert results == [expected, expected]
     assert len(entries()) == 36
-    # and the whole-program check's view of each file that may train (all 36 import torch)
-    assert len(stored()) == 36 + 36
+    # and the whole-program check's answers for the run (one entry: the run's texts are its key)
+    assert len(stored()) == 36 + 1
     assert not [p for p in stored() if p.name.startswith(".")], "temporary files left"
     assert seen(sdp("--check", "--diff", "-j", "2", str(src))) == expected
 
@@ -240,6 +241,9 @@ def test_a_converted_file_is_answered_from_the_cache(tmp_path, first):
         assert script.read_text() == TRAIN
         assert sdp("-q", str(script)).returncode == 0
     assert "sdp_runtime" in script.read_text()
+    # The converted file is a new text: the whole-program check of it runs once (and is
+    # remembered), then nothing loads the converter.
+    assert _check_in_process(str(script))[0] == "0"
     assert _check_in_process(str(script)) == ("0", False)
     args = ("--diff", "--report", "-", "--report-format", "json", str(script))
     assert seen(sdp("--check", *args)) == seen(sdp("--check", "--no-cache", *args))

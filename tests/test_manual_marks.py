@@ -43,15 +43,17 @@ def test_manual_notes_are_reported_by_every_later_run(tmp_path):
     quiet = sdp("-q", "--check", "--allow-manual-markers", str(script))
     assert quiet.stderr.count(b"(manual)") == 2, "-q hides changes, never manual items"
 
-    # The person deletes the comments: nothing is left to fail on. Without splitting the
-    # data, though: the whole-program check still says so (it runs every time, is never
-    # written into the file, and does not fail --check).
+    # The person deletes the comments without splitting the data: the whole-program check,
+    # which runs every time and is never written into the file, still says so, and --check
+    # still fails (issue 38: a hook that passes while work is left is a gap).
     script.write_bytes(b"".join(ln + b"\n" for ln in lines if NOTE not in ln))
     (tmp_path / "pyproject.toml").unlink()
     done = sdp("--check", str(script))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     assert b"[manual_marker]" not in done.stderr
     assert done.stderr.count(b"[contract] (manual)") == 1 and b"[data]" in done.stderr
+    assert b"a program's contract does not hold" in done.stderr
+    assert sdp("--check", "--allow-manual-markers", str(script)).returncode == 0
     assert NOTE not in script.read_bytes()
 
 

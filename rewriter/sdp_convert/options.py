@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # program.project imports libcst: not at run time, here
-    from .program.project import ModuleFacts
+    from .program.facts import ModuleFacts
 
 __all__ = ["LrScaling", "Options"]
 

@@ -37,7 +37,7 @@ from .report import FileOutcome
 from .siblings import ProjectFiles, hogwild_imports, project_digest, read_project, resolver
 
 if TYPE_CHECKING:
-    from .program.project import Repair
+    from .program.facts import Repair
 
 _T = TypeVar("_T")
 
@@ -529,7 +529,7 @@ def _check_and_repair(
     this run (``contract.Finding.repair``), convert that file again with the repair
     (``ModuleFacts.repairs``) and check again, until nothing is left to repair (at most
     ``REPAIR_ROUNDS`` times). The outcomes of the last check stand."""
-    from .program.project import ModuleFacts
+    from .program.facts import ModuleFacts
 
     resolve = resolver()
     by_path = {resolve(job.src): i for i, job in enumerate(jobs)}
@@ -602,13 +602,17 @@ def check_contract(outcomes: Sequence[FileOutcome], project: ProjectFiles,
     texts: dict[Path, bytes] = {}
     lines_of: dict[Path, list[tuple[int, int]]] = {}
     outcome_of: dict[Path, FileOutcome] = {}
+    failed: set[Path] = set()
     for path, display in written.items():
         o = by_display.get(display)
         if o is not None and o.output is not None and o.status in ("converted", "unchanged"):
             outcome_of[path] = o
             texts[path] = o.output
+        elif o is not None and o.status == "failed":
+            failed.add(path)  # said already (one line); its program is not checked through it
     for path, data in contents.items():
-        texts.setdefault(path, data)
+        if path not in failed:
+            texts.setdefault(path, data)
     for o in outcomes:  # notebooks are not project modules: each is a program of its own
         if o.path.endswith(".ipynb") and o.output is not None and o.status != "failed":
             from .notebook import notebook_program  # the engine with it: notebooks only
@@ -702,7 +706,7 @@ class _Checked:
                     for e, j, h, notes, repairs in raw])
 
     def repairs(self) -> list[Repair]:
-        from .program.project import Repair
+        from .program.facts import Repair
 
         found: list[Repair] = []
         for *_, repairs in self.entries:

@@ -30,7 +30,7 @@ from ..analysis import Detector, FileInfo, canonical_name, detect
 from .index import FileIndex, index_module
 
 if TYPE_CHECKING:
-    from .project import ModuleFacts
+    from .facts import ModuleFacts
     from .sharding import DataSharding
     from .training import TrainingFacts
 
