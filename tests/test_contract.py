@@ -226,7 +226,6 @@ GOLDEN_FINDINGS = {
     "horovod/torch_elastic": ["input.py:36: no loop over training data was found around"],
     "smddp/mnist_eight_gpus": ["input.py:38: datasets.MNIST(...) downloads on every rank"],
     "smp/tf2_horovod_hybrid": ["input.py:10: tf.keras.datasets.mnist.load_data(...) downloads"],
-    "smp/tf2_manual_partition": ["input.py:73: nothing broadcasts rank 0's initial weights"],
     "smp/tf2_subclass": ["input.py:58: nothing broadcasts rank 0's initial weights"],
     "smp/torch_manual_partition_amp": ["input.py:62: no loop over training data was found"],
     "torch/two_loops_full_batch": ["input.py:55: no loop over training data was found"],

@@ -546,9 +546,9 @@ def test_a_loader_chosen_in_branches_gets_set_epoch_on_the_loader_the_loop_reads
 def test_inserted_code_reading_a_name_some_path_leaves_unbound_is_refused(monkeypatch):
     """Today's converter (before issue 38) read each branch's sampler in the epoch loop:
     UnboundLocalError at the first epoch. Such a conversion is not written, and says why."""
-    import sdp_convert.transforms.shard_dataloader as transform
+    import sdp_convert.program.sharding as analysis
 
-    monkeypatch.setattr(transform, "runs_whenever", lambda *args: True)  # that converter
+    monkeypatch.setattr(analysis, "runs_whenever", lambda *args: True)  # that converter
     result = convert(BRANCH_LOADERS.encode(), Options(line_length=10_000))
     assert result.output == BRANCH_LOADERS.encode()
     notes = [c.message for c in result.changes]
@@ -700,7 +700,9 @@ def test_a_helper_of_another_module_that_runs_the_model_is_not_moved_onto_rank_0
                           text=True, timeout=300)
     assert "+        dump_predictions(model" not in done.stdout, done.stdout
     assert '+    if sdp.rank() == 0:\n+        save_checkpoint(model, "model.pt")' in done.stdout
-    assert "utils.py:10:5: [contract] (manual) torch.save(...) writes on every rank" in (
+    # Its write goes to rank 0 in the helper itself (the whole-program contract's repair).
+    assert "+    if sdp.rank() == 0:\n+        torch.save(torch.cat(preds), path)" in done.stdout
+    assert "utils.py:10:5: [guard_rank0_writes] torch.save(...) runs on rank 0 only" in (
         done.stderr)
 
 

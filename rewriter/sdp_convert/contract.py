@@ -41,6 +41,7 @@ import libcst as cst
 
 from .changes import Change
 from .program.project import Repair, repair_code
+from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, rank0_only
 from .program.readback import private_write
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
@@ -536,9 +537,24 @@ class _Entry:
             return "DistributedGradientTape" in text or "DistributedOptimizer" in text
         return None
 
+    def _seeded(self) -> bool:
+        """Keras's initialisers seeded with one value on every rank
+        (``keras.utils.set_random_seed(1234)`` at import of a module of the program): every rank
+        draws the same initial weights (``tf.random.set_seed`` alone does not seed Keras 3)."""
+        for module in self.reach:
+            for q, calls in module.fm.info.calls.items():
+                if not q.endswith("keras.utils.set_random_seed"):
+                    continue
+                for call in calls:
+                    if module.fm.enclosing_function(call) is None and not any(
+                        _mentions_rank(Ref(module, a.value)) for a in call.args
+                    ):
+                        return True
+        return False
+
     def tape(self) -> None:
         broadcasts = any(q.endswith(("broadcast_variables", "BroadcastGlobalVariablesCallback"))
-                         for q in self.runtime)
+                         for q in self.runtime) or self._seeded()
         for step in self.tapes:
             if any(t.wrapped_by("DistributedOptimizer") for t in step.optimizers):
                 continue
@@ -726,6 +742,8 @@ class _Entry:
                     self.repair("shard_loader", loader, self.where(loop)))
                 split = self.findings[-1].repair is not None
             return split
+        if split_by_rank(loader.fm, node):
+            return True  # ``SplitDataset(ds).select(smp.dp_rank())``: this rank's part already
         dataset = node.args[0].value if node.args and node.args[0].keyword is None else (
             _keyword(node, "dataset"))
         if dataset is not None and any(
@@ -824,7 +842,9 @@ class _Entry:
         those calls (``save_curve(losses, path)`` in the training script; the helper's module
         stays as its other users know it)."""
         function = module.fm.enclosing_function(call)
-        if function is not None:
+        if function is not None and not _runs_its_arguments(module, function):
+            # (A helper that runs what it is handed, a model's forward say, runs on every rank:
+            # only its write goes to rank 0, in the helper.)
             calls = self.run.callers(Ref(module, function))
             sites = [c for c in calls if isinstance(c.node, cst.Call) and c.module is not module
                      and isinstance(c.fm.parent(c.node), cst.Expr) and self.repairable(c.module)]
@@ -1097,6 +1117,28 @@ def _shard_site(trace: Trace, made: Ref) -> Ref:
 def _scaled(optimizer: Ref) -> bool:
     """The learning rate given to the optimizer made here involves the world size already."""
     return "size()" in optimizer.code or "world_size" in optimizer.code
+
+
+def _runs_its_arguments(module: Module, function: cst.FunctionDef) -> bool:
+    """``function`` calls one of its parameters (``dump_predictions(model, ...)`` runs
+    ``model(x)``) or the runtime: moved onto rank 0 whole, it would leave the other ranks waiting
+    in a collective (a DDP forward, a broadcast)."""
+    params = {p.name.value for p in (*function.params.params, *function.params.kwonly_params)}
+    for node in _walk_all(function):
+        if not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        root = func
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if isinstance(root, cst.Name) and root.value in params and (
+            isinstance(func, cst.Name) or (isinstance(func, cst.Attribute)
+                                           and func.attr.value in ("forward", "__call__"))
+        ):
+            return True
+        if any(q.startswith("sdp_runtime.") for q in module.fm.qualified_names(func)):
+            return True
+    return False
 
 
 def _in_train_step(ref: Ref) -> bool:

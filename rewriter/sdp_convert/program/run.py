@@ -923,10 +923,16 @@ class Run:
                 stepped = _stepped(call)
                 if stepped is None:
                     continue
+                if _is_self(stepped):
+                    continue  # a scheduler's (or a wrapper's) own ``self.step()``
                 step = Ref(module, call)
                 optimizer = Ref(module, stepped)
                 traces = self.trace(optimizer)
                 optimizers = [t for t in traces if t.made is None or self._is_optimizer(t.made)]
+                if not any(t.made is not None for t in optimizers) and not _backward_near(
+                    module.fm, call
+                ):
+                    continue  # nothing shows an optimizer: no backward pass before it either
                 if not optimizers:
                     continue
                 models: list[Trace] = []
@@ -1098,6 +1104,15 @@ class Run:
 
 
 # -- helpers on nodes ------------------------------------------------------------------------
+
+
+def _backward_near(fm: FileModel, call: cst.Call) -> bool:
+    """A ``.backward()`` call in the function (or module body) that holds ``call``."""
+    function = fm.enclosing_function(call)
+    for backward in fm.method_calls("backward"):
+        if fm.enclosing_function(backward) is function:
+            return True
+    return False
 
 
 def _top_level(fm: FileModel, name: str) -> cst.CSTNode | None:
