@@ -110,9 +110,16 @@ def test_check_hook_fails_with_diff_and_writes_nothing(tmp_path, hook_repo, env)
     assert marked.returncode == 1
     assert "[manual_marker] (manual)" in marked.stdout
     assert (repo / "train.py").read_text().count("# sdp-convert: manual - ") == 2
-    # ... and passes once a person has handled them and deleted the comments.
+    # ... and still fails with the comments deleted while the program cannot be shown to hold
+    # (its batches come from nowhere the converter can follow: the data part is unknown) ...
     lines = (repo / "train.py").read_text().splitlines(keepends=True)
     (repo / "train.py").write_text("".join(ln for ln in lines if "sdp-convert: manual" not in ln))
+    git(repo, "add", "-A")
+    unknown = run([PRE_COMMIT, "run", "--all-files"], repo, env)
+    assert unknown.returncode == 1, unknown.stdout
+    assert "[contract] (manual)" in unknown.stdout and "[data]" in unknown.stdout
+    # ... until the person, having checked it (sdp-run --audit), says so in the configuration.
+    (repo / "pyproject.toml").write_text("[tool.sdp-convert]\nallow-manual-markers = true\n")
     git(repo, "add", "-A")
     passed = run([PRE_COMMIT, "run", "--all-files"], repo, env)
     assert passed.returncode == 0, passed.stdout
