@@ -43,7 +43,7 @@ from .changes import Change
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, rank0_only
-from .program.readback import private_write
+from .program.readback import private_write, read_path, written_path
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
 from .program.vocab import (
     CACHED_DOWNLOADS,
@@ -816,6 +816,15 @@ class _Entry:
                     own_main and _under_main_guard(module, call)
                 ):
                     continue
+                function = module.fm.enclosing_function(call)
+                if function is not None and _reads_back(module, function, call, framework):
+                    name = function.name.value
+                    self.add("writes", "missing", Ref(module, call), (
+                        f"{what}(...) writes on every rank a file that {name}() reads back (a "
+                        "cache): let each machine's first process build it before the others "
+                        f"(`with {self.sdp}.rank0_first():` around the call of {name}()), which "
+                        "then read it whole instead of writing it again"))
+                    continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes on every rank: run it on rank 0 only "
                     f"(`if {self.sdp}.rank() == 0:`)"))
@@ -842,6 +851,12 @@ class _Entry:
         those calls (``save_curve(losses, path)`` in the training script; the helper's module
         stays as its other users know it)."""
         function = module.fm.enclosing_function(call)
+        framework = module.fm.info.framework or "torch"
+        if function is not None and _reads_back(module, function, call, framework):
+            # A cache (``if exists: load ... save``): rank 0 alone writing it, another rank may
+            # read it half-written; what it needs is rank 0 first, then the others: said, not
+            # made.
+            return None, []
         if function is not None and not _runs_its_arguments(module, function):
             # (A helper that runs what it is handed, a model's forward say, runs on every rank:
             # only its write goes to rank 0, in the helper.)
@@ -1117,6 +1132,15 @@ def _shard_site(trace: Trace, made: Ref) -> Ref:
 def _scaled(optimizer: Ref) -> bool:
     """The learning rate given to the optimizer made here involves the world size already."""
     return "size()" in optimizer.code or "world_size" in optimizer.code
+
+
+def _reads_back(module: Module, function: cst.FunctionDef, call: cst.Call,
+                framework: str) -> bool:
+    """``function`` reads the path ``call`` writes (a cache of its own)."""
+    written = written_path(module.fm, call, framework)
+    return written is not None and any(
+        read_path(module.fm, node, framework) == written
+        for node in _walk_all(function) if isinstance(node, cst.Call))
 
 
 def _runs_its_arguments(module: Module, function: cst.FunctionDef) -> bool:

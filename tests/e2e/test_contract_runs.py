@@ -40,11 +40,12 @@ def test_a_module_level_entry_runs_converted_on_one_and_two_processes(tmp_path: 
     report = convert(tree, ".")
     assert "train.py:7:1: [add_runtime_init] import sdp_runtime.torch as sdp and call sdp.init()"\
         in report
-    assert "need attention" in report and "[contract]" in report
+    # The contract found the model, the loader and the write in train.py and repaired them there
+    # (issue 37): nothing is left to a person.
+    assert "0 need attention" in report and "[contract]" not in report
     one = run([sys.executable, "train.py"], tree, timeout=120)
     assert "NotInitializedError" not in one.output
-    # Two processes train to the end, and the audit (on in the e2e suite) finds at run time
-    # what the contract reported: the data is not split, both ranks write model.pt.
+    # Two processes train to the end, and the strict audit (on in the e2e suite) finds nothing.
     two = start([SDP_RUN, "-n", "2", "train.py"], tree, timeout=120)
     try:
         code = two.popen.wait(timeout=120)
@@ -53,9 +54,7 @@ def test_a_module_level_entry_runs_converted_on_one_and_two_processes(tmp_path: 
             os.killpg(two.popen.pid, signal.SIGKILL)
             two.popen.wait()
     assert "epoch 1" in two.output and "NotInitializedError" not in two.output
-    assert code == 3, two.output  # --audit=strict: problems found in a job that finished
-    assert "every rank reads the same batches (the training data is not split)" in two.output
-    assert "ranks 0-1 all wrote model.pt" in two.output
+    assert code == 0, two.output
     assert (tree / "model.pt").is_file()
 
 
