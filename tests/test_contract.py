@@ -253,7 +253,8 @@ def test_the_contract_over_every_golden_and_project(tmp_path: Path):
         entries += sum(o.contract is not None for o in outcomes)
         if notes(outcomes):
             found[name] = notes(outcomes)
-    expected_projects: set[str] = set()  # each repaired where it was found wanting
+    # Each repaired where it was found wanting, but for a cache rank 0 must build first.
+    expected_projects = {"projects/torch_helper_writes"}
     assert set(found) == set(GOLDEN_FINDINGS) | expected_projects, sorted(found)
     for name, starts in GOLDEN_FINDINGS.items():
         assert len(found[name]) == len(starts)
