@@ -1,0 +1,296 @@
+"""Run Horovod's own parallel test suites against sdp_runtime and record what passes.
+
+    python benchmarks/horovod_suites.py --label before            # all suites
+    python benchmarks/horovod_suites.py --label after --suite test_torch.py
+
+Horovod's tests are read from a Horovod git repository (``--git-dir``, bare or not; default
+``$HOROVOD_GIT_DIR``) at its ``HEAD``, or from a source tree (``--src``), and extracted into a
+temporary folder outside this repository: they are never copied into it. Each suite runs with
+pytest under ``sdp-run -n 2`` on the CPU (Gloo), with ``benchmarks/horovod_shim`` mapping
+``horovod.torch``, ``horovod.tensorflow``, ``horovod.tensorflow.keras`` and ``horovod.keras``
+onto sdp_runtime through the migration's own module table (a missing API fails its test), a
+per-test limit (``--test-timeout``) and a hard limit on the whole run (``--suite-timeout``),
+after which every process the run started is killed.
+
+The suites need pytest-timeout, ``mock``, ``cloudpickle`` and (for ``test_tensorflow2_keras``)
+``parameterized`` in the Python that runs them (``pip install mock cloudpickle parameterized``).
+
+Results: ``benchmarks/results/horovod_suites.md``, one section per ``--label`` (a rerun with
+the same label replaces its section): per suite, passed / failed / skipped on rank 0 (rank 1's
+counts when they differ), and the failures and skips grouped by reason (GPU-only, MPI-only,
+process sets, elastic, Adasum, join, not provided, ...), with the machine and the Horovod commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHIM = Path(__file__).resolve().parent / "horovod_shim"
+RESULTS = REPO / "benchmarks" / "results" / "horovod_suites.md"
+SUITES = ("test_torch.py", "test_tensorflow2_keras.py", "test_tensorflow.py",
+          "test_tensorflow_keras.py")
+#: What the suites import besides the suite files themselves.
+SUPPORT = ("test/parallel/base_test_tensorflow.py", "test/utils/common.py")
+
+# (group, pattern on "test name + message"), first match wins. The groups say why a test cannot
+# pass here, or what the runtime lacks.
+_GROUPS: tuple[tuple[str, str], ...] = (
+    ("GPU-only", r"No GPUs available|not gpu|cuda|GPU|_gpu|fp16_gpu|NCCL|nccl"),
+    ("TF1 / graph mode", r"TensorFlow v1 tests|graph mode|tf\.Session|ConfigProto|"
+                         r"placeholder|RefVariable|run_all_in_graph|test_session"),
+    ("MPI-only", r"\bMPI\b|mpi_|Gloo is not available|is_mpi|horovodrun|mpirun"),
+    ("process sets", r"process_set|ProcessSet|process sets"),
+    ("elastic", r"elastic"),
+    ("Adasum", r"[Aa]dasum"),
+    ("join", r"\bjoin\b|_join"),
+    ("timeline", r"timeline"),
+    ("alltoall / reducescatter", r"alltoall|reducescatter|reduce_scatter"),
+    ("Horovod-internal (ops, handles, build info)", r"_op\b|mpi_ops|_handle_map|"
+                                                    r"horovod_size_op|_basics|dynamic"),
+)
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # passed / failed / skipped
+    message: str = ""
+
+
+@dataclass
+class SuiteResult:
+    suite: str
+    seconds: float
+    exit_status: int | None
+    ranks: dict[int, list[Outcome]] = field(default_factory=dict)
+    note: str = ""
+
+
+def extract(args: argparse.Namespace, into: Path) -> str:
+    """Write Horovod's suites and helpers under ``into/test/...``; return the commit (or src)."""
+    git_dir = args.git_dir or os.environ.get("HOROVOD_GIT_DIR")
+    files = [f"test/parallel/{s}" for s in SUITES] + list(SUPPORT)
+    if args.src:
+        src = Path(args.src)
+        for f in files:
+            if (src / f).exists():
+                (into / f).parent.mkdir(parents=True, exist_ok=True)
+                (into / f).write_bytes((src / f).read_bytes())
+        try:
+            return subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return f"source tree {src}"
+    if not git_dir:
+        sys.exit("horovod_suites.py: give --git-dir (a Horovod git repository, e.g. a clone of "
+                 "github.com/horovod/horovod) or --src (a Horovod source tree)")
+    git = ["git", f"--git-dir={git_dir}"]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    for f in files:
+        shown = subprocess.run([*git, "show", f"HEAD:{f}"], capture_output=True)
+        if shown.returncode == 0:
+            (into / f).parent.mkdir(parents=True, exist_ok=True)
+            (into / f).write_bytes(shown.stdout)
+    return commit
+
+
+def run_suite(suite: Path, work: Path, args: argparse.Namespace) -> SuiteResult:
+    """Run one suite under ``sdp-run -n 2``; kill the whole run at ``--suite-timeout``."""
+    junit = work / f"junit-{suite.stem}"
+    junit.mkdir(parents=True, exist_ok=True)
+    log = work / f"{suite.stem}.log"
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
+               TF_CPP_MIN_LOG_LEVEL="2", SDP_BACKEND="gloo", CUDA_VISIBLE_DEVICES="",
+               SDP_TIMEOUT=str(args.collective_timeout),
+               HOROVOD_SUITE_TEST_TIMEOUT=str(args.test_timeout),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(SHIM),
+                                                        env.get("PYTHONPATH", "")])))
+    sdp_run = Path(sys.executable).with_name("sdp-run")
+    command = [str(sdp_run), "-n", "2", "--master-port", str(args.port),
+               "--local-ranks-filter", "0",
+               "--output-dir", str(work / f"out-{suite.stem}"),
+               str(SHIM / "pytest_rank.py"), str(suite), str(junit)]
+    start = time.monotonic()
+    note = ""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, env=env, cwd=suite.parent, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            status: int | None = proc.wait(timeout=args.suite_timeout)
+        except subprocess.TimeoutExpired:
+            note = f"stopped at the {args.suite_timeout} s limit of the whole run"
+            status = None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    result = SuiteResult(suite.name, time.monotonic() - start, status, note=note)
+    for rank in (0, 1):
+        report = junit / f"rank{rank}.xml"
+        if report.exists():
+            result.ranks[rank] = read_junit(report)
+    if not result.ranks:
+        tail = log.read_text(errors="replace")[-1500:]
+        result.note = (note + "; " if note else "") + f"no report; log tail: {tail!r}"
+    return result
+
+
+def read_junit(path: Path) -> list[Outcome]:
+    outcomes = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rpartition('.')[2]}.{case.get('name')}"
+        status, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                status = "failed"
+                message = child.get("message") or (child.text or "")
+                break
+            if child.tag == "skipped":
+                status = "skipped"
+                message = child.get("message") or (child.text or "")
+        outcomes.append(Outcome(name, status, " ".join(message.split())))
+    return outcomes
+
+
+def group_of(outcome: Outcome) -> str:
+    """The reason group of a failure or skip (see ``_GROUPS``); else what the message says."""
+    text = f"{outcome.name} {outcome.message}"
+    missing = re.search(r"has no attribute '(\w+)'|cannot import name '(\w+)'", outcome.message)
+    for group, pattern in _GROUPS:
+        if re.search(pattern, text):
+            return group
+    if missing:
+        return "not provided"
+    if outcome.status == "skipped":
+        return "skipped by the suite"
+    return "other"
+
+
+def short(message: str, limit: int = 160) -> str:
+    message = message.replace("|", "\\|")
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def render(label: str, commit: str, r: SuiteResult, args: argparse.Namespace) -> str:
+    """The section ``## label: suite``: counts per rank, then failures and skips by reason."""
+    import sdp_runtime
+
+    counts = {rank: Counter(o.status for o in outs) for rank, outs in r.ranks.items()}
+    lines = [
+        f"## {label}: {r.suite}",
+        "",
+        f"- Horovod commit `{commit}` (its `test/parallel/{r.suite}`, unmodified); sdp_runtime "
+        f"{sdp_runtime.__version__} from {_runtime_commit(sdp_runtime.__file__)}",
+        f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {_versions()}); `sdp-run -n 2`, Gloo on the CPU; "
+        f"limits {args.test_timeout} s per test, {args.suite_timeout} s for the suite, "
+        f"{args.collective_timeout} s per collective (SDP_TIMEOUT); ran {r.seconds:.0f} s",
+        "",
+        "| rank | passed | failed | skipped |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for rank, c in sorted(counts.items()):
+        lines.append(f"| {rank} | {c['passed']} | {c['failed']} | {c['skipped']} |")
+    lines.append("")
+    if r.note:
+        lines += [f"Note: {short(r.note, 2000)}", ""]
+    outs = r.ranks.get(0) or next(iter(r.ranks.values()), [])
+    by_group: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+    for o in outs:
+        if o.status != "passed":
+            by_group[(o.status, group_of(o))].append(o)
+    if not by_group:
+        lines.append("Every test passed." if outs else "No test ran.")
+        return "\n".join(lines) + "\n"
+    lines += ["| status | reason | tests | first message |", "| --- | --- | --- | --- |"]
+    for (status, group), members in sorted(by_group.items()):
+        names = ", ".join(o.name.rpartition(".")[2] for o in members)
+        lines.append(f"| {status} | {group} ({len(members)}) | {short(names, 1500)} | "
+                     f"{short(members[0].message)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _runtime_commit(init_file: str) -> str:
+    """The commit of the checkout the runtime was imported from, and whether it had changes."""
+    runtime = Path(init_file).resolve().parent
+    git = ["git", "-C", str(runtime)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "."], check=True,
+                               capture_output=True, text=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return f"`{runtime}` (not a git checkout)"
+    return f"sdp-convert commit `{head}`" + (" with uncommitted changes" if dirty else "")
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "tensorflow-cpu", "tensorflow", "keras"):
+        with contextlib.suppress(PackageNotFoundError):
+            found.append(f"{name} {version(name)}")
+    return ", ".join(found)
+
+
+def write_section(title: str, text: str) -> None:
+    """Put ``text`` in the results file as the section ``## title`` (replacing an older one)."""
+    head = ("# Horovod's own test suites against sdp_runtime\n\n"
+            "Written by `benchmarks/horovod_suites.py` (see its docstring). Counts are rank 0's; "
+            "each failure and skip is grouped by its reason.\n")
+    old = RESULTS.read_text() if RESULTS.exists() else head
+    parts = re.split(r"(?m)^(?=## )", old)
+    kept = [p for p in parts[1:] if not p.startswith(f"## {title}\n")]
+    RESULTS.write_text(parts[0].rstrip() + "\n\n" + "\n".join(p.rstrip() + "\n" for p in
+                                                              [*kept, text]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", required=True, help="section name, e.g. before / after")
+    parser.add_argument("--git-dir", help="a Horovod git repository (bare or not)")
+    parser.add_argument("--src", help="a Horovod source tree, instead of --git-dir")
+    parser.add_argument("--suite", action="append", choices=SUITES,
+                        help="run only this suite (repeatable); default all")
+    parser.add_argument("--test-timeout", type=int, default=120)
+    parser.add_argument("--suite-timeout", type=int, default=2400)
+    parser.add_argument("--collective-timeout", type=int, default=30)
+    parser.add_argument("--port", type=int, default=29731)
+    parser.add_argument("--keep", help="keep the extracted suites and logs in this folder")
+    args = parser.parse_args()
+    work = Path(args.keep or tempfile.mkdtemp(prefix="horovod-suites-"))
+    work.mkdir(parents=True, exist_ok=True)
+    commit = extract(args, work)
+    for name in args.suite or SUITES:
+        suite = work / "test" / "parallel" / name
+        if not suite.exists():
+            print(f"{name}: not in this Horovod tree, skipped", file=sys.stderr)
+            continue
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        result = run_suite(suite, work, args)
+        write_section(f"{args.label}: {name}", render(args.label, commit, result, args))
+        counts = Counter(o.status for o in result.ranks.get(0, []))
+        print(f"  {dict(counts)} in {result.seconds:.0f} s {result.note[:300]}", file=sys.stderr)
+    print(f"wrote {RESULTS.relative_to(REPO)} (work files in {work})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
