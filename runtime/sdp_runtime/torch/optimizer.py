@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import _comm
+from .._compat import check_process_set
 from .._types import ReduceOp
 from .collectives import reduce_in_place
 from .compression import Compression
@@ -135,13 +136,15 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name for a factory)
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: divide by this before the sum and by ``size / factor`` after
             (Average only); the result is the same average, computed in another order.
-        num_groups, groups, sparse_as_dense, process_set: accepted for Horovod compatibility;
-            gradients are always fused and sparse gradients made dense.
+        num_groups, groups, sparse_as_dense: accepted for Horovod compatibility; gradients are
+            always fused and sparse gradients made dense.
+        process_set: None or ``global_process_set``; other sets are refused.
 
     Example:
         >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * sdp.size())
         >>> optimizer = sdp.DistributedOptimizer(optimizer, model.named_parameters())
     """
+    check_process_set(process_set, "DistributedOptimizer")
     if isinstance(optimizer, _DistributedMixin):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     if backward_passes_per_step < 1:
