@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import re
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,7 @@ SUPPORT = ("test/parallel/base_test_tensorflow.py", "test/utils/common.py")
 # (group, pattern on "test name + message"), first match wins. The groups say why a test cannot
 # pass here, or what the runtime lacks.
 _GROUPS: tuple[tuple[str, str], ...] = (
+    ("timed out (per-test limit)", r"Failed: Timeout >"),
     ("GPU-only", r"No GPUs available|not gpu|cuda|GPU|_gpu|fp16_gpu|NCCL|nccl"),
     ("TF1 / graph mode", r"TensorFlow v1 tests|graph mode|tf\.Session|ConfigProto|"
                          r"placeholder|RefVariable|run_all_in_graph|test_session"),
@@ -111,8 +112,8 @@ def extract(args: argparse.Namespace, into: Path) -> str:
 
 def run_suite(suite: Path, work: Path, args: argparse.Namespace) -> SuiteResult:
     """Run one suite under ``sdp-run -n 2``; kill the whole run at ``--suite-timeout``."""
-    junit = work / f"junit-{suite.stem}"
-    junit.mkdir(parents=True, exist_ok=True)
+    reports = work / f"reports-{suite.stem}"
+    reports.mkdir(parents=True, exist_ok=True)
     log = work / f"{suite.stem}.log"
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
@@ -125,7 +126,7 @@ def run_suite(suite: Path, work: Path, args: argparse.Namespace) -> SuiteResult:
     command = [str(sdp_run), "-n", "2", "--master-port", str(args.port),
                "--local-ranks-filter", "0",
                "--output-dir", str(work / f"out-{suite.stem}"),
-               str(SHIM / "pytest_rank.py"), str(suite), str(junit)]
+               str(SHIM / "pytest_rank.py"), str(suite), str(reports)]
     start = time.monotonic()
     note = ""
     with open(log, "wb") as out:
@@ -142,34 +143,38 @@ def run_suite(suite: Path, work: Path, args: argparse.Namespace) -> SuiteResult:
                 proc.wait()
     result = SuiteResult(suite.name, time.monotonic() - start, status, note=note)
     for rank in (0, 1):
-        report = junit / f"rank{rank}.xml"
+        report = reports / f"rank{rank}.jsonl"
         if report.exists():
-            result.ranks[rank] = read_junit(report)
+            result.ranks[rank] = read_outcomes(report)
     if not result.ranks:
         tail = log.read_text(errors="replace")[-1500:]
         result.note = (note + "; " if note else "") + f"no report; log tail: {tail!r}"
     return result
 
 
-def read_junit(path: Path) -> list[Outcome]:
-    outcomes = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').rpartition('.')[2]}.{case.get('name')}"
-        status, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                status = "failed"
-                message = child.get("message") or (child.text or "")
-                break
-            if child.tag == "skipped":
-                status = "skipped"
-                message = child.get("message") or (child.text or "")
-        outcomes.append(Outcome(name, status, " ".join(message.split())))
-    return outcomes
+def read_outcomes(path: Path) -> list[Outcome]:
+    """Each test's outcome from a rank's JSON lines (``pytest_rank.py``): failed if a phase
+    failed, skipped if one was skipped, passed if its call passed, else unfinished (the run was
+    stopped while it ran)."""
+    tests: dict[str, Outcome] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        name = record["test"].replace("::", ".")
+        outcome = tests.setdefault(name, Outcome(name, "unfinished"))
+        status = record["outcome"]
+        if status == "failed" and outcome.status != "failed":
+            outcome.status, outcome.message = "failed", record["message"]
+        elif status == "skipped" and outcome.status == "unfinished":
+            outcome.status, outcome.message = "skipped", record["message"]
+        elif status == "passed" and outcome.status == "unfinished":
+            outcome.status = "passed"
+    return list(tests.values())
 
 
 def group_of(outcome: Outcome) -> str:
     """The reason group of a failure or skip (see ``_GROUPS``); else what the message says."""
+    if outcome.status == "unfinished":
+        return "still running when the suite's time limit stopped it"
     text = f"{outcome.name} {outcome.message}"
     missing = re.search(r"has no attribute '(\w+)'|cannot import name '(\w+)'", outcome.message)
     for group, pattern in _GROUPS:
@@ -202,11 +207,12 @@ def render(label: str, commit: str, r: SuiteResult, args: argparse.Namespace) ->
         f"limits {args.test_timeout} s per test, {args.suite_timeout} s for the suite, "
         f"{args.collective_timeout} s per collective (SDP_TIMEOUT); ran {r.seconds:.0f} s",
         "",
-        "| rank | passed | failed | skipped |",
-        "| --- | ---: | ---: | ---: |",
+        "| rank | passed | failed | skipped | unfinished |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for rank, c in sorted(counts.items()):
-        lines.append(f"| {rank} | {c['passed']} | {c['failed']} | {c['skipped']} |")
+        lines.append(f"| {rank} | {c['passed']} | {c['failed']} | {c['skipped']} | "
+                     f"{c['unfinished']} |")
     lines.append("")
     if r.note:
         lines += [f"Note: {short(r.note, 2000)}", ""]
