@@ -1,12 +1,19 @@
 """One rank of a Horovod test suite run (test plumbing for ``benchmarks/horovod_suites.py``).
 
-Started by ``sdp-run -n 2 pytest_rank.py SUITE OUT_DIR``: sets the variables ``horovodrun
+Started by ``sdp-run -n 2 pytest_rank.py SUITE OUT_DIR [TESTS_FILE]``: sets the variables
+``horovodrun
 --gloo`` gives each process (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ...), from torchrun's, so that
 the suites take their Gloo code paths as under horovodrun; puts the shim's ``horovod`` first on
 the path; runs pytest on the suite with a per-test time limit, writing each test's outcome to
 ``OUT_DIR/rank<r>.jsonl`` as soon as it is known (so that a run stopped at its time limit still
-tells what ran). It always exits 0 once pytest has run (failures are in the report): a rank that
-exited non-zero first would make sdp-run stop the other before it finished its tests.
+tells what ran), and rank 0 lists every test collected in ``OUT_DIR/collected.json``. With
+``TESTS_FILE`` (a JSON list of test ids) only those run.
+
+A test that leaves the job unusable (a collective that timed out or lost its peer: a Horovod test
+that makes the ranks call different collectives) fails, and the rank then exits with status 3 at
+once, so that sdp-run stops the other rank too; ``horovod_suites.py`` starts the suite again with
+the tests that have not run (the runtime, like Horovod, does not recover a job whose collectives
+fell out of step). Otherwise it exits 0 once pytest has run (failures are in the report).
 """
 
 from __future__ import annotations
@@ -18,12 +25,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+#: A failure that leaves the job's collectives unusable.
+_BROKEN = re.compile(r"CommunicationError|pair closure|Connection reset by peer|connectFullMesh|"
+                     r"Timed out waiting|Connection closed by peer|Timeout >")
+
 
 class _Outcomes:
     """A pytest plugin: a JSON line when a test starts, and one per phase that did not pass."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, collected: Path | None) -> None:
         self.out = open(path, "a", buffering=1)  # noqa: SIM115 (open for the whole run)
+        self.collected = collected
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        if self.collected is not None:
+            ids = [item.nodeid.split("::", 1)[-1] for item in session.items]
+            self.collected.write_text(json.dumps(ids))
 
     def _write(self, nodeid: str, when: str, outcome: str, message: str = "") -> None:
         record = {"test": nodeid.split("::", 1)[-1], "when": when, "outcome": outcome,
@@ -45,10 +62,15 @@ class _Outcomes:
             typed = [e for e in errors if re.match(r"[\w.]+(Error|Exception|Failed)\b", e)]
             message = (typed or errors or lines[-1:])[0]
         self._write(report.nodeid, report.when, report.outcome, message)
+        if report.failed and _BROKEN.search(message):
+            self._write(report.nodeid, report.when, "broke the job")
+            self.out.close()
+            os._exit(3)  # sdp-run stops the other rank; horovod_suites.py goes on without it
 
 
 def main() -> int:
     suite, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    only = json.loads(Path(sys.argv[3]).read_text()) if len(sys.argv) > 3 else None
     per_test = os.environ.get("HOROVOD_SUITE_TEST_TIMEOUT", "120")
     rank = os.environ.get("RANK", "0")
     for ours, theirs in (("HOROVOD_RANK", "RANK"), ("HOROVOD_SIZE", "WORLD_SIZE"),
@@ -62,10 +84,12 @@ def main() -> int:
 
     import pytest
 
+    targets = [f"{suite}::{test}" for test in only] if only else [str(suite)]
+    collected = out_dir / "collected.json" if rank == "0" and not only else None
     pytest.main([
-        str(suite), "-p", "no:cacheprovider", "-q", "-rN", f"--timeout={per_test}",
+        *targets, "-p", "no:cacheprovider", "-q", "-rN", f"--timeout={per_test}",
         "--rootdir", str(suite.parent),
-    ], plugins=[_Outcomes(out_dir / f"rank{rank}.jsonl")])
+    ], plugins=[_Outcomes(out_dir / f"rank{rank}.jsonl", collected)])
     return 0
 
 

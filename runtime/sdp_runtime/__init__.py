@@ -11,6 +11,7 @@ from ._types import (
     CommunicationError,
     MismatchError,
     NotInitializedError,
+    NotProvidedError,
     ReduceOp,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "CommunicationError",
     "MismatchError",
     "NotInitializedError",
+    "NotProvidedError",
     "ReduceOp",
     "__version__",
 ]

@@ -18,10 +18,7 @@ from typing import Any, NoReturn
 
 from . import _comm
 from ._advice import ADVICE, PROCESS_SETS
-
-
-class NotProvidedError(AttributeError, NotImplementedError):
-    """A Horovod or SMDDP API that sdp_runtime does not provide; the message says what to use."""
+from ._types import NotProvidedError
 
 
 def not_provided(module: str, horovod: str) -> Callable[[str], Any]:

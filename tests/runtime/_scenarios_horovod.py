@@ -17,6 +17,7 @@ def check_init_after_shutdown_meets_the_same_peers() -> None:
         hvd.shutdown()
         assert not hvd.is_initialized()
         hvd.init()
+        hvd.init()  # a second init() does nothing, as in Horovod (a script may call it twice)
         assert (hvd.rank(), hvd.size()) == (rank, size)
         total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum)
         assert total.item() == size * (size + 1) / 2
@@ -114,6 +115,8 @@ def check_sparse_allreduce_async_sums_or_averages() -> None:
     assert total.tolist() == [1.0] * n
     mean = hvd.synchronize(hvd.sparse_allreduce_async(sparse, name="g", op=hvd.Average))
     assert mean.to_dense().tolist() == [1.0 / n] * n
+    handle = hvd.sparse_allreduce_async(sparse, "h", hvd.Sum)
+    assert handle().to_dense().tolist() == [1.0] * n  # Horovod's handle is called, not synced
 
 
 def check_the_global_process_set_is_accepted_and_others_refused() -> None:

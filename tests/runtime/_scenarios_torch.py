@@ -603,7 +603,8 @@ def single_process() -> dict[str, Any]:
     out["placement"] = [sdp.rank(), sdp.size(), sdp.local_rank(), sdp.local_size()]
     out["real_group"] = [torch.distributed.is_initialized(), torch.distributed.get_world_size(),
                          torch.distributed.get_backend()]
-    expect_raises(sdp.AlreadyInitializedError, sdp.init)
+    sdp.init()  # a second init() does nothing, as in Horovod
+    assert sdp.is_initialized() and sdp.size() == 1
     third = torch.tensor([1 / 3])
     reduced = sdp.allreduce(third, compression=sdp.Compression.fp16)
     out["fp16_untouched"] = reduced.item() == third.item()

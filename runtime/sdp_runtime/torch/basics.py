@@ -12,7 +12,7 @@ from .._compat import ADVICE, refuse
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job (NCCL with a GPU, Gloo without); every process calls it once, first.
+    """Join the job (NCCL with a GPU, Gloo without); later calls do nothing (as in Horovod).
 
     Arguments:
         comm: Horovod's MPI communicator; must be None (there is no MPI here).
@@ -27,7 +27,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         refuse("init(process_sets=...)", ADVICE["ProcessSet"])
     if comm is not None:
         raise ValueError("sdp_runtime uses no MPI communicator: call init() without comm=")
-    _comm.init()
+    if not _comm.is_initialized():  # a second init() does nothing, as in Horovod
+        _comm.init()
 
 
 def shutdown() -> None:

@@ -459,9 +459,13 @@ def barrier(process_set: Any = None) -> None:
 
 @dataclass
 class Handle:
-    """What the ``*_async`` functions return; pass it to ``synchronize``."""
+    """What the ``*_async`` functions return; pass it to ``synchronize`` (or call it, as Horovod's
+    ``sparse_allreduce_async`` handle is called)."""
 
     result: Any
+
+    def __call__(self) -> Any:
+        return self.result
 
 
 def allreduce_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
