@@ -558,15 +558,11 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int]) -> tuple[torch.Tensor,
         if not (table[:, n] == sig).all():
             _explain_mismatch("alltoall", f"{x.dtype} [*, {', '.join(map(str, trailing))}]")
         received = table[:, state.placement.rank].tolist()
-        row = math.prod(trailing)
-        send = x.contiguous().to(state.device).reshape(-1)
-        out = torch.empty(sum(received) * row, dtype=x.dtype, device=state.device)
-        wire_in, wire_out = send, out
-        if x.dtype == torch.bool:  # Gloo moves bytes, not bools
-            wire_in, wire_out = send.view(torch.uint8), out.view(torch.uint8)
-        dist.all_to_all_single(wire_out, wire_in, [r * row for r in received],
-                               [s * row for s in sends])
-    return out.to(x.device).view(sum(received), *trailing), received
+        row = math.prod(trailing) * x.element_size()  # rows travel as bytes: every dtype goes
+        send = _bytes_of(x.contiguous().to(state.device))
+        out = torch.empty(sum(received) * row, dtype=torch.uint8, device=state.device)
+        dist.all_to_all_single(out, send, [r * row for r in received], [s * row for s in sends])
+    return out.to(x.device).view(x.dtype).view(sum(received), *trailing), received
 
 
 def broadcast_object(obj: Any, root_rank: int = 0) -> Any:

@@ -95,6 +95,42 @@ def check_allgather_gradient_is_the_average_of_its_rows() -> None:
     assert torch.allclose(x.grad, torch.full((r + 1, 2), expected))
 
 
+def check_scaling_integers_and_halves_as_horovod() -> None:
+    n = hvd.size()
+    # integers are scaled in float64 and truncated toward zero, before the sum (prescale)
+    t = hvd.allreduce(torch.tensor([3, -3], dtype=torch.int32), op=hvd.Sum, prescale_factor=0.5)
+    assert t.dtype == torch.int32 and t.tolist() == [n, -n]
+    t = hvd.allreduce(torch.tensor([3], dtype=torch.int64), op=hvd.Sum, postscale_factor=0.5)
+    assert t.tolist() == [int(3 * n * 0.5)]
+    half = hvd.allreduce(torch.tensor([3.0], dtype=torch.float16), op=hvd.Sum, prescale_factor=0.5)
+    assert half.dtype == torch.float16 and half.tolist() == [1.5 * n]
+    (block,) = hvd.grouped_reducescatter([torch.full((n,), 5, dtype=torch.int32)], op=hvd.Sum,
+                                         prescale_factor=0.5)
+    assert block.tolist() == [2 * n]
+
+
+def check_broadcast_and_grouped_allreduce_are_differentiable() -> None:
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(3, requires_grad=True)
+    hvd.broadcast(x * (r + 1), root_rank=n - 1).sum().backward()
+    # the root gets the average of every rank's gradient, the others zeros (Horovod's)
+    assert x.grad.tolist() == ([float(r + 1)] * 3 if r == n - 1 else [0.0] * 3)
+    a, b = torch.ones(2, requires_grad=True), torch.ones(1, requires_grad=True)
+    out = hvd.grouped_allreduce([a * (r + 1), b], op=hvd.Sum)
+    (out[0].sum() + out[1].sum()).backward()
+    assert a.grad.tolist() == [float(n * (r + 1))] * 2 and b.grad.tolist() == [float(n)]
+
+
+def check_alltoall_every_dtype() -> None:
+    n, r = hvd.size(), hvd.rank()
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                  torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+        rows = torch.full((n, 2), r % 2 if dtype == torch.bool else r, dtype=dtype)
+        out, _ = hvd.alltoall(rows, splits=[1] * n)
+        expected = torch.tensor([[k % 2 if dtype == torch.bool else k] * 2 for k in range(n)])
+        assert out.dtype == dtype and torch.equal(out, expected.to(dtype)), (dtype, out)
+
+
 def check_grouped_allgather_and_async_grouped_allreduce() -> None:
     n, r = hvd.size(), hvd.rank()
     a, b = hvd.grouped_allgather([torch.tensor([r]), torch.full((1, 2), float(r))])

@@ -33,6 +33,7 @@ from sdp_runtime._compat import check_process_set
 from sdp_runtime.tensorflow import buffers
 from sdp_runtime.tensorflow.bridge import TF_ALIGNMENT, tf_to_torch, torch_to_tf
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp, resolve_op
+from sdp_runtime.torch.collectives import scale_
 
 Work = Callable[[list[torch.Tensor]], None]
 
@@ -157,11 +158,11 @@ def _reduce_work(
             observe(flats)
         if prescale != 1.0:
             for f in flats:
-                f.mul_(prescale)
+                scale_(f, prescale)
         _comm.allreduce_(flats, op=op, compression=compression, bucket_bytes=bucket_bytes)
         if postscale != 1.0:
             for f in flats:
-                f.mul_(postscale)
+                scale_(f, postscale)
 
     return work
 
@@ -174,11 +175,16 @@ def _broadcast_work(root_rank: int) -> Work:
 
 
 def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """``tensor * factor`` as Horovod scales: integers in float64 (truncated toward zero),
+    float16 / bfloat16 in float32 (the same rule as ``sdp_runtime.torch``'s ``scale_``)."""
     if factor == 1.0:
         return tensor
-    if not tensor.dtype.is_floating:
-        raise ValueError("prescale_factor/postscale_factor need floating-point tensors")
-    return tensor * tf.cast(factor, tensor.dtype)
+    if tensor.dtype == tf.bool:
+        raise TypeError("bool tensors cannot be scaled (prescale_factor / postscale_factor)")
+    if tensor.dtype in (tf.float32, tf.float64):
+        return tensor * tf.cast(factor, tensor.dtype)
+    wide = tf.float32 if tensor.dtype.is_floating else tf.float64
+    return tf.cast(tf.cast(tensor, wide) * tf.cast(factor, wide), tensor.dtype)
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, op: ReduceOp, factor: float) -> tf.IndexedSlices:
@@ -220,8 +226,9 @@ def grouped_allreduce(
         op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
         average: Horovod's older spelling: ``True`` is AVERAGE, ``False`` is SUM.
         sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense tensors.
-        prescale_factor: multiply inputs by this before reducing (floating point only).
-        postscale_factor: multiply results by this after reducing (floating point only).
+        prescale_factor: multiply inputs by this before reducing (integers in float64, truncated,
+            as in Horovod).
+        postscale_factor: multiply results by this after reducing (the same way).
         bucket_cap_mb: fusion bucket size in MiB; default is ``_comm``'s (25 MB).
         name, device_dense, device_sparse: accepted for Horovod compatibility, unused.
         process_set: None or ``global_process_set``; other sets are refused.
@@ -250,14 +257,11 @@ def grouped_allreduce(
         else:
             out[i] = tf.convert_to_tensor(t)
             dense.append(i)
-    if single:
+    if single:  # nothing to reduce; the two scalings as they would apply around the reduction
         for i in dense:
-            out[i] = _scale(out[i], factor)
+            out[i] = _scale(_scale(out[i], prescale_factor), postscale_factor)
         return out
     values = [out[i] for i in dense]
-    for t in values:
-        if factor != 1.0 and not t.dtype.is_floating:
-            raise ValueError("prescale_factor/postscale_factor need floating-point tensors")
     wire = compression.wire
     contexts: list[Any] = []
     if wire is None:  # a user-defined compressor: run it in TF

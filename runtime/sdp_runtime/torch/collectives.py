@@ -68,7 +68,60 @@ def reduce_in_place(
 def _scale(tensors: list[torch.Tensor], factor: float) -> None:
     if factor != 1.0:
         for t in tensors:
-            t.mul_(factor)
+            scale_(t, factor)
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """Multiply ``tensor`` by ``factor`` in place, as Horovod scales: integers in float64 (the
+    result truncated toward zero), float16 / bfloat16 in float32, other floats as they are.
+
+    Example:
+        >>> scale_(torch.tensor([3]), 0.5)  # tensor([1])
+    """
+    if tensor.is_complex() or (tensor.is_floating_point() and tensor.element_size() > 2):
+        tensor.mul_(factor)
+    elif tensor.is_floating_point():
+        tensor.copy_(tensor.float() * factor)
+    elif tensor.dtype == torch.bool:
+        raise TypeError("bool tensors cannot be scaled (prescale_factor / postscale_factor)")
+    else:
+        tensor.copy_((tensor.double() * factor).trunc())
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    """Differentiable fused allreduce: each gradient is reduced the same way (as in Horovod)."""
+
+    @staticmethod
+    def forward(ctx: Any, args: tuple[Any, ...], *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+        ctx.args = args
+        out = [t.detach().clone() for t in tensors]
+        reduce_in_place(out, *args)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
+        out = [g.detach().clone() for g in grads]
+        reduce_in_place(out, *ctx.args)
+        return (None, *out)
+
+
+class _Broadcast(torch.autograd.Function):
+    """Differentiable broadcast: the root gets the average gradient, the others zeros (Horovod)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.root_rank = root_rank
+        out = tensor.detach().clone()
+        _comm.broadcast_([out], root_rank)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        out = grad.detach().clone()
+        reduce_in_place([out], ReduceOp.AVERAGE)
+        if _comm.rank() != ctx.root_rank:
+            out.zero_()
+        return out, None
 
 
 class _Allreduce(torch.autograd.Function):
@@ -158,7 +211,7 @@ def grouped_allreduce(
     postscale_factor: float = 1.0,
     process_set: Any = None,
 ) -> list[torch.Tensor]:
-    """Reduce several tensors in one fused collective; return new tensors.
+    """Reduce several tensors in one fused collective; return new tensors (differentiable).
 
     Arguments:
         tensors: the local values.
@@ -169,8 +222,12 @@ def grouped_allreduce(
         >>> loss, acc = sdp.grouped_allreduce([loss, acc])
     """
     check_process_set(process_set, "grouped_allreduce")
+    args = (resolve_op(average, op), compression, prescale_factor, postscale_factor)
+    tensors = list(tensors)
+    if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
+        return list(_GroupedAllreduce.apply(args, *tensors))
     out = [t.detach().clone() for t in tensors]
-    reduce_in_place(out, resolve_op(average, op), compression, prescale_factor, postscale_factor)
+    reduce_in_place(out, *args)
     return out
 
 
@@ -203,7 +260,8 @@ def grouped_allreduce_(
 
 def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
               process_set: Any = None) -> torch.Tensor:
-    """Return ``root_rank``'s ``tensor`` on every process (a new tensor).
+    """Return ``root_rank``'s ``tensor`` on every process (a new tensor;
+    differentiable: the root gets the average of the gradients, the others zeros, as Horovod).
 
     Arguments:
         tensor: the local tensor (its shape and dtype must match the root's).
@@ -214,6 +272,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
         >>> seed = sdp.broadcast(torch.tensor(seed), root_rank=0)
     """
     check_process_set(process_set, "broadcast")
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Broadcast.apply(tensor, root_rank)
     out = tensor.detach().clone()
     _comm.broadcast_([out], root_rank)
     return out
@@ -290,10 +350,12 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
     return [allgather(t) for t in tensors]
 
 
-def _scatter_rows(rows: int) -> list[int]:
-    """Rows of each process in a reducescatter: the first ``rows % size`` get one more."""
-    n = _comm.size()
-    return [rows // n + (1 if r < rows % n else 0) for r in range(n)]
+def _my_block(reduced: torch.Tensor) -> torch.Tensor:
+    """This process's block of rows of a reducescatter: the first ``rows % size`` blocks have one
+    row more."""
+    n, rank, rows = _comm.size(), _comm.rank(), reduced.shape[0]
+    counts = [rows // n + (1 if r < rows % n else 0) for r in range(n)]
+    return reduced.narrow(0, sum(counts[:rank]), counts[rank]).clone()
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -316,9 +378,7 @@ def _reducescatter(tensor: torch.Tensor, op: ReduceOp, compression: Any, prescal
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     out = tensor.detach().clone()
     reduce_in_place([out], op, compression, prescale, postscale)
-    rows = _scatter_rows(out.shape[0])
-    start = sum(rows[: _comm.rank()])
-    return out.narrow(0, start, rows[_comm.rank()]).clone()
+    return _my_block(out)
 
 
 def reducescatter(
@@ -381,12 +441,7 @@ def grouped_reducescatter(
                 for t in tensors]
     out = [t.detach().clone() for t in tensors]
     reduce_in_place(out, resolve_op(None, op), compression, prescale_factor, postscale_factor)
-    rank = _comm.rank()
-    blocks = []
-    for t in out:
-        rows = _scatter_rows(t.shape[0])
-        blocks.append(t.narrow(0, sum(rows[:rank]), rows[rank]).clone())
-    return blocks
+    return [_my_block(t) for t in out]
 
 
 class _Alltoall(torch.autograd.Function):

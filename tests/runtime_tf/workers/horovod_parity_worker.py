@@ -72,6 +72,13 @@ def main(out_dir: Path) -> None:
         assert b.numpy().tolist() == [[float(k)] * 2 for k in range(n)]
 
     @check
+    def integers_scale_in_float64_truncated_as_horovod():
+        t = sdp.allreduce(tf.constant([3, -3]), op=sdp.Sum, prescale_factor=0.5)
+        assert t.dtype == tf.int32 and t.numpy().tolist() == [n, -n], t
+        half = sdp.allreduce(tf.constant([3.0], tf.float16), op=sdp.Sum, postscale_factor=0.5)
+        assert half.dtype == tf.float16 and half.numpy().tolist() == [1.5 * n], half
+
+    @check
     def broadcast_in_place_object_fn_ops_and_build_queries():
         v = tf.Variable([float(r), 1.0])
         (value,) = sdp.broadcast_([v], root_rank=n - 1)
