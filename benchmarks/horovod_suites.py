@@ -150,7 +150,8 @@ def run_suite(suite: Path, work: Path, args: argparse.Namespace) -> SuiteResult:
             f"run in {attempts} launches: a test that left the job unusable (a collective timed "
             "out or lost its peer) ends a launch, and the next one starts with the tests left")
     limits = (f"{args.test_timeout} s per test, {args.suite_timeout} s for the suite, "
-              f"{args.collective_timeout} s per collective (SDP_TIMEOUT)")
+              f"{args.collective_timeout} s per collective (SDP_TIMEOUT); launch variables as "
+              f"{'mpirun' if args.mode == 'mpi' else 'horovodrun --gloo'} sets them")
     result = SuiteResult(suite.name, time.monotonic() - start, status, note=note, limits=limits,
                          runtime=_runtime_commit(_runtime_file()))
     (reports / "meta.json").write_text(json.dumps(
@@ -165,7 +166,7 @@ def _launch(suite: Path, reports: Path, log: Path, tests: list[str] | None, limi
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
                TF_CPP_MIN_LOG_LEVEL="2", SDP_BACKEND="gloo", CUDA_VISIBLE_DEVICES="",
-               SDP_TIMEOUT=str(args.collective_timeout),
+               SDP_TIMEOUT=str(args.collective_timeout), HOROVOD_SUITE_MODE=args.mode,
                HOROVOD_SUITE_TEST_TIMEOUT=str(args.test_timeout),
                PYTHONPATH=os.pathsep.join(filter(None, [str(SHIM),
                                                         env.get("PYTHONPATH", "")])))
@@ -350,6 +351,10 @@ def main() -> int:
     parser.add_argument("--suite-timeout", type=int, default=2400)
     parser.add_argument("--collective-timeout", type=int, default=30)
     parser.add_argument("--port", type=int, default=29731)
+    parser.add_argument("--mode", choices=("gloo", "mpi"), default="gloo",
+                        help="launch variables as horovodrun --gloo sets them (the suites shut "
+                             "down and init again around each test), or as mpirun does (one "
+                             "init for the whole suite, the suites' MPI code paths)")
     parser.add_argument("--keep", help="keep the extracted suites and logs in this folder")
     parser.add_argument("--render-only", action="store_true",
                         help="do not run: write the results of the runs kept in --keep again")

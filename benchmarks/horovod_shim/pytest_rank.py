@@ -1,13 +1,13 @@
 """One rank of a Horovod test suite run (test plumbing for ``benchmarks/horovod_suites.py``).
 
 Started by ``sdp-run -n 2 pytest_rank.py SUITE OUT_DIR [TESTS_FILE]``: sets the variables
-``horovodrun
---gloo`` gives each process (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ...), from torchrun's, so that
-the suites take their Gloo code paths as under horovodrun; puts the shim's ``horovod`` first on
-the path; runs pytest on the suite with a per-test time limit, writing each test's outcome to
-``OUT_DIR/rank<r>.jsonl`` as soon as it is known (so that a run stopped at its time limit still
-tells what ran), and rank 0 lists every test collected in ``OUT_DIR/collected.json``. With
-``TESTS_FILE`` (a JSON list of test ids) only those run.
+``horovodrun --gloo`` gives each process (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ...), from
+torchrun's, so that the suites take their Gloo code paths as under horovodrun (or, with
+``HOROVOD_SUITE_MODE=mpi``, mpirun's ``OMPI_COMM_WORLD_*``: their MPI code paths); puts the shim's
+``horovod`` first on the path; runs pytest on the suite with a per-test time limit, writing each
+test's outcome to ``OUT_DIR/rank<r>.jsonl`` as soon as it is known (so that a run stopped at its
+time limit still tells what ran), and rank 0 lists every test collected in
+``OUT_DIR/collected.json``. With ``TESTS_FILE`` (a JSON list of test ids) only those run.
 
 A test that leaves the job unusable (a collective that timed out or lost its peer: a Horovod test
 that makes the ranks call different collectives) fails, and the rank then exits with status 3 at
@@ -73,12 +73,15 @@ def main() -> int:
     only = json.loads(Path(sys.argv[3]).read_text()) if len(sys.argv) > 3 else None
     per_test = os.environ.get("HOROVOD_SUITE_TEST_TIMEOUT", "120")
     rank = os.environ.get("RANK", "0")
-    for ours, theirs in (("HOROVOD_RANK", "RANK"), ("HOROVOD_SIZE", "WORLD_SIZE"),
-                         ("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
-                         ("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")):
-        os.environ[ours] = os.environ.get(theirs, "0" if "RANK" in ours else "1")
-    os.environ.setdefault("HOROVOD_CROSS_RANK", "0")
-    os.environ.setdefault("HOROVOD_CROSS_SIZE", "1")
+    # horovodrun --gloo's variables (the suites then shut down and init again around each test),
+    # or mpirun's (HOROVOD_SUITE_MODE=mpi: one init for the whole suite, MPI's code paths).
+    prefix = "OMPI_COMM_WORLD" if os.environ.get("HOROVOD_SUITE_MODE") == "mpi" else "HOROVOD"
+    for ours, theirs in (("RANK", "RANK"), ("SIZE", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_RANK"),
+                         ("LOCAL_SIZE", "LOCAL_WORLD_SIZE")):
+        os.environ[f"{prefix}_{ours}"] = os.environ.get(theirs, "0" if "RANK" in ours else "1")
+    if prefix == "HOROVOD":
+        os.environ.setdefault("HOROVOD_CROSS_RANK", "0")
+        os.environ.setdefault("HOROVOD_CROSS_SIZE", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(1, str(suite.parent))
 

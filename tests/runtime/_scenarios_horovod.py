@@ -155,6 +155,33 @@ def check_sparse_allreduce_async_sums_or_averages() -> None:
     assert handle().to_dense().tolist() == [1.0] * n  # Horovod's handle is called, not synced
 
 
+def check_sparse_gradients_reach_sparse_adam_averaged() -> None:
+    n, r = hvd.size(), hvd.rank()
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(4, 2, sparse=True)
+        start = emb.weight.detach().clone()
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                       sparse_as_dense=sparse_as_dense)
+        emb(torch.tensor([r])).sum().backward()  # each rank touches its own row
+        opt.synchronize()
+        grad = emb.weight.grad
+        assert grad.is_sparse
+        assert grad.to_dense().tolist() == [[1.0 / n] * 2 if k < n else [0.0] * 2
+                                            for k in range(4)]
+        with opt.skip_synchronize():
+            opt.step()
+        moved = (emb.weight.detach() != start).any(dim=1).tolist()
+        assert moved == [k < n for k in range(4)]  # every rank's row, on every rank
+
+
+def check_named_parameters_must_name_every_parameter() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+        opt, named_parameters=list(model.named_parameters())[:1]), "does not name")
+
+
 def check_the_global_process_set_is_accepted_and_others_refused() -> None:
     n = hvd.size()
     assert hvd.global_process_set.size() == n and hvd.global_process_set.included()

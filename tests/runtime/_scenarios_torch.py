@@ -275,7 +275,10 @@ def check_distributed_optimizer_synchronize_then_clip() -> None:
     _loss(model, r).backward()
     opt.synchronize()
     synced = [p.grad.clone() for p in model.parameters()]
-    opt.step()  # without skip_synchronize: still reduced only once
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()  # without skip_synchronize: still reduced only once, with Horovod's warning
+    assert any("skip_synchronize() context" in str(w.message) for w in caught), caught
     for got, want in zip(reduced, _reference_grads(n, op="sum"), strict=True):
         assert torch.allclose(got, want, atol=1e-6)
     for p, b, g in zip(after, before, clipped, strict=True):

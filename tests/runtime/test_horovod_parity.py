@@ -22,6 +22,8 @@ CHECKS = [
     "alltoall_every_dtype",
     "grouped_allgather_and_async_grouped_allreduce",
     "sparse_allreduce_async_sums_or_averages",
+    "sparse_gradients_reach_sparse_adam_averaged",
+    "named_parameters_must_name_every_parameter",
     "the_global_process_set_is_accepted_and_others_refused",
     "names_not_provided_say_what_to_do_instead",
 ]
