@@ -51,23 +51,33 @@ SUPPORT = ("test/parallel/base_test_tensorflow.py", "test/utils/common.py")
 _GROUPS: tuple[tuple[str, str], ...] = (
     ("collectives are matched by order, not by name=", r"duplicate_name"),
     ("async calls finish at the call (poll() is always True)", r"poll\(\) always returns True"),
-    ("the suite vs torch 2.13: Muon takes 2-D parameters only", r"Muon only supports"),
     ("broadcast_optimizer_state takes no dummy step: gradients stay None",
      r"test_broadcast_state_no_grad"),
+    ("the suite vs torch 2.13 / Keras 3 / TF 2.21 (its own calls fail)",
+     r"Muon only supports|keras\.optimizers\.legacy|Argument\(s\) not recognized: \{'lr'|"
+     r"has no attribute 'mean_squared_error'|object has no attribute 'ref'|"
+     r"BaseOptimizer.__init__\(\) missing|ThresholdedReLU|experimental_run_tf_function|"
+     r"object has no attribute 'lr'"),
+    ("Horovod internals the suite reads (not an API)",
+     r"_executing_eagerly|_parameter_names|mpi_ops|_handle_map|_basics|HOROVOD_DYNAMIC"),
     ("timed out (per-test limit)", r"Failed: Timeout >"),
     ("init after shutdown: Gloo could not connect", r"connectFullMesh|could not meet the other"),
     ("GPU-only", r"No GPUs available|not gpu|cuda|GPU|_gpu|fp16_gpu|NCCL|nccl"),
     ("TF1 / graph mode", r"TensorFlow v1 tests|graph mode|tf\.Session|ConfigProto|"
-                         r"placeholder|RefVariable|run_all_in_graph|test_session"),
+                         r"placeholder|RefVariable|run_all_in_graph|test_session|Not a test"),
     ("MPI-only", r"\bMPI\b|mpi_|Gloo is not available|is_mpi|horovodrun|mpirun"),
     ("process sets", r"process_set|ProcessSet|process sets"),
     ("elastic", r"elastic"),
     ("Adasum", r"[Aa]dasum"),
     ("join", r"\bjoin\b|_join"),
+    ("Product", r"Product"),
     ("timeline", r"timeline"),
-    ("alltoall / reducescatter", r"alltoall|reducescatter|reduce_scatter"),
-    ("Horovod-internal (ops, handles, build info)", r"_op\b|mpi_ops|_handle_map|"
-                                                    r"horovod_size_op|_basics|dynamic"),
+    ("backward_passes_per_step > 1 (Keras 3: gradient_accumulation_steps)",
+     r"backward_passes_per_step > 1"),
+    ("an error of another type (MismatchError / ValueError where Horovod raises its own)",
+     r"MismatchError|_error\b|not raised"),
+    ("gradients through TF collectives (not provided)",
+     r"gradient 0\.0 differs|None values not supported|'float' and 'NoneType'|_grad_cpu"),
 )
 
 
@@ -227,7 +237,9 @@ def group_of(outcome: Outcome) -> str:
     if outcome.status == "unfinished":
         return "still running when the suite's time limit stopped it"
     text = f"{outcome.name} {outcome.message}"
-    missing = re.search(r"has no attribute '(\w+)'|cannot import name '(\w+)'", outcome.message)
+    missing = re.search(r"module '(?:sdp_runtime|horovod)[\w.]*' has no attribute '(\w+)'|"
+                        r"cannot import name '(\w+)' from '(?:sdp_runtime|horovod)",
+                        outcome.message)
     for group, pattern in _GROUPS:
         if re.search(pattern, text):
             return group

@@ -23,6 +23,7 @@ pytestmark = [
 CHECKS = [
     "alltoall_reducescatter_grouped_allgather_eager_and_in_tf_function",
     "integers_scale_in_float64_truncated_as_horovod",
+    "tf1_graph_collectives_run_in_the_order_they_were_made_on_every_rank",
     "broadcast_in_place_object_fn_ops_and_build_queries",
     "the_global_process_set_is_accepted_and_others_refused",
     "names_not_provided_say_what_to_do_instead",

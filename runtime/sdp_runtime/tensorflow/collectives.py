@@ -22,6 +22,7 @@ collectives in the same order on every rank. XLA (``jit_compile=True``) cannot c
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -57,6 +58,34 @@ def _refuse_xla() -> None:
             "or call sdp.keras.prepare_train_function(model) after compile(), which keep XLA "
             "around the allreduce"
         )
+
+
+#: The last collective made in each TF1 graph (``tf.compat.v1`` sessions), see ``py_collective``.
+_last_in_graph: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def py_collective(fn: Callable[..., Any], inputs: list[Any], dtypes: list[Any], name: str) -> Any:
+    """``tf.py_function(fn, inputs, dtypes)`` that runs a collective, in the same order on every
+    rank.
+
+    Inside a ``tf.function``, TF's automatic control dependencies already run stateful ops in
+    program order. A TF1 graph (a ``tf.compat.v1.Session``) has none: a session would run two
+    independent collectives in any order, differently on each rank. There each one is made to
+    depend on the previous one made in the same graph, so they run in the order the program made
+    them, everywhere.
+
+    Example:
+        >>> out = py_collective(body, [t], [t.dtype], "sdp_allreduce")
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "building_function", False):
+        return tf.py_function(fn, inputs, dtypes, name=name)
+    previous = _last_in_graph.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        out = tf.py_function(fn, inputs, dtypes, name=name)
+    first = out[0] if isinstance(out, (list, tuple)) else out
+    _last_in_graph[graph] = first.op
+    return out
 
 
 def _check_dtype(dtype: tf.DType) -> None:
@@ -129,7 +158,7 @@ def _fused(
         if not idx:
             continue
         ins = [tensors[i] for i in idx]
-        outs = tf.py_function(body, ins, [t.dtype for t in ins], name=name)
+        outs = py_collective(body, ins, [t.dtype for t in ins], name)
         for i, result in zip(idx, outs, strict=True):
             result.set_shape(tensors[i].shape)
             out[i] = result
@@ -400,7 +429,7 @@ def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> 
     def body(eager: tf.Tensor) -> tf.Tensor:
         return torch_to_tf(_comm.allgather(tf_to_torch(eager)))
 
-    result = tf.py_function(body, [tensor], tensor.dtype, name="sdp_allgather")
+    (result,) = py_collective(body, [tensor], [tensor.dtype], "sdp_allgather")
     result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return result
 

@@ -15,7 +15,12 @@ import torch
 
 from sdp_runtime._compat import check_process_set
 from sdp_runtime.tensorflow.bridge import tf_to_torch, torch_to_tf
-from sdp_runtime.tensorflow.collectives import _check_dtype, _refuse_xla, allgather
+from sdp_runtime.tensorflow.collectives import (
+    _check_dtype,
+    _refuse_xla,
+    allgather,
+    py_collective,
+)
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp, resolve_op
 from sdp_runtime.torch import collectives as torch_collectives
 
@@ -32,7 +37,7 @@ def _call(fn: Callable[..., Any], tensors: Sequence[tf.Tensor], name: str,
     if tf.executing_eagerly():
         return eager(*tensors)
     _refuse_xla()
-    outs = tf.py_function(eager, list(tensors), [t.dtype for t in tensors], name=name)
+    outs = py_collective(eager, list(tensors), [t.dtype for t in tensors], name)
     for out, shape in zip(outs, shapes, strict=True):
         out.set_shape(shape)
     return list(outs)
@@ -87,8 +92,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     if tf.executing_eagerly():
         return tuple(eager(tensor, splits))
     _refuse_xla()
-    out, counts = tf.py_function(eager, [tensor, splits], [tensor.dtype, tf.int32],
-                                 name="sdp_alltoall")
+    out, counts = py_collective(eager, [tensor, splits], [tensor.dtype, tf.int32], "sdp_alltoall")
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     counts.set_shape([None])
     return out, counts

@@ -79,6 +79,20 @@ def main(out_dir: Path) -> None:
         assert half.dtype == tf.float16 and half.numpy().tolist() == [1.5 * n], half
 
     @check
+    def tf1_graph_collectives_run_in_the_order_they_were_made_on_every_rank():
+        with tf.Graph().as_default():
+            a = sdp.allreduce(tf.constant([1.0 * (r + 1)]), op=sdp.Sum)
+            b = sdp.allreduce(tf.constant([[2.0]]), op=sdp.Sum)
+            c = sdp.allgather(tf.constant([r]))
+            with tf.compat.v1.Session() as session:
+                fetch = [a, b, c] if r == 0 else [c, b, a]  # a session's own order differs
+                out = session.run(fetch)
+                out = out if r == 0 else out[::-1]
+                assert out[0].tolist() == [n * (n + 1) / 2] and out[1].tolist() == [[2.0 * n]]
+                assert out[2].tolist() == list(range(n))
+                assert session.run(b).tolist() == [[2.0 * n]]
+
+    @check
     def broadcast_in_place_object_fn_ops_and_build_queries():
         v = tf.Variable([float(r), 1.0])
         (value,) = sdp.broadcast_([v], root_rank=n - 1)
