@@ -46,13 +46,13 @@ SUITES = ("test_torch.py", "test_tensorflow2_keras.py", "test_tensorflow.py",
 #: What the suites import besides the suite files themselves.
 SUPPORT = ("test/parallel/base_test_tensorflow.py", "test/utils/common.py")
 
-# (group, pattern on "test name + message"), first match wins. The groups say why a test cannot
-# pass here, or what the runtime lacks.
-_GROUPS: tuple[tuple[str, str], ...] = (
-    ("collectives are matched by order, not by name=", r"duplicate_name"),
+# Why a test failed or was skipped: first the groups matched on the message alone (what the
+# runtime did), then a name the runtime lacks, then the groups matched on test name and message
+# (what the test is about); first match wins.
+_MESSAGE_GROUPS: tuple[tuple[str, str], ...] = (
+    ("init() a second time raised AlreadyInitializedError (Horovod's does nothing)",
+     r"AlreadyInitializedError"),
     ("async calls finish at the call (poll() is always True)", r"poll\(\) always returns True"),
-    ("broadcast_optimizer_state takes no dummy step: gradients stay None",
-     r"test_broadcast_state_no_grad"),
     ("the suite vs torch 2.13 / Keras 3 / TF 2.21 (its own calls fail)",
      r"Muon only supports|keras\.optimizers\.legacy|Argument\(s\) not recognized: \{'lr'|"
      r"has no attribute 'mean_squared_error'|object has no attribute 'ref'|"
@@ -62,6 +62,12 @@ _GROUPS: tuple[tuple[str, str], ...] = (
      r"_executing_eagerly|_parameter_names|mpi_ops|_handle_map|_basics|HOROVOD_DYNAMIC"),
     ("timed out (per-test limit)", r"Failed: Timeout >"),
     ("init after shutdown: Gloo could not connect", r"connectFullMesh|could not meet the other"),
+)
+# (group, pattern on "test name + message"), first match wins: why a test cannot pass here.
+_GROUPS: tuple[tuple[str, str], ...] = (
+    ("collectives are matched by order, not by name=", r"duplicate_name"),
+    ("broadcast_optimizer_state takes no dummy step: gradients stay None",
+     r"test_broadcast_state_no_grad"),
     ("GPU-only", r"No GPUs available|not gpu|cuda|GPU|_gpu|fp16_gpu|NCCL|nccl"),
     ("TF1 / graph mode", r"TensorFlow v1 tests|graph mode|tf\.Session|ConfigProto|"
                          r"placeholder|RefVariable|run_all_in_graph|test_session|Not a test"),
@@ -97,6 +103,7 @@ class SuiteResult:
     note: str = ""
     limits: str = ""
     runtime: str = ""  # where the runtime under test came from
+    collected: int = 0  # tests the suite has
 
 
 def extract(args: argparse.Namespace, into: Path) -> str:
@@ -207,6 +214,9 @@ def collect(suite: Path, reports: Path, result: SuiteResult, log: Path) -> Suite
         report = reports / f"rank{rank}.jsonl"
         if report.exists():
             result.ranks[rank] = read_outcomes(report)
+    collected = reports / "collected.json"
+    if collected.exists():
+        result.collected = len(json.loads(collected.read_text()))
     if not result.ranks:
         tail = log.read_text(errors="replace")[-1500:]
         result.note = (result.note + "; " if result.note else "") + f"no report; log tail: {tail!r}"
@@ -237,14 +247,17 @@ def group_of(outcome: Outcome) -> str:
     if outcome.status == "unfinished":
         return "still running when the suite's time limit stopped it"
     text = f"{outcome.name} {outcome.message}"
+    for group, pattern in _MESSAGE_GROUPS:
+        if re.search(pattern, outcome.message):
+            return group
     missing = re.search(r"module '(?:sdp_runtime|horovod)[\w.]*' has no attribute '(\w+)'|"
                         r"cannot import name '(\w+)' from '(?:sdp_runtime|horovod)",
                         outcome.message)
+    if missing:
+        return f"not provided: {missing.group(1) or missing.group(2)}"
     for group, pattern in _GROUPS:
         if re.search(pattern, text):
             return group
-    if missing:
-        return f"not provided: {missing.group(1) or missing.group(2)}"
     if outcome.status == "skipped":
         return "skipped by the suite"
     return "other"
@@ -269,12 +282,13 @@ def render(label: str, commit: str, r: SuiteResult, args: argparse.Namespace) ->
         f"Python {platform.python_version()}, {_versions()}); `sdp-run -n 2`, Gloo on the CPU; "
         f"limits {r.limits}; ran {r.seconds:.0f} s",
         "",
-        "| rank | passed | failed | skipped | unfinished |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| rank | passed | failed | skipped | unfinished | never ran |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for rank, c in sorted(counts.items()):
+        never = max(r.collected - sum(c.values()), 0)
         lines.append(f"| {rank} | {c['passed']} | {c['failed']} | {c['skipped']} | "
-                     f"{c['unfinished']} |")
+                     f"{c['unfinished']} | {never} |")
     lines.append("")
     if r.note:
         lines += [f"Note: {short(r.note, 2000)}", ""]

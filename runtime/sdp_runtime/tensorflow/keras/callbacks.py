@@ -133,11 +133,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     Both of Horovod's call styles work. Horovod 0.21 and later: ``(initial_lr, multiplier,
     start_epoch=0, ...)``; a number as ``multiplier`` is an exponential decay from
     ``start_epoch`` on (the rate is ``initial_lr * multiplier ** (epoch - start_epoch)``, as in
-    Horovod 0.28). Horovod 0.20 and earlier: ``(multiplier, start_epoch=0, ..., initial_lr=None)``
-    without ``initial_lr`` (or with it as a keyword), recognised by ``multiplier`` missing: a
-    number as ``multiplier`` is then a constant factor (the rate is ``initial_lr * multiplier``
-    over the range, as in those versions), and a missing ``initial_lr`` is read from the
-    optimizer when training starts.
+    Horovod 0.23 and later; 0.21 and 0.22 kept it constant). Horovod 0.20 and earlier:
+    ``(multiplier, start_epoch=0, ...)`` without ``initial_lr``, recognised by ``initial_lr``
+    missing (0.21 made it required): ``initial_lr`` is then the optimizer's rate when training
+    starts, and a number as ``multiplier`` a constant factor (the rate is
+    ``initial_lr * multiplier`` over the range, as in those versions).
 
     Arguments:
         initial_lr: the rate the multiplier applies to, usually ``base_lr * size()``; None: the
