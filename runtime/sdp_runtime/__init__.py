@@ -14,6 +14,7 @@ from ._types import (
     CommunicationError,
     MismatchError,
     NotInitializedError,
+    NotProvidedError,
     ReduceOp,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "LaunchError",
     "MismatchError",
     "NotInitializedError",
+    "NotProvidedError",
     "ReduceOp",
     "__version__",
     "notebook_launcher",

@@ -71,6 +71,7 @@ __all__ = [
     "allgather",
     "allgather_object",
     "allreduce_",
+    "alltoall",
     "alone",
     "backend",
     "barrier",
@@ -128,6 +129,7 @@ _lock = threading.RLock()
 _buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
 _atexit_registered = False
 _groups_left = 0  # groups this process has left (keys of the exit count in the store)
+_groups_made = 0  # process groups this process has created (init after shutdown: fresh keys)
 # With one process every collective returns at once. Tests of the GPU path turn this off, to run
 # real NCCL collectives on a one-process group.
 _SHORTCUT_ALONE = True
@@ -370,11 +372,19 @@ def _adopt(found: _env.Placement) -> tuple[_env.Placement, str, torch.device]:
 
 
 def _rendezvous(name: str, p: _env.Placement, timeout_s: float) -> None:
+    global _groups_made
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict[str, Any] = {
         "backend": _torch_backend(name), "rank": p.rank, "world_size": p.size, "timeout": timeout
     }
-    if p.store_from_env:
+    if p.store_from_env and _groups_made and p.size > 1:
+        # torchrun's store outlives a group, and torch names the new group's keys as it named the
+        # last one's: a rank that came back first would read its peer's old address. Init after
+        # shutdown (Horovod allows it) meets under a prefix of its own.
+        store, _, _ = next(dist.rendezvous("env://", rank=p.rank, world_size=p.size,
+                                           timeout=timeout))
+        kwargs["store"] = dist.PrefixStore(f"sdp_runtime/group{_groups_made}", store)
+    elif p.store_from_env:
         kwargs["init_method"] = "env://"  # torchrun: its agent already hosts the store
     elif p.size == 1:
         kwargs["store"] = dist.HashStore()
@@ -383,6 +393,7 @@ def _rendezvous(name: str, p: _env.Placement, timeout_s: float) -> None:
     hook = sys.excepthook
     try:
         dist.init_process_group(**kwargs)
+        _groups_made += 1
         if os.environ.get("SDP_RUN_PREFIXED") == "1":
             sys.excepthook = hook  # sdp-run prefixes each line already; torch's hook repeats it
     except Exception as error:  # DistStoreError, TimeoutError, RuntimeError: all mean the same here
@@ -509,6 +520,49 @@ def allgather(tensor: torch.Tensor) -> torch.Tensor:
     pieces = [received[i * width : i * width + c * row_bytes] for i, c in enumerate(counts)]
     flat = torch.cat(pieces).to(x.device)
     return flat.view(x.dtype).view(sum(counts), *trailing)
+
+
+def alltoall(tensor: torch.Tensor, splits: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+    """Send ``splits[i]`` rows (dim 0) of ``tensor`` to process ``i``; return what came back.
+
+    The other dimensions and the dtype must be the same on every process.
+
+    Arguments:
+        tensor: the rows to send, in rank order of their destination.
+        splits: how many rows go to each process (one number per process, summing to
+            ``tensor.shape[0]``).
+
+    Returns:
+        The rows received, in rank order of their sender, and how many came from each.
+
+    Example:
+        >>> out, received = alltoall(torch.arange(4), [2, 2])
+    """
+    state = _require("sdp alltoall")
+    (x,) = _tensor_list([tensor], "alltoall")
+    x = x.detach().reshape(1) if x.dim() == 0 else x.detach()
+    n = state.placement.size
+    sends = [int(s) for s in splits]
+    if len(sends) != n or any(s < 0 for s in sends) or sum(sends) != x.shape[0]:
+        raise ValueError(f"alltoall: splits {sends} must be {n} non-negative numbers (one per "
+                         f"process) adding up to the first dimension of the tensor, {x.shape[0]}")
+    if _alone(state):
+        return x.clone(), sends
+    trailing = tuple(x.shape[1:])
+    with _lock, _guard(state, "alltoall"):
+        sig = _fingerprint(f"{x.dtype}{trailing}")
+        mine = torch.tensor([*sends, sig, -sig], dtype=torch.int64, device=state.device)
+        table = torch.empty(n * (n + 2), dtype=torch.int64, device=state.device)
+        dist.all_gather(list(table.chunk(n)), mine)
+        table = table.view(n, n + 2).cpu()
+        if not (table[:, n] == sig).all():
+            _explain_mismatch("alltoall", f"{x.dtype} [*, {', '.join(map(str, trailing))}]")
+        received = table[:, state.placement.rank].tolist()
+        row = math.prod(trailing) * x.element_size()  # rows travel as bytes: every dtype goes
+        send = _bytes_of(x.contiguous().to(state.device))
+        out = torch.empty(sum(received) * row, dtype=torch.uint8, device=state.device)
+        dist.all_to_all_single(out, send, [r * row for r in received], [s * row for s in sends])
+    return out.to(x.device).view(x.dtype).view(sum(received), *trailing), received
 
 
 def broadcast_object(obj: Any, root_rank: int = 0) -> Any:

@@ -47,3 +47,11 @@ class CommunicationError(RuntimeError):
 
 class MismatchError(CommunicationError, ValueError):
     """Ranks called the same collective with different tensors (number, shapes or dtypes)."""
+
+
+class NotProvidedError(AttributeError, NotImplementedError):
+    """A Horovod or SMDDP API that sdp_runtime does not provide; the message says what to use.
+
+    Raised when a script looks such a name up (``hvd.join``) or passes what the runtime cannot do
+    (``process_set=`` a subset). An ``AttributeError``, so ``hasattr(hvd, "join")`` stays False.
+    """

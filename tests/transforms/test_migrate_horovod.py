@@ -292,7 +292,7 @@ def test_unsupported_apis_are_reported_at_each_use_and_left_as_is():
 
 
         train(hvd.elastic.TorchState(model, opt))
-        print(hvd.nccl_built(), hvd.mpi_threads_supported())
+        print(hvd.nccl_built(), hvd.start_timeline("timeline.json"))
         """
     result = check_transformed(
         source, source.replace("import horovod.torch", "import sdp_runtime.torch"), only=ONLY
@@ -305,7 +305,7 @@ def test_unsupported_apis_are_reported_at_each_use_and_left_as_is():
     )
     assert "hvd.join: not provided by sdp_runtime; for uneven inputs" in found[2][1]
     assert found[3][1].startswith("hvd.elastic:")
-    assert found[4][1].startswith("hvd.mpi_threads_supported: not provided by sdp_runtime; ")
+    assert found[4][1].startswith("hvd.start_timeline: not provided by sdp_runtime; remove the call")
     # nccl_built is provided: no note for it.
     assert not any("nccl_built" in m for _, m in found)
 
@@ -382,18 +382,22 @@ def test_process_sets_are_reported():
     assert notes[1][1].startswith("process_set=: process sets are not supported")
 
 
-def test_keras_callbacks_the_runtime_lacks_are_reported():
+def test_horovods_best_model_checkpoint_migrates_and_is_noted_as_writing_on_every_rank():
     result = migrate(
         """\
         import horovod.tensorflow.keras as hvd
+        import keras
 
         hvd.init()
-        callbacks = [hvd.callbacks.BestModelCheckpoint(monitor="val_loss")]
+        model = keras.Sequential([keras.layers.Dense(1)])
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+        callbacks = [hvd.callbacks.BestModelCheckpoint("best.keras", monitor="val_loss")]
+        model.fit(x, y, callbacks=callbacks)
         """
     )
-    assert manual(result) == [
-        (4, "hvd.callbacks.BestModelCheckpoint: not provided by sdp_runtime; use "
-            "keras.callbacks.ModelCheckpoint(save_best_only=True), added on rank 0 only")
+    assert [m for m in manual(result) if "BestModelCheckpoint" in m[1]] == [
+        (7, "BestModelCheckpoint writes files on every rank: add it to the callbacks on rank 0 "
+            "only (if rank() == 0: callbacks.append(...))")
     ]
 
 

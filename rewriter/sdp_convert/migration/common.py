@@ -56,10 +56,15 @@ _SAVE_FUNCTIONS = (
 _SAVE_METHODS = ("save", "save_weights")
 
 
-_WRITING_CALLBACKS = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
+_WRITING_CALLBACKS = (
+    "ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "BestModelCheckpoint",
+)
 
 
-_KERAS_CALLBACK_MODULES = ("tensorflow.keras.callbacks", "keras.callbacks", "tf_keras.callbacks")
+_KERAS_CALLBACK_MODULES = (
+    "tensorflow.keras.callbacks", "keras.callbacks", "tf_keras.callbacks",
+    "horovod.tensorflow.keras.callbacks", "horovod.keras.callbacks",  # BestModelCheckpoint
+)
 
 
 _OPTIMIZER = re.compile(

@@ -16,8 +16,8 @@ from .common import names
 #: torch.distributed names that SageMaker scripts may use and that sdp_runtime.torch.distributed
 #: does not re-export: they keep working through torch.distributed on the runtime's process group.
 FALLBACK_NAMES = names(
-    """destroy_process_group get_backend new_group all_to_all_single reduce gather scatter
-    reduce_scatter monitored_barrier all_gather_into_tensor reduce_scatter_tensor""")
+    """destroy_process_group get_backend new_group reduce gather scatter reduce_scatter
+    monitored_barrier all_gather_into_tensor reduce_scatter_tensor""")
 
 
 _SAGEMAKER_VAR = re.compile(r"^SM_[A-Z0-9_]+$")

@@ -50,18 +50,27 @@ from ..migration import RUNTIME_CALLBACK_NAMES, RUNTIME_KERAS_NAMES, Migration, 
 
 # -- the Horovod table ----------------------------------------------------------------------------
 
+_BUILD = "mpi_built gloo_built nccl_built gloo_enabled mpi_enabled mpi_threads_supported " \
+    "ccl_built ddl_built cuda_built rocm_built"
 _TORCH = names(
     """init shutdown is_initialized size local_size rank local_rank cross_rank cross_size
     allreduce allreduce_ allreduce_async allreduce_async_ grouped_allreduce grouped_allreduce_
-    allgather allgather_async broadcast broadcast_ broadcast_async broadcast_async_ poll
-    synchronize barrier broadcast_parameters broadcast_optimizer_state broadcast_object
-    allgather_object DistributedOptimizer DistributedDataParallel Compression ReduceOp Average Sum
-    Min Max mpi_built gloo_built nccl_built"""
+    grouped_allreduce_async grouped_allreduce_async_ sparse_allreduce_async allgather
+    allgather_async grouped_allgather grouped_allgather_async broadcast broadcast_ broadcast_async
+    broadcast_async_ alltoall alltoall_async reducescatter reducescatter_async
+    grouped_reducescatter grouped_reducescatter_async poll synchronize barrier
+    broadcast_parameters broadcast_optimizer_state broadcast_object allgather_object
+    DistributedOptimizer DistributedDataParallel Compression ReduceOp Average Sum Min Max
+    global_process_set HorovodInternalError """ + _BUILD
 )
 _TF = names(
-    """init shutdown is_initialized size local_size rank local_rank allreduce grouped_allreduce
-    oob_allreduce allgather broadcast broadcast_variables broadcast_object allgather_object overlap
-    DistributedGradientTape DistributedOptimizer Compression ReduceOp Average Sum Min Max keras"""
+    """init shutdown is_initialized size local_size rank local_rank cross_rank cross_size
+    is_homogeneous size_op local_size_op rank_op local_rank_op process_set_included_op allreduce
+    grouped_allreduce oob_allreduce allgather grouped_allgather broadcast broadcast_
+    broadcast_variables broadcast_object broadcast_object_fn allgather_object alltoall
+    reducescatter grouped_reducescatter barrier overlap DistributedGradientTape
+    DistributedOptimizer Compression ReduceOp Average Sum Min Max global_process_set
+    HorovodInternalError keras """ + _BUILD
 )
 
 HOROVOD_MODULES: Mapping[str, Target] = {

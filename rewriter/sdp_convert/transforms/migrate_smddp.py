@@ -72,14 +72,14 @@ _TORCH_SMDDP = f"{_ROOT}.torch.torch_smddp"
 #: SMDDP's PyTorch API (v1.0-1.3), as sdp_runtime.torch.distributed provides it.
 _DIST = hvd.names(
     """init_process_group is_available is_initialized get_rank get_local_rank get_world_size
-    get_local_size barrier all_reduce broadcast all_gather all_gather_object broadcast_object_list
-    group ReduceOp DistributedDataParallel"""
+    get_local_size barrier all_reduce all_to_all_single broadcast all_gather all_gather_object
+    broadcast_object_list group ReduceOp DistributedDataParallel"""
 )
 _TF = hvd.names(
     """init shutdown is_initialized size local_size rank local_rank allreduce oob_allreduce
     grouped_allreduce allgather broadcast broadcast_variables broadcast_object allgather_object
-    overlap DistributedGradientTape DistributedOptimizer Compression ReduceOp Average Sum Min Max
-    keras"""
+    overlap barrier DistributedGradientTape DistributedOptimizer Compression ReduceOp Average Sum
+    Min Max keras"""
 )
 #: torch.distributed's name -> sdp_runtime.torch's (leaving the job destroys the runtime's group).
 _RENAMED = {"destroy_process_group": "shutdown"}

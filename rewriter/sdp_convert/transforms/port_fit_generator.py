@@ -23,12 +23,17 @@ arguments after the generator are written as keywords, since ``fit``'s positions
 flows into training are sharded with ``sdp.shard`` (every ``size()``-th sample from ``rank()`` on,
 padded to the same length on every worker), as ``fit(x, y)`` arrays are; a flow the converter
 cannot read (a list of arrays, no labels) is reported.
+
+A Horovod or SMDDP Keras script being migrated gets the port too (Keras 3 lacks
+``fit_generator`` there as well), but not the sharding: how such a script splits its data is its
+own, and the migration's checks speak about it.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
+from ..analysis import FileInfo
 from ..base import Transform
 from ..program.keras import (
     FIT_GENERATOR_PARAMETERS,
@@ -46,13 +51,24 @@ _DROPPED = ("max_queue_size", "workers", "use_multiprocessing")
 class PortFitGenerator(Transform):
     DESCRIPTION = "fit_generator -> fit (Keras 3); shard the arrays an ImageDataGenerator flows."
     FRAMEWORKS = frozenset({"tensorflow"})
+    #: Scripts of these libraries are migrated, not converted: their fit_generator is ported all
+    #: the same.
+    MIGRATED = frozenset({"horovod", "smddp"})
+
+    @classmethod
+    def applies_to(cls, info: FileInfo) -> bool:
+        migrated = info.origin in cls.MIGRATED
+        return info.framework in cls.FRAMEWORKS and (info.convertible or migrated)
 
     def prepare(self, module: cst.Module) -> None:
         self.ports: set[cst.Call] = set()
         self.flows: dict[cst.Call, list[str]] = {}  # flow call -> keywords of arrays to shard
+        migrated = not self.state.info.convertible
         for fit in keras_fit_calls(self.fm):
             if is_fit_generator(fit):
                 self.ports.add(fit)
+            if migrated:
+                continue
             flow = generator_flow(self.fm, fit)
             if flow is None or flow in self.flows:
                 continue

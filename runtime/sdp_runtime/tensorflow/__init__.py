@@ -11,20 +11,35 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from sdp_runtime._compat import NotProvidedError, global_process_set, not_provided
 from sdp_runtime._output import rank0_print
+from sdp_runtime._types import CommunicationError
 from sdp_runtime.tensorflow.basics import (
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     gloo_built,
+    gloo_enabled,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
+    local_rank_op,
     local_size,
+    local_size_op,
     mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
     nccl_built,
+    process_set_included_op,
     rank,
+    rank_op,
+    rocm_built,
     shutdown,
     size,
+    size_op,
 )
 from sdp_runtime.tensorflow.collectives import (
     allgather,
@@ -32,7 +47,9 @@ from sdp_runtime.tensorflow.collectives import (
     allreduce,
     barrier,
     broadcast,
+    broadcast_,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
     grouped_allreduce,
     oob_allreduce,
@@ -48,10 +65,21 @@ from sdp_runtime.tensorflow.compression import (
     Sum,
 )
 from sdp_runtime.tensorflow.data import shard
+from sdp_runtime.tensorflow.exchange import (
+    alltoall,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+)
 from sdp_runtime.tensorflow.optimizer import DistributedOptimizer
 from sdp_runtime.tensorflow.tape import DistributedGradientTape
 
 from .._order import rank0_first
+
+#: Horovod's error for a failed collective: here, the runtime's own.
+HorovodInternalError = CommunicationError
+
+_not_provided = not_provided(__name__, "horovod.tensorflow")
 
 __all__ = [
     "Average",
@@ -59,35 +87,57 @@ __all__ = [
     "Compressor",
     "DistributedGradientTape",
     "DistributedOptimizer",
+    "HorovodInternalError",
     "Max",
     "Min",
+    "NotProvidedError",
     "ReduceOp",
     "Sum",
     "allgather",
     "allgather_object",
     "allreduce",
+    "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "global_process_set",
     "gloo_built",
+    "gloo_enabled",
+    "grouped_allgather",
     "grouped_allreduce",
+    "grouped_reducescatter",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
     "nccl_built",
     "oob_allreduce",
     "overlap",
+    "process_set_included_op",
     "rank",
-    "rank0_print",
     "rank0_first",
+    "rank0_print",
+    "rank_op",
+    "reducescatter",
+    "rocm_built",
     "shard",
     "shutdown",
     "size",
+    "size_op",
 ]
 
 
@@ -97,4 +147,4 @@ def __getattr__(name: str) -> ModuleType:
     # scripts without Keras never import it (and without a cycle: the package imports this one).
     if name == "keras":
         return importlib.import_module(f"{__name__}.keras")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _not_provided(name)  # Horovod's names it lacks: NotProvidedError, with advice

@@ -22,6 +22,7 @@ collectives in the same order on every rank. XLA (``jit_compile=True``) cannot c
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -29,9 +30,11 @@ import tensorflow as tf
 import torch
 
 from sdp_runtime import _comm
+from sdp_runtime._compat import check_process_set
 from sdp_runtime.tensorflow import buffers
 from sdp_runtime.tensorflow.bridge import TF_ALIGNMENT, tf_to_torch, torch_to_tf
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp, resolve_op
+from sdp_runtime.torch.collectives import scale_
 
 Work = Callable[[list[torch.Tensor]], None]
 
@@ -55,6 +58,34 @@ def _refuse_xla() -> None:
             "or call sdp.keras.prepare_train_function(model) after compile(), which keep XLA "
             "around the allreduce"
         )
+
+
+#: The last collective made in each TF1 graph (``tf.compat.v1`` sessions), see ``py_collective``.
+_last_in_graph: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def py_collective(fn: Callable[..., Any], inputs: list[Any], dtypes: list[Any], name: str) -> Any:
+    """``tf.py_function(fn, inputs, dtypes)`` that runs a collective, in the same order on every
+    rank.
+
+    Inside a ``tf.function``, TF's automatic control dependencies already run stateful ops in
+    program order. A TF1 graph (a ``tf.compat.v1.Session``) has none: a session would run two
+    independent collectives in any order, differently on each rank. There each one is made to
+    depend on the previous one made in the same graph, so they run in the order the program made
+    them, everywhere.
+
+    Example:
+        >>> out = py_collective(body, [t], [t.dtype], "sdp_allreduce")
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "building_function", False):
+        return tf.py_function(fn, inputs, dtypes, name=name)
+    previous = _last_in_graph.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        out = tf.py_function(fn, inputs, dtypes, name=name)
+    first = out[0] if isinstance(out, (list, tuple)) else out
+    _last_in_graph[graph] = first.op
+    return out
 
 
 def _check_dtype(dtype: tf.DType) -> None:
@@ -127,7 +158,7 @@ def _fused(
         if not idx:
             continue
         ins = [tensors[i] for i in idx]
-        outs = tf.py_function(body, ins, [t.dtype for t in ins], name=name)
+        outs = py_collective(body, ins, [t.dtype for t in ins], name)
         for i, result in zip(idx, outs, strict=True):
             result.set_shape(tensors[i].shape)
             out[i] = result
@@ -156,11 +187,11 @@ def _reduce_work(
             observe(flats)
         if prescale != 1.0:
             for f in flats:
-                f.mul_(prescale)
+                scale_(f, prescale)
         _comm.allreduce_(flats, op=op, compression=compression, bucket_bytes=bucket_bytes)
         if postscale != 1.0:
             for f in flats:
-                f.mul_(postscale)
+                scale_(f, postscale)
 
     return work
 
@@ -173,11 +204,16 @@ def _broadcast_work(root_rank: int) -> Work:
 
 
 def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """``tensor * factor`` as Horovod scales: integers in float64 (truncated toward zero),
+    float16 / bfloat16 in float32 (the same rule as ``sdp_runtime.torch``'s ``scale_``)."""
     if factor == 1.0:
         return tensor
-    if not tensor.dtype.is_floating:
-        raise ValueError("prescale_factor/postscale_factor need floating-point tensors")
-    return tensor * tf.cast(factor, tensor.dtype)
+    if tensor.dtype == tf.bool:
+        raise TypeError("bool tensors cannot be scaled (prescale_factor / postscale_factor)")
+    if tensor.dtype in (tf.float32, tf.float64):
+        return tensor * tf.cast(factor, tensor.dtype)
+    wide = tf.float32 if tensor.dtype.is_floating else tf.float64
+    return tf.cast(tf.cast(tensor, wide) * tf.cast(factor, wide), tensor.dtype)
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, op: ReduceOp, factor: float) -> tf.IndexedSlices:
@@ -204,6 +240,7 @@ def grouped_allreduce(
     name: str | None = None,
     device_dense: str = "",
     device_sparse: str = "",
+    process_set: Any = None,
     audit: Callable[[list[int], list[torch.Tensor]], None] | None = None,
 ) -> list[Any]:
     """Allreduce many tensors at once, fused into one communication per dtype bucket.
@@ -218,10 +255,12 @@ def grouped_allreduce(
         op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
         average: Horovod's older spelling: ``True`` is AVERAGE, ``False`` is SUM.
         sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense tensors.
-        prescale_factor: multiply inputs by this before reducing (floating point only).
-        postscale_factor: multiply results by this after reducing (floating point only).
+        prescale_factor: multiply inputs by this before reducing (integers in float64, truncated,
+            as in Horovod).
+        postscale_factor: multiply results by this after reducing (the same way).
         bucket_cap_mb: fusion bucket size in MiB; default is ``_comm``'s (25 MB).
         name, device_dense, device_sparse: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``; other sets are refused.
         audit: the runtime audit's observer of gradients (``_audit.tf_observer``), called with
             the positions and the local values of the dense tensors before they are reduced.
 
@@ -229,6 +268,7 @@ def grouped_allreduce(
         >>> grads = sdp.grouped_allreduce(tape.gradient(loss, model.trainable_variables))
     """
     del name, device_dense, device_sparse
+    check_process_set(process_set, "grouped_allreduce")
     op = resolve_op(op, average)
     out = list(tensors)
     single = _comm.size() == 1
@@ -246,14 +286,11 @@ def grouped_allreduce(
         else:
             out[i] = tf.convert_to_tensor(t)
             dense.append(i)
-    if single:
+    if single:  # nothing to reduce; the two scalings as they would apply around the reduction
         for i in dense:
-            out[i] = _scale(out[i], factor)
+            out[i] = _scale(_scale(out[i], prescale_factor), postscale_factor)
         return out
     values = [out[i] for i in dense]
-    for t in values:
-        if factor != 1.0 and not t.dtype.is_floating:
-            raise ValueError("prescale_factor/postscale_factor need floating-point tensors")
     wire = compression.wire
     contexts: list[Any] = []
     if wire is None:  # a user-defined compressor: run it in TF
@@ -311,6 +348,7 @@ def allreduce(
     name: str | None = None,
     device_dense: str = "",
     device_sparse: str = "",
+    process_set: Any = None,
 ) -> Any:
     """Allreduce one tensor (or ``IndexedSlices``) across all processes.
 
@@ -326,6 +364,7 @@ def allreduce(
         average: Horovod's older spelling: ``True`` is AVERAGE, ``False`` is SUM.
         prescale_factor, postscale_factor: scale before / after reducing (floating point).
         name, device_dense, device_sparse: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``; other sets are refused.
 
     Example:
         >>> total = sdp.allreduce(tf.constant(local_count), op=sdp.ReduceOp.SUM)
@@ -338,6 +377,7 @@ def allreduce(
         average=average,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )[0]
 
 
@@ -361,7 +401,7 @@ def oob_allreduce(
 
 
 @_not_converted
-def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> tf.Tensor:
     """Concatenate every rank's tensor along the first dimension, in rank order.
 
     The first dimension may differ between ranks; the others must agree. A scalar is treated
@@ -370,11 +410,13 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     Arguments:
         tensor: a tensor or variable.
         name: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``.
 
     Example:
         >>> all_labels = sdp.allgather(labels)  # shape [sum of every rank's batch, ...]
     """
     del name
+    check_process_set(process_set, "allgather")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype)
     if tensor.shape.rank == 0:
@@ -387,24 +429,27 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     def body(eager: tf.Tensor) -> tf.Tensor:
         return torch_to_tf(_comm.allgather(tf_to_torch(eager)))
 
-    result = tf.py_function(body, [tensor], tensor.dtype, name="sdp_allgather")
+    (result,) = py_collective(body, [tensor], [tensor.dtype], "sdp_allgather")
     result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return result
 
 
 @_not_converted
-def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
+def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None,
+              process_set: Any = None) -> tf.Tensor:
     """Return ``root_rank``'s value of ``tensor`` on every rank (the input is not modified).
 
     Arguments:
         tensor: a tensor or variable, same shape and dtype on every rank.
         root_rank: the rank whose value is sent.
         name: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``.
 
     Example:
         >>> seed = sdp.broadcast(tf.constant(local_seed), root_rank=0)
     """
     del name
+    check_process_set(process_set, "broadcast")
     tensor = tf.convert_to_tensor(tensor)
     return _fused([tensor], _broadcast_work(root_rank), "sdp_broadcast", reuse=False)[0]
 
@@ -424,7 +469,8 @@ def _unique_variables(variables: Any) -> list[Any]:
 
 
 @_not_converted
-def broadcast_variables(variables: Any, root_rank: int = 0) -> None:
+def broadcast_variables(variables: Any, root_rank: int = 0, process_set: Any = None,
+                        inplace: bool = False) -> None:
     """Overwrite ``variables`` on every rank with ``root_rank``'s values, in one fused broadcast.
 
     Accepts ``tf.Variable``s and Keras 3 variables, e.g. ``model.variables`` and
@@ -434,12 +480,15 @@ def broadcast_variables(variables: Any, root_rank: int = 0) -> None:
     Arguments:
         variables: a variable or an iterable of variables (duplicates are sent once).
         root_rank: the rank whose values are kept.
+        process_set: None or ``global_process_set``.
+        inplace: accepted for Horovod compatibility (the variables are always assigned).
 
     Example:
         >>> optimizer.build(model.trainable_variables)
         >>> sdp.broadcast_variables(model.variables, root_rank=0)
         >>> sdp.broadcast_variables(optimizer.variables, root_rank=0)
     """
+    check_process_set(process_set, "broadcast_variables")
     unique = _unique_variables(variables)
     if not unique or _comm.size() == 1:
         return
@@ -450,18 +499,23 @@ def broadcast_variables(variables: Any, root_rank: int = 0) -> None:
         var.assign(value)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+                     process_set: Any = None) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank.
 
     Arguments:
         obj: any picklable object (only ``root_rank``'s is used).
         root_rank: the rank whose object is sent.
+        session: Horovod's TF1 session; must be None (eager only).
         name: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``.
 
     Example:
         >>> start_epoch = sdp.broadcast_object(start_epoch, root_rank=0)
     """
     del name
+    _no_session(session, "broadcast_object")
+    check_process_set(process_set, "broadcast_object")
     return _comm.broadcast_object(obj, root_rank=root_rank)
 
 
@@ -472,7 +526,7 @@ def barrier(process_set: Any = None) -> None:
     between a write guarded by ``if sdp.rank() == 0:`` and a later read of the same path.
 
     Arguments:
-        process_set: accepted for Horovod compatibility; every process takes part.
+        process_set: None or ``global_process_set`` (every process takes part).
 
     Example:
         >>> if sdp.rank() == 0:
@@ -480,7 +534,7 @@ def barrier(process_set: Any = None) -> None:
         >>> sdp.barrier()
         >>> model.load_weights("w.weights.h5")
     """
-    del process_set
+    check_process_set(process_set, "barrier")
     if not tf.executing_eagerly():
         raise RuntimeError(
             "sdp.barrier() runs in eager code only: inside a tf.function it would wait once, "
@@ -489,18 +543,64 @@ def barrier(process_set: Any = None) -> None:
     _comm.barrier()
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+def allgather_object(obj: Any, session: Any = None, name: str | None = None,
+                     process_set: Any = None) -> list[Any]:
     """Return the list of every rank's picklable ``obj``, in rank order.
 
     Arguments:
         obj: any picklable object.
+        session: Horovod's TF1 session; must be None (eager only).
         name: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``.
 
     Example:
         >>> counts = sdp.allgather_object(len(local_files))
     """
     del name
+    _no_session(session, "allgather_object")
+    check_process_set(process_set, "allgather_object")
     return _comm.allgather_object(obj)
+
+
+def _no_session(session: Any, what: str) -> None:
+    if session is not None:
+        raise NotImplementedError(f"{what}(session=...): TF1 sessions are not supported; call it "
+                                  "in eager code without session=")
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: Any = None) -> Callable[[Any], Any]:
+    """Return a function that broadcasts a picklable object from ``root_rank`` (Horovod's).
+
+    Arguments:
+        root_rank: the rank whose object is sent.
+        session, name, process_set: as in :func:`broadcast_object`.
+
+    Example:
+        >>> bcast = sdp.broadcast_object_fn(root_rank=0)
+        >>> config = bcast(config)
+    """
+    _no_session(session, "broadcast_object_fn")
+    check_process_set(process_set, "broadcast_object_fn")
+    return functools.partial(broadcast_object, root_rank=root_rank)
+
+
+def broadcast_(variables: Any, root_rank: int = 0, name: str | None = None,
+               process_set: Any = None) -> list[tf.Tensor]:
+    """Overwrite ``variables`` with ``root_rank``'s values, in place; return their new values.
+
+    Arguments:
+        variables: a list of variables.
+        root_rank: the rank whose values are kept.
+        name: accepted for Horovod compatibility, unused.
+        process_set: None or ``global_process_set``.
+
+    Example:
+        >>> (w,) = sdp.broadcast_([model.kernel], root_rank=0)
+    """
+    variables = list(variables)
+    broadcast_variables(variables, root_rank, process_set)
+    return [tf.convert_to_tensor(v) for v in variables]
 
 
 def overlap(tensor: Any) -> Any:

@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from sdp_runtime._compat import check_process_set
 from sdp_runtime.tensorflow._subclass import mixed_class
 from sdp_runtime.tensorflow.collectives import gradient_options, grouped_allreduce
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp
@@ -39,6 +40,8 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
     num_groups: int = 0,
     groups: Any = None,
     bucket_cap_mb: float | None = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
 ) -> Any:
     """Make an optimizer reduce gradients over all ranks before applying them.
 
@@ -55,6 +58,9 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
         op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
         gradient_predivide_factor: Horovod's split of the average.
         bucket_cap_mb: fusion bucket size in MiB (SMDDP); default 25 MB.
+        process_set: None or ``global_process_set``; other sets are refused.
+        scale_local_gradients: accepted for Horovod compatibility (there are no local
+            gradients: every variable's gradient is reduced).
         name, use_locking, device_dense, device_sparse: accepted for Horovod/SMDDP
             compatibility, unused.
         average_aggregated_gradients, num_groups, groups: the same.
@@ -64,6 +70,8 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
         >>> opt.apply_gradients(zip(grads, model.trainable_variables))  # grads averaged first
     """
     del name, use_locking, device_dense, device_sparse, average_aggregated_gradients
+    del scale_local_gradients
+    check_process_set(process_set, "DistributedOptimizer")
     del num_groups, groups
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if backward_passes_per_step != 1:

@@ -7,6 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from sdp_runtime import _audit
+from sdp_runtime._compat import check_process_set
 from sdp_runtime.tensorflow._subclass import mixed_class
 from sdp_runtime.tensorflow.collectives import gradient_options, grouped_allreduce
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp
@@ -29,6 +30,9 @@ class DistributedGradientTape(tf.GradientTape):
         gradient_predivide_factor: divide by this before the sum and by ``size()/factor`` after
             (AVERAGE only), as in Horovod.
         bucket_cap_mb: fusion bucket size in MiB (SMDDP); default 25 MB.
+        process_set: None or ``global_process_set``; other sets are refused.
+        scale_local_gradients: accepted for Horovod compatibility (there are no local
+            gradients: every variable's gradient is reduced).
         device_dense, device_sparse, num_groups, groups: accepted for Horovod compatibility,
             unused (all gradients are always fused).
 
@@ -58,8 +62,12 @@ class DistributedGradientTape(tf.GradientTape):
         num_groups: int = 0,
         groups: Any = None,
         bucket_cap_mb: float | None = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
     ) -> None:
         del device_dense, device_sparse, num_groups, groups
+        del scale_local_gradients
+        check_process_set(process_set, "DistributedGradientTape")
         # Share (not copy) the wrapped tape's state: entering or leaving either is seen by both.
         self.__dict__ = gradtape.__dict__
         self._sdp_options = gradient_options(

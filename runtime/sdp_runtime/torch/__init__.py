@@ -10,6 +10,7 @@ This package never imports TensorFlow.
 
 from __future__ import annotations
 
+from .._compat import NotProvidedError, global_process_set, not_provided
 from .._order import rank0_first
 from .._output import rank0_print
 from .._types import (
@@ -20,17 +21,24 @@ from .._types import (
     ReduceOp,
 )
 from .basics import (
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     device,
     gloo_built,
+    gloo_enabled,
     init,
     is_initialized,
     local_rank,
     local_size,
     mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
     nccl_built,
     rank,
+    rocm_built,
     shutdown,
     size,
 )
@@ -46,14 +54,25 @@ from .collectives import (
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    alltoall,
+    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     poll,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from .compression import Compression, Compressor
@@ -66,6 +85,12 @@ from .functions import (
 )
 from .optimizer import DistributedOptimizer
 
+#: Horovod's error for a failed collective: here, the runtime's own.
+HorovodInternalError = CommunicationError
+
+# Horovod names this package does not provide raise NotProvidedError, saying what to do instead.
+__getattr__ = not_provided(__name__, "horovod.torch")
+
 __all__ = [
     "AlreadyInitializedError",
     "Average",
@@ -75,10 +100,12 @@ __all__ = [
     "DistributedDataParallel",
     "DistributedOptimizer",
     "Handle",
+    "HorovodInternalError",
     "Max",
     "Min",
     "MismatchError",
     "NotInitializedError",
+    "NotProvidedError",
     "ReduceOp",
     "Sum",
     "allgather",
@@ -88,6 +115,8 @@ __all__ = [
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
+    "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -96,23 +125,40 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
     "device",
+    "global_process_set",
     "gloo_built",
+    "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_initialized",
     "local_rank",
     "local_size",
     "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
     "nccl_built",
     "poll",
     "rank",
-    "rank0_print",
     "rank0_first",
+    "rank0_print",
+    "reducescatter",
+    "reducescatter_async",
+    "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "synchronize",
 ]

@@ -8,22 +8,27 @@ import torch
 import torch.distributed as dist
 
 from .. import _comm
+from .._compat import ADVICE, refuse
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job (NCCL with a GPU, Gloo without); every process calls it once, first.
+    """Join the job (NCCL with a GPU, Gloo without); later calls do nothing (as in Horovod).
 
     Arguments:
         comm: Horovod's MPI communicator; must be None (there is no MPI here).
-        process_sets: Horovod's process sets; must be None (one global set only).
+        process_sets: Horovod's process sets; must be None or empty (one global set only:
+            any other raises ``NotProvidedError``).
 
     Example:
         >>> import sdp_runtime.torch as sdp
         >>> sdp.init()
     """
-    if comm is not None or process_sets is not None:
-        raise ValueError("sdp_runtime has one global group only: call init() without arguments")
-    _comm.init()
+    if process_sets:
+        refuse("init(process_sets=...)", ADVICE["ProcessSet"])
+    if comm is not None:
+        raise ValueError("sdp_runtime uses no MPI communicator: call init() without comm=")
+    if not _comm.is_initialized():  # a second init() does nothing, as in Horovod
+        _comm.init()
 
 
 def shutdown() -> None:
@@ -139,3 +144,73 @@ def mpi_built() -> bool:
         False
     """
     return False
+
+
+def mpi_enabled() -> bool:
+    """Always False: no MPI is used (Horovod's ``mpi_enabled``).
+
+    Example:
+        >>> sdp.mpi_enabled()
+        False
+    """
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    """Always False: no MPI is used (Horovod's ``mpi_threads_supported``).
+
+    Example:
+        >>> sdp.mpi_threads_supported()
+        False
+    """
+    return False
+
+
+def gloo_enabled() -> bool:
+    """Whether Gloo carries collectives: always, for CPU tensors (Horovod's ``gloo_enabled``).
+
+    Example:
+        >>> sdp.gloo_enabled()
+        True
+    """
+    return gloo_built()
+
+
+def ccl_built() -> bool:
+    """Always False: no oneCCL (Horovod's ``ccl_built``).
+
+    Example:
+        >>> sdp.ccl_built()
+        False
+    """
+    return False
+
+
+def ddl_built() -> bool:
+    """Always False: no IBM DDL (Horovod's ``ddl_built``).
+
+    Example:
+        >>> sdp.ddl_built()
+        False
+    """
+    return False
+
+
+def cuda_built() -> bool:
+    """Whether this torch was built with CUDA (Horovod's ``cuda_built``).
+
+    Example:
+        >>> sdp.cuda_built()
+        False
+    """
+    return bool(torch.backends.cuda.is_built())
+
+
+def rocm_built() -> bool:
+    """Whether this torch was built with ROCm (Horovod's ``rocm_built``).
+
+    Example:
+        >>> sdp.rocm_built()
+        False
+    """
+    return getattr(torch.version, "hip", None) is not None

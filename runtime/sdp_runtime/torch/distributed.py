@@ -24,6 +24,7 @@ __all__ = [
     "all_gather",
     "all_gather_object",
     "all_reduce",
+    "all_to_all_single",
     "barrier",
     "broadcast",
     "broadcast_object_list",
@@ -183,6 +184,42 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     with torch.no_grad():
         for out, part in zip(tensor_list, gathered, strict=True):
             out.copy_(part)
+    return _handle(async_op)
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor,  # noqa: A002 (torch's name)
+                      output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group: Any = None,
+                      async_op: bool = False) -> _Done | None:
+    """Send block ``i`` of ``input``'s rows to process ``i``; fill ``output`` with what arrives.
+
+    Arguments:
+        output: the received rows, in rank order of their sender (its size must match).
+        input: the rows to send.
+        output_split_sizes: rows expected from each process (checked); default equal blocks.
+        input_split_sizes: rows for each process; default equal blocks.
+        group: ignored (one global group).
+        async_op: return a (finished) work handle.
+
+    Example:
+        >>> out = torch.empty(4); dist.all_to_all_single(out, torch.arange(4.0))
+    """
+    n = _comm.size()
+    rows = input.shape[0] if input.dim() else 1
+    if input_split_sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: input's first dimension ({rows}) does not "
+                             f"divide by the number of processes ({n}); pass input_split_sizes")
+        input_split_sizes = [rows // n] * n
+    received, counts = _comm.alltoall(input, list(input_split_sizes))
+    if output_split_sizes is not None and list(output_split_sizes) != counts:
+        raise ValueError(f"all_to_all_single: output_split_sizes {list(output_split_sizes)} but "
+                         f"the processes sent {counts} rows")
+    if output.numel() != received.numel():
+        raise ValueError(f"all_to_all_single: output has {output.numel()} elements, but "
+                         f"{received.numel()} arrived")
+    with torch.no_grad():
+        output.copy_(received.view(output.shape))
     return _handle(async_op)
 
 

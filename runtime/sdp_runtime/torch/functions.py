@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .. import _comm
+from .._compat import check_process_set
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
@@ -113,11 +114,12 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     Arguments:
         obj: the object (only the root's matters).
         root_rank: the process whose object everyone gets.
-        name, process_set: ignored.
+        name: ignored. process_set: None or ``global_process_set``.
 
     Example:
         >>> start_epoch = sdp.broadcast_object(start_epoch, root_rank=0)
     """
+    check_process_set(process_set, "broadcast_object")
     return _comm.broadcast_object(obj, root_rank)
 
 
@@ -126,9 +128,10 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
 
     Arguments:
         obj: any picklable object.
-        name, process_set: ignored.
+        name: ignored. process_set: None or ``global_process_set``.
 
     Example:
         >>> counts = sdp.allgather_object(len(dataset_shard))
     """
+    check_process_set(process_set, "allgather_object")
     return _comm.allgather_object(obj)

@@ -4,7 +4,9 @@ The optimizer you pass is turned into a distributed one in place (its class beco
 that adds the averaging), so ``isinstance`` checks, LR schedulers already attached to it and
 ``state_dict()`` keep working, and the returned object is the one you passed.
 
-All gradients are reduced in one fused call when ``step()`` (or ``synchronize()``) runs. Gradients
+All gradients are reduced in one fused call when ``step()`` (or ``synchronize()``) runs;
+sparse gradients (``nn.Embedding(sparse=True)``) travel dense and come back sparse, as optimizers
+such as ``SparseAdam`` need them. Gradients
 accumulated over several backward passes are reduced once, which is what
 ``backward_passes_per_step`` describes. A parameter without a gradient on this process but with
 one elsewhere gets the average of the others (zeros counted for this process), as in Horovod; a
@@ -15,12 +17,14 @@ would on one process.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .. import _comm
+from .._compat import check_process_set
 from .._types import ReduceOp
 from .collectives import reduce_in_place
 from .compression import Compression
@@ -60,18 +64,25 @@ class _DistributedMixin:
 
     def _sdp_reduce(self, params: list[torch.Tensor]) -> None:
         present = [p.grad is not None for p in params]
+        sparse = [p.grad is not None and p.grad.is_sparse for p in params]
         grads = []
-        for p in params:
-            if p.grad is not None and p.grad.is_sparse:
+        for p, is_sparse in zip(params, sparse, strict=True):
+            if is_sparse:
                 p.grad = p.grad.to_dense()
             grads.append(p.grad if p.grad is not None else torch.zeros_like(p))
-        # Which parameters have a gradient somewhere travels in the same fused call.
-        mask = torch.tensor(present, dtype=torch.float32)
+        # Which parameters have a gradient somewhere, and a sparse one somewhere, travels in the
+        # same fused call.
+        n = len(params)
+        mask = torch.tensor(present + sparse, dtype=torch.float32)
         scale = self._sdp_predivide if self._sdp_op is ReduceOp.AVERAGE else 1.0
         reduce_in_place([*grads, mask], self._sdp_op, self._sdp_compression, 1.0 / scale, scale)
-        for p, g, had, anywhere in zip(params, grads, present, mask.tolist(), strict=True):
+        flags = mask.tolist()
+        for p, g, had, anywhere, sparse_somewhere in zip(params, grads, present, flags[:n],
+                                                         flags[n:], strict=True):
             if not had and anywhere > 0:
                 p.grad = g
+            if sparse_somewhere > 0:  # SparseAdam & co. take their gradients sparse, as Horovod
+                p.grad = g.to_sparse()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -105,6 +116,12 @@ class _DistributedMixin:
                 )
             with torch.enable_grad():
                 loss = closure()
+        if self._sdp_synchronized and not self._sdp_skip:
+            warnings.warn(  # Horovod's warning; the gradients are not averaged a second time
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                "consider using optimizer.skip_synchronize() context if you use "
+                "optimizer.synchronize() in your code.", stacklevel=2)
         if not self._sdp_skip and not self._sdp_synchronized:
             self.synchronize()
         self._sdp_synchronized = False
@@ -128,20 +145,23 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name for a factory)
 
     Arguments:
         optimizer: any ``torch.optim.Optimizer``; it is changed in place and returned.
-        named_parameters: ``model.named_parameters()``; only checked (names must be unique).
+        named_parameters: ``model.named_parameters()``; only checked (names unique, every
+            parameter of the optimizer named).
         compression: ``Compression.none`` or ``Compression.fp16`` (gradients travel as float16).
         backward_passes_per_step: backward passes accumulated locally between steps; the sum is
             averaged over processes once per ``step()``.
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: divide by this before the sum and by ``size / factor`` after
             (Average only); the result is the same average, computed in another order.
-        num_groups, groups, sparse_as_dense, process_set: accepted for Horovod compatibility;
-            gradients are always fused and sparse gradients made dense.
+        num_groups, groups, sparse_as_dense: accepted for Horovod compatibility; gradients are
+            always fused and sparse gradients made dense.
+        process_set: None or ``global_process_set``; other sets are refused.
 
     Example:
         >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * sdp.size())
         >>> optimizer = sdp.DistributedOptimizer(optimizer, model.named_parameters())
     """
+    check_process_set(process_set, "DistributedOptimizer")
     if isinstance(optimizer, _DistributedMixin):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     if backward_passes_per_step < 1:
@@ -152,6 +172,11 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name for a factory)
     if gradient_predivide_factor != 1.0 and reduce_op is not ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor needs op=Average")
     names = _check_names(named_parameters)
+    unnamed = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in names]
+    if names and unnamed:
+        raise ValueError("named_parameters was given, but the optimizer has parameters it does not "
+                         f"name ({len(unnamed)} of them): pass model.named_parameters() of the "
+                         "whole model the optimizer trains (Horovod refuses it too)")
     _comm.size()  # raises NotInitializedError before init()
     optimizer.__class__ = _distributed_class(type(optimizer))
     _keep_step_wrapper(optimizer)

@@ -124,8 +124,10 @@ def main(out_dir: Path) -> None:
     np.testing.assert_allclose(rates.rates, expected, rtol=1e-6)
     passed.append("warmup")
 
-    # Horovod's step schedule: x0.5 per epoch (staircase) in epochs 1-2, then a per-batch
-    # function of the fractional epoch from epoch 3 on; epoch 0 keeps the optimizer's own rate.
+    # Horovod's step schedule: x0.5 per epoch (staircase) from epoch 1 on, in epochs 1-2 (a number
+    # decays from start_epoch: 0.1 * 0.5 ** (epoch - 1), as in Horovod 0.23 and later), then a
+    # per-batch function of the fractional epoch from epoch 3 on; epoch 0 keeps the optimizer's
+    # own rate.
     sched = make_model(seed=0)
     sched.compile(optimizer=sdp.DistributedOptimizer(keras.optimizers.SGD(0.2)), loss="mse")
     rates = LearningRates()
@@ -145,7 +147,7 @@ def main(out_dir: Path) -> None:
         ],
     )
     expected = (
-        [0.2] * steps + [0.05] * steps + [0.025] * steps
+        [0.2] * steps + [0.1] * steps + [0.05] * steps
         + [0.1 / (1.0 + 3 + b / steps) for b in range(steps)]
     )
     np.testing.assert_allclose(rates.rates, expected, rtol=1e-6)

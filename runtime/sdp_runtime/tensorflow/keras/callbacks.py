@@ -10,6 +10,7 @@ import keras
 import torch
 
 from sdp_runtime import _comm
+from sdp_runtime._compat import not_provided
 from sdp_runtime.tensorflow.collectives import broadcast_variables
 from sdp_runtime.tensorflow.keras.xla import prepare_train_function
 
@@ -32,15 +33,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Arguments:
         root_rank: the rank whose variables every rank starts from.
         device: accepted for Horovod compatibility, unused.
+        local_variables: variables (or one variable) each rank keeps as its own: not broadcast.
 
     Example:
         >>> model.fit(x, y, callbacks=[sdp.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        if local_variables is not None and not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.local_variables = list(local_variables or [])
 
     def _broadcast(self) -> None:
         model = self.model
@@ -50,6 +55,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(model.variables)
         if optimizer is not None:
             variables += list(optimizer.variables)
+        local = {id(_inner(v)) for v in self.local_variables}
+        variables = [v for v in variables if id(_inner(v)) not in local]
         broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True
 
@@ -61,6 +68,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _inner(variable: Any) -> Any:
+    """The tf.Variable of a Keras 3 variable (which is unhashable), or the variable itself."""
+    return getattr(variable, "value", variable) if not hasattr(variable, "ref") else variable
 
 
 def _fully_built(model: keras.Model) -> bool:
@@ -77,9 +89,15 @@ class MetricAverageCallback(keras.callbacks.Callback):
     Put it before callbacks that read the logs (ModelCheckpoint, ReduceLROnPlateau, CSVLogger)
     so that they see the averaged metrics. All ranks must log the same keys.
 
+    Arguments:
+        device: accepted for Horovod compatibility, unused.
+
     Example:
         >>> callbacks = [sdp.callbacks.MetricAverageCallback(), keras.callbacks.CSVLogger("x")]
     """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         prepare_train_function(self.model)
@@ -112,10 +130,19 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     epoch (``epoch`` an integer); without, at every batch (``epoch`` fractional, which needs
     ``steps_per_epoch``, taken from ``fit`` by default).
 
+    Both of Horovod's call styles work. Horovod 0.21 and later: ``(initial_lr, multiplier,
+    start_epoch=0, ...)``; a number as ``multiplier`` is an exponential decay from
+    ``start_epoch`` on (the rate is ``initial_lr * multiplier ** (epoch - start_epoch)``, as in
+    Horovod 0.23 and later; 0.21 and 0.22 kept it constant). Horovod 0.20 and earlier:
+    ``(multiplier, start_epoch=0, ...)`` without ``initial_lr``, recognised by ``initial_lr``
+    missing (0.21 made it required): ``initial_lr`` is then the optimizer's rate when training
+    starts, and a number as ``multiplier`` a constant factor (the rate is
+    ``initial_lr * multiplier`` over the range, as in those versions).
+
     Arguments:
-        initial_lr: the rate the multiplier applies to, usually ``base_lr * size()``.
-        multiplier: a number (the rate is ``initial_lr * multiplier ** epoch``: exponential
-            decay) or a function of the epoch returning the factor.
+        initial_lr: the rate the multiplier applies to, usually ``base_lr * size()``; None: the
+            optimizer's learning rate when training starts.
+        multiplier: a number (see above) or a function of the epoch returning the factor.
         start_epoch: first epoch of the range (inclusive).
         end_epoch: last epoch of the range (exclusive); None: to the end of training.
         staircase: change once per epoch (True) or at every batch (False).
@@ -134,8 +161,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def __init__(
         self,
-        initial_lr: float,
-        multiplier: float | Callable[[float], float],
+        initial_lr: float | Callable[[float], float] | None = None,
+        multiplier: float | Callable[[float], float] | None = None,
         start_epoch: int = 0,
         end_epoch: int | None = None,
         staircase: bool = True,
@@ -143,12 +170,23 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         steps_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
-        if initial_lr is None:
-            raise ValueError("LearningRateScheduleCallback needs initial_lr")
-        self.initial_lr = float(initial_lr)
-        self.multiplier: Callable[[float], float] = (
-            multiplier if callable(multiplier) else (lambda epoch, m=float(multiplier): m**epoch)
-        )
+        if multiplier is None:  # Horovod <= 0.20: (multiplier, start_epoch, ...), initial_lr=kw
+            if initial_lr is None:
+                raise TypeError("LearningRateScheduleCallback needs a multiplier, e.g. "
+                                "LearningRateScheduleCallback(initial_lr, multiplier=0.1)")
+            multiplier, initial_lr = initial_lr, None
+        # Horovod 0.21 made initial_lr required: without it, this is the older call style.
+        older = initial_lr is None
+        if callable(initial_lr):
+            raise TypeError("LearningRateScheduleCallback: initial_lr must be a number; the "
+                            "function goes in multiplier=")
+        self.initial_lr = None if initial_lr is None else float(initial_lr)
+        if callable(multiplier):
+            self.multiplier: Callable[[float], float] = multiplier
+        elif older:
+            self.multiplier = lambda epoch, m=float(multiplier): m
+        else:
+            self.multiplier = lambda epoch, m=float(multiplier): m ** (epoch - start_epoch)
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.staircase = staircase
@@ -157,6 +195,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         prepare_train_function(self.model)
+        if self.initial_lr is None:
+            self.initial_lr = float(self.model.optimizer.learning_rate)
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = (self.params or {}).get("steps")
             if not self.steps_per_epoch:
@@ -166,6 +206,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = epoch
 
     def _adjust(self, epoch: float) -> None:
+        assert self.initial_lr is not None
         self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -192,8 +233,13 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     the single-process rate and reaches ``initial_lr`` after ``warmup_epochs``, batch by batch
     (Goyal et al., "Accurate, Large Minibatch SGD", as in Horovod).
 
+    Both of Horovod's call styles work: ``(initial_lr, warmup_epochs=5, ...)`` (Horovod 0.21 and
+    later) and ``(warmup_epochs=5, ..., initial_lr=None)`` with keywords (Horovod 0.20 and
+    earlier), where a missing ``initial_lr`` is the optimizer's learning rate when training starts.
+
     Arguments:
-        initial_lr: the learning rate to reach, usually ``base_lr * size()``.
+        initial_lr: the learning rate to reach, usually ``base_lr * size()``; None: the
+            optimizer's learning rate when training starts.
         warmup_epochs: number of epochs the ramp lasts.
         momentum_correction: accepted for Horovod compatibility; a Keras 3 optimizer's momentum
             is fixed when its training step is traced, so it is not corrected.
@@ -207,14 +253,14 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
 
     def __init__(
         self,
-        initial_lr: float,
+        initial_lr: float | None = None,
         warmup_epochs: float = 5,
         momentum_correction: bool = True,
         steps_per_epoch: int | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__()
-        self.initial_lr = float(initial_lr)
+        self.initial_lr = None if initial_lr is None else float(initial_lr)
         self.warmup_epochs = warmup_epochs
         self.steps_per_epoch = steps_per_epoch
         self.verbose = verbose
@@ -227,6 +273,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         prepare_train_function(self.model)
+        if self.initial_lr is None:
+            self.initial_lr = float(self.model.optimizer.learning_rate)
         if self.steps_per_epoch is None:
             self.steps_per_epoch = (self.params or {}).get("steps")
         if not self.steps_per_epoch:
@@ -241,6 +289,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         # +1 batch so that the end of each epoch lands on a round value.
         epoch = self.current_epoch + float(batch + 1) / self.steps_per_epoch
         epoch = min(epoch, float(self.warmup_epochs))
+        assert self.initial_lr is not None
         self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -251,3 +300,28 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                 f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                 f"{self.initial_lr:g}."
             )
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """``keras.callbacks.ModelCheckpoint`` that keeps only the best model (Horovod's).
+
+    As in Horovod, it writes on every rank it is given to: add it on rank 0 only.
+
+    Arguments:
+        filepath: where to save (``.keras``, or ``.weights.h5`` with ``save_weights_only``).
+        monitor, verbose, save_weights_only, mode, save_freq: as for ``ModelCheckpoint``.
+
+    Example:
+        >>> if sdp.rank() == 0:
+        ...     callbacks.append(sdp.callbacks.BestModelCheckpoint("best.keras"))
+    """
+
+    def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0,
+                 save_weights_only: bool = False, mode: str = "auto",
+                 save_freq: str | int = "epoch") -> None:
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+
+
+# Horovod names this module does not provide raise NotProvidedError, saying what to do instead.
+__getattr__ = not_provided(__name__, "horovod.tensorflow.keras.callbacks")

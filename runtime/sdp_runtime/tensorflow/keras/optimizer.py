@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from sdp_runtime import _audit
+from sdp_runtime._compat import check_process_set
 from sdp_runtime.tensorflow._subclass import mixed_class
 from sdp_runtime.tensorflow.collectives import gradient_options, grouped_allreduce
 from sdp_runtime.tensorflow.compression import Compression, Compressor, ReduceOp
@@ -103,6 +104,8 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
     num_groups: int = 0,
     groups: Any = None,
     bucket_cap_mb: float | None = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
     """Make a Keras 3 optimizer reduce gradients over all ranks before each update.
 
@@ -119,6 +122,9 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
         op: ``ReduceOp.AVERAGE`` (default), ``SUM``, ``MIN`` or ``MAX``.
         backward_passes_per_step: only 1; use the optimizer's ``gradient_accumulation_steps``.
         bucket_cap_mb: fusion bucket size in MiB (SMDDP); default 25 MB.
+        process_set: None or ``global_process_set``; other sets are refused.
+        scale_local_gradients: accepted for Horovod compatibility (there are no local
+            gradients: every variable's gradient is reduced).
         name, device_dense, device_sparse, average_aggregated_gradients, num_groups, groups:
             accepted for Horovod compatibility, unused (the name would move the optimizer's
             variable paths and break checkpoints).
@@ -128,6 +134,8 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name for what is a factory
         >>> model.compile(optimizer=sdp.DistributedOptimizer(opt), loss="mse")
     """
     del name, device_dense, device_sparse, average_aggregated_gradients, num_groups, groups
+    del scale_local_gradients
+    check_process_set(process_set, "DistributedOptimizer")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"expected a Keras 3 optimizer, got {type(optimizer).__name__}")
     if backward_passes_per_step != 1:
