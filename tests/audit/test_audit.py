@@ -96,9 +96,9 @@ DEFECTS = [
         "DistributedOptimizer",), audit_report.FIX_NOT_AVERAGED),
     ("bypass_wrapper.py", "not-averaged", (
         "gradients of `model.body`, `model.head` differ across ranks at step 1: they were never "
-        "averaged: `model` (DistributedDataParallel made at bypass_wrapper.py:31) wraps them, but "
+        "averaged: `model` (DistributedDataParallel made at bypass_wrapper.py:32) wraps them, but "
         "backward ran with no call of its forward at steps 1-4; the step called the model at "
-        "bypass_wrapper.py:40 (`loss = model.module.compute_loss(x, y)`), past the wrapper, so "
+        "bypass_wrapper.py:41 (`loss = model.module.compute_loss(x, y)`), past the wrapper, so "
         "DDP averaged nothing",), audit_report.FIX_BYPASS),
     ("own_order.py", "sample-overlap", (
         "100% of the samples of the first epoch (64 of 64) were seen by more than one rank "
@@ -155,7 +155,7 @@ def test_bypass_through_the_wrappers_attributes(tmp_path: Path) -> None:
     problems = checks(found)
     assert list(problems) == ["not-averaged", "weights-differ"], found["text"]
     assert ("but backward ran with no call of its forward at steps 1-4; the step called the "
-            "model at bypass_wrapper.py:38 (`loss = torch.nn.functional.mse_loss(model.head("
+            "model at bypass_wrapper.py:39 (`loss = torch.nn.functional.mse_loss(model.head("
             "model.encode(x)), y)`), past the wrapper") in problems["not-averaged"]["message"]
     assert problems["not-averaged"]["fix"] == audit_report.FIX_BYPASS
     assert code == 0, text[-4000:]

@@ -14,8 +14,9 @@
   parameters it holds, and adds a forward pre-hook that counts training forwards. For the first
   K steps, a gradient that reaches a parameter of a wrapped module in a step with no forward of
   its wrapper is a bypass (``model.module.compute_loss(x)``, ``model.encode(x)``: DDP averages
-  nothing); a forward pre-hook on the wrapped module and its children, while no wrapper's forward
-  runs, names the line of the user's code that made that call.
+  nothing); torch's global module hooks (for those K steps only: hooks on the model would be
+  pickled with it) see the wrapped module or a child called while no wrapper's forward runs,
+  and name the line of the user's code that made that call.
 - ``DataLoader.__init__`` / ``__iter__`` and ``_BaseDataLoaderIter._next_index`` / ``__next__``
   (patched): where each loader was made, its sampler and data set; the sample indices of its
   first pass (mapped through ``Subset``\ s to the data set below), a hash of each sample of its
@@ -75,6 +76,8 @@ class _State:
         self.watching = True  # bypass call sites looked for (until the first K steps are done)
         self.inside = 0  # DDP forwards running
         self.watch_hooks: list[Any] = []
+        self.wrappers: dict[int, int] = {}  # id(DDP) -> its index
+        self.watched: dict[int, tuple[int, Any]] = {}  # id(wrapped module or child) -> DDP
         self.loaders: dict[int, _Loader] = {}  # id(DataLoader) -> its record
         self.loader_list: list[_Loader] = []
         self.last_loader: _Loader | None = None  # the last to yield a batch
@@ -398,39 +401,54 @@ def _register_ddp(state: _State, ddp: Any) -> None:
         return
     # While the first K steps run: is the wrapped module (or a child) called outside a forward
     # of its wrapper? The first such call names the line of the user's code that made it.
-    state.watch_hooks.append(ddp.register_forward_hook(
-        functools.partial(_forward_done, state), always_call=True))
+    # torch's global module hooks, not hooks on the model: those would be pickled with it
+    # (torch.save(model)), and they go when the first K steps are done.
+    state.wrappers[id(ddp)] = j
     inner = ddp.module
     for m in (inner, *inner.children()):
-        state.watch_hooks.append(m.register_forward_pre_hook(
-            functools.partial(_outside, state, j, weakref.ref(inner))))
+        state.watched.setdefault(id(m), (j, weakref.ref(inner)))
+    if not state.watch_hooks:
+        from torch.nn.modules import module as nn_module
+
+        state.watch_hooks = [
+            nn_module.register_module_forward_pre_hook(functools.partial(_module_call, state)),
+            nn_module.register_module_forward_hook(functools.partial(_module_done, state),
+                                                   always_call=True)]
 
 
 def _forward(state: _State, j: int, module: Any, args: Any, kwargs: Any) -> None:
     import torch
 
-    if state.watching:
-        state.inside += 1
-    if not module.training or not torch.is_grad_enabled():
+    if not torch.is_grad_enabled():
         return None
-    state.forwards += 1
-    state.ddp_seq[j] += 1
+    state.ddp_seq[j] += 1  # a forward that can carry gradients (in eval mode too: frozen BN)
+    if module.training:
+        state.forwards += 1
     return None
 
 
-def _forward_done(state: _State, module: Any, args: Any, output: Any) -> None:
-    state.inside = max(0, state.inside - 1)
-    return None
-
-
-def _outside(state: _State, j: int, inner: Any, module: Any, args: Any) -> None:
+def _module_call(state: _State, module: Any, args: Any) -> None:
+    """Any module's call, in the first K steps: a wrapper's forward begins, or a wrapped module
+    is called outside one (the first such call per wrapper is kept)."""
+    key = id(module)
+    if key in state.wrappers:
+        state.inside += 1
+        return None
+    watched = state.watched.get(key)
+    if watched is None or state.inside:
+        return None
     import torch
 
-    if state.inside or j in state.bypass_site or not module.training or (
-            not torch.is_grad_enabled()):
-        return None
-    with contextlib.suppress(Exception):
-        state.bypass_site[j] = _call_site(inner())
+    j, inner = watched
+    if j not in state.bypass_site and torch.is_grad_enabled():
+        with contextlib.suppress(Exception):
+            state.bypass_site[j] = _call_site(inner())
+    return None
+
+
+def _module_done(state: _State, module: Any, args: Any, output: Any) -> None:
+    if id(module) in state.wrappers:
+        state.inside = max(0, state.inside - 1)
     return None
 
 
@@ -452,6 +470,7 @@ def _stop_watching(state: _State) -> None:
     for handle in state.watch_hooks:
         handle.remove()
     state.watch_hooks = []
+    state.watched = {}
     state.inside = 0
 
 
@@ -513,7 +532,7 @@ class _Loader:
                     read.append(index)
                 else:
                     read.extend(index)
-            except (TypeError, OverflowError):
+            except Exception:
                 self.read = None  # a sampler of keys, not positions
 
     def base(self, index: Any) -> Any:
