@@ -60,35 +60,67 @@ def assert_clean(code: int, found: dict[str, Any], text: str) -> None:
     assert "sdp audit: no problem found in" in text
 
 
-# (script, the check it must trip, words of the message, the fix it must give)
+# (script, the check it must trip, words of its message, the fix it must give)
 DEFECTS = [
-    ("never_wrapped.py", "not-averaged", "differ across ranks at step 1: they were never averaged",
-     audit_report.FIX_NOT_AVERAGED),
-    ("no_sampler.py", "same-data", "computed identical gradients at steps 1-5",
-     audit_report.FIX_DATA),
-    ("reinit_after_wrap.py", "weights-differ", "parameters of `2` differ across ranks before the "
-     "first step", audit_report.FIX_INIT),
-    ("same_file.py", "same-file", "ranks 0-1 all wrote model.pt", audit_report.FIX_SAME_FILE),
-    ("read_no_barrier.py", "read-during-write", "rank 1 read vocab.txt (read_no_barrier.py:32) "
-     "while rank 0 was still writing it (read_no_barrier.py:21)", audit_report.FIX_READ_WRITE),
-    ("unequal_steps.py", "unequal-steps", "(rank 0 5, rank 1 4): they differ from step 5 on",
+    ("never_wrapped.py", "not-averaged", (
+        "gradients of `model[0]`, `model[2]` differ across ranks at step 1: they were never "
+        "averaged: `model` is not wrapped in DistributedDataParallel and optimizer `opt` (made at "
+        "never_wrapped.py:15) is not a DistributedOptimizer",), audit_report.FIX_NOT_AVERAGED),
+    ("no_sampler.py", "same-data", (
+        "computed identical gradients at steps 1-5", "(100% of the samples of the first epoch "
+        "seen by more than one rank) through loader `loader` (made at no_sampler.py:14, "
+        "SequentialSampler, not split by rank)"), audit_report.FIX_DATA),
+    ("reinit_after_wrap.py", "weights-differ", (
+        "parameters of `model[2]` differ across ranks before the first step",
+        "(re-initialised after `ddp` was wrapped at reinit_after_wrap.py:16?)"),
+     audit_report.FIX_INIT),
+    ("same_file.py", "same-file", ("ranks 0-1 all wrote model.pt",), audit_report.FIX_SAME_FILE),
+    ("read_no_barrier.py", "read-during-write", (
+        "rank 1 read vocab.txt (read_no_barrier.py:32) while rank 0 was still writing it "
+        "(read_no_barrier.py:21)",), audit_report.FIX_READ_WRITE),
+    ("unequal_steps.py", "unequal-steps", ("(rank 0 5, rank 1 4): they differ from step 5 on",),
      audit_report.FIX_STEPS),
-    ("random_subsets.py", "sample-overlap", "39% of the samples trained on in the first steps "
-     "of the first epoch (18 of 46) were seen by more than one rank", audit_report.FIX_OVERLAP),
-    ("buffer_one_rank.py", "buffers-differ", "buffers of `scale` differ across ranks after step 2 "
-     "(max |diff| 0.1): set or changed on some ranks only", audit_report.FIX_BUFFERS),
+    ("random_subsets.py", "sample-overlap", (
+        "39% of the samples of the first epoch (18 of 46) were seen by more than one rank "
+        "through loader `loader` (made at random_subsets.py:16, SequentialSampler, not split by "
+        "rank)",), audit_report.FIX_OVERLAP),
+    ("buffer_one_rank.py", "buffers-differ", (
+        "buffers `model.scale` differ across ranks after step 2 (max |diff| 0.1): set or changed "
+        "on some ranks only",), audit_report.FIX_BUFFERS),
+    # issue 38: the script's own names, the cause of a bypassed wrapper, the overlap over an
+    # epoch, the file behind diverging weights
+    ("trainer_object.py", "not-averaged", (
+        "gradients of `trainer.model.body`, `trainer.model.head` differ across ranks at step 1: "
+        "they were never averaged: `trainer.model` is not wrapped in DistributedDataParallel and "
+        "optimizer `trainer.optimizer` (made at trainer_object.py:27) is not a "
+        "DistributedOptimizer",), audit_report.FIX_NOT_AVERAGED),
+    ("bypass_wrapper.py", "not-averaged", (
+        "gradients of `model.body`, `model.head` differ across ranks at step 1: they were never "
+        "averaged: `model` (DistributedDataParallel made at bypass_wrapper.py:32) wraps them, but "
+        "backward ran with no call of its forward at steps 1-4; the step called the model at "
+        "bypass_wrapper.py:41 (`loss = model.module.compute_loss(x, y)`), past the wrapper, so "
+        "DDP averaged nothing",), audit_report.FIX_BYPASS),
+    ("own_order.py", "sample-overlap", (
+        "100% of the samples of the first epoch (64 of 64) were seen by more than one rank "
+        "(every rank read the whole data set, each in its own order) through loader `loader` "
+        "(made at own_order.py:18, RandomSampler, not split by rank)",), audit_report.FIX_DATA),
+    ("stale_checkpoint.py", "weights-differ", (
+        "parameters of `model` differ across ranks at the end (max |diff|",
+        ": rank 1 read latest.pt (stale_checkpoint.py:29) ", " s before rank 0 wrote it "
+        "(stale_checkpoint.py:24), with no barrier between"), audit_report.FIX_READ_WRITE),
 ]
 
 
 @pytest.mark.parametrize(("script", "check", "words", "fix"), DEFECTS,
                          ids=[d[0].removesuffix(".py") for d in DEFECTS])
-def test_defect_is_named_with_its_fix(tmp_path: Path, script: str, check: str, words: str,
-                                      fix: str) -> None:
+def test_defect_is_named_with_its_fix(tmp_path: Path, script: str, check: str,
+                                      words: tuple[str, ...], fix: str) -> None:
     strict = script == "no_sampler.py"  # one case in strict mode, the others plain
     code, found, text = audit(tmp_path, script, mode="--audit=strict" if strict else "--audit")
     problems = checks(found)
     assert check in problems, found["text"]
-    assert words in problems[check]["message"], problems[check]["message"]
+    for part in words:
+        assert part in problems[check]["message"], problems[check]["message"]
     assert problems[check]["fix"] == fix
     assert f"fix: {fix}" in text  # printed once, at the end, by the launcher
     if script == "unequal_steps.py":
@@ -100,8 +132,45 @@ def test_defect_is_named_with_its_fix(tmp_path: Path, script: str, check: str, w
     if script == "never_wrapped.py":
         weights = problems["weights-differ"]
         assert weights["details"]["step"] == 1 and weights["details"]["max_abs_diff"] > 0
-        assert "parameters of `0`, `2` differ across ranks after step 1 (max |diff|" in weights[
-            "message"]
+        assert "parameters of `model[0]`, `model[2]` differ across ranks after step 1 (max |diff|" \
+            in weights["message"]
+    if script == "trainer_object.py":  # the loader too, by its attribute and line
+        assert problems["sample-overlap"]["message"].startswith(
+            "100% of the samples of the first epoch (64 of 64) were seen by more than one rank "
+            "(every rank read the whole data set, each in its own order) through loader "
+            "`trainer.loader` (made at trainer_object.py:26, RandomSampler, not split by rank)")
+        assert problems["not-averaged"]["details"]["modules"] == [
+            "trainer.model.body", "trainer.model.head"]
+    if script == "bypass_wrapper.py":  # it is wrapped: never "wrap the model"
+        assert audit_report.FIX_NOT_AVERAGED not in text
+        assert problems["weights-differ"]["fix"] == audit_report.FIX_BYPASS
+    if script == "stale_checkpoint.py":
+        assert "not wrapped" not in text
+        assert problems["weights-differ"]["details"]["file"]["path"].endswith("latest.pt")
+
+
+def test_bypass_through_the_wrappers_attributes(tmp_path: Path) -> None:
+    """``model.encode(x)`` on the runtime's wrapper reaches the module's method: a bypass."""
+    code, found, text = audit(tmp_path, "bypass_wrapper.py", "--encode")
+    problems = checks(found)
+    assert list(problems) == ["not-averaged", "weights-differ"], found["text"]
+    assert ("but backward ran with no call of its forward at steps 1-4; the step called the "
+            "model at bypass_wrapper.py:39 (`loss = torch.nn.functional.mse_loss(model.head("
+            "model.encode(x)), y)`), past the wrapper") in problems["not-averaged"]["message"]
+    assert problems["not-averaged"]["fix"] == audit_report.FIX_BYPASS
+    assert code == 0, text[-4000:]
+
+
+def test_unsplit_data_is_found_with_an_unwrapped_model(tmp_path: Path) -> None:
+    """Each rank reads the whole set in its own order and trains its own copy: all three."""
+    code, found, text = audit(tmp_path, "own_order.py", "--unwrapped")
+    problems = checks(found)
+    assert list(problems) == ["sample-overlap", "not-averaged", "weights-differ"], found["text"]
+    assert problems["sample-overlap"]["message"].startswith(
+        "100% of the samples of the first epoch (64 of 64) were seen by more than one rank")
+    assert ("(`model` is not wrapped in DistributedDataParallel, whose wrap broadcasts rank 0's "
+            "weights)") in problems["weights-differ"]["message"]
+    assert code == 0, text[-4000:]
 
 
 @pytest.mark.parametrize("script", [d[0] for d in DEFECTS], ids=[d[0][:-3] for d in DEFECTS])

@@ -45,6 +45,9 @@ patched = [name for name, fn in [
     ("Optimizer.__init__", torch.optim.Optimizer.__init__),
     ("DistributedDataParallel.__init__", torch.nn.parallel.DistributedDataParallel.__init__),
     ("_BaseDataLoaderIter.__next__", torch.utils.data.dataloader._BaseDataLoaderIter.__next__),
+    ("_BaseDataLoaderIter._next_index",
+     torch.utils.data.dataloader._BaseDataLoaderIter._next_index),
+    ("DataLoader.__init__", DataLoader.__init__), ("DataLoader.__iter__", DataLoader.__iter__),
     ("torch.save", torch.save)] if hasattr(fn, "__wrapped__")]
 from torch.optim import optimizer as optim_module
 hooks = len(optim_module._global_optimizer_pre_hooks) + len(
@@ -77,5 +80,6 @@ def test_the_probe_sees_the_audit_when_it_is_on(tmp_path: Path) -> None:
                           "SDP_AUDIT_STEPS": "5"})
     assert on["active"] and on["hooks"] == 2
     assert set(on["patched"]) == {"Optimizer.__init__", "DistributedDataParallel.__init__",
-                                  "_BaseDataLoaderIter.__next__", "torch.save"}
+                                  "_BaseDataLoaderIter.__next__", "_BaseDataLoaderIter._next_index",
+                                  "DataLoader.__init__", "DataLoader.__iter__", "torch.save"}
     assert all(n > 0 for n in on["per_step"])  # its step hooks still run (and return at once)

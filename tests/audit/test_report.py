@@ -3,6 +3,7 @@ records written by hand: what is a problem, what is not (no processes)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from pathlib import Path
@@ -180,12 +181,12 @@ def test_buffers_that_must_agree_are_compared_statistics_and_broadcast_ones_not(
     found = report.analyse(one_rank)
     assert checks(found) == ["buffers-differ"]
     assert found.problems[0].message.startswith(
-        "buffers of `scale` differ across ranks after step 2 (max |diff| 0.1): set or changed "
+        "buffers `scale` differ across ranks after step 2 (max |diff| 0.1): set or changed "
         "on some ranks only")
     assert found.problems[0].fix == report.FIX_BUFFERS
     at_end = {r: [start(r), end(r, [1], torch_buffers={"m.mask": [r, r, [r], ""]})]
               for r in (0, 1)}
-    assert "buffers of `m` differ across ranks at the end" in report.analyse(
+    assert "buffers `m.mask` differ across ranks at the end" in report.analyse(
         at_end).problems[0].message
 
 
@@ -215,3 +216,135 @@ def test_keras_applied_gradients_alone_leave_the_inputs_to_judge() -> None:
     found = report.analyse(recs)
     assert checks(found) == ["same-data"]
     assert "(100% of the samples seen by more than one rank)" in found.problems[0].message
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 38: findings in the script's own terms
+
+
+def names(rank: int, opt: str = "0", *, wrapped: bool = False) -> dict[str, Any]:
+    """What a rank records at the optimizer's first step (``trainer.model`` holds the model)."""
+    params = {"body.weight": "trainer.model.body.weight",
+              "head.weight": "trainer.model.head.weight"}
+    return {"kind": "names", "rank": rank, "opt": opt,
+            "optimizer": {"name": "trainer.optimizer", "where": "train.py:25", "class": "SGD",
+                          "distributed": False},
+            "params": params, "owners": dict.fromkeys(params, "trainer.model"),
+            "wrapped": dict.fromkeys(params, 0) if wrapped else {},
+            "ddps": {"0": {"name": "trainer.model", "where": "train.py:31"}} if wrapped else {}}
+
+
+def test_findings_name_the_scripts_objects_and_lines() -> None:
+    recs = {r: [start(r), names(r), grads(r, "0", 1, {}, {"body.weight": [r, 1.0],
+                                                           "head.weight": [r, 1.0]}),
+                end(r, [1])] for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["not-averaged"]
+    assert found.problems[0].message == (
+        "gradients of `trainer.model.body`, `trainer.model.head` differ across ranks at step 1: "
+        "they were never averaged: `trainer.model` is not wrapped in DistributedDataParallel and "
+        "optimizer `trainer.optimizer` (made at train.py:25) is not a DistributedOptimizer")
+    assert found.problems[0].fix == report.FIX_NOT_AVERAGED
+    assert found.problems[0].details["optimizer"]["where"] == "train.py:25"
+
+
+def test_a_bypassed_wrapper_is_the_cause_not_a_missing_wrap() -> None:
+    site = {"where": "train.py:40", "code": "loss = model.module.compute_loss(x)"}
+    recs = {r: [start(r), names(r, wrapped=True),
+                {**grads(r, "0", 1, {}, {"body.weight": [r, 1.0]}), "bypassed": {"0": site}},
+                {**grads(r, "0", 2, {}, {"body.weight": [r, 1.0]}), "bypassed": {"0": None}},
+                end(r, [2])] for r in (0, 1)}
+    found = report.analyse(recs)
+    assert checks(found) == ["not-averaged"]
+    assert found.problems[0].message.endswith(
+        "they were never averaged: `trainer.model` (DistributedDataParallel made at train.py:31) "
+        "wraps them, but backward ran with no call of its forward at steps 1-2; the step called "
+        "the model at train.py:40 (`loss = model.module.compute_loss(x)`), past the wrapper, so "
+        "DDP averaged nothing")
+    assert found.problems[0].fix == report.FIX_BYPASS
+    assert found.problems[0].details["wrappers"][0]["bypassed"] == [1, 2]
+
+
+def test_weights_apart_after_a_read_of_a_file_another_rank_wrote_name_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "latest.pt")
+
+    def weights(rank: int, step: int, value: float, when: float) -> dict[str, Any]:
+        return {"kind": "weights", "rank": rank, "opt": "0", "step": step, "time": when,
+                "params": {"weight": [value, abs(value), [value]]}}
+
+    def file(rank: int, op: str, when: float, line: int) -> dict[str, Any]:
+        return {"kind": "file", "rank": rank, "op": op, "path": path, "start": when,
+                "end": when + 0.1 if op == "write" else None, "where": f"train.py:{line}",
+                "how": "torch.save"}
+
+    t = 1000.0
+    agree_then_apart = {r: [start(r), weights(r, 2, 1.0, t), weights(r, 5, 1.0 + r, t + 5)]
+                        for r in (0, 1)}
+    stale = {0: [*agree_then_apart[0], file(0, "write", t + 3, 24), end(0, [5])],
+             1: [*agree_then_apart[1], file(1, "read", t + 1, 29), end(1, [5])]}
+    found = report.analyse(stale)
+    assert checks(found) == ["weights-differ"]
+    assert found.problems[0].message.startswith(
+        "parameters of `weight` differ across ranks after step 5 (max |diff| 1): rank 1 read "
+        f"{path} (train.py:29) 2.0 s before rank 0 wrote it (train.py:24), with no barrier "
+        "between")
+    assert found.problems[0].fix == report.FIX_READ_WRITE
+    during = {0: [*agree_then_apart[0], file(0, "write", t + 1, 24), end(0, [5])],
+              1: [*agree_then_apart[1], file(1, "read", t + 1.05, 29), end(1, [5])]}
+    assert "while rank 0 was still writing it (train.py:24)" in report.analyse(
+        during).problems[-1].message
+    elsewhen = {0: [*agree_then_apart[0], file(0, "write", t - 3, 24), end(0, [5])],
+                1: [*agree_then_apart[1], file(1, "read", t + 1, 29), end(1, [5])]}
+    found = report.analyse(elsewhen)  # the write came before the weights last agreed
+    assert found.problems[0].message.endswith("not averaged (not wrapped?) or changed on one "
+                                              "rank only")
+
+
+def loader(rank: int, epoch: set[int] | None, *, length: int = 8, content: str | None = "c",
+           first: list[list[list[Any]]] | None = None, split: bool = False) -> dict[str, Any]:
+    bits = None
+    if epoch is not None:
+        raw = bytearray((length + 7) // 8)
+        for i in epoch:
+            raw[i >> 3] |= 1 << (i & 7)
+        bits = {"bits": base64.b64encode(bytes(raw)).decode(), "len": length,
+                "how": "read"}
+    return {"kind": "loader", "rank": rank, "loader": 0, "where": "train.py:12",
+            "name": "train_loader", "trained": True, "complete": True, "sampler":
+            "DistributedSampler" if split else "RandomSampler", "split": split,
+            "dataset": "TensorDataset", "len": length, "content": content, "epoch": bits,
+            "first": first if first is not None else [[[rank, f"h{rank}"]]]}
+
+
+def test_overlap_is_measured_over_the_first_epoch() -> None:
+    whole = {r: [start(r), loader(r, set(range(8)), first=[[[r, f"h{r}"], [7 - r, f"h{7 - r}"]]]),
+                 end(r, [4])] for r in (0, 1)}
+    found = report.analyse(whole)
+    assert checks(found) == ["sample-overlap"]
+    assert found.problems[0].message == (
+        "100% of the samples of the first epoch (8 of 8) were seen by more than one rank (every "
+        "rank read the whole data set, each in its own order) through loader `train_loader` "
+        "(made at train.py:12, RandomSampler, not split by rank): the ranks' data overlaps")
+    assert found.problems[0].fix == report.FIX_DATA
+    halves = {r: [start(r), loader(r, set(range(r, 8, 2)), split=True), end(r, [4])]
+              for r in (0, 1)}
+    assert checks(report.analyse(halves)) == []
+    # the same indices of data sets that differ (each rank loaded its own shard): no overlap
+    shards = {r: [start(r), loader(r, set(range(8)), content=f"shard{r}"), end(r, [4])]
+              for r in (0, 1)}
+    assert checks(report.analyse(shards)) == []
+    # no content fingerprint: samples hashed alike at the same index show the same data set
+    alike = {r: [start(r), loader(r, set(range(8)), content=None,
+                                  first=[[[3, "same"], [r, f"own{r}"]]]), end(r, [4])]
+             for r in (0, 1)}
+    assert checks(report.analyse(alike)) == ["sample-overlap"]
+    unlike = {r: [start(r), loader(r, set(range(8)), content=None,
+                                   first=[[[3, f"x{r}"], [r, f"own{r}"]]]), end(r, [4])]
+              for r in (0, 1)}
+    assert checks(report.analyse(unlike)) == []
+
+
+def test_a_validation_loader_that_never_trained_is_not_compared() -> None:
+    recs = {r: [start(r), {**loader(r, set(range(8))), "trained": False}, end(r, [4])]
+            for r in (0, 1)}
+    assert checks(report.analyse(recs)) == []

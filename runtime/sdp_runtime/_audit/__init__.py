@@ -10,8 +10,15 @@ What a rank records (``_torch``, ``_tf``, ``_files``):
 
 - for the first ``SDP_AUDIT_STEPS`` (K, default 5) optimizer steps: per parameter, the sum and
   the sum of absolute values of the local gradient before any averaging, and of the gradient the
-  optimizer applies (torch optimizers, Keras optimizers' ``apply``); per sample of a DDP
-  forward's first input and of ``fit``'s first training batches, an 8-byte hash;
+  optimizer applies (torch optimizers, Keras optimizers' ``apply``); the steps in which a
+  DDP-wrapped parameter got a gradient without a forward of its wrapper, and the line that
+  called the model past it; per sample of ``fit``'s first training batches, an 8-byte hash;
+- at an optimizer's first step, the script's own names (``_names``): the expression that
+  reaches each trained module (``trainer.model.body``), the optimizer, its DDP wrappers and the
+  DataLoaders, and the line that made each;
+- per DataLoader, at the end of its first pass: its sampler and data set, the indices the pass
+  read, a hash of each sample of its first K batches, and whether an optimizer stepped on its
+  batches;
 - a fingerprint (sum, sum of |x|, up to 32 strided values) of every trained parameter and buffer
   (Keras: non-trainable weight; each buffer marked with why ranks may differ: ``broadcast`` by
   DDP, ``statistics`` of a batch norm, or ``""``: they must agree) before step 1, after steps 1,

@@ -153,15 +153,26 @@ def _interesting(f: _Files, path: Any) -> str | None:
 def where() -> str:
     """``file:line`` of the innermost frame of the user's code (not the interpreter's, a
     package's or this runtime's)."""
-    f = _files
     frame = sys._getframe(1)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith("<") and (f is None or not name.startswith(f.quiet_dirs)):
-            rel = os.path.relpath(name)
-            return f"{name if rel.startswith('..') else rel}:{frame.f_lineno}"
+        if is_user(frame.f_code.co_filename):
+            return at(frame)
         frame = frame.f_back  # type: ignore[assignment]
     return "?"
+
+
+def is_user(filename: str) -> bool:
+    """Whether code of ``filename`` is the user's (not the interpreter's, a package's or this
+    runtime's)."""
+    f = _files
+    return not filename.startswith("<") and (f is None or not filename.startswith(f.quiet_dirs))
+
+
+def at(frame: Any) -> str:
+    """``file:line`` of ``frame`` (the file relative to the working directory when inside it)."""
+    name = frame.f_code.co_filename
+    rel = os.path.relpath(name)
+    return f"{name if rel.startswith('..') else rel}:{frame.f_lineno}"
 
 
 def _connect(args: tuple[Any, ...]) -> None:

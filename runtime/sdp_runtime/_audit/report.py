@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import _overlap, _script
+from ._script import Script
+
 #: Exit status of ``sdp-run --audit=strict`` (and of rank 0 under another launcher) when the job
 #: itself succeeded but the audit found a problem.
 EXIT_AUDIT = 3
@@ -37,6 +40,10 @@ FIX_OVERLAP = ("split the data without overlap: a DistributedSampler (not a rand
 FIX_NOT_AVERAGED = ("average the gradients: wrap the model in sdp.DistributedDataParallel (or "
                     "the optimizer in sdp.DistributedOptimizer, the tape in "
                     "sdp.DistributedGradientTape) and train every parameter through it")
+FIX_BYPASS = ("call the wrapped model itself (model(x)), so that its forward runs: compute the "
+              "loss in forward() (or call the method from forward()); a method called on "
+              "model.module, or reached through the wrapper's attributes, skips DDP's forward "
+              "and with it the averaging of the gradients")
 FIX_INIT = ("start every rank from the same weights: change the model before wrapping it (the "
             "wrap broadcasts rank 0's weights), or call sdp.broadcast_parameters("
             "model.state_dict(), root_rank=0) after the last change")
@@ -117,10 +124,11 @@ def analyse(by_rank: Mapping[int, list[dict[str, Any]]]) -> Report:
     report = Report(ranks, size, _steps(ends))
     if len(ranks) < 2:
         return report
-    _same_data(report, by_rank)
-    _not_averaged(report, by_rank)
-    _weights(report, by_rank, ends)
-    _buffers(report, by_rank, ends)
+    script = _script.read(by_rank)
+    _same_data(report, by_rank, script)
+    _not_averaged(report, by_rank, script)
+    _weights(report, by_rank, ends, script)
+    _buffers(report, by_rank, ends, script)
     _unequal_steps(report, ends)
     _files(report, by_rank)
     _connections(report, by_rank)
@@ -167,7 +175,8 @@ def _same_vectors(a: Mapping[str, list[float]], b: Mapping[str, list[float]]) ->
     return all(_close(x, y, SAME_RTOL) for k in a for x, y in zip(a[k], b[k], strict=False))
 
 
-def _same_data(report: Report, by_rank: Mapping[int, list[dict[str, Any]]]) -> None:
+def _same_data(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
+               script: Script) -> None:
     grads = _by_step(by_rank, "grads")
     # pairs of ranks whose local gradients were identical at every step compared
     same: dict[tuple[int, int], list[int]] = {}
@@ -183,64 +192,56 @@ def _same_data(report: Report, by_rank: Mapping[int, list[dict[str, Any]]]) -> N
                 else:
                     differ.add((a, b))
     pairs = {p: steps for p, steps in same.items() if p not in differ}
-    samples = _samples(by_rank)
+    overlap = _overlap.measure(by_rank, script.loaders)
     if not pairs and not any(x.get("local") for recs in grads.values() for x in recs.values()):
         # no local gradient seen (a Keras optimizer's applied ones only): the inputs alone
         pairs = {p: s for p, s in _same_inputs(by_rank).items()}
+    loader = f" through {_script.loader_text(overlap.loader)}" if overlap and overlap.loader else ""
     if pairs:
         involved = sorted({r for p in pairs for r in p})
         steps = sorted({s for ss in pairs.values() for s in ss})
         details: dict[str, Any] = {"ranks": involved, "steps": steps}
         shared = ""
-        if samples is not None:
-            details["overlap"] = samples[0]
-            shared = f" ({samples[0]:.0%} of the samples seen by more than one rank)"
+        if overlap is not None:
+            details["overlap"] = overlap.fraction
+            scope = "" if overlap.scope == "first steps" else f" {_scope(overlap)}"
+            shared = f" ({overlap.fraction:.0%} of the samples{scope} seen by more than one rank)"
+            if overlap.loader:
+                details["loader"] = _loader_details(overlap.loader)
         report.problems.append(Problem(
             "same-data", f"{_ranks(involved)} computed identical gradients at {_steps_text(steps)}"
-            f": every rank reads the same batches (the training data is not split){shared}",
-            FIX_DATA, details))
+            f": every rank reads the same batches (the training data is not split){shared}"
+            f"{loader}", FIX_DATA, details))
         return
-    if samples is not None:
-        fraction, shared, total = samples
-        if fraction >= OVERLAP_LIMIT and shared >= report.size:
-            report.problems.append(Problem(
-                "sample-overlap", f"{fraction:.0%} of the samples trained on in the first "
-                f"steps of the first epoch ({shared} of {total}) were seen by more than one "
-                "rank: the ranks' data overlaps",
-                FIX_OVERLAP, {"overlap": fraction, "shared": shared, "samples": total}))
+    if overlap is None:
+        return
+    if overlap.fraction >= OVERLAP_LIMIT and overlap.shared >= report.size:
+        details = {"overlap": overlap.fraction, "shared": overlap.shared,
+                   "samples": overlap.total, "scope": overlap.scope}
+        unsplit = bool(overlap.loader and not overlap.loader.get("split"))
+        how = ""
+        if overlap.whole:
+            how = " (every rank read the whole data set"
+            how += ")" if not unsplit else (", in the same order)" if overlap.same_order
+                                            else ", each in its own order)")
+        if overlap.loader:
+            details["loader"] = _loader_details(overlap.loader)
+            how += f" through {_script.loader_text(overlap.loader)}"
+        report.problems.append(Problem(
+            "sample-overlap", f"{overlap.fraction:.0%} of the samples {_scope(overlap)} "
+            f"({overlap.shared} of {overlap.total}) were seen by more than one rank{how}: the "
+            "ranks' data overlaps", FIX_DATA if unsplit and overlap.whole else FIX_OVERLAP,
+            details))
 
 
-def _samples(by_rank: Mapping[int, list[dict[str, Any]]]) -> tuple[float, int, int] | None:
-    """(fraction, shared, distinct) of the samples seen by more than one rank in the first
-    epoch: up to the step before any rank meets a sample of its own again (from then on a
-    shuffling sampler hands the ranks each other's samples of the last epoch, by design)."""
-    steps: dict[int, list[tuple[int, list[str]]]] = {}
-    for r, recs in by_rank.items():
-        steps[r] = sorted((int(x["step"]), x.get("samples", [])) for x in recs
-                          if x.get("kind") == "inputs")
-    window = None
-    for rank_steps in steps.values():
-        own: set[str] = set()
-        last = None
-        for step, hashes in rank_steps:
-            if own & set(hashes):
-                break
-            own.update(hashes)
-            last = step
-        if rank_steps and last is not None:
-            window = last if window is None else min(window, last)
-    if window is None:
-        return None
-    seen: dict[str, set[int]] = {}
-    for r, rank_steps in steps.items():
-        for step, hashes in rank_steps:
-            if step <= window:
-                for h in hashes:
-                    seen.setdefault(h, set()).add(r)
-    if not seen or len({r for rs in seen.values() for r in rs}) < 2:
-        return None
-    shared = sum(1 for rs in seen.values() if len(rs) > 1)
-    return shared / len(seen), shared, len(seen)
+def _scope(overlap: _overlap.Overlap) -> str:
+    return {"epoch": "of the first epoch",
+            "planned": "of the first epoch (as its sampler reads it; the job ended before it did)",
+            "first steps": "trained on in the first steps of the first epoch"}[overlap.scope]
+
+
+def _loader_details(rec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: rec.get(k) for k in ("name", "where", "sampler", "split", "dataset", "len")}
 
 
 def _same_inputs(by_rank: Mapping[int, list[dict[str, Any]]]) -> dict[tuple[int, int], list[int]]:
@@ -258,19 +259,58 @@ def _same_inputs(by_rank: Mapping[int, list[dict[str, Any]]]) -> dict[tuple[int,
     return {p: s for p, s in same.items() if p not in differ}
 
 
-def _not_averaged(report: Report, by_rank: Mapping[int, list[dict[str, Any]]]) -> None:
-    for (_opt, step), recs in sorted(_by_step(by_rank, "grads").items(), key=lambda kv: kv[0][1]):
+def _not_averaged(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
+                  script: Script) -> None:
+    for (opt, step), recs in sorted(_by_step(by_rank, "grads").items(), key=lambda kv: kv[0][1]):
         applied = {r: x["applied"] for r, x in recs.items() if x.get("applied") is not None}
         if len(applied) < 2:
             continue
         names = set.intersection(*(set(a) for a in applied.values()))
         bad = sorted(n for n in names if not _agree([a[n] for a in applied.values()]))
         if bad:
+            cause, fix = _why_not_averaged(script, opt, bad)
             report.problems.append(Problem(
-                "not-averaged", f"gradients of {_modules(bad)} differ across ranks at step "
-                f"{step}: they were never averaged", FIX_NOT_AVERAGED,
-                {"step": step, "parameters": bad}))
+                "not-averaged", f"gradients of {script.modules(bad)} differ across ranks at step "
+                f"{step}: they were never averaged" + (f": {cause}" if cause else ""), fix,
+                {"step": step, "parameters": bad, **_objects(script, opt, bad)}))
             return
+
+
+def _why_not_averaged(script: Script, opt: str, keys: list[str]) -> tuple[str, str]:
+    """Why the gradients of ``keys`` (trained by ``opt``) were not averaged, in the script's
+    terms, and the fix; ("", the general fix) when the records do not say."""
+    ddps = sorted({script.wrapped[k] for k in keys if k in script.wrapped})
+    for j in ddps:
+        seen = script.bypass.get(j)
+        if seen:
+            site = seen.get("site") or {}
+            call = ""
+            if site.get("where") and site["where"] != "?":
+                call = f"; the step called the model at {site['where']}"
+                call += f" (`{site['code']}`)" if site.get("code") else ""
+                call += ", past the wrapper"
+            return (f"{script.wrapper(j)} wraps them, but backward ran with no call of its "
+                    f"forward at {_steps_text(sorted(seen['steps']))}{call}, so DDP averaged "
+                    "nothing", FIX_BYPASS)
+    info = script.optimizers.get(opt)
+    if not info:
+        return "", FIX_NOT_AVERAGED
+    if not ddps and not info.get("distributed"):
+        return (f"{script.owner(keys)} is not wrapped in DistributedDataParallel and "
+                f"{script.optimizer(opt)} is not a DistributedOptimizer", FIX_NOT_AVERAGED)
+    return f"trained by {script.optimizer(opt)}", FIX_NOT_AVERAGED
+
+
+def _objects(script: Script, opt: str, keys: list[str]) -> dict[str, Any]:
+    """The script's objects a finding is about, for the JSON report."""
+    out: dict[str, Any] = {"modules": list(dict.fromkeys(script.module(k) for k in keys))}
+    if opt in script.optimizers:
+        out["optimizer"] = script.optimizers[opt]
+    ddps = sorted({script.wrapped[k] for k in keys if k in script.wrapped})
+    if ddps:
+        out["wrappers"] = [dict(script.ddps.get(j) or {}, bypassed=sorted(
+            (script.bypass.get(j) or {}).get("steps", []))) for j in ddps]
+    return out
 
 
 def _agree(values: list[list[float]]) -> bool:
@@ -280,13 +320,17 @@ def _agree(values: list[list[float]]) -> bool:
 
 
 def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
-             ends: Mapping[int, dict[str, Any] | None]) -> None:
+             ends: Mapping[int, dict[str, Any] | None], script: Script) -> None:
     points = sorted(_by_step(by_rank, "weights").items(), key=lambda kv: kv[0][1])
-    found: list[tuple[int, list[str], float]] = []  # (step, parameters, max |diff|)
+    # (step, parameters, max |diff|, optimizer, the records before and at the difference)
+    found: list[tuple[int, list[str], float, str, Any, Any]] = []
     healed: list[tuple[str, list[str], int]] = []
+    last: dict[str, dict[int, dict[str, Any]]] = {}  # optimizer -> its records last compared
     for (opt, step), recs in points:
         # Buffers are recorded but not compared: batch-norm statistics are updated by each
         # rank's own forward (DDP broadcasts rank 0's before the next one; Horovod keeps them).
+        before = last.get(opt)
+        last[opt] = recs
         bad, worst = _differ({r: x.get("params") or {} for r, x in recs.items()})
         if not bad:
             continue
@@ -295,23 +339,27 @@ def _weights(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
             if agreed is not None:
                 healed.append((opt, bad, agreed))  # made equal after the first step
                 continue
-        found.append((step, bad, worst))
+        found.append((step, bad, worst, opt, before, recs))
     for _opt, bad, step in healed[:1]:
         report.notes.append(Problem(
-            "weights-equal-after-step-1", f"parameters of {_modules(bad)} differed across ranks "
-            f"before the first step and agreed after step {step}: they were broadcast after the "
-            "first update (as Horovod's BroadcastGlobalVariablesCallback does for a model built "
-            "in its first step), which mixed gradients taken at different weights", "", {}))
+            "weights-equal-after-step-1", f"parameters of {script.modules(bad)} differed across "
+            f"ranks before the first step and agreed after step {step}: they were broadcast after "
+            "the first update (as Horovod's BroadcastGlobalVariablesCallback does for a model "
+            "built in its first step), which mixed gradients taken at different weights", "", {}))
     if found:
-        step, bad, worst = min(found, key=lambda f: f[0])
-        _weights_problem(report, bad, worst, step)
+        step, bad, worst, opt, before, recs = min(found, key=lambda f: f[0])
+        _weights_problem(report, script, by_rank, bad, worst, step, opt, before, recs)
         return
     finals = {r: {**{k: v for w in (e.get("torch_weights") or {}).values() for k, v in w.items()},
                   **(e.get("tf_weights") or {})} for r, e in ends.items() if e}
     if len(finals) >= 2:
         bad, worst = _differ(finals)
         if bad:
-            _weights_problem(report, bad, worst, None)
+            opts = [o for o, recs in last.items()
+                    if set(bad) & set(next(iter(recs.values())).get("params") or {})]
+            opt = opts[0] if opts else ""
+            _weights_problem(report, script, by_rank, bad, worst, None, opt, last.get(opt),
+                             {r: e for r, e in ends.items() if e})
 
 
 def _agree_later(points: list[tuple[tuple[str, int], dict[int, dict[str, Any]]]], opt: str,
@@ -346,22 +394,103 @@ def _differ(tensors: Mapping[int, Mapping[str, list[Any]]]) -> tuple[list[str], 
     return bad, worst
 
 
-def _weights_problem(report: Report, bad: list[str], worst: float, step: int | None) -> None:
+def _weights_problem(report: Report, script: Script, by_rank: Mapping[int, list[dict[str, Any]]],
+                     bad: list[str], worst: float, step: int | None, opt: str,
+                     before: Mapping[int, dict[str, Any]] | None,
+                     at: Mapping[int, dict[str, Any]]) -> None:
     where = ("before the first step" if step == 0 else "at the end" if step is None
              else f"after step {step}")
     diff = f" (max |diff| {worst:.2g})" if worst else ""
+    details: dict[str, Any] = {"step": step, "parameters": bad, "max_abs_diff": worst,
+                               **_objects(script, opt, bad)}
     if step == 0:
-        why, fix = ("each rank initialised them itself and they were not made equal "
-                    "(re-initialised after the wrap?)"), FIX_INIT
+        why, fix = _why_apart_at_start(script, opt, bad), FIX_INIT
     else:
-        why, fix = "not averaged (not wrapped?) or changed on one rank only", FIX_DIVERGED
+        why, fix = _why_apart(report, script, by_rank, opt, bad, before, at, details)
     report.problems.append(Problem(
-        "weights-differ", f"parameters of {_modules(bad)} differ across ranks {where}{diff}: "
-        f"{why}", fix, {"step": step, "parameters": bad, "max_abs_diff": worst}))
+        "weights-differ", f"parameters of {script.modules(bad)} differ across ranks {where}"
+        f"{diff}: {why}", fix, details))
+
+
+def _why_apart_at_start(script: Script, opt: str, keys: list[str]) -> str:
+    ddps = sorted({script.wrapped[k] for k in keys if k in script.wrapped})
+    info = script.optimizers.get(opt)
+    if ddps:
+        wrap = script.ddps.get(ddps[0]) or {}
+        if wrap.get("where") and wrap["where"] != "?":
+            named = f"`{wrap['name']}`" if wrap.get("name") else "the model"
+            return ("each rank initialised them itself and they were not made equal "
+                    f"(re-initialised after {named} was wrapped at {wrap['where']}?)")
+    elif info and not info.get("distributed"):
+        return (f"each rank initialised them itself and nothing made them equal "
+                f"({script.owner(keys)} is not wrapped in DistributedDataParallel, whose wrap "
+                "broadcasts rank 0's weights)")
+    return ("each rank initialised them itself and they were not made equal "
+            "(re-initialised after the wrap?)")
+
+
+def _why_apart(report: Report, script: Script, by_rank: Mapping[int, list[dict[str, Any]]],
+               opt: str, keys: list[str], before: Mapping[int, dict[str, Any]] | None,
+               at: Mapping[int, dict[str, Any]], details: dict[str, Any]) -> tuple[str, str]:
+    """Why weights that agreed went apart: gradients never averaged (in the script's terms),
+    a file one rank read while another wrote it, or a change on some ranks only."""
+    averaged = next((p for p in report.problems if p.check == "not-averaged"
+                     and set(p.details.get("parameters", [])) & set(keys)), None)
+    if averaged is not None:
+        cause, fix = _why_not_averaged(script, opt, keys)
+        why = "their gradients were never averaged" + (f": {cause}" if cause else "")
+        return why, FIX_BYPASS if fix == FIX_BYPASS else FIX_DIVERGED
+    if before:
+        race = _file_race(by_rank, {r: float(x.get("time", 0)) for r, x in before.items()},
+                          {r: float(x.get("time", 0)) for r, x in at.items()})
+        if race is not None:
+            details["file"] = race
+            return race["message"], FIX_READ_WRITE
+    cause, fix = _why_not_averaged(script, opt, keys)
+    if fix == FIX_BYPASS:
+        return f"their gradients were never averaged: {cause}", FIX_BYPASS
+    return "not averaged (not wrapped?) or changed on one rank only", FIX_DIVERGED
+
+
+def _file_race(by_rank: Mapping[int, list[dict[str, Any]]], low: Mapping[int, float],
+               high: Mapping[int, float]) -> dict[str, Any] | None:
+    """A file one rank read while another rank wrote it, both between ``low`` and ``high``
+    (each rank's times of the last records that agreed and the first that did not)."""
+    writes: dict[str, list[dict[str, Any]]] = {}
+    reads: list[tuple[float, int, str, str]] = []
+    for r, recs in by_rank.items():
+        if r not in low or r not in high:
+            continue
+        for x in recs:
+            if x.get("kind") != "file":
+                continue
+            if x["op"] == "write":
+                writes.setdefault(x["path"], []).append(x)
+            elif low[r] < x["start"] <= high[r]:
+                reads.append((x["start"], r, x["path"], x.get("where", "?")))
+    for t, reader, path, line in sorted(reads):
+        ws = [w for w in writes.get(path, []) if w["rank"] != reader and w["rank"] in low
+              and low[w["rank"]] < w["start"] <= high[w["rank"]]]
+        if not ws:
+            continue
+        hit = _during(ws, reader, t, path)
+        if hit is not None:
+            how = f"while rank {hit['rank']} was still writing it ({hit.get('where', '?')})"
+        else:
+            later = sorted((w for w in ws if w["start"] > t), key=lambda w: w["start"])
+            if not later:
+                continue
+            hit = later[0]
+            how = (f"{hit['start'] - t:.1f} s before rank {hit['rank']} wrote it "
+                   f"({hit.get('where', '?')}), with no barrier between: it loaded another "
+                   f"version of the file than the one rank {hit['rank']} wrote from its weights")
+        return {"path": path, "reader": reader, "writer": hit["rank"], "line": line,
+                "message": f"rank {reader} read {_show(path)} ({line}) {how}"}
+    return None
 
 
 def _buffers(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
-             ends: Mapping[int, dict[str, Any] | None]) -> None:
+             ends: Mapping[int, dict[str, Any] | None], script: Script) -> None:
     """Buffers and non-trainable weights that must agree: not broadcast by DDP before each
     forward, not batch-norm statistics (each rank's own batches update those)."""
     def compared(buffers: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
@@ -374,24 +503,28 @@ def _buffers(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
                 points, opt, bad, lambda x: compared(x.get("buffers") or {})) is not None:
             continue  # broadcast after the first step (the parameters' note says so)
         if bad:
-            _buffers_problem(report, bad, worst, step)
+            _buffers_problem(report, script, bad, worst, step)
             return
     finals = {r: compared({**(e.get("torch_buffers") or {}), **(e.get("tf_buffers") or {})})
               for r, e in ends.items() if e}
     bad, worst = _differ(finals)
     if bad:
-        _buffers_problem(report, bad, worst, None)
+        _buffers_problem(report, script, bad, worst, None)
 
 
-def _buffers_problem(report: Report, bad: list[str], worst: float, step: int | None) -> None:
+def _buffers_problem(report: Report, script: Script, bad: list[str], worst: float,
+                     step: int | None) -> None:
     where = ("before the first step" if step == 0 else "at the end" if step is None
              else f"after step {step}")
-    what = "non-trainable weights" if any("/" in n for n in bad) else "buffers"
+    if any("/" in n for n in bad):  # Keras: the layers' non-trainable weights
+        what = f"non-trainable weights of {script.modules(bad)}"
+    else:  # torch: each buffer, by its name in the script
+        what = "buffers " + script.names(bad)
     diff = f" (max |diff| {worst:.2g})" if worst else ""
     report.problems.append(Problem(
-        "buffers-differ", f"{what} of {_modules(bad)} differ across ranks {where}{diff}: set or "
-        "changed on some ranks only, or computed from each rank's own data (no gradient "
-        "averaging makes them agree)", FIX_BUFFERS,
+        "buffers-differ", f"{what} differ across ranks {where}"
+        f"{diff}: set or changed on some ranks only, or computed from each rank's own data "
+        "(no gradient averaging makes them agree)", FIX_BUFFERS,
         {"step": step, "buffers": bad, "max_abs_diff": worst}))
 
 
@@ -516,18 +649,6 @@ def _steps_text(steps: list[int]) -> str:
     if steps == list(range(steps[0], steps[-1] + 1)):
         return f"steps {steps[0]}-{steps[-1]}"
     return "steps " + ", ".join(map(str, steps))
-
-
-def _module(name: str) -> str:
-    sep = "/" if "/" in name else "."
-    head, _, _ = name.rpartition(sep)
-    return head or name
-
-
-def _modules(names: list[str]) -> str:
-    modules = list(dict.fromkeys(_module(n) for n in names))
-    shown = ", ".join(f"`{m}`" for m in modules[:3])
-    return shown + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
 
 
 def _show(path: str) -> str:
