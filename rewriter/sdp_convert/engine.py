@@ -332,6 +332,54 @@ class _ImportAdder(AddImportsVisitor):
     def __dir__(self) -> list[str]:
         return []
 
+    # libcst finds where the imports go with its sequence matcher (``_skip_first``), which
+    # recurses once per statement of the module after a docstring: a module of a few hundred
+    # statements runs out of stack. These two methods give libcst's answers by iterating.
+
+    def visit_Module(self, node: cst.Module) -> None:
+        """libcst's, given only what its gatherer reads (the imports at the top, after a
+        docstring or ``__strict__`` flag), so that its matcher never recurses."""
+        start = 1 if _docstring_first(node.body) else 0
+        end = _import_run_end(node.body, start)
+        super().visit_Module(node.with_changes(body=node.body[start:end]))
+
+    def _split_module(
+        self, orig_module: cst.Module, updated_module: cst.Module
+    ) -> tuple[list[Any], list[Any], list[Any]]:
+        """What goes before the new imports (a docstring), the imports they follow, the rest."""
+        start = 1 if _docstring_first(orig_module.body) else 0
+        end = _import_run_end(orig_module.body, start)
+        body = list(updated_module.body)
+        return body[:start], body[start:end], body[end:]
+
+
+def _docstring_first(body: Sequence[cst.BaseStatement]) -> bool:
+    """libcst's ``_skip_first``: the module starts with a docstring or a ``__strict__ = ...``
+    line (one statement on the line), before which no import goes."""
+    first = body[0] if body else None
+    if not isinstance(first, cst.SimpleStatementLine) or len(first.body) != 1:
+        return False
+    small = first.body[0]
+    if isinstance(small, cst.Expr):
+        return isinstance(small.value, cst.SimpleString)
+    return (
+        isinstance(small, cst.Assign) and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and small.targets[0].target.value == "__strict__"
+    )
+
+
+def _import_run_end(body: Sequence[cst.BaseStatement], start: int) -> int:
+    """The end of the run of lines holding one import each from ``start`` on."""
+    end = start
+    while (
+        end < len(body) and isinstance(body[end], cst.SimpleStatementLine)
+        and len(body[end].body) == 1  # type: ignore[attr-defined]
+        and isinstance(body[end].body[0], (cst.Import, cst.ImportFrom))  # type: ignore[attr-defined]
+    ):
+        end += 1
+    return end
+
 
 def _leading_imports(module: cst.Module) -> list[cst.BaseStatement]:
     """The statements AddImportsVisitor reads: a docstring, then the imports before any code."""

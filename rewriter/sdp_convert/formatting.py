@@ -23,6 +23,8 @@ import difflib
 import functools
 import os
 import sys
+from bisect import bisect_left
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -185,10 +187,71 @@ def _only_within(old: list[str], new: list[str], allowed: set[int]) -> bool:
 
 
 def changed_ranges(before: list[str], after: list[str]) -> list[tuple[int, int]]:
-    """The lines of ``after`` (1-based, inclusive ranges) that are not lines of ``before``."""
-    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
-    return [
-        (j1 + 1, j2)
-        for tag, _, _, j1, j2 in matcher.get_opcodes()
-        if tag in ("replace", "insert") and j2 > j1
+    """The lines of ``after`` (1-based, inclusive ranges) that are not lines of ``before``.
+
+    difflib's matcher on the whole of two long files is quadratic in their repeated lines (a
+    notebook's ``loss.backward()`` in every cell: each search for the longest match goes through
+    every copy). So the lines found once in each file, in the same order in both (the longest
+    such run: patience diff's anchors), are matched first, and difflib matches the short
+    stretches between them; where difflib alone would align those lines the same way (what it
+    does when the other lines differ only by the converter's insertions and edits), the answer is
+    the same (``tests/test_scale.py`` compares both on every golden and the corpus)."""
+    ranges: list[tuple[int, int]] = []
+    for a0, a1, b0, b1 in _stretches(before, after):
+        if a0 == a1:
+            if b1 > b0:
+                ranges.append((b0 + 1, b1))
+            continue
+        if b0 == b1:
+            continue
+        matcher = difflib.SequenceMatcher(None, before[a0:a1], after[b0:b1], autojunk=False)
+        ranges += [
+            (b0 + j1 + 1, b0 + j2)
+            for tag, _, _, j1, j2 in matcher.get_opcodes()
+            if tag in ("replace", "insert") and j2 > j1
+        ]
+    return ranges
+
+
+def _stretches(before: list[str], after: list[str]) -> list[tuple[int, int, int, int]]:
+    """``(a0, a1, b0, b1)``: the stretches of both files between anchors (lines found once in
+    each, matched in order: the longest increasing run of their positions)."""
+    once_before = Counter(before)
+    once_after = Counter(after)
+    where = {line: i for i, line in enumerate(before) if once_before[line] == 1}
+    pairs = [
+        (where[line], j) for j, line in enumerate(after)
+        if once_after[line] == 1 and line in where
     ]
+    # Longest increasing subsequence of the ``before`` positions (pairs are in ``after`` order).
+    tails: list[int] = []  # the ``before`` position ending the best run of each length
+    ends: list[int] = []  # index into pairs of that position
+    back: list[int] = []
+    for k, (i, _) in enumerate(pairs):
+        n = bisect_left(tails, i)
+        back.append(ends[n - 1] if n else -1)
+        if n == len(tails):
+            tails.append(i)
+            ends.append(k)
+        else:
+            tails[n], ends[n] = i, k
+    anchors: list[tuple[int, int]] = []
+    k = ends[-1] if ends else -1
+    while k != -1:
+        anchors.append(pairs[k])
+        k = back[k]
+    anchors.reverse()
+    # Each anchor grows into the run of equal lines around it, as difflib's matches do.
+    stretches = []
+    a0 = b0 = 0
+    for n, (i, j) in enumerate(anchors):
+        start_a, start_b = i, j
+        while start_a > a0 and start_b > b0 and before[start_a - 1] == after[start_b - 1]:
+            start_a, start_b = start_a - 1, start_b - 1
+        stretches.append((a0, start_a, b0, start_b))
+        limit_a, limit_b = anchors[n + 1] if n + 1 < len(anchors) else (len(before), len(after))
+        a0, b0 = i + 1, j + 1
+        while a0 < limit_a and b0 < limit_b and before[a0] == after[b0]:
+            a0, b0 = a0 + 1, b0 + 1
+    stretches.append((a0, len(before), b0, len(after)))
+    return stretches

@@ -51,6 +51,14 @@ class Facts:
     training_calls: set[cst.CSTNode] | None = None
     #: Loops around those calls.
     training_loops: set[cst.CSTNode] | None = None
+    #: Where training may begin, in walk order (``model_setup.training_starts``).
+    training_triggers: tuple[list[int], list[cst.CSTNode]] | None = None
+    #: id(loop) -> the DataLoader calls whose loaders it iterates (``sharding``).
+    loader_loops: dict[int, list[cst.Call]] | None = None
+    #: Whether anything in the file may set ``requires_grad`` back on (``model_setup``).
+    unfreezes: bool | None = None
+    #: The functions (None: the module) holding a ``backward()`` call (``models``).
+    backward_functions: frozenset[cst.FunctionDef | None] | None = None
     #: id(function, class or module) -> every identifier used inside it.
     names: dict[int, set[str]] | None = None
     #: The migration that reports the library's usual mistakes (once, if two migrations apply).

@@ -21,7 +21,9 @@ functions (it may train) other than the ones that only set weights.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from heapq import merge
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -157,7 +159,13 @@ def _freezes_each(loop: cst.For) -> bool:
 
 
 def _unfreezes(fm: FileModel) -> bool:
-    """Anything in the file may set ``requires_grad`` back on."""
+    """Anything in the file may set ``requires_grad`` back on (asked once per file)."""
+    if fm.facts.unfreezes is None:
+        fm.facts.unfreezes = _finds_unfreeze(fm)
+    return fm.facts.unfreezes
+
+
+def _finds_unfreeze(fm: FileModel) -> bool:
     assigns_flag = m.Assign(targets=[m.AssignTarget(m.Attribute(attr=m.Name("requires_grad")))])
     for node in nodes_of(fm, cst.Assign):
         if m.matches(node, assigns_flag) and not m.matches(node.value, m.Name("False")):
@@ -218,20 +226,43 @@ def training_starts(
     order: Callable[[cst.CSTNode], int],
     start: int,
 ) -> Iterator[int]:
-    """Where training may begin after ``start`` (see the module docstring), as orders of
-    statements at the model's block level (``level``)."""
-    triggers: list[cst.CSTNode] = [*fm.method_calls("backward"), *fm.method_calls("step")]
-    index = file_index(fm)
-    for name in index.functions:
-        triggers.extend(c for c in index.calls_by_name.get(name, ()) if not sets_weights(fm, c))
-    for use in uses:
-        parent = fm.parent(use)
-        if isinstance(parent, cst.Call) and parent.func is use:
-            triggers.append(parent)
-    for node in triggers:
+    """Where training may begin first after ``start`` (see the module docstring), as the order
+    of a statement at the model's block level (``level``, which gives a node or an ancestor of
+    it); nothing where it never does.
+
+    The first trigger after ``start`` in walk order that ``level`` places after ``start`` is
+    the earliest of all: a statement of the model's blocks after ``start`` that holds a later
+    trigger cannot come before one that holds an earlier trigger. So the file's triggers are
+    listed once, in walk order, and each model reads them from ``start`` on, not all of them."""
+    orders, triggers = _training_triggers(fm)
+    own = sorted(
+        (order(parent), id(parent), parent) for use in uses
+        if isinstance(parent := fm.parent(use), cst.Call) and parent.func is use
+        and order(parent) > start
+    )
+    later = zip(orders[bisect_right(orders, start):], triggers[bisect_right(orders, start):],
+                strict=True)
+    for _, node in merge(((o, n) for o, _, n in own), later, key=lambda pair: pair[0]):
         stmt = level(node)
         if stmt is not None and order(stmt) > start:
             yield order(stmt)
+            return
+
+
+def _training_triggers(fm: FileModel) -> tuple[list[int], list[cst.CSTNode]]:
+    """``backward()``/``step()`` calls and calls of this file's functions that do not only set
+    weights up (``sets_weights``), with their orders, in walk order (once per file)."""
+    if fm.facts.training_triggers is None:
+        index = file_index(fm)
+        triggers: list[cst.CSTNode] = [*fm.method_calls("backward"), *fm.method_calls("step")]
+        for name in index.functions:
+            triggers.extend(
+                c for c in index.calls_by_name.get(name, ()) if not sets_weights(fm, c)
+            )
+        found = sorted({id(t): (index.order.get(id(t), -1), t) for t in triggers}.values(),
+                       key=lambda pair: pair[0])
+        fm.facts.training_triggers = ([o for o, _ in found], [t for _, t in found])
+    return fm.facts.training_triggers
 
 
 def wrap_anchor(fm: FileModel, first: cst.BaseStatement, same: list[Binding],

@@ -344,7 +344,7 @@ def discarded_outputs(fm: FileModel, target: str, scope: Scope) -> cst.Call | No
     ones (``find_unused_parameters=True``)."""
     from .model_setup import _without_grad  # it builds on this module
 
-    backward_functions = {fm.enclosing_function(c) for c in fm.method_calls("backward")}
+    backward_functions = _backward_functions(fm)
     for name in file_index(fm).loads_of(target, scope):
         call = fm.parent(name)
         if not (isinstance(call, cst.Call) and call.func is name):
@@ -368,6 +368,15 @@ def discarded_outputs(fm: FileModel, target: str, scope: Scope) -> cst.Call | No
     return None
 
 
+def _backward_functions(fm: FileModel) -> frozenset[cst.FunctionDef | None]:
+    """The functions (None: module level) that call ``backward()`` (once per file)."""
+    if fm.facts.backward_functions is None:
+        fm.facts.backward_functions = frozenset(
+            fm.enclosing_function(c) for c in fm.method_calls("backward")
+        )
+    return fm.facts.backward_functions
+
+
 def user_methods_in_training(
     fm: FileModel, uses: list[cst.CSTNode]
 ) -> Iterator[tuple[cst.Call, cst.Attribute, cst.CSTNode]]:
@@ -376,7 +385,7 @@ def user_methods_in_training(
     Not one under ``torch.no_grad()``: it computes no gradient, so none goes unaveraged."""
     from .model_setup import _without_grad  # it builds on this module
 
-    trains = {id(fm.enclosing_function(c)) for c in fm.method_calls("backward")}
+    trains = {id(f) for f in _backward_functions(fm)}
     for use in uses:
         parent = fm.parent(use)
         call = fm.parent(parent) if parent is not None else None

@@ -37,6 +37,7 @@ and answers for the string node, here a string has no names; PEP 695 type parame
 from __future__ import annotations
 
 import builtins
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 
 import libcst as cst
@@ -435,6 +436,12 @@ class QualifiedNames(Mapping[cst.CSTNode, object]):
         self._collected = collected
         self._scope_of = collected.scope_of
         self._found: dict[int, set[QualifiedName]] = {}
+        #: id(a scope's list of bindings of a name) -> its ``_Seen``.
+        self._seen: dict[int, _Seen] = {}
+        #: (id(scope), dotted name) -> the bindings of its longest bound prefix, their qualified
+        #: names, and the ids of the nodes that answer by their own binding alone.
+        self._dotted: dict[tuple[int, str], tuple[list[_Binding], set[QualifiedName], set[int]]]
+        self._dotted = {}
         #: id(node) -> the reads that are reads of it (a Name; or the attribute of a dotted
         #: import that a read heads).
         self._reads: dict[int, list[_Read]] = {}
@@ -458,13 +465,55 @@ class QualifiedNames(Mapping[cst.CSTNode, object]):
             return set()
         reads = self._reads.get(id(node))
         if reads:
-            return {
-                q for read in reads for b in read.referents() for q in b.qualified_names(b.name)
-            }
+            return {q for read in reads for q in self._read_names(read)}
         full_name = get_full_name_for_node(node)
         if full_name is None:
             return set()
-        return _names_in(scope, full_name, node)
+        key = (id(scope), full_name)
+        found = self._dotted.get(key)
+        if found is None:
+            bound = _longest_bound(scope, full_name)
+            own = {
+                id(n) for b in bound if b.kind != _BUILTIN for n in _binding_nodes(b)
+            }
+            found = self._dotted[key] = (
+                bound, {q for b in bound for q in b.qualified_names(full_name)}, own
+            )
+        bound, names, own = found
+        if id(node) in own:
+            return _names_in(scope, full_name, node)
+        return set(names)
+
+    def _read_names(self, read: _Read) -> set[QualifiedName]:
+        """The qualified names of what ``read`` sees: those of ``read.referents()``, without
+        listing them (a name bound in every block of a long file is seen by each later read
+        in all its bindings, which share their few names)."""
+        scope = read.scope
+        bound = scope.resolve(read.name)
+        if not bound:
+            return set()
+        count = len(bound)
+        if bound[0].scope is scope:
+            seen = self._seen_of(bound)
+            if seen is None:
+                return {q for b in read.referents() for q in b.qualified_names(b.name)}
+            count = seen.before(read.index)
+            if not count:
+                bound = scope.parent.resolve(read.name)
+                count = len(bound)
+                if not bound:
+                    return set()
+        seen = self._seen_of(bound)
+        if seen is None:
+            return {q for b in bound[:count] for q in b.qualified_names(b.name)}
+        return seen.names(count)
+
+    def _seen_of(self, bound: list[_Binding]) -> _Seen | None:
+        """``bound``'s ``_Seen`` (None where its counts are not in order)."""
+        key = id(bound)
+        if key not in self._seen:
+            self._seen[key] = _Seen.of(bound)
+        return self._seen[key]
 
     def module_names(self, name: str) -> set[QualifiedName]:
         """What ``name`` is at module level (libcst's ``get_qualified_names_for(name)``)."""
@@ -490,17 +539,70 @@ class QualifiedNames(Mapping[cst.CSTNode, object]):
         return len(self._scope_of)
 
 
-def _names_in(scope: _Scope, full_name: str, node: cst.CSTNode | None) -> set[QualifiedName]:
-    """A dotted name's qualified names where it is written: every binding of its longest bound
-    prefix; the binding's own node, by that binding alone."""
-    bound: list[_Binding] = []
+class _Seen:
+    """One scope's bindings of a name, in the order they were made, as the reads in that scope
+    see them: a read sees those made before it (a prefix of the list, by count), whose qualified
+    names are the first appearances of each in the list before that point."""
+
+    __slots__ = ("counts", "firsts", "positions")
+
+    def __init__(self, counts: list[int], firsts: list[tuple[int, QualifiedName]]) -> None:
+        self.counts = counts
+        self.firsts = firsts
+        self.positions = [position for position, _ in firsts]
+
+    @classmethod
+    def of(cls, bound: list[_Binding]) -> _Seen | None:
+        counts = [b.index for b in bound]
+        if any(a > b for a, b in zip(counts, counts[1:], strict=False)):
+            return None  # (a comprehension's deferred counts): the reads list them
+        firsts: list[tuple[int, QualifiedName]] = []
+        known: set[QualifiedName] = set()
+        for position, binding in enumerate(bound):
+            for q in binding.qualified_names(binding.name):
+                if q not in known:
+                    known.add(q)
+                    firsts.append((position, q))
+        return cls(counts, firsts)
+
+    def before(self, count: int) -> int:
+        """How many of the bindings were made before the scope's count was ``count``."""
+        return bisect_left(self.counts, count)
+
+    def names(self, seen: int) -> set[QualifiedName]:
+        """The qualified names of the first ``seen`` bindings."""
+        return {q for _, q in self.firsts[: bisect_left(self.positions, seen)]}
+
+
+def _binding_nodes(binding: _Binding) -> Iterator[cst.CSTNode]:
+    """The nodes ``_is_binding_node`` says are the binding's own."""
+    if binding.node is not None:
+        yield binding.node
+    stmt = binding.node
+    if isinstance(stmt, (cst.Import, cst.ImportFrom)) and not isinstance(
+        stmt.names, cst.ImportStar
+    ):
+        for alias in stmt.names:
+            yield alias.name
+            if alias.asname is not None:
+                yield alias.asname.name
+
+
+def _longest_bound(scope: _Scope, full_name: str) -> list[_Binding]:
+    """The bindings of the longest prefix of the dotted ``full_name`` bound where it is read."""
     prefix: str | None = full_name
     while prefix:
         if scope.contains(prefix):
-            bound = scope.resolve(prefix)
-            break
+            return scope.resolve(prefix)
         dot = prefix.rfind(".")
         prefix = None if dot == -1 else prefix[:dot]
+    return []
+
+
+def _names_in(scope: _Scope, full_name: str, node: cst.CSTNode | None) -> set[QualifiedName]:
+    """A dotted name's qualified names where it is written: every binding of its longest bound
+    prefix; the binding's own node, by that binding alone."""
+    bound = _longest_bound(scope, full_name)
     if node is not None:
         for binding in bound:
             if binding.kind != _BUILTIN and _is_binding_node(node, binding):

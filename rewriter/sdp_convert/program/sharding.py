@@ -22,6 +22,7 @@ the converter does not follow) or ``"not sharded"`` (a loader or dataset it cann
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -215,8 +216,20 @@ def training_loaders(fm: FileModel) -> list[cst.Call]:
     loaders = fm.calls_to(*LOADERS)
     if not loaders:
         return []
-    loops = training_loops(fm)
-    return [c for c in loaders if any(s.loop in loops for s in loader_sites(fm, c)[0])]
+    return loaders_iterated_in(fm, training_loops(fm))
+
+
+def loaders_iterated_in(fm: FileModel, loops: Iterable[cst.CSTNode]) -> list[cst.Call]:
+    """The DataLoader calls whose loaders one of ``loops`` iterates (``loader_sites``), in
+    file order. Each loader of the file is followed once, not once per question."""
+    by_loop = fm.facts.loader_loops
+    if by_loop is None:
+        by_loop = fm.facts.loader_loops = {}
+        for call in fm.calls_to(*LOADERS):
+            for site in loader_sites(fm, call)[0]:
+                by_loop.setdefault(id(site.loop), []).append(call)
+    found = {id(c): c for loop in loops for c in by_loop.get(id(loop), ())}
+    return sorted(found.values(), key=fm.order)
 
 
 # -- TensorFlow datasets and fit arrays -----------------------------------------------------------
@@ -296,9 +309,7 @@ def optimizer_data(fm: FileModel, call: cst.Call) -> DataSharding:
     loops = stepping_loops(fm, call)
     if loops is None:
         return whole
-    loaders = [
-        c for c in fm.calls_to(*LOADERS) if any(s.loop in loops for s in loader_sites(fm, c)[0])
-    ]
+    loaders = loaders_iterated_in(fm, loops)
     # Loaders another module of the project builds for these loops (sharded there, or not).
     imported = imported_data(fm, set(loops))
     if isinstance(imported, cst.Call):

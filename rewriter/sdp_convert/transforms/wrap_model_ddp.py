@@ -176,7 +176,8 @@ class WrapModelDdp(Transform):
                     manual=True,
                 )
 
-        planned = [model for model in self.models.values() if not self._part_of_another(model)]
+        held = self._held_names()
+        planned = [m_ for m_ in self.models.values() if not self._part_of_another(m_, held)]
         for model in planned:
             self._plan(model)
         self._note_untrained()
@@ -300,15 +301,12 @@ class WrapModelDdp(Transform):
         elif not self.models:
             self._add(arg.value, call)
 
-    def _part_of_another(self, model: _Model) -> bool:
+    def _part_of_another(
+        self, model: _Model, held: dict[tuple[int, str], list[_Model]]
+    ) -> bool:
         """``decoder = Decoder(encoder)``: ``encoder`` is not wrapped on its own."""
-        for other in self.models.values():
-            if other is model or other.creation.value is None:
-                continue
-            if other.scope is model.scope and any(
-                code(n) == model.target
-                for n in m.findall(other.creation.value, m.Name() | m.Attribute())
-            ):
+        for other in held.get((id(model.scope), model.target), ()):
+            if other is not model:
                 self.record(
                     model.creation.stmt,
                     f"{model.target} is part of {other.target}, which is wrapped: "
@@ -317,6 +315,18 @@ class WrapModelDdp(Transform):
                 )
                 return True
         return False
+
+    def _held_names(self) -> dict[tuple[int, str], list[_Model]]:
+        """The models whose creation names ``(id(scope), name or attribute)``, in the order of
+        ``self.models``: each creation read once, not once per pair of models."""
+        held: dict[tuple[int, str], list[_Model]] = {}
+        for other in self.models.values():
+            if other.creation.value is None:
+                continue
+            names = {code(n) for n in m.findall(other.creation.value, m.Name() | m.Attribute())}
+            for name in names:
+                held.setdefault((id(other.scope), name), []).append(other)
+        return held
 
     # -- where the wrap goes ------------------------------------------------------------------
 
