@@ -274,7 +274,7 @@ def render(label: str, commit: str, r: SuiteResult, args: argparse.Namespace) ->
 
     counts = {rank: Counter(o.status for o in outs) for rank, outs in r.ranks.items()}
     lines = [
-        f"## {label}: {r.suite}",
+        f"## {label}: test/parallel/{r.suite}",
         "",
         f"- Horovod commit `{commit}` (its `test/parallel/{r.suite}`, unmodified); sdp_runtime "
         f"{sdp_runtime.__version__} from {r.runtime}",
@@ -362,7 +362,8 @@ def render_kept(args: argparse.Namespace, work: Path) -> int:
         result = SuiteResult(name, meta["seconds"], meta["exit_status"], note=meta["note"],
                              limits=meta["limits"], runtime=meta["runtime"])
         result = collect(suite, reports, result, work / f"{suite.stem}.log")
-        write_section(f"{args.label}: {name}", render(args.label, commit, result, args))
+        write_section(f"{args.label}: test/parallel/{name}",
+                      render(args.label, commit, result, args))
     return 0
 
 
@@ -398,7 +399,8 @@ def main() -> int:
             continue
         print(f"running {name} ...", file=sys.stderr, flush=True)
         result = run_suite(suite, work, args)
-        write_section(f"{args.label}: {name}", render(args.label, commit, result, args))
+        write_section(f"{args.label}: test/parallel/{name}",
+                      render(args.label, commit, result, args))
         counts = Counter(o.status for o in result.ranks.get(0, []))
         print(f"  {dict(counts)} in {result.seconds:.0f} s {result.note[:300]}", file=sys.stderr)
     print(f"wrote {RESULTS.relative_to(REPO)} (work files in {work})", file=sys.stderr)

@@ -768,3 +768,50 @@ def test_the_same_data_note_is_not_repeated_at_each_loop():
     _, notes = convert_text(source)
     said = [n for n in notes if "training data not sharded (built by load_data())" in n]
     assert len(said) == 1, notes
+
+
+SAMPLES_EVERY_N_STEPS = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.utils import save_image
+
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True)
+
+
+def sample_images(done):
+    with torch.no_grad():
+        fake = model(torch.randn(5, 4))
+    save_image(fake, "images/%d.png" % done)
+
+
+for epoch in range(2):
+    for i, (x,) in enumerate(loader):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        done = epoch * len(loader) + i
+        if done % 10 == 0:
+            sample_images(done)
+"""
+
+
+def test_a_step_count_made_from_a_sharded_loaders_length_is_the_same_on_every_rank():
+    """Eco check (pytorch-gan cyclegan): the loader got ``sampler=DistributedSampler(...,
+    rank=sdp.rank())``, so ``len(loader)`` and the step count made from it were taken for values
+    that differ between ranks, and the whole file was refused ("a condition that can differ
+    between ranks ... deadlock") for a helper that runs the model every 10 steps. A
+    DistributedSampler has the same length on every rank: the sampling runs on every rank
+    together, and only the image write goes to rank 0."""
+    out, notes = convert_text(SAMPLES_EVERY_N_STEPS)
+    assert not any("deadlock" in n for n in notes), notes
+    assert "sampler=loader_sampler" in out and "DistributedDataParallel(model" in out, out
+    assert "        if done % 10 == 0:\n            sample_images(done)\n" in out, out
+    assert '    if sdp.rank() == 0:\n        save_image(fake, "images/%d.png" % done)' in out, out
+    # A step count that really differs between ranks still keeps the model's forward off it.
+    per_rank = SAMPLES_EVERY_N_STEPS.replace("done = epoch * len(loader) + i",
+                                             "done = epoch * len(loader) + i + sdp.rank()")
+    per_rank = "import sdp_runtime.torch as sdp\n" + per_rank
+    out, notes = convert_text(per_rank)
+    assert "        if done % 10 == 0:\n            sample_images(done)\n" in out, out

@@ -31,7 +31,7 @@ import ast
 import builtins
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .modules import COLLECTIVE, CollectiveReach, call_name, distributed_aliases, root_name
 
@@ -639,8 +639,14 @@ def _per_rank_names(tree: ast.Module) -> set[str]:
     return names
 
 
+#: Calls given the rank whose results are alike on every rank in what a test can ask of them:
+#: a ``DistributedSampler`` has the same length on every rank (padded or cut to equal shares),
+#: so ``len(loader)`` and the step counts made from it are the same everywhere.
+_SAME_ON_EVERY_RANK = re.compile(r"(^|\.)DistributedSampler$")
+
+
 def _divergent(test: ast.expr, per_rank: set[str], files: bool = True) -> bool:
-    for node in ast.walk(test):
+    for node in _walk_except_samplers(test):
         if isinstance(node, ast.Call):
             name = call_name(node.func)
             if _RANK.match(name) or (files and name in _FILE_TESTS):
@@ -648,3 +654,14 @@ def _divergent(test: ast.expr, per_rank: set[str], files: bool = True) -> bool:
         if isinstance(node, ast.Name | ast.Attribute) and ast.unparse(node) in per_rank:
             return True
     return False
+
+
+def _walk_except_samplers(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.walk`` without the insides of the calls ``_SAME_ON_EVERY_RANK`` names."""
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        yield current
+        if isinstance(current, ast.Call) and _SAME_ON_EVERY_RANK.search(call_name(current.func)):
+            continue
+        todo.extend(ast.iter_child_nodes(current))
