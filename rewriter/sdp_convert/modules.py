@@ -88,6 +88,12 @@ class Project:
             if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and stmt.name == name:
                 return module, name
             if isinstance(stmt, ast.ImportFrom) and depth < 5:
+                if stmt.names[0].name == "*":  # a package's ``from .base_trainer import *``
+                    absolute = self._absolute(module, "." * stmt.level + (stmt.module or ""))
+                    found = self._lookup(f"{absolute}.{name}", depth + 1) if absolute else None
+                    if found is not None:
+                        return found
+                    continue
                 for alias in stmt.names:
                     if (alias.asname or alias.name) != name or stmt.module is None:
                         continue

@@ -940,10 +940,13 @@ class Run:
                 for trace in optimizers:
                     if trace.made is None:
                         continue
-                    params = _params_of(trace.made.node)
+                    params = self.optimizer_params(trace.made)
                     if params is None:
-                        continue
-                    got, why = self.models_of(Ref(trace.made.module, params))
+                        first = _params_of(trace.made.node)
+                        if first is None:
+                            continue
+                        params = Ref(trace.made.module, first)
+                    got, why = self.models_of(params)
                     models += got
                     unknown = unknown or why
                 found.append(TorchStep(step, optimizer, optimizers, models, unknown,
@@ -970,11 +973,32 @@ class Run:
             return False
         if any(q.startswith("torch.optim.") for q in names):
             return True
-        params = _params_of(node)
-        if params is None:
-            return False
-        models, _ = self.models_of(Ref(made.module, params))
-        return bool(models)
+        return self.optimizer_params(made) is not None
+
+    def optimizer_params(self, made: Ref) -> Ref | None:
+        """The argument of an optimizer's constructor that holds a model's parameters: the
+        first positional or ``params=`` (``AdamW(groups)``), or, for a config factory given the
+        library and the parameters (``config.init_obj("optimizer", torch.optim, params)``), the
+        argument that traces to a model's parameters. None for a factory given a scheduler's
+        module (``config.init_obj("lr_scheduler", torch.optim.lr_scheduler, optimizer)``)."""
+        node = made.node
+        if not isinstance(node, cst.Call):
+            return None
+        first = _params_of(node)
+        if first is not None and self.models_of(Ref(made.module, first))[0]:
+            return Ref(made.module, first)
+        if any(
+            any("lr_scheduler" in q or q.endswith("Scheduler")
+                for q in self.qualified(Ref(made.module, arg.value)))
+            for arg in node.args
+        ):
+            return None
+        for arg in node.args:
+            if arg.value is first or arg.star or isinstance(arg.value, cst.SimpleString):
+                continue
+            if self.models_of(Ref(made.module, arg.value))[0]:
+                return Ref(made.module, arg.value)
+        return None
 
     def models_of(self, params: Ref) -> tuple[list[Trace], str]:
         """The models whose parameters ``params`` (an optimizer's first argument) holds:

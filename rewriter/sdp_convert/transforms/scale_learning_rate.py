@@ -139,7 +139,15 @@ class ScaleLearningRate(Transform):
             # that the whole-program model found stepping an averaged model on split data.
             if id(call) in known and isinstance(call, cst.Call):
                 scaled = True
-                self._optimizer(call, code(call.func))
+                if self._config_factory(call):
+                    self.record(
+                        call,
+                        f"{code(call.func)}: the learning rate comes from the configuration this "
+                        f"factory reads: scale it by {self.factor} there",
+                        manual=True,
+                    )
+                else:
+                    self._optimizer(call, code(call.func))
         if not scaled:
             self.mode = "none"  # nothing below scales, nor asks a person to
             return
@@ -151,6 +159,14 @@ class ScaleLearningRate(Transform):
                 self._groups(call.args[0].value, "add_param_group")
 
     # -- optimizers ---------------------------------------------------------------------------
+
+    def _config_factory(self, call: cst.Call) -> bool:
+        """``config.init_obj("optimizer", torch.optim, params)``: a factory given an entry's name
+        or the library to build from; its arguments hold no learning rate."""
+        first = call.args[0].value if call.args else None
+        return isinstance(first, cst.SimpleString) or any(
+            "torch.optim" in self.fm.qualified_names(a.value) for a in call.args
+        )
 
     def _unscaled(self, call: cst.Call, cls: str, kind: str) -> None:
         lr = arg_named(call, "lr", 1)
