@@ -815,3 +815,33 @@ def test_a_step_count_made_from_a_sharded_loaders_length_is_the_same_on_every_ra
     per_rank = "import sdp_runtime.torch as sdp\n" + per_rank
     out, notes = convert_text(per_rank)
     assert "        if done % 10 == 0:\n            sample_images(done)\n" in out, out
+
+
+GENERATOR_FIT = """\
+import numpy as np
+import tensorflow as tf
+from generator import BatchGenerator
+
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+train_generator = BatchGenerator(batch_size=8)
+model.fit(train_generator, steps_per_epoch=len(train_generator) * 2, epochs=3)
+"""
+
+
+def test_steps_are_not_divided_for_data_the_conversion_leaves_whole():
+    """Eco check (keras-yolo3): ``steps_per_epoch`` went ``// sdp.size()`` for a generator the
+    converter could not split (its own note says "training data not sharded"): each worker
+    trained on the first 1/N of the same batches. Where the data is split (arrays given to
+    ``fit``), the steps are divided as before."""
+    out, notes = convert_text(GENERATOR_FIT)
+    assert "steps_per_epoch=len(train_generator) * 2," in out, out
+    assert not any("steps_per_epoch" in n for n in notes), notes
+    assert any("training data not sharded" in n for n in notes), notes
+    arrays = GENERATOR_FIT.replace("from generator import BatchGenerator\n", "").replace(
+        "train_generator = BatchGenerator(batch_size=8)\n",
+        "x, y = np.zeros((64, 4)), np.zeros((64, 1))\n").replace(
+        "model.fit(train_generator, steps_per_epoch=len(train_generator) * 2, epochs=3)",
+        "model.fit(x, y, batch_size=8, steps_per_epoch=8, epochs=3)")
+    out, notes = convert_text(arrays)
+    assert "sdp.shard(x)" in out and "steps_per_epoch=8 // sdp.size()" in out, out

@@ -34,8 +34,9 @@ Why, step by step:
   ``BackupAndRestore``, ..., and a project module's callback class that writes,
   ``Options.project``) run on rank 0 only, wherever the list is built (a literal in ``fit``, a
   variable, ``callbacks.append``); ``verbose`` keeps its value on rank 0 and is 0 elsewhere.
-* ``steps_per_epoch`` is divided by the number of workers: each worker's shard has 1/N of the
-  batches. ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
+* ``steps_per_epoch`` is divided by the number of workers where the data is split (each
+  worker's shard has 1/N of the batches), and kept for data left whole (a generator the
+  converter cannot split: each worker would train on the first 1/N of the same batches). ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
   of it.
 * A ``tf.data`` dataset given to ``fit`` is sharded at its source by ``shard_tf_dataset``. Arrays
   (``fit(x, y)``) are sharded here with ``sdp.shard(x)``: every ``sdp.size()``-th sample from
@@ -81,7 +82,7 @@ from ..program.syntax import (
     replace_arg,
     sum_operand,
 )
-from ..program.tfshards import fit_inputs_to_split
+from ..program.tfshards import data_sharded_for, fit_inputs_to_split
 from ..program.training import training_facts
 
 #: Callbacks that write files or talk to the outside: rank 0 only.
@@ -228,7 +229,13 @@ class WrapKerasFit(Transform):
         updated = self._verbose(original, updated)
         steps = fit_arg(updated, "steps_per_epoch")
         original_steps = fit_arg(original, "steps_per_epoch")
-        if steps is not None and original_steps is not None and not mentions_size(
+        # Fewer steps only for data each worker has its part of: a generator the converter
+        # cannot split stays whole, and each worker would train on its first 1/N of it.
+        split = (
+            bool(self.arrays.get(original)) or data_sharded_for(self.fm, original) is True
+            or any(f"{self.sdp}.shard(" in code(a.value) for a in updated.args)  # port_fit_generator
+        )
+        if split and steps is not None and original_steps is not None and not mentions_size(
             self.fm, original_steps.value
         ) and code(steps.value) != "None":
             self.record(
