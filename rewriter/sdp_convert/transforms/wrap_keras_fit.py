@@ -36,7 +36,8 @@ Why, step by step:
   variable, ``callbacks.append``); ``verbose`` keeps its value on rank 0 and is 0 elsewhere.
 * ``steps_per_epoch`` is divided by the number of workers where the data is split (each
   worker's shard has 1/N of the batches), and kept for data left whole (a generator the
-  converter cannot split: each worker would train on the first 1/N of the same batches). ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
+  converter cannot split: each worker would train on the first 1/N of the same batches).
+  ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
   of it.
 * A ``tf.data`` dataset given to ``fit`` is sharded at its source by ``shard_tf_dataset``. Arrays
   (``fit(x, y)``) are sharded here with ``sdp.shard(x)``: every ``sdp.size()``-th sample from
@@ -233,7 +234,8 @@ class WrapKerasFit(Transform):
         # cannot split stays whole, and each worker would train on its first 1/N of it.
         split = (
             bool(self.arrays.get(original)) or data_sharded_for(self.fm, original) is True
-            or any(f"{self.sdp}.shard(" in code(a.value) for a in updated.args)  # port_fit_generator
+            # arrays port_fit_generator split inside the generator's call
+            or any(f"{self.sdp}.shard(" in code(a.value) for a in updated.args)
         )
         if split and steps is not None and original_steps is not None and not mentions_size(
             self.fm, original_steps.value
