@@ -27,6 +27,25 @@ def test_a_loader_is_followed_to_the_loop_through_variables_and_parameters():
     ) == ["for x in data:"]
 
 
+def test_a_keyword_of_a_wrapper_is_not_what_the_loop_iterates():
+    """``tqdm(data, total=steps)``: the loop iterates ``data``; ``steps`` (the step count a
+    dataset factory returns beside it) is not training data (eco check: cyclegan-tf2 was told
+    its ``len_dataset`` was a pipeline the converter could not follow)."""
+    def loops(source: str, name: str) -> list[str]:
+        t = probe(HEAD + "from tqdm import tqdm\n" + source)
+        call = find(t, m.Call(func=m.Name(name)))
+        sites, _ = loader_sites(t, call)
+        return [code(t, s.loop).splitlines()[0] for s in sites]
+
+    source = (
+        "loader = DataLoader(ds, shuffle=True)\n"
+        "steps = len(ds)\n"
+        "for x in tqdm(loader, total=steps):\n    step(x)\n"
+    )
+    assert loops(source, "DataLoader") == ["for x in tqdm(loader, total=steps):"]
+    assert loops(source, "len") == []
+
+
 def test_through_a_function_returning_a_tuple_and_enumerate():
     assert _loops_of_loader(
         "def get_loaders():\n"

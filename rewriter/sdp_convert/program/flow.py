@@ -403,8 +403,8 @@ def iterated_by(fm: FileModel, node: cst.CSTNode) -> cst.For | None:
         parent = fm.parent(node)
         if isinstance(parent, cst.For) and parent.iter is node:
             return parent
-        if not (isinstance(parent, cst.Arg) and parent.value is node):
-            return None
+        if not (isinstance(parent, cst.Arg) and parent.value is node) or parent.keyword:
+            return None  # ``tqdm(loader, total=steps)``: steps is not what is iterated
         call = fm.parent(parent)
         if not isinstance(call, cst.Call) or fm.refers_to(
             call.func, "builtins.iter", "builtins.len"
