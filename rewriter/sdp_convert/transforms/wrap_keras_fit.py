@@ -34,21 +34,16 @@ Why, step by step:
   ``BackupAndRestore``, ..., and a project module's callback class that writes,
   ``Options.project``) run on rank 0 only, wherever the list is built (a literal in ``fit``, a
   variable, ``callbacks.append``); ``verbose`` keeps its value on rank 0 and is 0 elsewhere.
-* ``steps_per_epoch`` is divided by the number of workers where the data is split (each
-  worker's shard has 1/N of the batches), and kept for data left whole (a generator the
-  converter cannot split: each worker would train on the first 1/N of the same batches).
-  ``validation_steps`` is kept: validation data is not sharded, every worker evaluates all
-  of it.
+* ``steps_per_epoch`` is divided by the number of workers where the data is split (1/N of the
+  batches each), kept for a generator left whole; ``validation_steps`` is kept (all evaluated).
 * A ``tf.data`` dataset given to ``fit`` is sharded at its source by ``shard_tf_dataset``. Arrays
   (``fit(x, y)``) are sharded here with ``sdp.shard(x)``: every ``sdp.size()``-th sample from
   ``sdp.rank()`` on, the samples padded (like ``DistributedSampler``) to a multiple of the number of
-  workers so that every worker runs the same number of steps (a worker with one batch more would
-  wait for the others at the end of each epoch). ``batch_size`` stays the per-worker batch, and
-  without shuffling one step of N workers sees exactly the samples of one step of batch N*B. The
-  same goes for ``fit(x)`` without labels (VAEs, GANs with their own ``train_step``), for inputs
-  given as a tuple, list or dict of arrays, and for ``sample_weight``; a ``keras.utils.Sequence``
-  of the script's is split by batches (every ``size()``-th). What counts as arrays is
-  ``program.tfshards.fit_inputs_to_split``'s answer.
+  workers so that every worker runs the same number of steps. ``batch_size`` stays the
+  per-worker batch, and without shuffling one step of N workers sees exactly the samples of one
+  step of batch N*B. The same goes for ``fit(x)`` without labels (VAEs, GANs with their own
+  ``train_step``), inputs in a tuple, list or dict, and ``sample_weight``; a ``Sequence`` of the
+  script's is split by batches. What counts as arrays: ``program.tfshards.fit_inputs_to_split``.
 """
 
 from __future__ import annotations
@@ -230,13 +225,10 @@ class WrapKerasFit(Transform):
         updated = self._verbose(original, updated)
         steps = fit_arg(updated, "steps_per_epoch")
         original_steps = fit_arg(original, "steps_per_epoch")
-        # Fewer steps only for data each worker has its part of: a generator the converter
-        # cannot split stays whole, and each worker would train on its first 1/N of it.
-        split = (
-            bool(self.arrays.get(original)) or data_sharded_for(self.fm, original) is True
-            # arrays port_fit_generator split inside the generator's call
-            or any(f"{self.sdp}.shard(" in code(a.value) for a in updated.args)
-        )
+        # Fewer steps only for data split between the workers (here, by shard_tf_dataset, or
+        # inside the generator's call by port_fit_generator), never for a generator left whole.
+        split = self.arrays.get(original) or data_sharded_for(self.fm, original) or any(
+            f"{self.sdp}.shard(" in code(a.value) for a in updated.args)
         if split and steps is not None and original_steps is not None and not mentions_size(
             self.fm, original_steps.value
         ) and code(steps.value) != "None":

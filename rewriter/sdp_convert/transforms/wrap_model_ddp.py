@@ -301,20 +301,14 @@ class WrapModelDdp(Transform):
         elif not self.models:
             self._add(arg.value, call)
 
-    def _part_of_another(
-        self, model: _Model, held: dict[tuple[int, str], list[_Model]]
-    ) -> bool:
+    def _part_of_another(self, model: _Model, held: dict[tuple[int, str], list[_Model]]) -> bool:
         """``decoder = Decoder(encoder)``: ``encoder`` is not wrapped on its own."""
-        for other in held.get((id(model.scope), model.target), ()):
-            if other is not model:
-                self.record(
-                    model.creation.stmt,
-                    f"{model.target} is part of {other.target}, which is wrapped: "
-                    f"not wrapped on its own",
-                    manual=True,
-                )
-                return True
-        return False
+        key = (id(model.scope), model.target)
+        other = next((o for o in held.get(key, ()) if o is not model), None)
+        if other is not None:
+            self.record(model.creation.stmt, f"{model.target} is part of {other.target}, which "
+                        "is wrapped: not wrapped on its own", manual=True)
+        return other is not None
 
     def _held_names(self) -> dict[tuple[int, str], list[_Model]]:
         """The models whose creation names ``(id(scope), name or attribute)``, in the order of
