@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
+from .index import file_index
 from .ranks import RANK_FUNCTIONS
 from .scopes import assigned_values
 from .syntax import code
@@ -82,11 +83,12 @@ def split_by_rank(fm: FileModel, loader: cst.Call) -> bool:
         return False
     if any(isinstance(v, cst.Call) and _given_rank(fm, v) for v in assigned_values(fm, dataset)):
         return True
-    function = fm.enclosing_function(loader)
-    scope = function if function is not None else fm.module
-    for call in m.findall(scope, m.Call(func=m.Attribute(value=m.Name(dataset.value)))):
-        assert isinstance(call, cst.Call)
-        if _given_rank(fm, call):
+    # ``dataset.select(rank)`` in the loader's scope: its reads of the name, from the file's
+    # index (walking the scope for each loader was quadratic in a long notebook's loaders).
+    for read in file_index(fm).loads_of(dataset.value, fm.enclosing_function(loader)):
+        attribute = fm.parent(read)
+        call = fm.parent(attribute) if isinstance(attribute, cst.Attribute) else None
+        if isinstance(call, cst.Call) and call.func is attribute and _given_rank(fm, call):
             return True
     return False
 
