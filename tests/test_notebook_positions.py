@@ -52,3 +52,22 @@ def test_a_cell_whose_source_is_one_string_points_at_that_string(tmp_path):
         {"cells": [CELLS[0], {"cell_type": "code", "source": ["x = 1\n", "y = (\n"]}]}, indent=1))
     err = sdp("--check", str(broken)).stderr.decode()
     assert f"broken.ipynb:{_line_of(broken, 'y = (')}:5: cell 2, line 2: syntax error" in err
+
+
+def test_a_shell_line_continued_with_a_backslash_is_the_shells(tmp_path):
+    """Eco check (yolov3-tf2's Colab notebook): ``!python tools/voc2012.py \\`` followed by
+    ``  --data_dir ...`` was reported "syntax error: unexpected indent": IPython joins the lines
+    into one shell command. The notebook converts, and the command is written back as it was."""
+    shell = {"cell_type": "code", "metadata": {}, "execution_count": 0, "outputs": [],
+             "source": ["!python tools/voc2012.py \\\n", "  --data_dir ./data \\\n",
+                        "  --split train\n", "print('prepared')\n"]}
+    nb = {"cells": [CELLS[0], shell, *CELLS[1:]], "metadata": {}, "nbformat": 4,
+          "nbformat_minor": 5}
+    path = write(tmp_path / "train.ipynb", json.dumps(nb, indent=1) + "\n")
+    out = sdp(str(path))
+    assert out.returncode == 0, out.stderr.decode()
+    assert "syntax error" not in out.stderr.decode()
+    cells = json.loads(path.read_text())["cells"]
+    assert cells[1]["source"][:3] == shell["source"][:3]  # the command, whole
+    assert "print('prepared')\n" in cells[1]["source"]
+    assert any("sdp.init()" in "".join(c["source"]) for c in cells)

@@ -120,9 +120,11 @@ def _program(
         line_to_cell.append((index, 0))
         lines = _lines(cells[index].get("source", ""))
         cell_magic = bool(lines) and lines[0].lstrip().startswith("%%")
+        continued = False  # the line before was a magic or shell line ending in ``\``
         for n, line in enumerate(lines, start=1):
             stripped = line.lstrip()
-            if cell_magic or stripped.startswith(("%", "!")):
+            if cell_magic or continued or stripped.startswith(("%", "!")):
+                continued = line.rstrip().endswith("\\")  # ``!python x.py \`` goes on
                 magics.append(line)
                 indent = "" if cell_magic else line[: len(line) - len(stripped)]
                 line = indent + _MAGIC.format(len(magics) - 1)
