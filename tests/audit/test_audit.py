@@ -182,6 +182,18 @@ def test_hand_written_ddp_has_no_problem(tmp_path: Path) -> None:
     assert_clean(*audit(tmp_path, "ddp_by_hand.py", mode="--audit=strict"))
 
 
+def test_a_job_that_failed_is_not_called_problem_free(tmp_path: Path) -> None:
+    """Eco check: a job that stopped with an error was reported "no problem found", as if the
+    whole run had been checked. The clean part is said, with the failure and its exit status."""
+    code, found, text = audit(tmp_path, "fails_after_training.py")
+    assert code != 0 and found["status"] == code, text[-4000:]
+    assert found["ok"] and not found["problems"], found["text"]
+    assert "the evaluation data is missing" in text
+    assert (f"steps that ran (2 ranks), but the job failed (exit status {code}): the rest of the "
+            "training was not checked") in found["text"], found["text"]
+    assert "no problem found in 6 steps (2 ranks)" not in text
+
+
 def test_sdp_audit_variable_under_torchrun(tmp_path: Path) -> None:
     """SDP_AUDIT=1 under torchrun itself: rank 0 compares and prints when it exits."""
     shutil.copy(SCRIPTS / "no_sampler.py", tmp_path / "no_sampler.py")

@@ -78,6 +78,8 @@ class Report:
     steps: int
     problems: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)
+    #: The job's exit status, where the launcher knows it (non-zero: it failed).
+    status: int = 0
 
     @property
     def ok(self) -> bool:
@@ -664,6 +666,10 @@ def text(report: Report) -> str:
     steps = f"{report.steps} step" + ("s" if report.steps != 1 else "")
     if len(report.ranks) < 2:
         head = f"sdp audit: nothing to compare ({ranks})"
+    elif report.ok and report.status:
+        # The job stopped: what did not run was not checked; never "no problem" alone.
+        head = (f"sdp audit: no problem found in the {steps} that ran ({ranks}), but the job "
+                f"failed (exit status {report.status}): the rest of the training was not checked")
     elif report.ok:
         head = f"sdp audit: no problem found in {steps} ({ranks})"
     else:
@@ -678,7 +684,8 @@ def text(report: Report) -> str:
 
 
 def as_json(report: Report) -> dict[str, Any]:
-    return {"ok": report.ok, "ranks": report.ranks, "size": report.size, "steps": report.steps,
+    return {"ok": report.ok, "status": report.status, "ranks": report.ranks,
+            "size": report.size, "steps": report.steps,
             "problems": [asdict(p) for p in report.problems],
             "notes": [asdict(p) for p in report.notes], "text": text(report)}
 
@@ -696,6 +703,7 @@ def _publish(report: Report, json_path: str | None) -> None:
 def finish_in_launcher(folder: str, mode: str, json_path: str | None, status: int) -> int:
     """``sdp-run``'s end: report on the job's records; the exit status to return."""
     report = analyse(load(folder))
+    report.status = status
     _publish(report, json_path)
     if status == 0 and mode == "strict" and not report.ok:
         return EXIT_AUDIT
