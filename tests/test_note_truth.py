@@ -845,3 +845,32 @@ def test_steps_are_not_divided_for_data_the_conversion_leaves_whole():
         "model.fit(x, y, batch_size=8, steps_per_epoch=8, epochs=3)")
     out, notes = convert_text(arrays)
     assert "sdp.shard(x)" in out and "steps_per_epoch=8 // sdp.size()" in out, out
+
+
+TWO_EXPERIMENTS = """\
+import numpy as np
+import tensorflow as tf
+from generator import BatchGenerator
+
+x, y = np.zeros((64, 4)), np.zeros((64, 1))
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer="rmsprop", loss="mse")
+model.fit(x, y, batch_size=8, epochs=3)
+
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+model.fit(BatchGenerator(batch_size=8), epochs=3)
+"""
+
+
+def test_each_compile_is_scaled_by_the_data_of_its_own_fits():
+    """Eco check (a Keras book's notebook of several experiments): the first experiment's
+    arrays were split by the conversion, yet its rate was left "as it is: the training data is
+    not split" (true only of a later experiment's generator), next to the edit that split
+    them. Each compile is decided by its own fits."""
+    out, notes = convert_text(TWO_EXPERIMENTS)
+    assert "sdp.shard(x), sdp.shard(y)" in out, out
+    assert "RMSprop(learning_rate=0.001 * sdp.size())" in out, out
+    assert "SGD(0.1)" in out and "0.1 * sdp.size()" not in out, out
+    unscaled = [n for n in notes if "left as it is" in n]
+    assert len(unscaled) == 1 and "SGD: 0.1 left as it is" in unscaled[0], notes

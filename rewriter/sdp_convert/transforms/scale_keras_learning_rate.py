@@ -67,6 +67,7 @@ from ..program.syntax import (
     size_factor,
     times_size,
 )
+from ..program.tfshards import data_sharded_for
 
 # -- the transform -------------------------------------------------------------------------------
 
@@ -116,6 +117,18 @@ class ScaleKerasLearningRate(Transform):
             data = training_data(self.fm)
             data_sharded = data.sharded
             asked = []
+            if not data_sharded and data.kind == "not sharded":
+                # A notebook of several experiments: each compile by the data of its own fits.
+                split = self._compiles_on_split_data()
+                if split:
+                    self._unscaled(data.kind, split)
+                    index0 = file_index(self.fm)
+                    for compile_call in split:
+                        asked.append(compile_call)
+                        arg = compile_optimizer_arg(compile_call)
+                        asked += [v for v in reaching_values(index0, arg.value, compile_call)
+                                  if isinstance(v, cst.Call)] if arg is not None else []
+                    data_sharded = True
         if not data_sharded:
             self._unscaled(data.kind)
             return
@@ -156,10 +169,36 @@ class ScaleKerasLearningRate(Transform):
                     self.compiles.append(call)
         self._find_runtime_assignments(index, optimizer_vars)
 
-    def _unscaled(self, kind: str) -> None:
-        """Unsharded data: every learning rate stays; one note per optimizer says why."""
+    def _compiles_on_split_data(self) -> list[cst.Call]:
+        """The compiles whose model's fits (the ``fit`` calls on the same name after it, before
+        that name is compiled again) all train on data split between the workers."""
+        compiles = [c for c in self.method_calls("compile") if is_keras_compile(self.fm, c)]
+        fits = list(self.method_calls("fit"))
+        order = file_index(self.fm).order
+        split = []
+        for n, compile_call in enumerate(compiles):
+            model = code(compile_call.func.value)  # type: ignore[attr-defined]
+            start = order.get(id(compile_call), -1)
+            end = min([order.get(id(c), -1) for c in compiles[n + 1:]
+                       if code(c.func.value) == model  # type: ignore[attr-defined]
+                       and order.get(id(c), -1) > start], default=1 << 62)
+            own = [f for f in fits if code(f.func.value) == model  # type: ignore[attr-defined]
+                   and start < order.get(id(f), -1) < end]
+            if own and all(data_sharded_for(self.fm, f) for f in own):
+                split.append(compile_call)
+        return split
+
+    def _unscaled(self, kind: str, besides: list[cst.Call] | None = None) -> None:
+        """Unsharded data: every learning rate stays (but those of the compiles ``besides``
+        names, and the optimizers they get); one note per optimizer says why."""
         factor = size_factor(self.sdp, self.mode)
         why = UNSHARDED[kind]
+        skip = set(map(id, besides or ()))
+        index = file_index(self.fm)
+        for compile_call in besides or ():
+            arg = compile_optimizer_arg(compile_call)
+            if arg is not None:
+                skip |= {id(v) for v in reaching_values(index, arg.value, compile_call)}
         found: list[tuple[cst.CSTNode, str]] = []
         for qname, calls in self.state.info.calls.items():
             if keras_name(qname) is not None:
@@ -174,6 +213,8 @@ class ScaleKerasLearningRate(Transform):
             if arg is not None and isinstance(arg.value, cst.SimpleString):
                 found.append((call, f"optimizer {arg.value.value}: its learning rate"))
         for node, what in found:
+            if id(node) in skip or any(id(p) in skip for p in self.ancestors(node)):
+                continue
             self.record(
                 node,
                 f"{what} left as it is: {why}; scale it by {factor} once each worker trains on "
