@@ -29,7 +29,9 @@ Rates are scaled only where the training data is split between the workers (``pr
 every training dataset sharded, or shardable by ``shard_tf_dataset``, and ``fit`` arrays that
 ``wrap_keras_fit`` strides). Otherwise every worker averages the same gradient and a scaled rate
 would step N times too far: the rates stay and a manual note per optimizer says to scale them once
-the data is split.
+the data is split. Where only some of a file's data is split (a notebook of several experiments),
+each ``compile`` is decided by the data of its own fits (the ``fit`` calls on the same model after
+it, before it is compiled again).
 
 This module also holds the Keras helpers the other TensorFlow transforms share: one canonical name
 for every spelling of a Keras object (``keras_name``), the expression helpers that multiply or
