@@ -33,7 +33,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from .modules import COLLECTIVE, CollectiveReach, call_name, distributed_aliases, root_name
+from .modules import (
+    COLLECTIVE,
+    CollectiveReach,
+    call_name,
+    distributed_aliases,
+    module_nodes,
+    root_name,
+)
 
 _BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__",
                                         "__builtins__", "__path__", "__package__", "__loader__",
@@ -117,9 +124,9 @@ def _unbound_at_module_level(tree: ast.Module) -> list[tuple[str, int]]:
 def _never_bound(tree: ast.Module) -> set[str]:
     """Names the module reads and binds nowhere: they come from outside what the converter can
     see (a star import, ``exec``, a snippet's context), and are the user's."""
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and
+    read = {n.id for n in module_nodes(tree) if isinstance(n, ast.Name) and
             isinstance(n.ctx, ast.Load)}
-    bound = _binds(tree) | {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+    bound = _binds(tree) | {a.arg for n in module_nodes(tree) if isinstance(n, ast.arguments)
                             for a in [*n.posonlyargs, *n.args, *n.kwonlyargs,
                                       *([n.vararg] if n.vararg else []),
                                       *([n.kwarg] if n.kwarg else [])]}
@@ -128,7 +135,7 @@ def _never_bound(tree: ast.Module) -> set[str]:
 
 def _hoisted(tree: ast.Module) -> set[str]:
     """``global`` names of functions: bound when those run, which a static order cannot tell."""
-    return {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}
+    return {n for node in module_nodes(tree) if isinstance(node, ast.Global) for n in node.names}
 
 
 def _reads(stmt: ast.stmt) -> list[tuple[str, int]]:
@@ -514,7 +521,7 @@ def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
                 found.append(((f"{scope}: {name}", "the tape is wrapped in "
                                "DistributedGradientTape twice"), line))
             wrapped[name] = wraps
-    for node in ast.walk(tree):
+    for node in module_nodes(tree):
         if isinstance(node, ast.Call) and (optimizer := wrap(node, "DistributedOptimizer")):
             for inner in ast.walk(optimizer):
                 if (isinstance(inner, ast.Call) and call_name(inner.func) == "parameters"
@@ -525,7 +532,7 @@ def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
                                   node.lineno))
                     break
     classes = _subclasses(tree, set(steps))
-    for node in ast.walk(tree):
+    for node in module_nodes(tree):
         if not (isinstance(node, ast.Call) and call_name(node.func) == "compile"
                 and isinstance(node.func, ast.Attribute)):
             continue
@@ -566,7 +573,7 @@ def _tape_events(function: ast.AST, wrap: Callable[[ast.AST | None, str], ast.Ca
 def _subclasses(tree: ast.Module, roots: set[str]) -> dict[str, str]:
     """Each class of the module that is one of ``roots`` or inherits from one (without its own
     ``train_step``) -> that root."""
-    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    classes = {n.name: n for n in module_nodes(tree) if isinstance(n, ast.ClassDef)}
     found = {name: name for name in roots}
     changed = True
     while changed:
@@ -582,7 +589,7 @@ def _subclasses(tree: ast.Module, roots: set[str]) -> dict[str, str]:
 
 
 def _assigned(tree: ast.Module, target: str) -> list[ast.expr]:
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    return [n.value for n in module_nodes(tree) if isinstance(n, ast.Assign)
             and any(ast.unparse(t) == target for t in n.targets)]
 
 
@@ -631,7 +638,7 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
 def _per_rank_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
     for _ in range(2):  # ``rank = sdp.rank(); is_main = rank == 0``
-        for node in ast.walk(tree):
+        for node in module_nodes(tree):
             if isinstance(node, ast.Assign) and _divergent(node.value, names, files=False):
                 for target in node.targets:
                     names |= {ast.unparse(t) for t in ast.walk(target)

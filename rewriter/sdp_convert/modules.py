@@ -328,12 +328,12 @@ class CollectiveReach:
     def __init__(self, tree: ast.Module) -> None:
         self.libraries = distributed_aliases(tree)
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-        for node in ast.walk(tree):
+        for node in module_nodes(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.functions.setdefault(node.name, []).append(node)
         #: The code of what holds a wrapped model (``model``, ``self.net``).
         self.wrapped = {
-            ast.unparse(target) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            ast.unparse(target) for node in module_nodes(tree) if isinstance(node, ast.Assign)
             and isinstance(node.value, ast.Call) and call_name(node.value.func) in _WRAPPERS
             for target in node.targets if isinstance(target, ast.Name | ast.Attribute)
         }
@@ -424,11 +424,21 @@ def call_name(func: ast.expr) -> str:
 _DISTRIBUTED = ("sdp_runtime", "torch.distributed", "horovod", "smdistributed")
 
 
+def module_nodes(tree: ast.Module) -> list[ast.AST]:
+    """``list(ast.walk(tree))``, walked once per tree (the checks of a conversion ask many
+    questions of the same two trees; each walk of a long file costs as much as a question)."""
+    nodes = getattr(tree, "_sdp_nodes", None)
+    if nodes is None:
+        nodes = list(ast.walk(tree))
+        tree._sdp_nodes = nodes  # type: ignore[attr-defined]
+    return nodes
+
+
 def distributed_aliases(tree: ast.Module) -> set[str]:
     """Local names of the distributed libraries' modules and functions (``sdp``, ``dist``,
     ``hvd``, ``barrier`` from ``from sdp_runtime.torch import barrier``)."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in module_nodes(tree):
         if isinstance(node, ast.Import):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names
                       if a.name.startswith(_DISTRIBUTED)}
