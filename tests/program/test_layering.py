@@ -6,6 +6,7 @@ pipeline or anything else above it. Ruff's rules ask ``checker.semantic()``, who
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -284,3 +285,16 @@ def test_the_imports_inside_each_layer_form_no_circle():
             hops = [f"{a}.py:{edges[a][b]} imports {b}"
                     for a, b in zip(circle, [*circle[1:], start], strict=True)]
             pytest.fail(f"a circle inside the layer '{LAYERS[LAYER_OF[start]][0]}': {hops}")
+
+
+def test_how_it_works_lists_the_same_layers():
+    """docs/how-it-works.md's table of the program layer: one row group per layer, in order."""
+    text = (PACKAGE.parents[1] / "docs" / "how-it-works.md").read_text()
+    rows = text.split("| layer | module | answers |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    documented: list[set[str]] = []
+    for row in rows:
+        layer, modules = row.split(" | ")[:2]
+        if layer.strip("| *"):
+            documented.append(set())
+        documented[-1].update(re.findall(r"`program\.(\w+)`", modules))
+    assert documented == [set(names) for _, names in LAYERS]
