@@ -37,14 +37,12 @@ from .models import (
     SETUP_METHODS,
     freezes,
     is_wrapper,
+    without_grad,
 )
 from .scopes import callee, training_calls
 
 if TYPE_CHECKING:
     from .model import FileModel
-
-#: Context managers and decorators under which no gradient is recorded.
-NO_GRAD = ("torch.no_grad", "torch.inference_mode")
 
 #: Methods that change a module's weights in place.
 _IN_PLACE = frozenset({
@@ -75,7 +73,7 @@ def not_trained(fm: FileModel, target: str, scope: Scope, creation: cst.CSTNode
             and parent.attr.value in MODULE_API - {"forward"}
         ):
             return None  # handed on, returned, or a method of its own: not followed
-    if calls and all(_without_grad(fm, c) for c in calls):
+    if calls and all(without_grad(fm, c) for c in calls):
         return calls[0], f"{target} only runs under torch.no_grad() (a fixed feature extractor)"
     return None
 
@@ -173,25 +171,6 @@ def _finds_unfreeze(fm: FileModel) -> bool:
     for call in fm.method_calls("requires_grad_"):
         if not (call.args and m.matches(call.args[0].value, m.Name("False"))):
             return True
-    return False
-
-
-def _without_grad(fm: FileModel, call: cst.Call) -> bool:
-    """``call`` runs under ``with torch.no_grad():`` or in a function decorated with it."""
-    for parent in fm.ancestors(call):
-        if isinstance(parent, cst.With) and any(
-            isinstance(item.item, cst.Call) and fm.refers_to(item.item.func, *NO_GRAD)
-            for item in parent.items
-        ):
-            return True
-        if isinstance(parent, cst.FunctionDef):
-            return any(
-                fm.refers_to(d.decorator.func if isinstance(d.decorator, cst.Call)
-                            else d.decorator, *NO_GRAD)
-                for d in parent.decorators
-            )
-        if isinstance(parent, cst.Lambda):
-            return False
     return False
 
 

@@ -47,6 +47,8 @@ SETUP_METHODS = frozenset({
     "load_state_dict", "requires_grad_",
 })
 
+#: Context managers and decorators under which no gradient is recorded.
+NO_GRAD = ("torch.no_grad", "torch.inference_mode")
 
 #: What DDP (torch.nn.Module) answers itself: calling these on the wrapped model is fine.
 MODULE_API = SETUP_METHODS | frozenset({
@@ -337,13 +339,30 @@ def used_inside(fm: FileModel, uses: list[cst.CSTNode], node: cst.CSTNode) -> bo
     return False
 
 
+def without_grad(fm: FileModel, call: cst.Call) -> bool:
+    """``call`` runs under ``with torch.no_grad():`` or in a function decorated with it."""
+    for parent in fm.ancestors(call):
+        if isinstance(parent, cst.With) and any(
+            isinstance(item.item, cst.Call) and fm.refers_to(item.item.func, *NO_GRAD)
+            for item in parent.items
+        ):
+            return True
+        if isinstance(parent, cst.FunctionDef):
+            return any(
+                fm.refers_to(d.decorator.func if isinstance(d.decorator, cst.Call)
+                            else d.decorator, *NO_GRAD)
+                for d in parent.decorators
+            )
+        if isinstance(parent, cst.Lambda):
+            return False
+    return False
+
+
 def discarded_outputs(fm: FileModel, target: str, scope: Scope) -> cst.Call | None:
     """A call of the model ``target`` that throws part of its outputs away (``validity, _, _ =
     D(x)``, ``D(x)[0]``): parameters that only produce those get no gradient, and DDP, which
     expects a gradient for every parameter, fails at the next step unless told to look for unused
     ones (``find_unused_parameters=True``)."""
-    from .model_setup import _without_grad  # it builds on this module
-
     backward_functions = _backward_functions(fm)
     for name in file_index(fm).loads_of(target, scope):
         call = fm.parent(name)
@@ -351,7 +370,7 @@ def discarded_outputs(fm: FileModel, target: str, scope: Scope) -> cst.Call | No
             continue
         # Only a call that trains counts: evaluation (under no_grad, or in a function that
         # computes no gradient) needs no gradient for any parameter.
-        if _without_grad(fm, call) or fm.enclosing_function(call) not in backward_functions:
+        if without_grad(fm, call) or fm.enclosing_function(call) not in backward_functions:
             continue
         parent = fm.parent(call)
         if isinstance(parent, cst.Subscript) and parent.value is call:
@@ -383,8 +402,6 @@ def user_methods_in_training(
     """``(call, model.method, model)`` for each call of a user method of the model (not the
     ``nn.Module`` API) in a function that calls ``backward()``: it runs around DDP's forward.
     Not one under ``torch.no_grad()``: it computes no gradient, so none goes unaveraged."""
-    from .model_setup import _without_grad  # it builds on this module
-
     trains = {id(f) for f in _backward_functions(fm)}
     for use in uses:
         parent = fm.parent(use)
@@ -394,7 +411,7 @@ def user_methods_in_training(
             and parent.attr.value not in MODULE_API
             and isinstance(call, cst.Call) and call.func is parent
             and id(fm.enclosing_function(call)) in trains
-            and not _without_grad(fm, call)
+            and not without_grad(fm, call)
         ):
             yield call, parent, use
 
@@ -449,8 +466,6 @@ def no_grad_in_class(fm: FileModel, cls: cst.ClassDef) -> cst.Call | None:
     """The submodule call under ``torch.no_grad()`` in ``cls.forward`` whose parameters are not
     frozen (see ``no_grad_submodule``), or None; ``cls`` is a class of ``fm``'s file (the project
     model asks it of a class in any module)."""
-    from .model_setup import NO_GRAD  # it builds on this module
-
     text = fm.module.code_for_node(cls)
     for function in m.findall(cls, m.FunctionDef(name=m.Name("forward"))):
         for block in m.findall(function, m.With()):

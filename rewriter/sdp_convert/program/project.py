@@ -35,8 +35,11 @@ from .facts import (  # noqa: F401 - re-exported (the transforms import them her
     ShardedSource,
 )
 from .flow import Site, epoch_loop, follow, holds_only, range_loop_around, unpacked_target
+from .index import file_index
 from .loaders import sets_epoch
+from .positions import node_positions
 from .scopes import arguments_for, assigned_binding, binding_of, training_loops, uses
+from .training import training_facts
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -79,8 +82,6 @@ def _training_loops(fm: FileModel) -> set[cst.CSTNode]:
     """PyTorch: loops around ``backward()``/``step()``; TensorFlow: around the optimizer steps."""
     if fm.info.framework == "torch":
         return training_loops(fm)
-    from .training import training_facts  # (tensorflow) builds on this module's neighbours
-
     return {loop for site in training_facts(fm).sites for loop in site.loops}
 
 
@@ -277,8 +278,6 @@ def repairs_of(fm: FileModel, kind: str) -> list[tuple[Repair, cst.CSTNode]]:
     wanted = [r for r in facts.repairs if r.kind == kind] if facts is not None else []
     if not wanted:
         return []
-    from .index import file_index
-
     found: list[tuple[Repair, cst.CSTNode]] = []
     index = file_index(fm)
     for repair in wanted:
@@ -326,8 +325,6 @@ def repair_code(fm: FileModel, node: cst.CSTNode) -> str:
 
 
 def _node_lines(fm: FileModel, nodes: list[cst.CSTNode]) -> list[int]:
-    from .positions import node_positions
-
     where = node_positions(fm.module, {id(n) for n in nodes})
     return [where.get(id(n), (1, 0))[0] for n in nodes]
 

@@ -30,18 +30,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from ..modules import Project
 from .index import Binding, FileIndex, file_index
+from .model import FileModel
+from .models import no_grad_in_class
 from .scopes import callers as file_callers
 from .scopes import class_of, param_for_arg
 from .syntax import code
-
-if TYPE_CHECKING:
-    from ..modules import Project
-    from .model import FileModel
 
 #: How far a trace goes (steps through names, calls, parameters).
 MAX_DEPTH = 24
@@ -1070,8 +1068,6 @@ class Run:
         """The call in the ``forward`` of the class a model made by ``made`` is an instance of
         (in any module, or a base of it) that runs a trainable submodule under
         ``torch.no_grad()``: DDP needs ``find_unused_parameters=True`` for it."""
-        from .models import no_grad_in_class
-
         cls = self.callee_of_made(made) if isinstance(made.node, cst.Call) else None
         if cls is None or not isinstance(cls.node, cst.ClassDef):
             return None
@@ -1398,9 +1394,6 @@ def modules_by_display(run: Run) -> Mapping[str, Module]:
 def build_run(sources: Mapping[Path, tuple[str, bytes | str, bool]]) -> Run:
     """A ``Run`` of ``{path: (display name, source, written)}`` (files that do not parse are left
     out; the import graph still knows them)."""
-    from ..modules import Project
-    from .model import FileModel
-
     modules = []
     for path, (display, source, written) in sources.items():
         try:
