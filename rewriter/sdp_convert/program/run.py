@@ -38,7 +38,7 @@ from .index import Binding, FileIndex, file_index
 from .model import FileModel
 from .models import no_grad_in_class
 from .scopes import callers as file_callers
-from .scopes import class_of, param_for_arg
+from .scopes import class_of, method_of, param_for_arg
 from .syntax import code
 
 #: How far a trace goes (steps through names, calls, parameters).
@@ -286,7 +286,7 @@ class Run:
                 continue
             seen.add(current.key)
             assert isinstance(current.node, cst.ClassDef)
-            found = _method(current.node, name)
+            found = method_of(current.node, name)
             if found is not None:
                 return Ref(current.module, found)
             todo.extend(self.bases(current))
@@ -433,7 +433,7 @@ class Run:
                           self.method(s, name).node is node)]  # type: ignore[union-attr]
         if name == "__init__":
             for owner in classes:
-                if owner.key != cls.key and _method(owner.node, "__init__") is not None:  # type: ignore[arg-type]
+                if owner.key != cls.key and method_of(owner.node, "__init__") is not None:  # type: ignore[arg-type]
                     continue
                 add(self._instantiations(owner))
             for sub in self.subclasses(cls):
@@ -1141,14 +1141,6 @@ def _top_level(fm: FileModel, name: str) -> cst.CSTNode | None:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.name.value == name:
             found = stmt
     return found
-
-
-def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    if isinstance(cls.body, cst.IndentedBlock):
-        for stmt in cls.body.body:
-            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-                return stmt
-    return None
 
 
 def _method_class(fm: FileModel, node: cst.CSTNode) -> cst.ClassDef | None:

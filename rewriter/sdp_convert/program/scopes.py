@@ -132,15 +132,15 @@ def callee(fm: FileModel, call: cst.Call) -> cst.FunctionDef | None:
             if isinstance(node, cst.FunctionDef):
                 return node
             if isinstance(node, cst.ClassDef):
-                return _method(node, "__init__")
+                return method_of(node, "__init__")
         return None
     if not isinstance(func, cst.Attribute):
         return None
     if m.matches(func.value, m.Name("self")):
         cls = _method_class(fm, call)
-        return _method(cls, func.attr.value) if cls is not None else None
+        return method_of(cls, func.attr.value) if cls is not None else None
     cls = _instance_class(fm, func.value)
-    return _method(cls, func.attr.value) if cls is not None else None
+    return method_of(cls, func.attr.value) if cls is not None else None
 
 
 def is_dead_definition(fm: FileModel, function: cst.FunctionDef) -> bool:
@@ -194,7 +194,8 @@ def arguments_for(
     return found
 
 
-def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+def method_of(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    """The method ``name`` defined in the body of ``cls`` itself, or None."""
     if isinstance(cls.body, cst.IndentedBlock):
         for stmt in cls.body.body:
             if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
