@@ -874,3 +874,4 @@ def test_each_compile_is_scaled_by_the_data_of_its_own_fits():
     assert "SGD(0.1)" in out and "0.1 * sdp.size()" not in out, out
     unscaled = [n for n in notes if "left as it is" in n]
     assert len(unscaled) == 1 and "SGD: 0.1 left as it is" in unscaled[0], notes
+

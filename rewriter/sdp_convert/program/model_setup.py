@@ -266,9 +266,16 @@ def wrap_anchor(fm: FileModel, first: cst.BaseStatement, same: list[Binding],
         return index.order.get(id(node), -1)
 
     start = order(first)
+    def moves_itself(value: cst.BaseExpression, name: str) -> bool:
+        """``model = model.to(device)``: the same model, moved (set up, not replaced)."""
+        return (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value in SETUP_METHODS
+                and isinstance(value.func.value, cst.Name) and value.func.value.value == name)
+
     later = [
         order(stmt) for b in same
         if b.value is not None and not is_wrapper(fm, b.value)
+        and not moves_itself(b.value, b.name)
         and (stmt := level(b.stmt)) is not None and order(stmt) > start
     ]
     end = min([*later, *training_starts(fm, uses, level, order, start)], default=1 << 62)
