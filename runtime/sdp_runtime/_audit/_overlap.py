@@ -110,8 +110,6 @@ def _same_data_set(recs: list[dict[str, Any]]) -> bool:
     if len({(r.get("dataset"), r.get("len")) for r in recs}) > 1:
         return False
     contents = [r.get("content") for r in recs]
-    if all(c is not None for c in contents):
-        return len(set(contents)) == 1
     hashed = [{i: h for batch in r.get("first") or [] for i, h in batch if i is not None}
               for r in recs]
     agree = disagree = 0
@@ -122,6 +120,11 @@ def _same_data_set(recs: list[dict[str, Any]]) -> bool:
                     agree += 1
                 else:
                     disagree += 1
+    if all(c is not None for c in contents):
+        # The same tensors below, but a data set of the script's may map its indices onto them
+        # differently on each rank (``SplitDataset(...).select(rank)``): the samples read at
+        # the same index must agree too.
+        return len(set(contents)) == 1 and disagree == 0
     return agree > 0 and disagree == 0
 
 
