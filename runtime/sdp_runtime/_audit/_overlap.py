@@ -68,6 +68,17 @@ def _groups(loaders: Mapping[int, list[dict[str, Any]]]) -> list[dict[int, dict[
 
 
 def _group(group: dict[int, dict[str, Any]]) -> Overlap | None:
+    # Ranks whose samplers say they are the same data-parallel replica (a DistributedSampler
+    # with num_replicas = the data-parallel size, under model parallelism: the ranks of one
+    # replica read the same batches by design) count once.
+    replicas = [(rec.get("replicas"), rec.get("replica")) for rec in group.values()]
+    if all(isinstance(n, int) and isinstance(i, int) for n, i in replicas):
+        one: dict[tuple[Any, Any], int] = {}
+        for rank, key in zip(group, replicas, strict=True):
+            one.setdefault(key, rank)
+        group = {r: group[r] for r in sorted(one.values())}
+        if len(group) < 2:
+            return None
     first = group[min(group)]
     sets = {r: _decode(rec.get("epoch")) for r, rec in group.items()}
     if all(s is not None for s in sets.values()) and _same_data_set(list(group.values())):

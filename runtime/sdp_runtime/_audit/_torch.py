@@ -517,6 +517,9 @@ class _Loader:
         replicas = getattr(sampler, "num_replicas", None)
         self.desc = {"sampler": type(sampler).__name__,
                      "split": isinstance(replicas, int) and replicas > 1,
+                     "replicas": replicas if isinstance(replicas, int) else None,
+                     "replica": getattr(sampler, "rank", None)
+                     if isinstance(getattr(sampler, "rank", None), int) else None,
                      "dataset": type(ds).__name__, "len": length, "content": _content(ds)}
         self.plan = _plan(loader, sampler, custom)
 
