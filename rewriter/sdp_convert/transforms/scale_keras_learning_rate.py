@@ -40,6 +40,8 @@ divide by ``sdp.size()``, and ``FileIndex``, a one-walk index of where names are
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from ..base import Transform
@@ -107,29 +109,16 @@ class ScaleKerasLearningRate(Transform):
         asked = [node for _, node in repairs_of(self.fm, "scale_keras_lr")]
         if not self.state.info.training and asked:
             data_sharded = True
-            # The optimizer each asked compile gets, built in it or bound to a name before it.
-            index0 = file_index(self.fm)
-            for compile_call in list(asked):
-                arg = compile_optimizer_arg(compile_call) if isinstance(
-                    compile_call, cst.Call) else None
-                if arg is not None:
-                    asked += [v for v in reaching_values(index0, arg.value, compile_call)
-                              if isinstance(v, cst.Call)]
+            asked = self._with_optimizers(asked)
         else:
             data = training_data(self.fm)
             data_sharded = data.sharded
             asked = []
             if not data_sharded and data.kind == "not sharded":
                 # A notebook of several experiments: each compile by the data of its own fits.
-                split = self._compiles_on_split_data()
-                if split:
-                    self._unscaled(data.kind, split)
-                    index0 = file_index(self.fm)
-                    for compile_call in split:
-                        asked.append(compile_call)
-                        arg = compile_optimizer_arg(compile_call)
-                        asked += [v for v in reaching_values(index0, arg.value, compile_call)
-                                  if isinstance(v, cst.Call)] if arg is not None else []
+                asked = self._with_optimizers(self._compiles_on_split_data())
+                if asked:
+                    self._unscaled(data.kind, asked)
                     data_sharded = True
         if not data_sharded:
             self._unscaled(data.kind)
@@ -190,17 +179,24 @@ class ScaleKerasLearningRate(Transform):
                 split.append(compile_call)
         return split
 
-    def _unscaled(self, kind: str, besides: list[cst.Call] | None = None) -> None:
-        """Unsharded data: every learning rate stays (but those of the compiles ``besides``
-        names, and the optimizers they get); one note per optimizer says why."""
+    def _with_optimizers(self, compiles: list[cst.CSTNode]) -> list[cst.CSTNode]:
+        """``compiles`` and the optimizer each gets, built in it or bound to a name before it."""
+        index = file_index(self.fm)
+        found = list(compiles)
+        for compile_call in compiles:
+            arg = compile_optimizer_arg(compile_call) if isinstance(
+                compile_call, cst.Call) else None
+            if arg is not None:
+                found += [v for v in reaching_values(index, arg.value, compile_call)
+                          if isinstance(v, cst.Call)]
+        return found
+
+    def _unscaled(self, kind: str, besides: Sequence[cst.CSTNode] = ()) -> None:
+        """Unsharded data: every learning rate stays (but those of ``besides``, compiles and
+        their optimizers, which are scaled); one note per optimizer says why."""
         factor = size_factor(self.sdp, self.mode)
         why = UNSHARDED[kind]
-        skip = set(map(id, besides or ()))
-        index = file_index(self.fm)
-        for compile_call in besides or ():
-            arg = compile_optimizer_arg(compile_call)
-            if arg is not None:
-                skip |= {id(v) for v in reaching_values(index, arg.value, compile_call)}
+        skip = set(map(id, besides))
         found: list[tuple[cst.CSTNode, str]] = []
         for qname, calls in self.state.info.calls.items():
             if keras_name(qname) is not None:

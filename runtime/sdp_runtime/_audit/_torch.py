@@ -515,11 +515,11 @@ class _Loader:
         custom = batch_sampler is not None and type(batch_sampler) is not BatchSampler
         sampler = batch_sampler if custom else loader.sampler
         replicas = getattr(sampler, "num_replicas", None)
+        replica = getattr(sampler, "rank", None)
         self.desc = {"sampler": type(sampler).__name__,
                      "split": isinstance(replicas, int) and replicas > 1,
                      "replicas": replicas if isinstance(replicas, int) else None,
-                     "replica": getattr(sampler, "rank", None)
-                     if isinstance(getattr(sampler, "rank", None), int) else None,
+                     "replica": replica if isinstance(replica, int) else None,
                      "dataset": type(ds).__name__, "len": length, "content": _content(ds)}
         self.plan = _plan(loader, sampler, custom)
 
