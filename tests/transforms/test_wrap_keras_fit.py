@@ -57,6 +57,7 @@ def test_compile_and_fit_made_data_parallel():
         """\
         import tensorflow as tf
 
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
         model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
         model.compile(optimizer=tf.keras.optimizers.Adam(0.001), loss="mse")
         model.fit(dataset, epochs=3, steps_per_epoch=100, validation_data=val, validation_steps=10)
@@ -67,6 +68,7 @@ def test_compile_and_fit_made_data_parallel():
 
         sdp.init()
 
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
         model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
         model.compile(optimizer=sdp.keras.DistributedOptimizer(tf.keras.optimizers.Adam(0.001)), loss="mse")
         model.fit(dataset, epochs=3, steps_per_epoch=100 // sdp.size(), validation_data=val, validation_steps=10, """
@@ -74,11 +76,24 @@ def test_compile_and_fit_made_data_parallel():
         only=ONLY,
     )
     assert changes(result) == [
-        (4, WRAPPED),
-        (5, ADDED),
-        (5, QUIET),
-        (5, "steps_per_epoch=100 -> // sdp.size(): each worker's shard has its part of the batches"),
+        (5, WRAPPED),
+        (6, ADDED),
+        (6, QUIET),
+        (6, "steps_per_epoch=100 -> // sdp.size(): each worker's shard has its part of the batches"),
     ]
+
+
+def test_steps_per_epoch_kept_for_data_the_converter_does_not_split():
+    # `dataset` comes from nowhere the converter can see: dividing the steps would make every
+    # worker train on the first 1/N of the same batches.
+    out, result = convert(
+        'model.compile(optimizer="sgd", loss="mse")\n'
+        "model.fit(dataset, verbose=0, callbacks=[], steps_per_epoch=100)\n"
+    )
+    assert out.splitlines()[1:] == [
+        f"model.fit(dataset, verbose=0, callbacks={CALLBACKS}, steps_per_epoch=100)"
+    ]
+    assert not [m for _, m in changes(result) if "steps_per_epoch" in m]
 
 
 def test_every_import_spelling_of_the_optimizer():
@@ -296,13 +311,14 @@ def test_verbose_keeps_its_value_on_rank_0():
 
 def test_steps_per_epoch_is_divided_and_validation_steps_kept():
     out, _ = convert(
+        "ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)\n"
         'model.compile(optimizer="sgd", loss="mse")\n'
         "model.fit(ds, verbose=0, callbacks=[], steps_per_epoch=len(x) // BATCH, validation_steps=5)\n"
         "model.fit(ds, verbose=0, callbacks=[], steps_per_epoch=n - 1)\n"
         "model.fit(ds, verbose=0, callbacks=[], steps_per_epoch=None)\n"
     )
     cb = f"callbacks={CALLBACKS}"
-    assert out.splitlines()[1:] == [
+    assert out.splitlines()[2:] == [
         f"model.fit(ds, verbose=0, {cb}, steps_per_epoch=len(x) // BATCH // sdp.size(), validation_steps=5)",
         f"model.fit(ds, verbose=0, {cb}, steps_per_epoch=(n - 1) // sdp.size())",
         f"model.fit(ds, verbose=0, {cb}, steps_per_epoch=None)",
