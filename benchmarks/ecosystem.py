@@ -15,6 +15,9 @@ wrong in the report itself:
 * ``note-vs-note``: two lines that contradict each other (a "not split" note and a sharding edit
   at one place; "no DataLoader feeding this training loop was found" in a module while another
   line names the loader that feeds the training there);
+* ``edit-vs-note``: an edit and a line of the same file that say opposite things of one object
+  (a model wrapped, a tape or optimizer made to average, and "not averaged" or "not wrapped" of
+  that model; a write kept to rank 0 and "run it on rank 0 only" at its line);
 * ``status-vs-contract``: an entry counted converted (or unchanged) without attention while its
   program's contract fails;
 * ``duplicates``: the same note twice at one place (reported apart, not as contradictions).
@@ -410,6 +413,53 @@ _NO_LOADER = re.compile(r"no DataLoader feeding this training loop|not followed 
 _FEEDS = re.compile(r"feeds the training in (?P<file>[^\s:]+):\d+")
 #: An edit and a note this many lines apart speak of one statement (a call over several lines).
 _NEAR = 3
+#: Edits that average gradients; ``name``: the model a DDP wrap names.
+_AVERAGES = re.compile(r"^wrap (?P<name>[\w.]+) in \w+\.DistributedDataParallel|"
+                       r"= \w+\.DistributedGradientTape\(|"
+                       r"wrapped in \w+\.keras\.DistributedOptimizer")
+#: Lines (notes or edits) that say gradients are not averaged, or a model is not wrapped.
+_NOT_AVERAGED = re.compile(r"not averaged|unaveraged|not wrapped|no \w+\.DistributedData"
+                           r"Parallel wraps|could not tell (where|which model)", re.I)
+#: ... which are true of a wrapped model too (a call that goes around the wrapper, an optimizer
+#: left alone because the step's tape averages already).
+_AROUND_THE_WRAP = re.compile(r"bypass|wrapped only in the branch|runs the wrapped module|"
+                              r"averages its gradients .* already", re.I)
+#: Edits that keep a write (or download) to rank 0.
+_GUARDS = {"guard_rank0_writes", "order_downloads"}
+_GUARDED = re.compile(r"on rank 0 only|rank0_first", re.I)
+
+
+def _names(name: str, message: str) -> bool:
+    """Whether ``message`` names the model ``name`` where the converter's lines name one."""
+    n = re.escape(name)
+    return re.search(rf"`{n}`|\({n}\)|where {n} is created|^{n}(:| is part of )|wraps {n}\b|"
+                     rf"parameter of {n} is", message) is not None
+
+
+def _edits_against_notes(changes: list[dict[str, Any]]) -> list[tuple[str, dict, dict]]:
+    """An edit and a line of one file that say opposite things of one object: a model wrapped
+    (or a tape, an optimizer) and "not averaged" / "not wrapped" of the same model (named, or at
+    the same statement); a write kept to rank 0 and "run it on rank 0 only" at its line.
+    ``(part, edit, line)`` each."""
+    found = []
+    for e in changes:
+        if e.get("manual"):
+            continue
+        averages = _AVERAGES.search(e["message"])
+        guards = e["transform"] in _GUARDS and _GUARDED.search(e["message"])
+        if not (averages or guards):
+            continue
+        for c in changes:
+            if c is e or c["path"] != e["path"]:
+                continue
+            if averages and _NOT_AVERAGED.search(c["message"]) and not _AROUND_THE_WRAP.search(
+                    c["message"]) and (_names(averages["name"], c["message"]) if
+                                       averages["name"] else abs(c["line"] - e["line"]) <= _NEAR):
+                found.append(("averaging", e, c))
+            if guards and c.get("manual") and c["line"] == e["line"] and \
+                    "writes" in note_parts(c["message"]):
+                found.append(("writes", e, c))
+    return found
 
 
 def note_parts(message: str) -> set[str]:
@@ -495,6 +545,12 @@ def find_contradictions(doc: dict[str, Any], reach: dict[str, list[str]]
                                       "where": _where(c), "transform": c["transform"],
                                       "detail": f"'{c['message']}' while {_where(other)} says "
                                       f"'{other['message']}'"})
+        # (d) an edit and a line of the same file against each other
+        for part, e, c in _edits_against_notes([c for c in changes if c["path"] in inside]):
+            found.append({"kind": "edit-vs-note", "entry": entry, "part": part,
+                          "where": _where(c), "transform": c["transform"],
+                          "detail": f"'{c['message']}' against the edit at {_where(e)}: "
+                          f"'{e['message']}'"})
     # one finding once, even where several entries run the same module
     unique: dict[tuple[str, str, str], dict[str, Any]] = {}
     for f in found:
