@@ -22,7 +22,7 @@ import libcst.matchers as m
 
 from .datasets import _WRAPPERS
 from .index import FileIndex
-from .syntax import code
+from .syntax import code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -80,10 +80,10 @@ def iterator_shard(
     if cls is None:
         return None
     function = _method(cls, "__iter__")
-    if function is None or not m.findall(function, m.Yield()):
+    if function is None or not findall(function, m.Yield()):
         return None
     shuffles = [
-        c for c in m.findall(function, m.Call())
+        c for c in findall(function, m.Call())
         if isinstance(c, cst.Call) and fm.refers_to(c.func, *_SHUFFLES)
     ]
     if len(shuffles) != 1:
@@ -125,12 +125,12 @@ def _yielding_loop(
 ) -> cst.For | None:
     """The one ``for start in range(0, len(name), step)`` of ``function`` around its yields."""
     loops = [
-        f for f in m.findall(function, m.For())
-        if isinstance(f, cst.For) and m.findall(f.body, m.Yield())
+        f for f in findall(function, m.For())
+        if isinstance(f, cst.For) and findall(f.body, m.Yield())
     ]
     outer = [f for f in loops if not any(o is not f and o in fm.ancestors(f) for o in loops)]
-    if len(outer) != 1 or len(m.findall(function, m.Yield())) != len(
-        m.findall(outer[0].body, m.Yield())
+    if len(outer) != 1 or len(findall(function, m.Yield())) != len(
+        findall(outer[0].body, m.Yield())
     ):
         return None
     loop = outer[0]
@@ -159,7 +159,7 @@ def _generator_called(index: FileIndex, expr: cst.BaseExpression) -> cst.Functio
         return None
     binding = index.reaching(expr.func.value, expr)
     stmt = binding.stmt if binding is not None and binding.kind == "def" else None
-    if isinstance(stmt, cst.FunctionDef) and m.findall(stmt, m.Yield()):
+    if isinstance(stmt, cst.FunctionDef) and findall(stmt, m.Yield()):
         return stmt
     return None
 
@@ -217,7 +217,7 @@ def is_preview(fm: FileModel, call: cst.CSTNode | None) -> bool:
     loop = fm.parent(call)
     if not (isinstance(loop, cst.For) and loop.iter is call):
         return False
-    for inner in m.findall(loop.body, m.Call()):
+    for inner in findall(loop.body, m.Call()):
         assert isinstance(inner, cst.Call)
         func = inner.func
         name = func.attr.value if isinstance(func, cst.Attribute) else (
@@ -233,7 +233,7 @@ _RANDOM = frozenset({"rand", "randn", "randint", "normal", "uniform"})
 def drawn_batches(fm: FileModel, loop: cst.CSTNode, sdp: str) -> str | None:
     """The note for a training loop that reads no dataset but draws its batches inside
     (``x = tf.random.normal(...)`` every step); None when it draws nothing."""
-    for call in m.findall(loop, m.Call()):
+    for call in findall(loop, m.Call()):
         assert isinstance(call, cst.Call)
         names = fm.qualified_names(call.func)
         if any(".random." in q or q.split(".")[-1] in _RANDOM for q in names):

@@ -18,7 +18,7 @@ from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .project import fed_returns
 from .scopes import callers, param_for_arg, referents
-from .syntax import _EQUAL, append_arg, arg_named, code
+from .syntax import _EQUAL, append_arg, arg_named, code, findall
 from .training import training_facts
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def training_dataset_uses(fm: FileModel) -> list[tuple[cst.CSTNode, list[Candida
         for loop in site.loops:
             if isinstance(loop, cst.For) and not _counter(fm, loop.iter):
                 candidates.append(Candidate(loop.iter))
-            for call in m.findall(loop.body, m.Call(func=m.Name("next"))):
+            for call in findall(loop.body, m.Call(func=m.Name("next"))):
                 assert isinstance(call, cst.Call)
                 if call.args and id(call) not in found:  # innermost loop first
                     found.add(id(call))

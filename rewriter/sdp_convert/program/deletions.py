@@ -22,7 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .scopes import assigned_values, binding_of, callers, uses
-from .syntax import target_names
+from .syntax import findall, target_names
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -106,7 +106,7 @@ def is_path(fm: FileModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
 
 def reads_file_system(fm: FileModel, expr: cst.CSTNode) -> bool:
     """``expr`` (a test or a loop's iterable) asks the file system what is there now."""
-    for call in m.findall(expr, m.Call()):
+    for call in findall(expr, m.Call()):
         assert isinstance(call, cst.Call)
         if fm.refers_to(call.func, *FILE_SYSTEM_READS):
             return True
@@ -173,10 +173,10 @@ def _movable(fm: FileModel, compound: cst.CSTNode) -> bool:
     breaks and yields nothing, and binds no name read outside it."""
     if fm.enclosing_statement(compound) is not compound:
         return False  # an ``elif``: the outer ``if`` decides
-    if m.findall(compound, m.Return() | m.Yield() | m.Break() | m.Continue() | m.Raise()):
+    if findall(compound, m.Return() | m.Yield() | m.Break() | m.Continue() | m.Raise()):
         return False
     targets: list[cst.BaseExpression] = []
-    for node in m.findall(compound, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.For()):
+    for node in findall(compound, m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.For()):
         targets.append(node.target)  # type: ignore[attr-defined]
     for target in targets:
         names = target_names(target)

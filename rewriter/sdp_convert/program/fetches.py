@@ -32,7 +32,7 @@ import libcst.matchers as m
 from .deletions import deletion_unit
 from .guards import why_not_guardable
 from .scopes import assigned_values, binding_of, referents, uses
-from .syntax import arg_named, target_names
+from .syntax import arg_named, findall, target_names
 from .vocab import (
     ARCHIVES,
     EXTRACT_METHODS,
@@ -116,7 +116,7 @@ def _opened_for(fm: FileModel, stmt: cst.BaseStatement) -> cst.BaseStatement:
 
 def _confined(fm: FileModel, stmt: cst.BaseStatement, statements: list[cst.BaseStatement]) -> bool:
     """Every name ``stmt`` assigns is read only inside ``statements``."""
-    for assign in m.findall(stmt, m.Assign() | m.AnnAssign()):
+    for assign in findall(stmt, m.Assign() | m.AnnAssign()):
         targets = (
             [a.target for a in assign.targets] if isinstance(assign, cst.Assign)
             else [assign.target]  # type: ignore[attr-defined]
@@ -178,7 +178,7 @@ def _received(fm: FileModel, call: cst.Call, stmt: cst.BaseStatement) -> list[cs
 
 
 def _writes_file(fm: FileModel, stmt: cst.CSTNode) -> bool:
-    for node in m.findall(stmt, m.Call()):
+    for node in findall(stmt, m.Call()):
         assert isinstance(node, cst.Call)
         names = fm.qualified_names(node.func)
         opener = next((n for n in names if n in OPENERS), None)

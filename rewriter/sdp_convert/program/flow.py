@@ -33,7 +33,7 @@ from .scopes import (
     param_for_arg,
     uses,
 )
-from .syntax import code
+from .syntax import code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -590,7 +590,7 @@ def _scope_node(fm: FileModel, node: cst.CSTNode) -> cst.CSTNode:
 
 def _aug_assigns(scope: cst.CSTNode, name: str) -> list[cst.AugAssign]:
     return [
-        n for n in m.findall(scope, m.AugAssign(target=m.Name(name)))
+        n for n in findall(scope, m.AugAssign(target=m.Name(name)))
         if isinstance(n, cst.AugAssign)
     ]
 

@@ -27,7 +27,7 @@ import libcst as cst
 
 from ..analysis import Visitor
 from .names import Collector, QualifiedNames
-from .syntax import code
+from .syntax import code, walk
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -286,7 +286,7 @@ class _Indexer(Visitor):
             return True
         for rider in self.riders:  # an import's names: the index skips them, the riders do not
             for child in node.children:
-                child.visit(rider)
+                walk(child, rider)
         return False
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -584,7 +584,7 @@ def index_module(module: cst.Module, *riders: cst.CSTVisitor) -> FileIndex:
     visitors that walk along (``analysis.Detector``), each seeing every node in walk order, as
     its own ``module.visit`` would (their ``on_visit`` must not prune: the walk is shared)."""
     indexer = _Indexer(module, riders)
-    module.visit(indexer)
+    walk(module, indexer)
     return indexer.finish()
 
 
@@ -598,7 +598,7 @@ def file_index(fm: FileModel) -> FileIndex:
 
 
 def nodes_of(fm: FileModel, kind: type[N]) -> list[N]:
-    """Every ``kind`` node of the file, in file order: ``m.findall(module, kind())`` without a
+    """Every ``kind`` node of the file, in file order: ``findall(module, kind())`` without a
     walk of its own (the file's index is built once and shared)."""
     return file_index(fm).by_type.get(kind, [])  # type: ignore[return-value]
 

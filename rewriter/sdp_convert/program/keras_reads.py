@@ -18,6 +18,7 @@ import libcst.matchers as m
 
 from .index import file_index
 from .keras import keras_fit_calls
+from .syntax import findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -65,7 +66,7 @@ def _statement(fm: FileModel, node: cst.CSTNode) -> cst.BaseStatement | None:
 
 
 def _reads(fm: FileModel, index, stmt: cst.CSTNode, name: str, binding) -> bool:
-    for attr in m.findall(stmt, m.Attribute(value=m.Name(name))):
+    for attr in findall(stmt, m.Attribute(value=m.Name(name))):
         assert isinstance(attr, cst.Attribute)
         if index.reaching(name, attr.value) is not binding:
             continue

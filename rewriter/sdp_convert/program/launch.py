@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .scopes import callers
-from .syntax import arg_named, code
+from .syntax import arg_named, code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -68,7 +68,7 @@ def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
     is in) that is false with the flag's default. None when no such test is found, or the
     default cannot be read (a value set at run time: ``args.distributed = world_size > 1``)."""
     for test in _tests_around(fm, node):
-        for flag in {code(n) for n in m.findall(test, m.Attribute(value=m.Name()))}:
+        for flag in {code(n) for n in findall(test, m.Attribute(value=m.Name()))}:
             default, options = _default(fm, flag.rsplit(".", 1)[-1])
             if default is None:
                 continue
@@ -127,14 +127,14 @@ def _default(fm: FileModel, name: str) -> tuple[object, tuple[str, ...]]:
         kind = _literal(action.value) if action is not None else None
         return {"store_true": False, "store_false": True}.get(str(kind)), options
     values = []
-    for kw in m.findall(fm.module, m.Arg(keyword=m.Name(name))):
+    for kw in findall(fm.module, m.Arg(keyword=m.Name(name))):
         assert isinstance(kw, cst.Arg)
         values.append(_literal(kw.value))
-    for element in m.findall(fm.module, m.DictElement(key=m.SimpleString())):
+    for element in findall(fm.module, m.DictElement(key=m.SimpleString())):
         assert isinstance(element, cst.DictElement)
         if _literal(element.key) == name:
             values.append(_literal(element.value))
-    for assign in m.findall(fm.module, m.Assign(targets=[m.AssignTarget(
+    for assign in findall(fm.module, m.Assign(targets=[m.AssignTarget(
             m.Name(name) | m.Attribute(attr=m.Name(name)))])):
         assert isinstance(assign, cst.Assign)
         values.append(_literal(assign.value))

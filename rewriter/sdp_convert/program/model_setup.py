@@ -40,6 +40,7 @@ from .models import (
     without_grad,
 )
 from .scopes import callee, training_calls
+from .syntax import findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -87,7 +88,7 @@ def broadcast_already(fm: FileModel, target: str) -> bool:
     return any(
         call.args and any(
             isinstance(n, cst.Name) and n.value == target
-            for n in m.findall(call.args[0].value, m.Name())
+            for n in findall(call.args[0].value, m.Name())
         )
         for call in fm.calls_to(*BROADCASTS)
     )
@@ -182,7 +183,7 @@ def sets_weights(fm: FileModel, call: cst.Call) -> bool:
         return False
     params = {p.name.value for p in function.params.params}
     changes = False
-    for inner in m.findall(function.body, m.Call()):
+    for inner in findall(function.body, m.Call()):
         assert isinstance(inner, cst.Call)
         func = inner.func
         if isinstance(func, cst.Name) and func.value in params:

@@ -13,7 +13,7 @@ import libcst.matchers as m
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .scopes import arguments_for
-from .syntax import code
+from .syntax import code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -96,7 +96,7 @@ def model_expression(receiver: cst.BaseExpression) -> cst.Name | cst.Attribute |
 def freezes(stmt: cst.CSTNode) -> bool:
     """Whether ``stmt`` sets ``requires_grad`` (DDP must see the final set of trained weights)."""
     names = m.Name("requires_grad") | m.Name("requires_grad_")
-    return bool(m.findall(stmt, m.Attribute(attr=names)))
+    return bool(findall(stmt, m.Attribute(attr=names)))
 
 
 def trained_models(
@@ -106,10 +106,10 @@ def trained_models(
     passes on, through variables and function parameters."""
     if depth > 5:
         return
-    for call in m.findall(expr, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
+    for call in findall(expr, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
         assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
         yield call.func.value
-    for name in m.findall(expr, m.Name()):
+    for name in findall(expr, m.Name()):
         assert isinstance(name, cst.Name)
         parent = fm.parent(name)
         if isinstance(parent, cst.Attribute) or (
@@ -166,12 +166,12 @@ def models_from_backward(fm: FileModel) -> Iterator[tuple[cst.BaseExpression, cs
             if id(expr) in seen or depth > 4:
                 continue
             seen.add(id(expr))
-            for call in m.findall(expr, m.Call()):
+            for call in findall(expr, m.Call()):
                 assert isinstance(call, cst.Call)
                 callee = call.func
                 if model_expression(callee) is callee and is_module_value(fm, callee):
                     yield callee, backward
-            for name in m.findall(expr, m.Name()):
+            for name in findall(expr, m.Name()):
                 assert isinstance(name, cst.Name)
                 binding = file_index(fm).reaching(name.value, name)
                 if binding is not None and binding.kind == "assign" and binding.value:
@@ -269,13 +269,13 @@ def part_of_a_model(fm: FileModel, name: str, scope: Scope, models: Mapping[Any,
     for model in models.values():
         value = model.creation.value
         if model.scope is scope and value is not None and any(
-            n.value == name for n in m.findall(value, m.Name())
+            n.value == name for n in findall(value, m.Name())
         ):
             return True
     if isinstance(scope, cst.FunctionDef):
         for ret in file_index(fm).returns.get(id(scope), ()):
             if ret.value is not None and any(
-                n.value == name for n in m.findall(ret.value, m.Name())
+                n.value == name for n in findall(ret.value, m.Name())
             ):
                 return True
     return False
@@ -456,7 +456,7 @@ def no_grad_submodule(fm: FileModel, value: cst.BaseExpression | None) -> cst.Ca
     class of this file that ``value`` builds (``Net()``, ``Net().to(device)``), whose parameters
     are not frozen: they never get a gradient, and DDP, which waits for one from every parameter
     that requires it, fails at the next step unless told to look for unused ones."""
-    names = [c.func.value for c in m.findall(value, m.Call(func=m.Name()))] if value else []
+    names = [c.func.value for c in findall(value, m.Call(func=m.Name()))] if value else []
     classes = {s.name.value: s for s in fm.module.body if isinstance(s, cst.ClassDef)}
     cls = next((classes[n] for n in names if n in classes), None)
     return no_grad_in_class(fm, cls) if cls is not None else None
@@ -467,13 +467,13 @@ def no_grad_in_class(fm: FileModel, cls: cst.ClassDef) -> cst.Call | None:
     frozen (see ``no_grad_submodule``), or None; ``cls`` is a class of ``fm``'s file (the project
     model asks it of a class in any module)."""
     text = fm.module.code_for_node(cls)
-    for function in m.findall(cls, m.FunctionDef(name=m.Name("forward"))):
-        for block in m.findall(function, m.With()):
+    for function in findall(cls, m.FunctionDef(name=m.Name("forward"))):
+        for block in findall(function, m.With()):
             assert isinstance(block, cst.With)
             if not any(isinstance(i.item, cst.Call) and fm.refers_to(i.item.func, *NO_GRAD)
                        for i in block.items):
                 continue
-            for call in m.findall(block.body, m.Call(func=m.Attribute(value=m.Name("self")))):
+            for call in findall(block.body, m.Call(func=m.Attribute(value=m.Name("self")))):
                 assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
                 sub = f"self.{call.func.attr.value}"
                 if f"{sub}.requires_grad_(False)" not in text and not re.search(

@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .index import file_index
-from .syntax import arg_named
+from .syntax import arg_named, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -52,7 +52,7 @@ def lr_set_by_wrapper(fm: FileModel, call: cst.Call) -> str | None:
             isinstance(t.target, cst.Subscript) and len(t.target.slice) == 1
             and isinstance(index := t.target.slice[0].slice, cst.Index)
             and isinstance(index.value, cst.SimpleString) and index.value.evaluated_value == "lr"
-            for a in m.findall(cls, m.Assign()) if isinstance(a, cst.Assign) for t in a.targets
+            for a in findall(cls, m.Assign()) if isinstance(a, cst.Assign) for t in a.targets
         ):
             return cls.name.value
     project = fm.project

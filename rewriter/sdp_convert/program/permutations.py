@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .index import FileIndex, file_index
-from .syntax import arg_named, code
+from .syntax import arg_named, code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -72,7 +72,7 @@ def _walk(
     if depth > 10 or id(expr) in seen:
         return
     seen.add(id(expr))
-    for node in m.findall(expr, m.Call() | m.Name()):
+    for node in findall(expr, m.Call() | m.Name()):
         if isinstance(node, cst.Call):
             _call(fm, index, node, found)
         elif isinstance(node, cst.Name):

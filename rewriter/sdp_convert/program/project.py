@@ -39,6 +39,7 @@ from .index import file_index
 from .loaders import sets_epoch
 from .positions import node_positions
 from .scopes import arguments_for, assigned_binding, binding_of, training_loops, uses
+from .syntax import findall
 from .training import training_facts
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def fed_returns(fm: FileModel) -> list[tuple[cst.Return, cst.BaseExpression, Loa
     for feed in facts.feeds if facts is not None else ():
         function = next((s for s in fm.module.body if isinstance(s, cst.FunctionDef)
                          and s.name.value == feed.function), None)
-        for ret in cst.matchers.findall(function, cst.matchers.Return()) if function else ():
+        for ret in findall(function, cst.matchers.Return()) if function else ():
             assert isinstance(ret, cst.Return)
             value = ret.value
             if feed.index is not None:

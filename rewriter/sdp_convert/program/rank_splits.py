@@ -26,7 +26,7 @@ import libcst.matchers as m
 from .index import file_index
 from .ranks import RANK_FUNCTIONS
 from .scopes import assigned_values
-from .syntax import code
+from .syntax import code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -53,7 +53,7 @@ _RANK_HELPERS = frozenset({"get_rank", "get_global_rank", "dp_rank", "rdp_rank"}
 def mentions_data_rank(fm: FileModel, expr: cst.CSTNode, depth: int = 0) -> bool:
     """Whether ``expr`` calls a data-parallel rank function (or a helper named like one), or
     reads a name assigned one."""
-    for call in m.findall(expr, m.Call()):
+    for call in findall(expr, m.Call()):
         assert isinstance(call, cst.Call)
         if fm.refers_to(call.func, *DATA_RANK_FUNCTIONS):
             return True
@@ -64,7 +64,7 @@ def mentions_data_rank(fm: FileModel, expr: cst.CSTNode, depth: int = 0) -> bool
             return True
     if depth > 2:
         return False
-    for name in m.findall(expr, m.Name()):
+    for name in findall(expr, m.Name()):
         assert isinstance(name, cst.Name)
         values = assigned_values(fm, name) if fm.parent(name) is not None else []
         if any(v is not expr and mentions_data_rank(fm, v, depth + 1) for v in values):

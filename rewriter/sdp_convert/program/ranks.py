@@ -28,6 +28,7 @@ from .scopes import (
     param_for_arg,
     training_calls,
 )
+from .syntax import findall
 from .writes import COLLECTIVE_PREFIXES
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ def divergent_condition(fm: FileModel, node: cst.CSTNode) -> cst.BaseExpression 
 
 
 def _names(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    return [n for n in m.findall(test, m.Name() | m.Attribute())
+    return [n for n in findall(test, m.Name() | m.Attribute())
             if isinstance(n, (cst.Name, cst.Attribute))]
 
 
@@ -284,7 +285,7 @@ def reaches_collective(fm: FileModel, node: cst.CSTNode) -> Collective | None:
 
 def _reach(fm: FileModel, node: cst.CSTNode, models: set[str], depth: int,
            seen: set[int]) -> Collective | None:
-    for call in m.findall(node, m.Call()):
+    for call in findall(node, m.Call()):
         assert isinstance(call, cst.Call)
         func = fm.module.code_for_node(call.func)
         if _wrapped(fm, call.func, models):

@@ -21,7 +21,7 @@ from libcst.metadata import QualifiedNameSource
 
 from .ranks import is_rank_call
 from .scopes import assigned_values, referents
-from .syntax import names_read
+from .syntax import findall, names_read
 from .writes import (
     FRAMEWORK_METHOD_WRITES,
     FRAMEWORK_WRITES,
@@ -210,7 +210,7 @@ def names_the_process(fm: FileModel, expr: cst.BaseExpression, depth: int = 0) -
     ``LOCAL_RANK`` read from the environment, ``args.local_rank``."""
     if depth > 3:
         return False
-    for node in m.findall(expr, m.Call() | m.Name() | m.Attribute() | m.SimpleString()):
+    for node in findall(expr, m.Call() | m.Name() | m.Attribute() | m.SimpleString()):
         if isinstance(node, cst.Call) and (
             is_rank_call(fm, node) or fm.refers_to(node.func, "os.getpid")
             or fm.refers_to(node.func, *_LOCAL_RANKS)

@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .index import Binding, file_index
+from .syntax import findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -44,7 +45,7 @@ def uses(fm: FileModel, binding: Binding) -> list[cst.CSTNode]:
     if binding.cls is not None:
         found = [
             node
-            for node in m.findall(
+            for node in findall(
                 binding.cls, m.Attribute(value=m.Name("self"), attr=m.Name(binding.attr))
             )
             if not _is_store(fm, node)
@@ -112,7 +113,7 @@ def _self_attribute_values(fm: FileModel, attribute: cst.Attribute) -> list[cst.
     pattern = m.Assign(
         targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name(attribute.attr.value)))]
     )
-    for assign in m.findall(cls, pattern):
+    for assign in findall(cls, pattern):
         assert isinstance(assign, cst.Assign)
         values.append(assign.value)
     return values

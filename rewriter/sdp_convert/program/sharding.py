@@ -40,7 +40,7 @@ from .project import imported_data
 from .rank_splits import made_for_rank, split_by_rank
 from .scopes import callee, referents, runs_whenever, training_loops
 from .steps import stepping_loops
-from .syntax import arg_named, code, is_none, is_simple_reference
+from .syntax import arg_named, code, findall, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ def optimised_input(fm: FileModel) -> cst.CSTNode | None:
         params = params_argument(call)
         if params is None:
             return None
-        if m.findall(params.value, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
+        if findall(params.value, m.Call(func=m.Attribute(attr=PARAMETER_METHODS))):
             return None
         values = list(reaching_values(file_index(fm), params.value))
         literal = next((v for v in values if isinstance(v, (cst.List, cst.Tuple))), None)
@@ -433,15 +433,15 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
     for loop in loops:
         if isinstance(loop, cst.For) and not _counts(fm, loop):
             return DataSharding(False, "not found", loop)
-        if m.findall(loop.body, m.Call(func=m.Name("next"))):
+        if findall(loop.body, m.Call(func=m.Name("next"))):
             return DataSharding(False, "not found", loop)
         if _draws(fm, loop.body, 0):  # synthetic data or random batches, drawn every step
             return DataSharding(False, "not found", loop)
         target = loop.target if isinstance(loop, cst.For) else None
-        names = {n.value for n in m.findall(target, m.Name())} if target is not None else set()
-        for sub in m.findall(loop.body, m.Subscript()):
+        names = {n.value for n in findall(target, m.Name())} if target is not None else set()
+        for sub in findall(loop.body, m.Subscript()):
             assert isinstance(sub, cst.Subscript)
-            read = {n.value for s in sub.slice for n in m.findall(s, m.Name())}
+            read = {n.value for s in sub.slice for n in findall(s, m.Name())}
             if read & names:
                 return DataSharding(False, "not found", loop)  # batches sliced by hand
     drawn = _drawn_per_rank(fm, loops[0])
@@ -470,7 +470,7 @@ def _draws(fm: FileModel, node: cst.CSTNode, depth: int) -> bool:
     """Whether running ``node`` draws random numbers (``torch.randint``, ``np.random.choice``,
     ``random.sample``, ...), there or in the functions of this file it calls (3 deep): batches
     drawn anew every step, different on each rank unless seeded alike."""
-    for call in m.findall(node, m.Call()):
+    for call in findall(node, m.Call()):
         assert isinstance(call, cst.Call)
         if _makes_random(fm, call):
             return True
@@ -485,10 +485,10 @@ def _drawn_per_rank(fm: FileModel, loop: cst.For | cst.While) -> cst.Call | None
     nothing in the file seeds the generators: each rank draws different tensors."""
     if any(fm.calls_to(*_SEEDS)):
         return None
-    for name in m.findall(loop.body, m.Name()):
+    for name in findall(loop.body, m.Name()):
         assert isinstance(name, cst.Name)
         for value in assigned_or_unpacked(fm, name):
-            for call in m.findall(value, m.Call()):
+            for call in findall(value, m.Call()):
                 assert isinstance(call, cst.Call)
                 if _makes_random(fm, call):
                     return call

@@ -28,6 +28,7 @@ import libcst.matchers as m
 
 from .ranks import divergent_condition
 from .scopes import assigned_values
+from .syntax import findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -67,7 +68,7 @@ class SmpSaves:
             if isinstance(parent, cst.If) and child is parent.body and (
                 self.mentions_rank(parent.test) or any(
                     isinstance(c, cst.Call) and self.is_rank_query(c)
-                    for c in m.findall(parent.test, m.Call()))
+                    for c in findall(parent.test, m.Call()))
             ):
                 return parent
             child = parent
@@ -134,7 +135,7 @@ class SmpSaves:
                 return "it runs inside a function or comprehension"
         name = cst.ensure_type(cst.ensure_type(call.func, cst.Attribute).value, cst.Name).value
         for before in body.body[: body.body.index(stmt)]:
-            if m.findall(before, m.Name(name)):
+            if findall(before, m.Name(name)):
                 return f"code before it in the test's body uses {name}"
         return None
 
@@ -152,7 +153,7 @@ class SmpSaves:
                     and id(small.value) in saves and partial(small.value)
                     and isinstance(small.value.func, cst.Attribute)
                     and isinstance(small.value.func.value, cst.Name)
-                    and not m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("state_dict"))))):
+                    and not findall(stmt, m.Call(func=m.Attribute(attr=m.Name("state_dict"))))):
                 return "the test guards more than smp.save(..., partial=True) calls"
         return None
 

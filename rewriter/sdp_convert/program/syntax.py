@@ -63,7 +63,7 @@ def mentions(fm: FileModel, node: cst.CSTNode, *names: str) -> bool:
     """Whether ``node`` (original) contains a call to one of ``names`` (qualified)."""
     return any(
         fm.refers_to(call.func, *names)
-        for call in m.findall(node, m.Call())
+        for call in findall(node, m.Call())
         if isinstance(call, cst.Call)
     )
 
@@ -347,19 +347,19 @@ def sum_operand(expr: cst.BaseExpression, *, ifexp: bool = False) -> cst.BaseExp
 
 def names_read(expr: cst.CSTNode) -> list[cst.Name]:
     """The names ``expr`` reads (not attribute names or keywords)."""
-    skip = {id(a.attr) for a in m.findall(expr, m.Attribute()) if isinstance(a, cst.Attribute)}
+    skip = {id(a.attr) for a in findall(expr, m.Attribute()) if isinstance(a, cst.Attribute)}
     skip |= {
-        id(a.keyword) for a in m.findall(expr, m.Arg()) if isinstance(a, cst.Arg) and a.keyword
+        id(a.keyword) for a in findall(expr, m.Arg()) if isinstance(a, cst.Arg) and a.keyword
     }
-    return [n for n in m.findall(expr, m.Name()) if isinstance(n, cst.Name) and id(n) not in skip]
+    return [n for n in findall(expr, m.Name()) if isinstance(n, cst.Name) and id(n) not in skip]
 
 
 def counts_up(body: cst.CSTNode, counter: str) -> bool:
     """Whether ``body`` increases ``counter`` (``step += 1``, ``step = step + 1``)."""
-    if m.findall(body, m.AugAssign(target=m.Name(counter), operator=m.AddAssign())):
+    if findall(body, m.AugAssign(target=m.Name(counter), operator=m.AddAssign())):
         return True
     return bool(
-        m.findall(
+        findall(
             body,
             m.Assign(
                 targets=[m.AssignTarget(target=m.Name(counter))],
@@ -389,3 +389,81 @@ def assigned_target(fm: FileModel, value: cst.CSTNode) -> cst.BaseExpression | N
         return None
     position = next(i for i, e in enumerate(values.elements) if e is parent)
     return targets.elements[position].value
+
+
+class _FieldOrder(cst.CSTVisitor):
+    """Records the fields a node's ``_visit_and_replace_children`` visits, in its order, without
+    going below them."""
+
+    def __init__(self) -> None:
+        self.fields: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        self.fields.append(attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+#: Per node class, the fields libcst's visit walks, in its (source) order; static per class
+#: (where a node chooses how to visit a field, the field and its place stay the same).
+_FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
+
+
+def _fields(node: cst.CSTNode) -> tuple[str, ...]:
+    order = _FIELDS.get(type(node))
+    if order is None:
+        recorder = _FieldOrder()
+        node._visit_and_replace_children(recorder)
+        order = _FIELDS[type(node)] = tuple(dict.fromkeys(recorder.fields))
+    return order
+
+
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """``node.visit(visitor)`` for a read-only visitor without per-attribute hooks
+    (``analysis.Visitor``): the same ``on_visit``/``on_leave`` calls on the same nodes in the
+    same order, without libcst rebuilding every node on the way back up (a CSTVisitor's walk
+    builds a copy of the tree it then throws away), and one frame per level instead of three.
+    ``tests/program/test_walk.py`` compares the two walks over the fixtures."""
+    if visitor.on_visit(node):
+        for name in _fields(node):
+            child = getattr(node, name)
+            if isinstance(child, cst.CSTNode):
+                walk(child, visitor)
+            elif isinstance(child, (tuple, list)):
+                for item in child:
+                    walk(item, visitor)
+    visitor.on_leave(node)
+
+
+class _Finder(cst.CSTVisitor):
+    def __init__(self, matcher: m.BaseMatcherNode | m.MatchIfTrue[cst.CSTNode]) -> None:
+        self.matcher = matcher
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if m.matches(node, self.matcher):
+            self.found.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+
+def findall(
+    tree: cst.CSTNode | cst.MaybeSentinel | cst.RemovalSentinel | None,
+    matcher: m.BaseMatcherNode | m.MatchIfTrue[cst.CSTNode],
+) -> list[cst.CSTNode]:
+    """``libcst.matchers.findall`` (without metadata) over ``walk``: the nodes under ``tree``
+    (itself included) that ``matcher`` matches, in walk order."""
+    if not isinstance(tree, cst.CSTNode):
+        return []
+    finder = _Finder(matcher)
+    walk(tree, finder)
+    return finder.found

@@ -57,7 +57,7 @@ from .keras import fit_arg, keras_fit_calls
 from .permutations import unseeded_orders
 from .project import fed_returns, imported_sites
 from .scopes import param_for_arg
-from .syntax import arg_named, code, mentions_size
+from .syntax import arg_named, code, findall, mentions_size
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -563,7 +563,7 @@ class _Planner:
 
     def sequence_order(self, cls: cst.ClassDef) -> None:
         """A Sequence that shuffles its indices without a seed: the workers' batches overlap."""
-        for call in m.findall(cls, m.Call()):
+        for call in findall(cls, m.Call()):
             assert isinstance(call, cst.Call)
             if self.fm.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
                                 "random.shuffle"):

@@ -43,6 +43,7 @@ import libcst.matchers as m
 
 from ..base import Transform
 from ..program.scopes import referents
+from ..program.syntax import findall
 
 _TF_FUNCTION = "tensorflow.function"
 _TAPES = ("tensorflow.GradientTape", "tensorflow.autodiff.GradientTape")
@@ -95,7 +96,7 @@ class DisableStepXla(Transform):
         if m.matches(value, m.Name("False") | m.Name("None")):
             return True
         size = f"{self.state.runtime_module}.size"
-        calls = [c for c in m.findall(value, m.Call()) if isinstance(c, cst.Call)]
+        calls = [c for c in findall(value, m.Call()) if isinstance(c, cst.Call)]
         return any(self.refers_to(c.func, size) for c in calls)
 
     def _compiled_function(self, call: cst.Call) -> cst.FunctionDef | None:
@@ -126,7 +127,7 @@ class DisableStepXla(Transform):
             cls = next((n for n in self.ancestors(expr) if isinstance(n, cst.ClassDef)), None)
             if cls is None:
                 return None
-            methods = m.findall(cls.body, m.FunctionDef(name=m.Name(expr.attr.value)))
+            methods = findall(cls.body, m.FunctionDef(name=m.Name(expr.attr.value)))
             return methods[0] if methods else None  # type: ignore[return-value]
         return None
 
@@ -136,16 +137,16 @@ class DisableStepXla(Transform):
         tape = any(
             self.refers_to(item.item.func, *_TAPES)  # type: ignore[attr-defined]
             for f in reached
-            for item in m.findall(f, m.WithItem(item=m.Call()))
+            for item in findall(f, m.WithItem(item=m.Call()))
         )
-        return tape and any(m.findall(f, _APPLY) for f in reached)
+        return tape and any(findall(f, _APPLY) for f in reached)
 
     def _reached(
         self, function: cst.FunctionDef, depth: int, seen: dict[int, cst.FunctionDef]
     ) -> list[cst.FunctionDef]:
         seen[id(function)] = function
         if depth:
-            for call in m.findall(function, _LOCAL_CALL):
+            for call in findall(function, _LOCAL_CALL):
                 callee = self._function_named(call.func)  # type: ignore[attr-defined]
                 if callee is not None and id(callee) not in seen:
                     self._reached(callee, depth - 1, seen)

@@ -63,6 +63,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 from .. import migration as hvd
 from ..analysis import FileInfo, Visitor
 from ..program.smp_saves import ROOT, SAVE, SmpSaves, partial
+from ..program.syntax import findall
 
 _ROOT = ROOT
 
@@ -164,7 +165,7 @@ class MigrateSmp(hvd.Migration):
             return
         self._guards = SmpSaves(self.fm, self._mentions_rank, self._under_rank_check)
         self._check_partial_saves()
-        taken = {n.value for n in m.findall(self.module, m.Name()) if isinstance(n, cst.Name)}
+        taken = {n.value for n in findall(self.module, m.Name()) if isinstance(n, cst.Name)}
         for call in self.method_calls("state_dict"):
             guard = self._guards.rank_guard(call)
             if guard is None or not self._guards.may_be_sharded(call):

@@ -40,7 +40,7 @@ from ..base import Transform
 from ..program.builders import module_spelling
 from ..program.flow import origin
 from ..program.index import FileIndex, file_index
-from ..program.syntax import arg_named, code, end_of_import_block, mentions
+from ..program.syntax import arg_named, code, end_of_import_block, findall, mentions
 
 _CUDA_INDEX = re.compile(r"cuda:(\d+)")
 _LOCAL_RANK = (
@@ -278,7 +278,7 @@ def _names_visible_devices(node: cst.CSTNode) -> bool:
         return True
     return any(
         isinstance(s, cst.SimpleString) and s.evaluated_value == _VISIBLE
-        for s in m.findall(node, m.SimpleString())
+        for s in findall(node, m.SimpleString())
     )
 
 

@@ -67,6 +67,7 @@ from ..program.syntax import (
     code,
     counts_up,
     divided_by_size,
+    findall,
     mentions_size,
     names_read,
     replace_arg,
@@ -279,7 +280,7 @@ class ShardTfDataset(Transform):
     def _per_worker(self, expr: cst.CSTNode, datasets: set[str], depth: int = 0) -> bool:
         """Whether ``expr`` counts the sharded data itself (``len(ds)``, ``ds.cardinality()``),
         directly or through the variables it reads."""
-        if m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("cardinality")))):
+        if findall(expr, m.Call(func=m.Attribute(attr=m.Name("cardinality")))):
             return True
         for name in names_read(expr):
             if name.value in datasets:

@@ -92,7 +92,7 @@ from ..program.models import (
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.project import repairs_of
 from ..program.scopes import uses as reads_of
-from ..program.syntax import arg_named, assigned_target, code
+from ..program.syntax import arg_named, assigned_target, code, findall
 
 Scope = cst.FunctionDef | cst.ClassDef | None
 
@@ -247,7 +247,7 @@ class WrapModelDdp(Transform):
         creation = creation or next(iter(wrapped), None)
         if creation is None:
             return False
-        if m.findall(receiver, m.Subscript()) and isinstance(
+        if findall(receiver, m.Subscript()) and isinstance(
             creation.value, (cst.List, cst.Tuple, cst.Dict, cst.ListComp, cst.DictComp)
         ):
             return False  # ``models[0]``: one of several models, which one is not known
@@ -317,7 +317,7 @@ class WrapModelDdp(Transform):
         for other in self.models.values():
             if other.creation.value is None:
                 continue
-            names = {code(n) for n in m.findall(other.creation.value, m.Name() | m.Attribute())}
+            names = {code(n) for n in findall(other.creation.value, m.Name() | m.Attribute())}
             for name in names:
                 held.setdefault((id(other.scope), name), []).append(other)
         return held
@@ -374,7 +374,7 @@ class WrapModelDdp(Transform):
         )
         if model.creation.value is not None and any(
             isinstance(c, cst.Call) and self.refers_to(c.func, *COMPILE)
-            for c in m.findall(model.creation.value, m.Call())
+            for c in findall(model.creation.value, m.Call())
         ):
             self.record(
                 model.creation.stmt,
