@@ -8,7 +8,6 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 import pytest
-
 from sdp_convert.analysis import Visitor
 from sdp_convert.program.syntax import findall, walk
 
@@ -88,6 +87,20 @@ def test_walk_makes_the_calls_libcst_makes_in_its_order_on_every_fixture(modules
         assert ours.calls == theirs.calls, name
         checked += len(theirs.calls)
     assert checked > 500_000  # every node of ~350 files, twice
+
+
+def test_a_field_visited_only_when_set_keeps_its_place_whatever_came_first():
+    # An f-string's format spec is visited only when there is one: a class first met without it
+    # must still walk it, in its place, when it is there.
+    from sdp_convert.program import syntax
+
+    syntax._FIELDS.clear()
+    for source in ('f"{a}"\n', 'f"{a:>{b}} {c!r:{d}}"\n', "from m import *\n", "from m import (a)\n"):
+        module = cst.parse_module(source)
+        ours, theirs = _Record(), _Record()
+        walk(module, ours)
+        module.visit(theirs)
+        assert ours.calls == theirs.calls, source
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -393,7 +395,7 @@ def assigned_target(fm: FileModel, value: cst.CSTNode) -> cst.BaseExpression | N
 
 class _FieldOrder(cst.CSTVisitor):
     """Records the fields a node's ``_visit_and_replace_children`` visits, in its order, without
-    going below them."""
+    going below them (where libcst's source cannot be read)."""
 
     def __init__(self) -> None:
         self.fields: list[str] = []
@@ -411,17 +413,24 @@ class _FieldOrder(cst.CSTVisitor):
         pass
 
 
-#: Per node class, the fields libcst's visit walks, in its (source) order; static per class
-#: (where a node chooses how to visit a field, the field and its place stay the same).
+#: Per node class, the fields libcst's visit walks, in its (source) order. Read from the source
+#: of the class's ``_visit_and_replace_children`` (``visit_required(self, "func", ...)`` ...):
+#: static, where a node visits a field only when it is set (an f-string's ``format_spec``).
 _FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
+_VISITED_FIELD = re.compile(r'visit_\w+\(\s*self,\s*"(\w+)"')
 
 
 def _fields(node: cst.CSTNode) -> tuple[str, ...]:
     order = _FIELDS.get(type(node))
     if order is None:
-        recorder = _FieldOrder()
-        node._visit_and_replace_children(recorder)
-        order = _FIELDS[type(node)] = tuple(dict.fromkeys(recorder.fields))
+        try:
+            source = inspect.getsource(type(node)._visit_and_replace_children)
+            names = _VISITED_FIELD.findall(source)
+        except (OSError, TypeError):  # no source: the fields this node visits
+            recorder = _FieldOrder()
+            node._visit_and_replace_children(recorder)
+            names = recorder.fields
+        order = _FIELDS[type(node)] = tuple(dict.fromkeys(names))
     return order
 
 
