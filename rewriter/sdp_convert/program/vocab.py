@@ -24,12 +24,18 @@ CACHED_DOWNLOAD_PREFIXES = (
 )
 
 #: Calls that download into the path they are given every time they run, whatever is there.
-FILE_DOWNLOADS = ("urllib.request.urlretrieve", "gdown.download", "wget.download")
+FILE_DOWNLOADS = (
+    "urllib.request.urlretrieve",
+    "six.moves.urllib.request.urlretrieve",
+    "gdown.download",
+    "wget.download",
+)
 
 #: Calls that unpack an archive into a directory every time they run.
 EXTRACTIONS = ("shutil.unpack_archive",)
-#: Methods of an opened archive that unpack it (``zipfile.ZipFile``, ``tarfile.open``).
-EXTRACT_METHODS = ("extractall",)
+#: Methods of an opened archive that unpack it (``zipfile.ZipFile``, ``tarfile.open``): all of it,
+#: or one member (``for item in tar: tar.extract(item, dest)``).
+EXTRACT_METHODS = ("extractall", "extract")
 #: What opens an archive (the receiver of an ``EXTRACT_METHODS`` call).
 ARCHIVES = ("zipfile.ZipFile", "tarfile.open", "tarfile.TarFile")
 
@@ -38,6 +44,7 @@ RESPONSES = (
     "requests.get",
     "requests.request",
     "urllib.request.urlopen",
+    "six.moves.urllib.request.urlopen",
 )
 
 #: Readers that take a URL as well as a path and read it into memory: each rank downloads it.
