@@ -1006,3 +1006,70 @@ def test_a_download_extracted_then_deleted_runs_whole_on_rank_0_then_every_rank_
     assert "    if sdp.rank() == 0:\n        if not exists(output_image_dir):\n" in data, data
     assert "            remove(file_path)\n    sdp.barrier()\n" in data, data
     assert data.count("sdp.rank() == 0") == 1, data
+
+
+MINI_TRAINER = """\
+from collections import defaultdict
+
+import torch
+
+
+class Trainer:
+    def __init__(self, model, dataset):
+        self.model = model
+        self.dataset = dataset
+        self.callbacks = defaultdict(list)
+        self.iter_num = 0
+
+    def set_callback(self, onevent, callback):
+        self.callbacks[onevent] = [callback]
+
+    def trigger_callbacks(self, onevent):
+        for callback in self.callbacks.get(onevent, []):
+            callback(self)
+
+    def run(self):
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(self.dataset, batch_size=8, shuffle=True)
+        for (x,) in loader:
+            opt.zero_grad()
+            self.model(x).pow(2).mean().backward()
+            opt.step()
+            self.iter_num += 1
+            self.trigger_callbacks("on_batch_end")
+"""
+MINI_ENTRY = """\
+import torch
+
+from trainer import Trainer
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1)
+    trainer = Trainer(model, torch.utils.data.TensorDataset(torch.randn(32, 4)))
+
+    def batch_end_callback(trainer):
+        if trainer.iter_num % 2 == 0:
+            print("saving model")
+            torch.save(model.state_dict(), "model.pt")
+
+    trainer.set_callback("on_batch_end", batch_end_callback)
+    trainer.run()
+"""
+
+
+def test_a_write_in_a_callback_the_training_runs_goes_to_rank_0(tmp_path: Path):
+    """minGPT's chargpt.py: ``torch.save`` in ``batch_end_callback``, which
+    ``trainer.set_callback('on_batch_end', ...)`` hands to the Trainer's loop, ran on every rank
+    with no note (a function nothing calls by name was taken for one that never runs)."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "trainer.py").write_text(MINI_TRAINER)
+    (tmp_path / "chargpt.py").write_text(MINI_ENTRY)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("trainer.py", "chargpt.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    entry = (tmp_path / "chargpt.py").read_text()
+    guarded = (
+        "            if sdp.rank() == 0:\n"
+        '                torch.save(model.state_dict(), "model.pt")'
+    )
+    assert guarded in entry, entry

@@ -40,12 +40,14 @@ from pathlib import Path
 import libcst as cst
 
 from .changes import Change
+from .program.fetches import fetch_statements, file_fetches
+from .program.index import file_index
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, rank0_only
 from .program.readback import private_write, read_path, written_path
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
-from .program.fetches import fetch_statements, file_fetches
+from .program.scopes import uses
 from .program.vocab import CACHED_DOWNLOADS
 from .program.writes import (
     FRAMEWORK_METHOD_WRITES,
@@ -902,7 +904,10 @@ class _Entry:
             return False
         callers = self.run.callers(Ref(module, function))
         if not callers:
-            return True
+            # Nothing calls it by name. Handed over as a value (``trainer.set_callback(
+            # 'on_batch_end', batch_end_callback)``, ``callbacks=[save]``), whoever it was given
+            # to runs it, on every rank (minGPT's checkpoint callback); else it never runs.
+            return not _passed_as_value(module, function)
         return all(self._rank0(c.module, c.node, depth + 1) for c in callers  # type: ignore[arg-type]
                    if isinstance(c.node, cst.Call))
 
@@ -1417,6 +1422,20 @@ def _downloads(module: Module) -> list[tuple[cst.Call, str, bool]]:
     for call in file_fetches(fm):
         found.append((call, fm.code(call.func), True))
     return found
+
+
+def _passed_as_value(module: Module, function: cst.FunctionDef) -> bool:
+    """Whether the function's name is read other than to call it (an argument, a list item, an
+    assignment): what receives it may call it."""
+    fm = module.fm
+    binding = file_index(fm).by_target.get(id(function))  # the ``def``'s own binding
+    if binding is None:
+        return False
+    for use in uses(fm, binding):
+        parent = fm.parent(use)
+        if not (isinstance(parent, cst.Call) and parent.func is use):
+            return True
+    return False
 
 
 def _under_main_guard(module: Module, call: cst.Call) -> bool:

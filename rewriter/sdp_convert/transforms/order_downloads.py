@@ -134,7 +134,8 @@ class OrderDownloads(Transform):
             what = f"{self.module.code_for_node(func.value.func)}(...).{func.attr.value}"
         unit = fetch_unit(self.fm, call)
         how = "writes what it downloads" if is_response(self.fm, call) else (
-            "unpacks" if what.endswith(("extractall", "extract")) or "unpack" in what else "downloads")
+            "unpacks" if what.endswith(("extractall", "extract")) or "unpack" in what
+            else "downloads")
         if unit.problem is not None or not unit.barrier or (
             self.enclosing_function(call) is None and not self.state.info.entry_point
         ):
