@@ -1073,3 +1073,62 @@ def test_a_write_in_a_callback_the_training_runs_goes_to_rank_0(tmp_path: Path):
         '                torch.save(model.state_dict(), "model.pt")'
     )
     assert guarded in entry, entry
+
+
+YOLO_CALLBACKS = """\
+from keras.callbacks import ModelCheckpoint, TensorBoard
+
+
+class CustomTensorBoard(TensorBoard):
+    def on_batch_end(self, batch, logs=None):
+        super().on_batch_end(batch, logs)
+
+
+class CustomModelCheckpoint(ModelCheckpoint):
+    def __init__(self, model_to_save, **kwargs):
+        super().__init__(**kwargs)
+        self.model_to_save = model_to_save
+"""
+YOLO_TRAIN = """\
+import numpy as np
+import tensorflow as tf
+from keras.callbacks import EarlyStopping
+
+from callbacks import CustomModelCheckpoint, CustomTensorBoard
+
+
+def create_callbacks(saved_weights_name, tensorboard_logs, model_to_save):
+    early_stop = EarlyStopping(monitor="loss", patience=7)
+    checkpoint = CustomModelCheckpoint(model_to_save=model_to_save, filepath=saved_weights_name)
+    tensorboard = CustomTensorBoard(log_dir=tensorboard_logs)
+    return [early_stop, checkpoint, tensorboard]
+
+
+def main():
+    model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+    callbacks = create_callbacks("best.h5", "logs", model)
+    x = np.zeros((64, 8), "float32")
+    model.fit(x, x[:, :1], epochs=2, callbacks=callbacks)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_writing_callbacks_a_project_function_builds_for_fit_run_on_rank_0(tmp_path: Path):
+    """keras-yolo3: ``create_callbacks()`` returns ``CustomModelCheckpoint``/
+    ``CustomTensorBoard`` (subclasses of Keras' writing callbacks, in callbacks.py), handed to
+    ``fit``: they wrote on every rank with no note."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "callbacks.py").write_text(YOLO_CALLBACKS)
+    (tmp_path / "train.py").write_text(YOLO_TRAIN)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("callbacks.py", "train.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    train = (tmp_path / "train.py").read_text()
+    assert (
+        "    return [early_stop] + ([checkpoint, tensorboard] if sdp.rank() == 0 else [])\n"
+        in train
+    ), train

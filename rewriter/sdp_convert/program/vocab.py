@@ -1,5 +1,7 @@
 """Downloads and one-time preparation as data: the names ``order_downloads`` (through
-``program.fetches``) acts on and the whole-program contract checks for.
+``program.fetches``) acts on and the whole-program contract checks for; and the Keras callbacks
+that write files (``wrap_keras_fit`` keeps them on rank 0; ``modules`` finds a project's
+subclasses of them).
 
 No libcst here: ``contract`` reads programs with ``ast`` and imports this module only.
 """
@@ -60,3 +62,11 @@ URL_READERS = (
 URL_CACHING_READERS = ("numpy.loadtxt", "numpy.genfromtxt")
 #: How a URL starts.
 URL_SCHEMES = ("http://", "https://", "ftp://")
+
+
+#: Keras callbacks that write files or talk to the outside: rank 0 only (``wrap_keras_fit``); a
+#: project's subclass of one (``CustomModelCheckpoint(ModelCheckpoint)``) writes as well.
+WRITING_KERAS_CALLBACKS = frozenset(
+    {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
+     "RemoteMonitor"}
+)
