@@ -177,3 +177,16 @@ def test_no_libcst_scope_metadata_is_resolved(monkeypatch):
     source = (_FIXTURES / "torch" / "mnist_basic" / "input.py").read_bytes()
     assert convert(source).changed
     assert probe_module(source, Options(), lambda name: None).script
+
+
+def test_only_a_migration_note_excuses_a_name_the_inserted_code_reads_unbound():
+    from sdp_convert.changes import Change
+    from sdp_convert.engine import dropped_names
+
+    # A note that merely mentions ``tf.data`` must not hide a pinning reading ``tf`` before the
+    # file imports it (yolov3-tf2: NameError on every run, and no note said so).
+    other = Change(9, 1, "shard_tf_dataset", "give each worker its own part: tf.data ...", True)
+    assert "tf" not in dropped_names([other])
+    migration = Change(2, 1, "migrate_horovod", "from horovod.torch import join: left as is", True)
+    assert "join" in dropped_names([other, migration])
+    assert "join" not in dropped_names([Change(2, 1, "migrate_horovod", "join", False)])

@@ -875,3 +875,260 @@ def test_each_compile_is_scaled_by_the_data_of_its_own_fits():
     unscaled = [n for n in notes if "left as it is" in n]
     assert len(unscaled) == 1 and "SGD: 0.1 left as it is" in unscaled[0], notes
 
+
+
+BUILD_VOCAB = """\
+import pickle
+
+
+class Vocabulary:
+    def __init__(self):
+        self.words = {}
+
+
+def main(path):
+    vocab = Vocabulary()
+    with open(path, "wb") as f:
+        pickle.dump(vocab, f)
+
+
+if __name__ == "__main__":
+    main("vocab.pkl")
+"""
+TRAIN_WITH_VOCAB = """\
+import pickle
+
+import torch
+
+from build_vocab import Vocabulary
+
+
+def main():
+    with open("vocab.pkl", "rb") as f:
+        vocab = pickle.load(f)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)),
+                                         batch_size=8)
+    for (x,) in loader:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_preprocessing_script_the_training_only_imports_a_class_from_gets_no_runtime_call(
+    tmp_path: Path,
+):
+    """yunjey-captioning: train.py imports ``Vocabulary`` from build_vocab.py, whose write runs
+    only when build_vocab.py is run as a script (its ``__main__`` block calls ``main()``), where
+    nothing initialises the runtime: ``if sdp.rank() == 0:`` there made ``python build_vocab.py``
+    die with NotInitializedError. The write does not run in the training program: left alone."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "build_vocab.py").write_text(BUILD_VOCAB)
+    (tmp_path / "train.py").write_text(TRAIN_WITH_VOCAB)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("build_vocab.py", "train.py")]
+    outcomes = run_jobs(jobs, Config(Options()), workers=1)
+    assert (tmp_path / "build_vocab.py").read_text() == BUILD_VOCAB
+    assert "sdp.init()" in (tmp_path / "train.py").read_text()
+    assert not [c for o in outcomes if o.path == "build_vocab.py" for c in o.changes]
+
+
+SR_DATA = """\
+import tarfile
+from os import makedirs, remove
+from os.path import basename, exists, join
+
+import torch
+from six.moves import urllib
+
+
+def download_bsd300(dest="dataset"):
+    output_image_dir = join(dest, "BSDS300/images")
+
+    if not exists(output_image_dir):
+        makedirs(dest)
+        url = "http://www2.eecs.berkeley.edu/Research/Projects/CS/vision/bsds/BSDS300-images.tgz"
+        data = urllib.request.urlopen(url)
+
+        file_path = join(dest, basename(url))
+        with open(file_path, 'wb') as f:
+            f.write(data.read())
+
+        with tarfile.open(file_path) as tar:
+            for item in tar:
+                tar.extract(item, dest)
+
+        remove(file_path)
+
+    return output_image_dir
+
+
+def get_training_set():
+    root = download_bsd300()
+    return torch.utils.data.TensorDataset(torch.randn(32, 4))
+"""
+SR_MAIN = """\
+import torch
+
+from data import get_training_set
+
+train_set = get_training_set()
+loader = torch.utils.data.DataLoader(train_set, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for (x,) in loader:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+"""
+
+
+def test_a_download_extracted_then_deleted_runs_whole_on_rank_0_then_every_rank_waits(
+    tmp_path: Path,
+):
+    """pytorch-examples super_resolution: only the write of the .tgz went under rank 0, while
+    every rank opened the URL, unpacked the archive and deleted it, with no barrier. The whole
+    ``if not exists(...):`` (download, extraction, deletion) runs on rank 0, then a barrier."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "data.py").write_text(SR_DATA)
+    (tmp_path / "main.py").write_text(SR_MAIN)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("data.py", "main.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    data = (tmp_path / "data.py").read_text()
+    assert "    if sdp.rank() == 0:\n        if not exists(output_image_dir):\n" in data, data
+    assert "            remove(file_path)\n    sdp.barrier()\n" in data, data
+    assert data.count("sdp.rank() == 0") == 1, data
+
+
+MINI_TRAINER = """\
+from collections import defaultdict
+
+import torch
+
+
+class Trainer:
+    def __init__(self, model, dataset):
+        self.model = model
+        self.dataset = dataset
+        self.callbacks = defaultdict(list)
+        self.iter_num = 0
+
+    def set_callback(self, onevent, callback):
+        self.callbacks[onevent] = [callback]
+
+    def trigger_callbacks(self, onevent):
+        for callback in self.callbacks.get(onevent, []):
+            callback(self)
+
+    def run(self):
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(self.dataset, batch_size=8, shuffle=True)
+        for (x,) in loader:
+            opt.zero_grad()
+            self.model(x).pow(2).mean().backward()
+            opt.step()
+            self.iter_num += 1
+            self.trigger_callbacks("on_batch_end")
+"""
+MINI_ENTRY = """\
+import torch
+
+from trainer import Trainer
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1)
+    trainer = Trainer(model, torch.utils.data.TensorDataset(torch.randn(32, 4)))
+
+    def batch_end_callback(trainer):
+        if trainer.iter_num % 2 == 0:
+            print("saving model")
+            torch.save(model.state_dict(), "model.pt")
+
+    trainer.set_callback("on_batch_end", batch_end_callback)
+    trainer.run()
+"""
+
+
+def test_a_write_in_a_callback_the_training_runs_goes_to_rank_0(tmp_path: Path):
+    """minGPT's chargpt.py: ``torch.save`` in ``batch_end_callback``, which
+    ``trainer.set_callback('on_batch_end', ...)`` hands to the Trainer's loop, ran on every rank
+    with no note (a function nothing calls by name was taken for one that never runs)."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "trainer.py").write_text(MINI_TRAINER)
+    (tmp_path / "chargpt.py").write_text(MINI_ENTRY)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("trainer.py", "chargpt.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    entry = (tmp_path / "chargpt.py").read_text()
+    guarded = (
+        "            if sdp.rank() == 0:\n"
+        '                torch.save(model.state_dict(), "model.pt")'
+    )
+    assert guarded in entry, entry
+
+
+YOLO_CALLBACKS = """\
+from keras.callbacks import ModelCheckpoint, TensorBoard
+
+
+class CustomTensorBoard(TensorBoard):
+    def on_batch_end(self, batch, logs=None):
+        super().on_batch_end(batch, logs)
+
+
+class CustomModelCheckpoint(ModelCheckpoint):
+    def __init__(self, model_to_save, **kwargs):
+        super().__init__(**kwargs)
+        self.model_to_save = model_to_save
+"""
+YOLO_TRAIN = """\
+import numpy as np
+import tensorflow as tf
+from keras.callbacks import EarlyStopping
+
+from callbacks import CustomModelCheckpoint, CustomTensorBoard
+
+
+def create_callbacks(saved_weights_name, tensorboard_logs, model_to_save):
+    early_stop = EarlyStopping(monitor="loss", patience=7)
+    checkpoint = CustomModelCheckpoint(model_to_save=model_to_save, filepath=saved_weights_name)
+    tensorboard = CustomTensorBoard(log_dir=tensorboard_logs)
+    return [early_stop, checkpoint, tensorboard]
+
+
+def main():
+    model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+    callbacks = create_callbacks("best.h5", "logs", model)
+    x = np.zeros((64, 8), "float32")
+    model.fit(x, x[:, :1], epochs=2, callbacks=callbacks)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_writing_callbacks_a_project_function_builds_for_fit_run_on_rank_0(tmp_path: Path):
+    """keras-yolo3: ``create_callbacks()`` returns ``CustomModelCheckpoint``/
+    ``CustomTensorBoard`` (subclasses of Keras' writing callbacks, in callbacks.py), handed to
+    ``fit``: they wrote on every rank with no note."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "callbacks.py").write_text(YOLO_CALLBACKS)
+    (tmp_path / "train.py").write_text(YOLO_TRAIN)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("callbacks.py", "train.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    train = (tmp_path / "train.py").read_text()
+    assert (
+        "    return [early_stop] + ([checkpoint, tensorboard] if sdp.rank() == 0 else [])\n"
+        in train
+    ), train

@@ -40,17 +40,15 @@ from pathlib import Path
 import libcst as cst
 
 from .changes import Change
+from .program.fetches import fetch_statements, file_fetches
+from .program.index import file_index
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, rank0_only
 from .program.readback import private_write, read_path, written_path
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
-from .program.vocab import (
-    CACHED_DOWNLOADS,
-    EXTRACT_METHODS,
-    EXTRACTIONS,
-    FILE_DOWNLOADS,
-)
+from .program.scopes import uses
+from .program.vocab import CACHED_DOWNLOADS
 from .program.writes import (
     FRAMEWORK_METHOD_WRITES,
     FRAMEWORK_WRITES,
@@ -810,10 +808,15 @@ class _Entry:
         for module in self.reach:
             framework = module.fm.info.framework or ("torch" if "torch" in module.fm.info.imports
                                                       else "tensorflow")
-            own_main = module is not self.entry  # its ``__main__`` block does not run here
+            # A write that is part of a download (``f.write(urlopen(url).read())``) goes with
+            # the download below, whole: never on its own.
+            fetched = [s for call in file_fetches(module.fm)
+                       for s in fetch_statements(module.fm, call)]
             for call, what in _writes(module, framework):
+                if any(p in fetched for p in module.fm.ancestors(call)):
+                    continue
                 if self._rank0(module, call) or _per_process(module, call, framework) or (
-                    own_main and _under_main_guard(module, call)
+                    self._script_only(module, call)
                 ):
                     continue
                 function = module.fm.enclosing_function(call)
@@ -833,16 +836,18 @@ class _Entry:
             for call, what, rewriting in _downloads(module):
                 if self._rank0(module, call) or _inside_rank0_first(module, call) or _per_rank(
                     module, call
-                ) or local_rank0_only(module.fm, call) or (
-                    own_main and _under_main_guard(module, call)
-                ):
+                ) or local_rank0_only(module.fm, call) or self._script_only(module, call):
                     continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes the same files on every rank at once: run it on rank 0 "
                     f"only (`if {self.sdp}.rank() == 0:`), then `{self.sdp}.barrier()`"
                     if rewriting else
                     f"{what}(...) downloads on every rank at once: run it in "
-                    f"`with {self.sdp}.rank0_first():`"))
+                    f"`with {self.sdp}.rank0_first():`"),
+                    # In a module that trains nothing (a data module), ``order_downloads`` puts
+                    # it there; a module that trains has had it decided by its own conversion.
+                    self.repair("fetch", Ref(module, call))
+                    if rewriting and not module.fm.info.training else None)
 
     def guard_repairs(self, module: Module, call: cst.Call) -> tuple[Repair | None, list[Repair]]:
         """How to make a write run on rank 0 only: where it is, in a module that trains nothing
@@ -871,6 +876,23 @@ class _Entry:
             return None, []
         return self.repair("guard_write", Ref(module, call)), []
 
+    def _script_only(self, module: Module, call: cst.Call, depth: int = 0) -> bool:
+        """Whether ``call`` runs only when a module other than the entry is run as a script: in
+        its ``if __name__ == "__main__":`` block, or in a function only such blocks call
+        (build_vocab.py's ``main()``, while the training imports just its ``Vocabulary``). It
+        does not run in this program, where the runtime is initialised; run on its own, nothing
+        initialises it, so it must get no runtime call."""
+        if module is not self.entry and _under_main_guard(module, call):
+            return True
+        function = module.fm.enclosing_function(call)
+        if function is None or depth > 3:
+            return False
+        callers = self.run.callers(Ref(module, function))
+        return bool(callers) and all(
+            isinstance(c.node, cst.Call) and self._script_only(c.module, c.node, depth + 1)
+            for c in callers
+        )
+
     def _rank0(self, module: Module, call: cst.Call, depth: int = 0) -> bool:
         """Whether ``call`` runs on rank 0 only, or never from this program: in a function
         that nothing of the program calls (a callback hook: not held against it), or whose every
@@ -882,7 +904,10 @@ class _Entry:
             return False
         callers = self.run.callers(Ref(module, function))
         if not callers:
-            return True
+            # Nothing calls it by name. Handed over as a value (``trainer.set_callback(
+            # 'on_batch_end', batch_end_callback)``, ``callbacks=[save]``), whoever it was given
+            # to runs it, on every rank (minGPT's checkpoint callback); else it never runs.
+            return not _passed_as_value(module, function)
         return all(self._rank0(c.module, c.node, depth + 1) for c in callers  # type: ignore[arg-type]
                    if isinstance(c.node, cst.Call))
 
@@ -1379,28 +1404,43 @@ def _downloads(module: Module) -> list[tuple[cst.Call, str, bool]]:
     fm = module.fm
     found: list[tuple[cst.Call, str, bool]] = []
     for q, calls in fm.info.calls.items():
-        rewriting = q in FILE_DOWNLOADS or q in EXTRACTIONS
         cached = q in CACHED_DOWNLOADS or (
             q.startswith(("keras.datasets.", "tensorflow.keras.datasets."))
             and q.endswith(".load_data")) or q.endswith("keras.utils.get_file")
         torchvision = q.startswith("torchvision.datasets.")
-        if not (rewriting or cached or torchvision):
+        if not (cached or torchvision):
             continue
         for call in calls:
             if torchvision:
                 flag = _keyword(call, "download")
                 if flag is None or (isinstance(flag, cst.Name) and flag.value == "False"):
                     continue
-            found.append((call, fm.code(call.func), rewriting))
-    for method in EXTRACT_METHODS:
-        for call in fm.method_calls(method):
-            found.append((call, fm.code(call.func).rsplit(".", 1)[0] + f".{method}", True))
+            found.append((call, fm.code(call.func), False))
+    # Downloads and extractions that rewrite their files each time (``program.fetches``, as
+    # ``order_downloads`` sees them: ``urlretrieve``, an archive's ``extractall``/``extract``, a
+    # network read written to a file).
+    for call in file_fetches(fm):
+        found.append((call, fm.code(call.func), True))
     return found
 
 
+def _passed_as_value(module: Module, function: cst.FunctionDef) -> bool:
+    """Whether the function's name is read other than to call it (an argument, a list item, an
+    assignment): what receives it may call it."""
+    fm = module.fm
+    binding = file_index(fm).by_target.get(id(function))  # the ``def``'s own binding
+    if binding is None:
+        return False
+    for use in uses(fm, binding):
+        parent = fm.parent(use)
+        if not (isinstance(parent, cst.Call) and parent.func is use):
+            return True
+    return False
+
+
 def _under_main_guard(module: Module, call: cst.Call) -> bool:
-    """In the ``if __name__ == "__main__":`` block of its module (or a function only that block
-    calls): it runs when the module is a script, not when another imports it."""
+    """In the ``if __name__ == "__main__":`` block of its module: it runs when the module is a
+    script, not when another imports it (a function only that block calls: ``_script_only``)."""
     return any(_is_main_guard(parent) for parent in module.fm.ancestors(call))
 
 

@@ -81,15 +81,26 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
             return Result(data, data, result.info, [_unstable(data, again.changes)])
-        # A name a migration drops on purpose (``join`` from ``from horovod.torch import
-        # join``) is named in its manual note: the person fixes its uses.
-        noted = {w for c in result.changes if c.manual for w in re.findall(r"\w+", c.message)}
-        broken = inserted.problems(data, result.output, noted)
+        broken = inserted.problems(data, result.output, dropped_names(result.changes))
         if broken:
             # Inserted code that would break the program (a NameError, a deadlock): the file
             # stays as it was, and the report says where and why.
             return Result(data, data, result.info, [_breaks(line, why) for line, why in broken])
     return result
+
+
+def dropped_names(changes: Sequence[Change]) -> set[str]:
+    """Names a migration drops on purpose (``join`` from ``from horovod.torch import join``),
+    named in its manual note: the person fixes their uses, so the check of the inserted code
+    does not hold them against the conversion. Only a migration's notes count: any other note
+    naming ``tf`` (``tf.data``, ``tf.summary``) must not excuse a pinning that reads ``tf``
+    before the file imports it (yolov3-tf2: NameError on every run, unreported)."""
+    return {
+        w
+        for c in changes
+        if c.manual and c.transform.startswith("migrate_")
+        for w in re.findall(r"\w+", c.message)
+    }
 
 
 def _breaks(line: int, why: str) -> Change:

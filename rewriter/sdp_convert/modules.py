@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .program.vocab import WRITING_KERAS_CALLBACKS
 from .siblings import is_package_folder
 
 # -- import resolution -------------------------------------------------------------------------
@@ -110,7 +111,11 @@ class Project:
         tree = self.tree(path)
         cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name),
                    None) if tree is not None else None
-        if cls is None or not any(_name_of(b).endswith("Callback") for b in cls.bases):
+        if cls is None:
+            return False
+        if any(_name_of(b) in WRITING_KERAS_CALLBACKS for b in cls.bases):
+            return True  # ``CustomModelCheckpoint(ModelCheckpoint)``: writes as its base does
+        if not any(_name_of(b).endswith("Callback") for b in cls.bases):
             return False
         return any(_writes(node) for node in ast.walk(cls))
 

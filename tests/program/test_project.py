@@ -259,6 +259,31 @@ def test_keras_callback_classes_that_write_files(tmp_path: Path):
     assert found == {"Logger", "Saver"}
 
 
+def test_subclasses_of_keras_writing_callbacks_write_files(tmp_path: Path):
+    # keras-yolo3: CustomModelCheckpoint(ModelCheckpoint) and CustomTensorBoard(TensorBoard),
+    # built in train.py's create_callbacks() and handed to fit, wrote on every rank.
+    files = tree(tmp_path, {"callbacks.py": """
+        from keras.callbacks import ModelCheckpoint, TensorBoard
+        import tensorflow as tf
+
+        class CustomTensorBoard(TensorBoard):
+            def on_batch_end(self, batch, logs=None):
+                super().on_batch_end(batch, logs)
+
+        class CustomModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
+            def on_epoch_end(self, epoch, logs=None):
+                super().on_epoch_end(epoch, logs)
+
+        class Stopper(tf.keras.callbacks.EarlyStopping):
+            pass
+    """})
+    project = Project(files)
+    path = tmp_path / "callbacks.py"
+    found = {n for n in ("CustomTensorBoard", "CustomModelCheckpoint", "Stopper")
+             if project.writing_callback(path, n)}
+    assert found == {"CustomTensorBoard", "CustomModelCheckpoint"}
+
+
 def test_a_learning_rate_from_a_config_module_is_scaled_once_where_the_optimizer_is_built(
     tmp_path: Path,
 ):

@@ -508,3 +508,20 @@ def test_files_that_are_not_tensorflow_training_scripts_are_left_alone():
 def test_a_script_made_data_parallel_by_hand_is_left_alone():
     # fixtures/tensorflow/already_converted, looked at as if it were this converter's output.
     check_noop(ALREADY_CONVERTED.read_text(), only=ONLY)
+
+
+def test_tensorflow_bound_only_below_the_pinning_is_imported_with_it():
+    # yolov3-tf2: ``from tensorflow.python.client import device_lib`` then a print end the import
+    # block; ``import tensorflow as tf`` comes later. The pinning runs before the script's first
+    # TF op (``device_lib.list_local_devices()`` initialises the GPUs), so it imports TF itself.
+    top = 'import os\nos.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"\n'
+    top += "from tensorflow.python.client import device_lib\n"
+    rest = "print(device_lib.list_local_devices())\nimport numpy as np\nimport tensorflow as tf\n\n"
+    result = check_transformed(
+        top + rest + FIT,
+        top + "\nimport sdp_runtime.tensorflow as sdp\n\nsdp.init()\nimport tensorflow as tf\n"
+        + PIN + rest + FIT,
+        only=ONLY,
+    )
+    assert pinned(result) == [(3, "pin this worker to GPU gpus[sdp.local_rank()], with memory growth")]
+    check_noop(result.output.decode(), only=ONLY)

@@ -31,7 +31,7 @@ import libcst.matchers as m
 
 from .deletions import deletion_unit
 from .guards import why_not_guardable
-from .scopes import assigned_values, binding_of, referents, uses
+from .scopes import assigned_values, binding_of, node_order, referents, uses
 from .syntax import arg_named, findall, target_names
 from .vocab import (
     ARCHIVES,
@@ -65,7 +65,8 @@ def file_fetches(fm: FileModel) -> list[cst.Call]:
     for method in EXTRACT_METHODS:
         found += [c for c in fm.method_calls(method) if _on_archive(fm, c)]
     found += [c for c in fm.calls_to(*RESPONSES) if _written_statements(fm, c)]
-    return found
+    order = node_order(fm)
+    return sorted(found, key=lambda c: order.get(id(c), -1))  # as they run: the download first
 
 
 def _to_own_temp_file(fm: FileModel, call: cst.Call) -> bool:
@@ -89,18 +90,39 @@ def fetch_unit(fm: FileModel, call: cst.Call) -> FetchUnit:
                                          "write it")
     else:
         statements = [_opened_for(fm, stmt)]
+    # ``if not os.path.exists(p): <download>; <extract>; <delete>``: the whole ``if`` (which
+    # binds no name read outside it) is the unit, so a name one step assigns for the next
+    # (``file_path``) stays inside what rank 0 runs.
+    unit, barrier = deletion_unit(fm, statements[0])
     for s in statements:
         problem = why_not_guardable(fm, call if s is stmt else s, s)
         if problem is not None and not (
-            problem.startswith("it assigns a name used later") and _confined(fm, s, statements)
+            problem.startswith("it assigns a name used later") and (
+                _confined(fm, s, statements)
+                or (unit is not statements[0] and _confined(fm, s, [unit]))
+            )
         ):
             return FetchUnit([], problem=problem)
-    unit, barrier = deletion_unit(fm, statements[0])
     if unit is not statements[0]:
         # ``if not os.path.exists(p): urlretrieve(url, p)``, whole: another rank would test it
         # while rank 0 writes, skip the barrier, and leave the others waiting there.
         statements = [unit]
     return FetchUnit(statements, barrier)
+
+
+def fetch_statements(fm: FileModel, call: cst.Call) -> list[cst.BaseStatement]:
+    """The statements a file fetch (of ``file_fetches``) writes its files with: its unit, or,
+    where the unit cannot go to rank 0 (``problem``), the statements that write what a network
+    read returned (``with open(p, "wb") as f: f.write(r.read())``). A write among them is part
+    of the fetch: guarding it alone would leave the read, the extraction and the deletion around
+    it on every rank (half a guard)."""
+    unit = fetch_unit(fm, call)
+    if unit.statements:
+        return unit.statements
+    if is_response(fm, call):
+        return _written_statements(fm, call) or []
+    stmt = fm.enclosing_statement(call)
+    return [stmt] if stmt is not None else []
 
 
 def _opened_for(fm: FileModel, stmt: cst.BaseStatement) -> cst.BaseStatement:

@@ -1,5 +1,7 @@
 """Downloads and one-time preparation as data: the names ``order_downloads`` (through
-``program.fetches``) acts on and the whole-program contract checks for.
+``program.fetches``) acts on and the whole-program contract checks for; and the Keras callbacks
+that write files (``wrap_keras_fit`` keeps them on rank 0; ``modules`` finds a project's
+subclasses of them).
 
 No libcst here: ``contract`` reads programs with ``ast`` and imports this module only.
 """
@@ -24,12 +26,18 @@ CACHED_DOWNLOAD_PREFIXES = (
 )
 
 #: Calls that download into the path they are given every time they run, whatever is there.
-FILE_DOWNLOADS = ("urllib.request.urlretrieve", "gdown.download", "wget.download")
+FILE_DOWNLOADS = (
+    "urllib.request.urlretrieve",
+    "six.moves.urllib.request.urlretrieve",
+    "gdown.download",
+    "wget.download",
+)
 
 #: Calls that unpack an archive into a directory every time they run.
 EXTRACTIONS = ("shutil.unpack_archive",)
-#: Methods of an opened archive that unpack it (``zipfile.ZipFile``, ``tarfile.open``).
-EXTRACT_METHODS = ("extractall",)
+#: Methods of an opened archive that unpack it (``zipfile.ZipFile``, ``tarfile.open``): all of it,
+#: or one member (``for item in tar: tar.extract(item, dest)``).
+EXTRACT_METHODS = ("extractall", "extract")
 #: What opens an archive (the receiver of an ``EXTRACT_METHODS`` call).
 ARCHIVES = ("zipfile.ZipFile", "tarfile.open", "tarfile.TarFile")
 
@@ -38,6 +46,7 @@ RESPONSES = (
     "requests.get",
     "requests.request",
     "urllib.request.urlopen",
+    "six.moves.urllib.request.urlopen",
 )
 
 #: Readers that take a URL as well as a path and read it into memory: each rank downloads it.
@@ -53,3 +62,11 @@ URL_READERS = (
 URL_CACHING_READERS = ("numpy.loadtxt", "numpy.genfromtxt")
 #: How a URL starts.
 URL_SCHEMES = ("http://", "https://", "ftp://")
+
+
+#: Keras callbacks that write files or talk to the outside: rank 0 only (``wrap_keras_fit``); a
+#: project's subclass of one (``CustomModelCheckpoint(ModelCheckpoint)``) writes as well.
+WRITING_KERAS_CALLBACKS = frozenset(
+    {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
+     "RemoteMonitor"}
+)

@@ -58,6 +58,7 @@ from ..program.fetches import (
     url_reads,
 )
 from ..program.keras import keras_name
+from ..program.project import repairs_of
 from ..program.ranks import only_called_on_rank0, rank0_only
 from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
@@ -67,9 +68,20 @@ from ..program.vocab import CACHED_DOWNLOAD_PREFIXES, CACHED_DOWNLOADS
 class OrderDownloads(Transform):
     DESCRIPTION = "Run dataset downloads on each machine's local rank 0 first (sdp.rank0_first())."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    #: Project mode: a module that trains nothing (a data module) downloading into files that
+    #: every rank would write at once (the whole-program contract's repair).
+    PROJECT_ROLES = frozenset({"repair:fetch"})
 
     def prepare(self, module: cst.Module) -> None:
         done: set[cst.CSTNode] = set()
+        asked = [node for _, node in repairs_of(self.fm, "fetch")]
+        units: list[list[cst.BaseStatement]] = []
+        if not self.state.info.training:
+            for call in file_fetches(self.fm):
+                if any(call is node for node in asked) and not self._rank0(call):
+                    self._rank0_then_barrier(call, done, units)
+            self._barriers(units)
+            return
         found = [call for qname, calls in self.state.info.calls.items()
                  if _downloads(qname) for call in calls if _fetches(qname, call)]
         for call in sorted([*found, *self._aliased_load_data()], key=self._order):
@@ -83,16 +95,10 @@ class OrderDownloads(Transform):
                 continue
             done.add(target)
             self._plan(call, stmt, target, around)
-        units: list[list[cst.BaseStatement]] = []
         for call in file_fetches(self.fm):
-            if not (rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call)
-                    or self._inside_rank0_first(call)):
+            if not self._rank0(call):
                 self._rank0_then_barrier(call, done, units)
-        # One barrier after consecutive units (they share one ``if``).
-        firsts = {id(unit[0]) for unit in units}
-        for unit in units:
-            if id(next_statement(self.fm, unit[-1])) not in firsts:
-                self.insert_after(unit[-1], cst.parse_statement(f"{self.sdp}.barrier()\n"))
+        self._barriers(units)
         for call in url_reads(self.fm):
             self.record(call, f"{self.module.code_for_node(call.func)}(...) reads over the "
                               "network on every rank (each downloads it; right, but N downloads):"
@@ -105,6 +111,18 @@ class OrderDownloads(Transform):
                               f"urlretrieve(URL, path)), then {self.sdp}.barrier(), and give "
                               f"{what} the path", manual=True)
 
+    def _rank0(self, call: cst.Call) -> bool:
+        """Already on rank 0 alone, or in a ``rank0_first()``."""
+        return rank0_only(self.fm, call) or only_called_on_rank0(self.fm, call) or (
+            self._inside_rank0_first(call))
+
+    def _barriers(self, units: list[list[cst.BaseStatement]]) -> None:
+        """One barrier after consecutive units (they share one ``if``)."""
+        firsts = {id(unit[0]) for unit in units}
+        for unit in units:
+            if id(next_statement(self.fm, unit[-1])) not in firsts:
+                self.insert_after(unit[-1], cst.parse_statement(f"{self.sdp}.barrier()\n"))
+
     def _rank0_then_barrier(
         self, call: cst.Call, done: set[cst.CSTNode], units: list[list[cst.BaseStatement]]
     ) -> None:
@@ -116,7 +134,8 @@ class OrderDownloads(Transform):
             what = f"{self.module.code_for_node(func.value.func)}(...).{func.attr.value}"
         unit = fetch_unit(self.fm, call)
         how = "writes what it downloads" if is_response(self.fm, call) else (
-            "unpacks" if what.endswith("extractall") or "unpack" in what else "downloads")
+            "unpacks" if what.endswith(("extractall", "extract")) or "unpack" in what
+            else "downloads")
         if unit.problem is not None or not unit.barrier or (
             self.enclosing_function(call) is None and not self.state.info.entry_point
         ):

@@ -118,7 +118,15 @@ class PinTfGpus(Transform):
             if tf is None:
                 tf = "tf"
                 statements.append("import tensorflow as tf\n")
-        tf = tf or self._tensorflow_name()
+        if later is None:
+            tf = tf or self._tensorflow_name()
+            if not statements and not self._bound_by(tf, anchor):
+                # ``from tensorflow.python.client import device_lib`` at the top, ``import
+                # tensorflow as tf`` only further down: the pinning runs before that import
+                # (and before the script's first TF op), so it imports TF itself.
+                statements.append(
+                    "import tensorflow\n" if tf == "tensorflow" else f"import tensorflow as {tf}\n"
+                )
         gpus, gpu = self._free_name("gpus", anchor), self._free_name("gpu", anchor)
         config = module.config_for_parsing
         indent = module.default_indent
@@ -275,6 +283,18 @@ class PinTfGpus(Transform):
             statement = owner
         name = _tensorflow_alias(chosen)
         return statement, name or "tf", name is None
+
+    def _bound_by(self, name: str, anchor: cst.CSTNode) -> bool:
+        """Whether a module-level import binds ``name`` at or before ``anchor`` (a module-level
+        statement); an anchor in a function runs after the module's imports."""
+        index = file_index(self.fm)
+        if index.scope(anchor) is not None:
+            return True
+        return any(
+            bound == name
+            and (self.enclosing_statement(node) is anchor or index.is_before(node, anchor))
+            for bound, _, node in imported_names(self.fm)
+        ) or not any(bound == name for bound, _, _ in imported_names(self.fm))
 
     def _runs_later_in_same_block(self, first: cst.CSTNode, then: cst.CSTNode) -> bool:
         """Whether ``first`` comes after ``then`` in the same block."""

@@ -80,12 +80,10 @@ from ..program.syntax import (
 )
 from ..program.tfshards import data_sharded_for, fit_inputs_to_split
 from ..program.training import training_facts
+from ..program.vocab import WRITING_KERAS_CALLBACKS
 
 #: Callbacks that write files or talk to the outside: rank 0 only.
-_RANK0_CALLBACKS = frozenset(
-    {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
-     "RemoteMonitor"}
-)
+_RANK0_CALLBACKS = WRITING_KERAS_CALLBACKS
 _RANK0_QNAMES = tuple(f"{module}.callbacks.{name}" for name in sorted(_RANK0_CALLBACKS)
                       for module in ("tensorflow.keras", "keras", "tf_keras"))
 
