@@ -84,7 +84,8 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
         # A name a migration drops on purpose (``join`` from ``from horovod.torch import
         # join``) is named in its manual note: the person fixes its uses.
         noted = {w for c in result.changes if c.manual for w in re.findall(r"\w+", c.message)}
-        broken = inserted.problems(data, result.output, noted)
+        broken = inserted.problems(data, result.output, noted,
+                                   getattr(options.project, "collective_helpers", ()))
         if broken:
             # Inserted code that would break the program (a NameError, a deadlock): the file
             # stays as it was, and the report says where and why.

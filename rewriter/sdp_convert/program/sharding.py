@@ -22,6 +22,7 @@ the converter does not follow) or ``"not sharded"`` (a loader or dataset it cann
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -433,7 +434,7 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
     for loop in loops:
         if isinstance(loop, cst.For) and not _counts(fm, loop):
             return DataSharding(False, "not found", loop)
-        if m.findall(loop.body, m.Call(func=m.Name("next"))):
+        if m.findall(loop.body, m.Call(func=m.Name("next"))) or _fetches_batches(fm, loop):
             return DataSharding(False, "not found", loop)
         if _draws(fm, loop.body, 0):  # synthetic data or random batches, drawn every step
             return DataSharding(False, "not found", loop)
@@ -448,6 +449,27 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
     if drawn is not None:
         return DataSharding(False, "full batch drawn", drawn)
     return DataSharding(False, "full batch", loops[0])
+
+
+#: Calls whose name says they hand out a new batch each time (``train_dataset.get_batch()``,
+#: ``loader.next_batch()``, ``buffer.sample(64)``): not the same tensors every step.
+_BATCH_CALL = re.compile(r"batch|^(get_)?next|^sample|^fetch")
+
+
+def _fetches_batches(fm: FileModel, loop: cst.For | cst.While) -> bool:
+    """Whether the loop's body gets its data from a call that hands out batches (an object of
+    another module keeping its own loaders' iterators), which the converter does not follow."""
+    for call in m.findall(loop.body, m.Call()):
+        assert isinstance(call, cst.Call)
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else (
+            func.value if isinstance(func, cst.Name) else "")
+        if _BATCH_CALL.search(name) and not any(
+            q.startswith(("torch.", "numpy.", "tensorflow.", "builtins."))
+            for q in fm.qualified_names(func)
+        ):
+            return True
+    return False
 
 
 def full_batch_note(fm: FileModel, data: DataSharding) -> str:
