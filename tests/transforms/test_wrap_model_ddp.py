@@ -1087,3 +1087,48 @@ def test_a_model_made_in_two_branches_and_used_in_one_names_the_branch_it_wraps(
             "        model = sdp.DistributedDataParallel(model)\n") in out
     [note] = messages(result, "wrap_model_ddp", manual=True)
     assert "wrapped only in the branch of `model = torch.nn.Linear(4, 1)`" in note
+
+
+def test_the_wrap_goes_after_the_models_last_move_past_helpers_that_only_read_it():
+    """sentiment-rnn notebook: ``count_parameters(model)`` (a helper of the file that only reads
+    the model) was taken for the start of training, and the wrap went before
+    ``model.apply(initialize_weights)``, the embedding copy and ``model = model.to(device)``."""
+    result = run(
+        """\
+        import torch
+        import torch.nn as nn
+
+
+        def count_parameters(model):
+            return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+        def initialize_weights(m):
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_normal_(m.weight)
+
+
+        def train(loader, model, optimizer, device):
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+                optimizer.step()
+
+
+        model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 1))
+        print(f"The model has {count_parameters(model):,} trainable parameters")
+        model.apply(initialize_weights)
+        model[0].weight.data = torch.randn(10, 4)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = model.to(device)
+        loader = torch.utils.data.DataLoader(data)
+        for epoch in range(3):
+            train(loader, model, optimizer, device)
+        """,
+        ONLY,
+    )
+    out = result.output.decode()
+    assert ("model = model.to(device)\nmodel = sdp.DistributedDataParallel(model)\n"
+            "loader = ") in out, out
+    assert out.count("DistributedDataParallel(") == 1
