@@ -1132,3 +1132,36 @@ def test_the_wrap_goes_after_the_models_last_move_past_helpers_that_only_read_it
     assert ("model = model.to(device)\nmodel = sdp.DistributedDataParallel(model)\n"
             "loader = ") in out, out
     assert out.count("DistributedDataParallel(") == 1
+
+
+def test_a_checkpoint_that_moves_the_wrapped_model_to_the_cpu_mid_training_is_noted():
+    """fast-neural-style: each checkpoint did ``transformer.eval().cpu()`` ... ``transformer.to(
+    device).train()`` on the wrapped model, unnoted. A manual note at that line; none for the
+    move after training has ended."""
+    source = """\
+        import torch
+
+        device = torch.device("cuda")
+        transformer = torch.nn.Linear(4, 1).to(device)
+        optimizer = torch.optim.Adam(transformer.parameters(), 0.1)
+        for e in range(2):
+            for batch_id, (x, y) in enumerate(torch.utils.data.DataLoader(data)):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(transformer(x.to(device)), y.to(device)).backward()
+                optimizer.step()
+                if batch_id % 100 == 0:
+                    transformer.eval().cpu()
+                    torch.save(transformer.state_dict(), "ckpt.pth")
+                    transformer.to(device).train()
+        transformer.eval().cpu()
+        torch.save(transformer.state_dict(), "final.pth")
+        """
+    result = run(source, ONLY)
+    assert "transformer = sdp.DistributedDataParallel(transformer)" in result.output.decode()
+    notes = changes(result, manual=True)
+    assert [line for line, _ in notes] == [12], notes
+    assert notes[0][1].startswith(
+        "transformer.eval().cpu() moves the parameters of transformer, a "
+        "sdp.DistributedDataParallel from here on, off its device")
+    assert ("torch.save({k: v.cpu() for k, v in transformer.state_dict().items()}, path)"
+            in notes[0][1])
