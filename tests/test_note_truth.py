@@ -398,6 +398,27 @@ CASES = [
         + "for x, y in loader:\n" + TORCH_STEP,
     ),
     (
+        "batches_an_object_hands_out_are_no_full_batch",
+        "full-batch training (the same tensors every step)",
+        DRAWN_FULL_BATCH.format(seed=""),
+        TORCH_HEAD + "from dataset import Batches\n\ntrain_dataset = Batches()\n"
+        "while True:\n    x, y = train_dataset.get_batch()\n" + TORCH_STEP,
+    ),
+    (
+        "an_optimizer_over_a_list_filled_from_the_wrapped_models_parameters",
+        "could not tell which model this optimizer trains",
+        "import torch\nfrom helpers import trainable\n\nmodel = torch.nn.Linear(4, 1)\n"
+        "model = torch.nn.DataParallel(model).to('cuda')\n"
+        "opt = torch.optim.SGD(trainable(), lr=0.1)\n"
+        "for x, y in torch.utils.data.DataLoader(data):\n" + TORCH_STEP,
+        "import torch\n\nmodel = torch.nn.Linear(4, 1)\n"
+        "model = torch.nn.DataParallel(model).to('cuda')\nparams = []\n"
+        "for p in filter(lambda p: p.requires_grad, model.parameters()):\n"
+        "    params.append(p)\n"
+        "opt = torch.optim.SGD(params, lr=0.1)\n"
+        "for x, y in torch.utils.data.DataLoader(data):\n" + TORCH_STEP,
+    ),
+    (
         "no_optimizer_steps",
         "gradients are computed but no optimizer steps",
         "import torch\n\nmodel = torch.nn.Linear(4, 1)\n"
@@ -704,6 +725,93 @@ def test_a_helper_of_another_module_that_runs_the_model_is_not_moved_onto_rank_0
     assert "+    if sdp.rank() == 0:\n+        torch.save(torch.cat(preds), path)" in done.stdout
     assert "utils.py:10:5: [guard_rank0_writes] torch.save(...) runs on rank 0 only" in (
         done.stderr)
+
+
+EVAL_HELPER = """\
+import torch
+
+
+def validation(model, loader):
+    total = 0.0
+    for x, y in loader:
+        total += float(torch.nn.functional.mse_loss(model(x), y))
+    return total
+"""
+TRAIN_VALIDATES = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from evaluate import validation
+
+
+def main():
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    valid = DataLoader(data, batch_size=8)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        with open("log.txt", "a") as log:
+            model.eval()
+            with torch.no_grad():
+                loss = validation(model, valid)
+            model.train()
+            log.write(f"{epoch} {loss}\\n")
+            torch.save(model.state_dict(), "best.pt")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _project(tmp_path: Path, files: dict[str, str]) -> dict[str, object]:
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    outcomes = run_jobs([Job(tmp_path / n, n, None) for n in files],
+                        Config(Options(line_length=10_000), mode="check"), workers=1)
+    return {o.path: o for o in outcomes}
+
+
+def test_a_log_block_that_validates_through_another_modules_helper_guards_only_its_writes(
+    tmp_path: Path,
+):
+    """deep-text-recognition: ``with open(log, "a") as log:`` around ``validation(model, ...)``
+    of test.py went under ``if sdp.rank() == 0:`` whole: rank 0 ran the DDP forward alone. The
+    opening is conditional, the writes are guarded, the validation runs on every rank."""
+    outcomes = _project(tmp_path, {"evaluate.py": EVAL_HELPER, "train.py": TRAIN_VALIDATES})
+    out = outcomes["train.py"].output.decode()
+    assert ('with open("log.txt", "a") if sdp.rank() == 0 else contextlib.nullcontext() as log:'
+            in out), out
+    assert ("            with torch.no_grad():\n"
+            "                loss = validation(model, valid)\n") in out
+    assert ('            if sdp.rank() == 0:\n                log.write(f"{epoch} {loss}\\n")\n'
+            '                torch.save(model.state_dict(), "best.pt")\n') in out, out
+    assert not any(c.transform == "sdp_convert" for c in outcomes["train.py"].changes)
+
+
+def test_inserted_code_that_moves_another_modules_validation_under_a_rank_test_is_refused(
+    tmp_path: Path, monkeypatch,
+):
+    """The converter that followed no helper of another module guarded the whole block; the
+    inserted-code check, told which functions of the other modules reach a collective, refuses
+    such a conversion and says why."""
+    import sdp_convert.program.ranks as ranks
+
+    monkeypatch.setattr(ranks, "_helper_of_another_module", lambda *args: None)
+    outcomes = _project(tmp_path, {"evaluate.py": EVAL_HELPER, "train.py": TRAIN_VALIDATES})
+    result = outcomes["train.py"]
+    notes = [c.message for c in result.changes]
+    assert result.output is None or result.output.decode() == TRAIN_VALIDATES, notes
+    assert any("not converted: the conversion runs validation(...) only where `sdp.rank() == 0` "
+               "holds" in n and "model(...)" in n and "deadlock" in n for n in notes), notes
 
 
 SUBCLASSED_STEP = """\

@@ -47,8 +47,11 @@ from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, rank0_only
 from .program.readback import private_write, read_path, written_path
 from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
-from .program.scopes import uses
-from .program.vocab import CACHED_DOWNLOADS
+from .program.scopes import referents, uses
+from .program.sharding import loader_problem
+from .program.vocab import (
+    CACHED_DOWNLOADS,
+)
 from .program.writes import (
     FRAMEWORK_METHOD_WRITES,
     FRAMEWORK_WRITES,
@@ -654,7 +657,7 @@ class _Entry:
         iterable = _iterable(loop)
         loader: Ref | None = None
         split = True
-        for trace in self.run.trace(iterable):
+        for trace in self._iterable_traces(iterable):
             if _split_by_rank(trace) or self._splits_inside(trace):
                 continue
             made = trace.made
@@ -678,6 +681,25 @@ class _Entry:
                     "cannot tell whether it gives each rank its own part of the data; "
                     f"{AUDIT}"))
         return loader, split
+
+    def _iterable_traces(self, iterable: Ref) -> list[Trace]:
+        """Where what a loop reads is made: ``Run.trace`` follows the binding that reaches the
+        loop; a name bound in ``if``/``elif`` branches (``loader = DataLoader(...)`` in each)
+        may hold any of them, and each is checked."""
+        traces = self.run.trace(iterable)
+        node = iterable.node
+        if not isinstance(node, cst.Name):
+            return traces
+        reaching = file_index(iterable.fm).reaching(node.value, node)
+        for binding in referents(iterable.fm, node):
+            if binding is reaching or binding.kind != "assign" or binding.unpacked or (
+                binding.value is None
+            ):
+                continue
+            traces += [t for t in self.run.trace(Ref(iterable.module, binding.value))
+                       if t.made is None or all(t.made.key != k.made.key
+                                                for k in traces if k.made is not None)]
+        return traces
 
     def _data_elsewhere(self, data: Ref) -> bool:
         return any(t.made is not None and t.made.module is not data.module
@@ -738,7 +760,10 @@ class _Entry:
                     f"its sampler ({_short(trace.made.code)}) does not split the data between "
                     "ranks: every rank reads all of it; use a DistributedSampler"),
                     self.repair("shard_loader", loader, self.where(loop)))
-                split = self.findings[-1].repair is not None
+                # Split only by a repair shard_dataloader can make (a plain
+                # ``RandomSampler(ds)`` it replaces); another sampler keeps its manual note.
+                split = self.findings[-1].repair is not None and (
+                    loader_problem(loader.fm, node) is None)
             return split
         if split_by_rank(loader.fm, node):
             return True  # ``SplitDataset(ds).select(smp.dp_rank())``: this rank's part already
@@ -755,7 +780,7 @@ class _Entry:
             "DistributedSampler: every rank reads all of the data; give it "
             f"`sampler=DistributedSampler(dataset, num_replicas={self.sdp}.size(), "
             f"rank={self.sdp}.rank())`"), repair)
-        return repair is not None
+        return repair is not None and loader_problem(loader.fm, node) is None
 
     def _tf_data(self, data: Ref, at: Ref) -> bool:
         """Check the data a fit (or a tape's loop) trains on; whether it is split (or will be,

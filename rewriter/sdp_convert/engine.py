@@ -81,7 +81,8 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
             return Result(data, data, result.info, [_unstable(data, again.changes)])
-        broken = inserted.problems(data, result.output, dropped_names(result.changes))
+        broken = inserted.problems(data, result.output, dropped_names(result.changes),
+                                   getattr(options.project, "collective_helpers", ()))
         if broken:
             # Inserted code that would break the program (a NameError, a deadlock): the file
             # stays as it was, and the report says where and why.

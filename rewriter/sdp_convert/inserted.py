@@ -31,7 +31,7 @@ import ast
 import builtins
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .modules import (
     COLLECTIVE,
@@ -51,10 +51,14 @@ _FILE_TESTS = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glob
 
 
 def problems(
-    original: bytes, output: bytes, noted: set[str] | frozenset[str] = frozenset()
+    original: bytes, output: bytes, noted: set[str] | frozenset[str] = frozenset(),
+    helpers: Iterable[tuple[str, tuple[str, ...], bool]] = (),
 ) -> list[tuple[int, str]]:
     """``(line, what is wrong)`` of the output's inserted code; empty when all is well.
-    ``noted``: names the conversion's manual notes name (unbound on purpose, and said)."""
+    ``noted``: names the conversion's manual notes name (unbound on purpose, and said);
+    ``helpers``: functions of other modules of the run that reach a collective
+    (``ModuleFacts.collective_helpers``)."""
+    helpers = tuple(helpers)
     try:
         before, after = ast.parse(original), ast.parse(output)
     except (SyntaxError, ValueError):
@@ -80,8 +84,8 @@ def problems(
                         (f"in {scope}()", "UnboundLocalError"))
         found.append((line, f"the inserted code reads `{name}` {where} on a path that does "
                             f"not bind it ({error} when that path runs)"))
-    known_collectives = Counter(key for key, _ in _divergent_collectives(before))
-    for key, line in _divergent_collectives(after):
+    known_collectives = Counter(key for key, _ in _divergent_collectives(before, helpers))
+    for key, line in _divergent_collectives(after, helpers):
         if known_collectives[key]:
             known_collectives[key] -= 1
             continue
@@ -596,7 +600,9 @@ def _assigned(tree: ast.Module, target: str) -> list[ast.expr]:
 # -- collectives -----------------------------------------------------------------------------
 
 
-def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
+def _divergent_collectives(
+    tree: ast.Module, helpers: tuple[tuple[str, tuple[str, ...], bool], ...] = ()
+) -> list[tuple[tuple[str, str], int]]:
     """``((what, condition), line)`` of each call under a condition that can differ between
     ranks that every rank must make together: a collective, or (``CollectiveReach``) a wrapped
     model's forward or a function of the file that leads to one. ``what``: the call and, for
@@ -604,7 +610,7 @@ def _divergent_collectives(tree: ast.Module) -> list[tuple[tuple[str, str], int]
     """
     per_rank = _per_rank_names(tree)
     libraries = distributed_aliases(tree)
-    reach = CollectiveReach(tree)
+    reach = CollectiveReach(tree, helpers)
     found: list[tuple[tuple[str, str], int]] = []
 
     def visit(node: ast.AST, conditions: tuple[str, ...]) -> None:

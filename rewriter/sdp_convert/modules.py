@@ -135,6 +135,24 @@ class Project:
                                   *function.args.kwonlyargs]}
         return CollectiveReach(tree).body(function, handed) is None
 
+    def collective_function(self, path: Path, name: str) -> tuple[tuple[str, ...], bool] | None:
+        """Whether ``name``, a module-level function of ``path``, runs what every rank must run
+        together (``CollectiveReach``): the calls on the way when each parameter holds a wrapped
+        model (``validation(model, ...)`` running ``model(...)``), and whether it reaches one
+        with none handed to it (a barrier); None when it reaches none."""
+        tree = self.tree(path)
+        function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
+                         and s.name == name), None) if tree is not None else None
+        if function is None:
+            return None
+        handed = {a.arg for a in [*function.args.posonlyargs, *function.args.args,
+                                  *function.args.kwonlyargs]}
+        reach = CollectiveReach(tree)
+        found = reach.body(function, handed)
+        if found is None:
+            return None
+        return found, reach.body(function, reach.wrapped - handed) is not None
+
     def writing_class(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a class of ``path`` (no Keras callback) whose ``__init__`` opens
         a file to write or append (``self.fh = open(path, "a")``): its instances write as they
@@ -330,8 +348,13 @@ class CollectiveReach:
     project mode (``Project.writing_function``) of another module's helpers before moving a call
     of one onto rank 0. (``program.ranks.reaches_collective`` answers it for the transforms.)"""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module,
+                 helpers: Iterable[tuple[str, tuple[str, ...], bool]] = ()) -> None:
         self.libraries = distributed_aliases(tree)
+        #: Functions of other modules that reach one (``ModuleFacts.collective_helpers``), by
+        #: the code that calls them here (``validation`` after ``from test import validation``).
+        self.helpers = {spelled: (path, always) for name, path, always in helpers
+                        for spelled in _spellings(tree, name)}
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
         for node in module_nodes(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -352,6 +375,11 @@ class CollectiveReach:
             COLLECTIVE.match(call_name(call.func)) and root_name(call.func) in self.libraries
         ):
             return (f"{func}(...)",)
+        outside = self.helpers.get(func)
+        if outside is not None and (outside[1] or any(
+            ast.unparse(a) in models for a in [*call.args, *(k.value for k in call.keywords)]
+        )):
+            return (f"{func}(...)", *outside[0])
         if depth >= 4:
             return None
         for function in self._callees(call):
@@ -418,6 +446,28 @@ def _walk_here(node: ast.AST) -> list[ast.AST]:
         found.append(current)
         todo.extend(child for child in ast.iter_child_nodes(current) if not isinstance(
             child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda))
+    return found
+
+
+def _spellings(tree: ast.Module, qualified: str) -> set[str]:
+    """How the module ``tree`` calls what ``qualified`` names (``test.validation``):
+    ``validation`` after ``from test import validation``, ``t.validation`` after ``import test as
+    t``, ``test.validation`` after ``import test``."""
+    found: set[str] = set()
+    for node in module_nodes(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = "." * node.level + (node.module or "")
+            for alias in node.names:
+                full = f"{source}.{alias.name}" if node.module else f"{source}{alias.name}"
+                if full == qualified:
+                    found.add(alias.asname or alias.name)
+                elif qualified.startswith(full + "."):
+                    found.add((alias.asname or alias.name) + qualified[len(full):])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if qualified.startswith(alias.name + "."):
+                    found.add((alias.asname or alias.name) + qualified[len(alias.name):]
+                              if alias.asname else qualified)
     return found
 
 

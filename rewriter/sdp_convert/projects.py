@@ -118,6 +118,8 @@ def project_options(
         callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
         writers = tuple(q for q, t in targets if project.writing_function(*t))
         handles = tuple(q for q, t in targets if project.writing_class(*t))
+        collective = tuple((q, *found) for q, t in targets
+                           if (found := project.collective_function(*t)) is not None)
         importers = [p for p in written if path in imported.get(p, ())
                      and p in probes and (probes[p].script or starts.get(p))]
         steppers = tuple((q, shown[t[0]], methods, project.sets_lr(*t)) for q, t in targets
@@ -133,6 +135,7 @@ def project_options(
             handles=handles,
             helper=bool(importers),
             optimizer_wrappers=steppers,
+            collective_helpers=collective,
         )
         chosen[path] = replace(options, project=facts)
     return chosen

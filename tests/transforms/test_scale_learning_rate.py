@@ -509,3 +509,62 @@ def test_an_optimizer_in_a_wrapper_that_leaves_its_rate_alone_is_scaled():
     result = run(WRAPPER.format(update=""), ONLY)
     assert "torch.optim.Adam(model.parameters(), lr=0.1 * sdp.size())" in result.output.decode()
     assert result.manual == []
+
+
+# -- the whole program: a loader the conversion cannot split keeps the rate -------------------
+
+OWN_SAMPLERS = {
+    # its own sampler, bound in if/elif branches
+    "bound": """\
+        if mode == "random":
+            sampler = RandomSampler(ds)
+        elif mode == "seq":
+            sampler = SequentialSampler(ds)
+        loader = DataLoader(ds, batch_size=8, sampler=sampler)
+        """,
+    # loaders made in if/elif branches, one of them with a sampler no DistributedSampler replaces
+    "branches": """\
+        if mode == "random":
+            loader = DataLoader(ds, batch_size=8, sampler=RandomSampler(ds, replacement=True))
+        elif mode == "seq":
+            loader = DataLoader(ds, batch_size=8, sampler=SequentialSampler(ds))
+        """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(OWN_SAMPLERS))
+def test_the_rate_is_not_scaled_when_the_loop_reads_a_loader_that_stays_whole(tmp_path, case):
+    """The whole-program contract found the data part missing (a sampler that does not split)
+    and asked for a ``shard_loader`` repair that cannot be made: the rate was scaled by that
+    repair all the same. Scaled only where the data is split; the note says why not."""
+    import textwrap
+
+    from sdp_convert.options import Options
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    source = textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+        mode = "random"
+        ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        """) + textwrap.dedent(OWN_SAMPLERS[case]) + textwrap.dedent("""\
+        for epoch in range(3):
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        """)
+    (tmp_path / "train.py").write_text(source)
+    [outcome] = run_jobs([Job(tmp_path / "train.py", "train.py", None)],
+                         Config(Options(line_length=10_000), mode="check"), workers=1)
+    out = outcome.output.decode()
+    assert "lr=0.1)" in out and "sdp.size()" not in out.split("opt = ", 1)[1].split("\n")[0]
+    notes = [c.message for c in outcome.changes]
+    assert any("has its own sampler" in n for n in notes), notes
+    assert any(c.transform == "scale_learning_rate" and c.manual and "0.1 left as it is" in c.message
+               for c in outcome.changes), notes
+    assert not any(c.transform == "scale_learning_rate" and c.message.startswith("SGD: learning")
+                   for c in outcome.changes), notes

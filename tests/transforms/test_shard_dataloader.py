@@ -1037,3 +1037,60 @@ def test_a_plain_random_or_sequential_sampler_becomes_the_distributed_sampler():
     assert "ds, num_replicas=sdp.size(), rank=sdp.rank(), shuffle=False" in out
     assert "sampler=RandomSampler(ds, replacement=True)" in out
     assert any("it has its own sampler" in m for m in messages(result, manual=True))
+
+
+SHARED_HELPER = """\
+import torch
+
+
+def get_data_loader(dataset, batch_size, shuffle=False):
+    data_loader = torch.utils.data.DataLoader(dataset=dataset, batch_size=batch_size,
+                                              shuffle=shuffle)
+    return data_loader
+
+
+def train(dataloader, model, optimizer):
+    for x, y in dataloader:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+def evaluate(dataloader, model):
+    total = 0.0
+    with torch.no_grad():
+        for x, y in dataloader:
+            total += float(torch.nn.functional.mse_loss(model(x), y))
+    return total
+
+
+train_data_loader = get_data_loader(train_data, 8, shuffle=True)
+valid_data_loader = get_data_loader(valid_data, 8)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    train(train_data_loader, model, optimizer)
+    print(evaluate(valid_data_loader, model))
+"""
+
+
+def test_a_helper_building_the_training_and_the_evaluation_loaders_is_not_sharded_for_all():
+    """sentiment-rnn notebook: the DistributedSampler went into get_data_loader(), used for the
+    train, validation and test loaders: each rank evaluated its own part, and nothing said so.
+    The helper stays as it is, with a manual note naming the callers; the rate is not scaled."""
+    result = run(SHARED_HELPER)
+    out = result.output.decode()
+    assert "DistributedSampler(" not in out.replace("sdp-convert: manual", "")
+    assert "shuffle=shuffle)\n" in out and "set_epoch" not in out.split("# sdp-convert")[0]
+    [note] = messages(result, ONLY, manual=True)
+    assert ("get_data_loader() builds the loaders for training (train_data_loader) and for "
+            "evaluation (valid_data_loader): a DistributedSampler added here would split the "
+            "evaluation data too") in note
+    assert "lr=0.1)" in out
+    # One caller, or every caller training on it: sharded where it is built, as before.
+    alone = SHARED_HELPER.replace("valid_data_loader = get_data_loader(valid_data, 8)\n", "")
+    alone = alone.replace("    print(evaluate(valid_data_loader, model))\n", "")
+    result = run(alone)
+    assert "data_sampler = torch.utils.data.distributed.DistributedSampler(" in (
+        result.output.decode())
+    assert not messages(result, ONLY, manual=True)

@@ -1087,3 +1087,81 @@ def test_a_model_made_in_two_branches_and_used_in_one_names_the_branch_it_wraps(
             "        model = sdp.DistributedDataParallel(model)\n") in out
     [note] = messages(result, "wrap_model_ddp", manual=True)
     assert "wrapped only in the branch of `model = torch.nn.Linear(4, 1)`" in note
+
+
+def test_the_wrap_goes_after_the_models_last_move_past_helpers_that_only_read_it():
+    """sentiment-rnn notebook: ``count_parameters(model)`` (a helper of the file that only reads
+    the model) was taken for the start of training, and the wrap went before
+    ``model.apply(initialize_weights)``, the embedding copy and ``model = model.to(device)``."""
+    result = run(
+        """\
+        import torch
+        import torch.nn as nn
+
+
+        def count_parameters(model):
+            return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+        def initialize_weights(m):
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_normal_(m.weight)
+
+
+        def train(loader, model, optimizer, device):
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+                optimizer.step()
+
+
+        model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 1))
+        print(f"The model has {count_parameters(model):,} trainable parameters")
+        model.apply(initialize_weights)
+        model[0].weight.data = torch.randn(10, 4)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = model.to(device)
+        loader = torch.utils.data.DataLoader(data)
+        for epoch in range(3):
+            train(loader, model, optimizer, device)
+        """,
+        ONLY,
+    )
+    out = result.output.decode()
+    assert ("model = model.to(device)\nmodel = sdp.DistributedDataParallel(model)\n"
+            "loader = ") in out, out
+    assert out.count("DistributedDataParallel(") == 1
+
+
+def test_a_checkpoint_that_moves_the_wrapped_model_to_the_cpu_mid_training_is_noted():
+    """fast-neural-style: each checkpoint did ``transformer.eval().cpu()`` ... ``transformer.to(
+    device).train()`` on the wrapped model, unnoted. A manual note at that line; none for the
+    move after training has ended."""
+    source = """\
+        import torch
+
+        device = torch.device("cuda")
+        transformer = torch.nn.Linear(4, 1).to(device)
+        optimizer = torch.optim.Adam(transformer.parameters(), 0.1)
+        for e in range(2):
+            for batch_id, (x, y) in enumerate(torch.utils.data.DataLoader(data)):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(transformer(x.to(device)), y.to(device)).backward()
+                optimizer.step()
+                if batch_id % 100 == 0:
+                    transformer.eval().cpu()
+                    torch.save(transformer.state_dict(), "ckpt.pth")
+                    transformer.to(device).train()
+        transformer.eval().cpu()
+        torch.save(transformer.state_dict(), "final.pth")
+        """
+    result = run(source, ONLY)
+    assert "transformer = sdp.DistributedDataParallel(transformer)" in result.output.decode()
+    notes = changes(result, manual=True)
+    assert [line for line, _ in notes] == [12], notes
+    assert notes[0][1].startswith(
+        "transformer.eval().cpu() moves the parameters of transformer, a "
+        "sdp.DistributedDataParallel from here on, off its device")
+    assert ("torch.save({k: v.cpu() for k, v in transformer.state_dict().items()}, path)"
+            in notes[0][1])

@@ -99,6 +99,12 @@ class ModuleFacts:
     optimizer_wrappers: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()
     #: Edits the whole-program contract asks of this module (``Repair``).
     repairs: tuple[Repair, ...] = ()
+    #: Functions other modules define that run what every rank must run together
+    #: (``validation(model, ...)`` running the model's forward, a barrier): (qualified name as
+    #: this module spells it, the calls on the way inside it when each parameter is handed a
+    #: wrapped model (``("model(...)",)``), whether it reaches one without being handed any).
+    #: Such a call never goes onto rank 0 alone (``program.ranks.reaches_collective``).
+    collective_helpers: tuple[tuple[str, tuple[str, ...], bool], ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:

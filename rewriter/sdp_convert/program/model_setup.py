@@ -230,14 +230,19 @@ def training_starts(
 
 
 def _training_triggers(fm: FileModel) -> tuple[list[int], list[cst.CSTNode]]:
-    """``backward()``/``step()`` calls and calls of this file's functions that do not only set
-    weights up (``sets_weights``), with their orders, in walk order (once per file)."""
+    """``backward()``/``step()`` calls and calls of this file's functions that lead to them
+    (``scopes.training_calls``) and do not only set weights up (``sets_weights``), with their
+    orders, in walk order (once per file). A helper that only reads the model
+    (``count_parameters(model)``, an evaluation) starts no training: the wrap may come after
+    it, after the model's last move (``model = model.to(device)`` cells later)."""
     if fm.facts.training_triggers is None:
         index = file_index(fm)
         triggers: list[cst.CSTNode] = [*fm.method_calls("backward"), *fm.method_calls("step")]
+        trains = training_calls(fm)
         for name in index.functions:
             triggers.extend(
-                c for c in index.calls_by_name.get(name, ()) if not sets_weights(fm, c)
+                c for c in index.calls_by_name.get(name, ())
+                if c in trains and not sets_weights(fm, c)
             )
         found = sorted({id(t): (index.order.get(id(t), -1), t) for t in triggers}.values(),
                        key=lambda pair: pair[0])

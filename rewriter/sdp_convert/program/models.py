@@ -12,7 +12,7 @@ import libcst.matchers as m
 
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
-from .scopes import arguments_for
+from .scopes import arguments_for, uses
 from .syntax import code, findall
 
 if TYPE_CHECKING:
@@ -122,9 +122,31 @@ def trained_models(
             continue
         if binding.kind == "assign" and binding.value is not None and not binding.unpacked:
             yield from trained_models(fm, binding.value, depth + 1)
+            if isinstance(binding.value, cst.List):
+                # ``params = []`` filled later: ``params.append(p)`` / ``extend(...)``
+                for added in _list_additions(fm, binding):
+                    yield from trained_models(fm, added, depth + 1)
         elif binding.kind == "param":
             for value, _ in arguments(fm, binding):
                 yield from trained_models(fm, value, depth + 1)
+        elif binding.kind == "for" and isinstance(binding.stmt, cst.For):
+            # ``for p in filter(lambda p: p.requires_grad, model.parameters()):``
+            yield from trained_models(fm, binding.stmt.iter, depth + 1)
+
+
+def _list_additions(fm: FileModel, binding: Binding) -> Iterator[cst.BaseExpression]:
+    """What ``name.append(x)`` / ``name.extend(xs)`` / ``name.insert(i, x)`` / ``name += xs``
+    add to the list a binding makes."""
+    for use in uses(fm, binding):
+        parent = fm.parent(use)
+        if isinstance(parent, cst.Attribute) and parent.value is use and parent.attr.value in (
+            "append", "extend", "insert"
+        ):
+            call = fm.parent(parent)
+            if isinstance(call, cst.Call) and call.func is parent and call.args:
+                yield call.args[-1].value
+        elif isinstance(parent, cst.AugAssign) and parent.target is use:
+            yield parent.value
 
 
 def arguments(fm: FileModel, binding: Binding) -> Iterator[tuple[cst.BaseExpression, cst.Call]]:

@@ -278,7 +278,9 @@ def reaches_collective(fm: FileModel, node: cst.CSTNode) -> Collective | None:
     followed into their parameters): a wrapped model's forward (DDP syncs buffers, BatchNorm's
     included, and may reduce), or a runtime/torch.distributed call (a barrier, a broadcast, an
     allreduce). What reaches one must never be moved onto rank 0 alone: the others never come.
-    None when nothing does (or when the way goes through code of another module)."""
+    In project mode, functions of other modules of the run are known too
+    (``ModuleFacts.collective_helpers``). None when nothing does (or when the way goes through
+    code of another module the run does not hold)."""
     models = set(fm.facts.wrapped_models or ())
     return _reach(fm, node, models, 0, set())
 
@@ -294,6 +296,9 @@ def _reach(fm: FileModel, node: cst.CSTNode, models: set[str], depth: int,
             call.func, *RANK_FUNCTIONS, *_NOT_COLLECTIVE
         ):
             return Collective(call, (f"{func}(...)",))
+        outside = _helper_of_another_module(fm, call, models)
+        if outside is not None:
+            return Collective(call, (f"{func}(...)", *outside))
         function = callee(fm, call) if depth < 4 else None
         if function is None or id(function) in seen:
             continue
@@ -306,6 +311,20 @@ def _reach(fm: FileModel, node: cst.CSTNode, models: set[str], depth: int,
                        seen | {id(function)})
         if found is not None:
             return Collective(call, (f"{func}(...)", *found.path))
+    return None
+
+
+def _helper_of_another_module(fm: FileModel, call: cst.Call,
+                              models: set[str]) -> tuple[str, ...] | None:
+    """The calls on the way to a collective inside a function of another module of the project
+    (``ModuleFacts.collective_helpers``) that ``call`` runs: one reaching it on its own, or one
+    handed a wrapped model (``validation(model, ...)`` running its forward); None if neither."""
+    helpers = getattr(fm.project, "collective_helpers", ())
+    for name, path, always in helpers:
+        if fm.refers_to(call.func, name) and (always or any(
+            _wrapped(fm, arg.value, models) for arg in call.args
+        )):
+            return path
     return None
 
 

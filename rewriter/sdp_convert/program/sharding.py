@@ -22,6 +22,7 @@ the converter does not follow) or ``"not sharded"`` (a loader or dataset it cann
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,7 +39,7 @@ from .models import PARAMETER_METHODS
 from .optimizers import optimizer_class, params_argument
 from .project import imported_data
 from .rank_splits import made_for_rank, split_by_rank
-from .scopes import callee, referents, runs_whenever, training_loops
+from .scopes import callee, callers, referents, runs_whenever, training_loops
 from .steps import stepping_loops
 from .syntax import arg_named, code, findall, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
@@ -173,6 +174,9 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     stmt = fm.enclosing_statement(call)
     if stmt is None or not runs_right_before(fm, call, stmt):
         return "put the DataLoader(...) call on a line of its own"
+    shared = shared_factory(fm, call)
+    if shared is not None:
+        return shared
     if args.get("shuffle") is None:
         splats = [a for a in call.args if a.star == "**"]
         if len(splats) > 1 or (
@@ -185,6 +189,43 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
                 "shuffle explicitly"
             )
     return None
+
+
+def shared_factory(fm: FileModel, call: cst.Call) -> str | None:
+    """Why a loader a function of this file builds for several callers cannot get its sampler
+    where it is built: some callers train on what it returns, others only evaluate
+    (``get_data_loader(train_data, ..., shuffle=True)`` and ``get_data_loader(valid_data,
+    ...)``): a DistributedSampler there would split the evaluation data too, each rank scoring
+    its own part. None when every caller trains on it (or evaluates only)."""
+    function = fm.enclosing_function(call)
+    if function is None:
+        return None
+    calls = callers(fm, function)
+    if len(calls) < 2:
+        return None
+    loops = training_loops(fm)
+    train: list[str] = []
+    other: list[str] = []
+    for caller in calls:
+        sites, _ = loader_sites(fm, caller)
+        parent = fm.parent(caller)
+        name = (code(parent.targets[0].target) if isinstance(parent, cst.Assign)
+                and len(parent.targets) == 1 else f"{code(caller.func)}(...)")
+        if any(site.loop in loops for site in sites):
+            train.append(name)
+        elif sites:
+            other.append(name)
+    if not train or not other:
+        return None
+    helper = function.name.value
+    return (
+        f"{helper}() builds the loaders for training ({', '.join(train)}) and for evaluation "
+        f"({', '.join(other)}): a DistributedSampler added here would split the evaluation "
+        f"data too; give {helper}() a flag that only the training call sets, adding "
+        f"`sampler=DistributedSampler(dataset, num_replicas={fm.sdp}.size(), "
+        f"rank={fm.sdp}.rank(), shuffle=shuffle)` (and shuffle=False on the DataLoader) when it "
+        "is set, and call the sampler's set_epoch(epoch) at the start of each epoch"
+    )
 
 
 def only_sharded_loaders(fm: FileModel, use: cst.CSTNode) -> bool:
@@ -433,7 +474,7 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
     for loop in loops:
         if isinstance(loop, cst.For) and not _counts(fm, loop):
             return DataSharding(False, "not found", loop)
-        if findall(loop.body, m.Call(func=m.Name("next"))):
+        if findall(loop.body, m.Call(func=m.Name("next"))) or _fetches_batches(fm, loop):
             return DataSharding(False, "not found", loop)
         if _draws(fm, loop.body, 0):  # synthetic data or random batches, drawn every step
             return DataSharding(False, "not found", loop)
@@ -448,6 +489,27 @@ def _without_source(fm: FileModel, loops: list[cst.For | cst.While]) -> DataShar
     if drawn is not None:
         return DataSharding(False, "full batch drawn", drawn)
     return DataSharding(False, "full batch", loops[0])
+
+
+#: Calls whose name says they hand out a new batch each time (``train_dataset.get_batch()``,
+#: ``loader.next_batch()``, ``buffer.sample(64)``): not the same tensors every step.
+_BATCH_CALL = re.compile(r"batch|^(get_)?next|^sample|^fetch")
+
+
+def _fetches_batches(fm: FileModel, loop: cst.For | cst.While) -> bool:
+    """Whether the loop's body gets its data from a call that hands out batches (an object of
+    another module keeping its own loaders' iterators), which the converter does not follow."""
+    for call in findall(loop.body, m.Call()):
+        assert isinstance(call, cst.Call)
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else (
+            func.value if isinstance(func, cst.Name) else "")
+        if _BATCH_CALL.search(name) and not any(
+            q.startswith(("torch.", "numpy.", "tensorflow.", "builtins."))
+            for q in fm.qualified_names(func)
+        ):
+            return True
+    return False
 
 
 def full_batch_note(fm: FileModel, data: DataSharding) -> str:

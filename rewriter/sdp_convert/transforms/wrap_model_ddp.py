@@ -71,6 +71,7 @@ from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
     DDP,
+    MODULE_API,
     arguments,
     branch_join,
     discarded_outputs,
@@ -91,6 +92,7 @@ from ..program.models import (
 )
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.project import repairs_of
+from ..program.scopes import training_loops
 from ..program.scopes import uses as reads_of
 from ..program.syntax import arg_named, assigned_target, code, findall
 
@@ -382,6 +384,7 @@ class WrapModelDdp(Transform):
                 f"instead (torch.compile after {self.sdp}.DistributedDataParallel)",
                 manual=True,
             )
+        self._note_moves_off_device(model, uses, order(anchor))
         wrapped = self.state.facts.wrapped_models
         if wrapped is not None:
             wrapped.append(model.target)
@@ -411,6 +414,44 @@ class WrapModelDdp(Transform):
         return [a for a in reads_of(self.fm, held) if owner_class(self.fm, a) is model.owner]
 
     # -- notes --------------------------------------------------------------------------------
+
+    def _note_moves_off_device(self, model: _Model, uses: list[cst.CSTNode], after: int) -> None:
+        """``transformer.eval().cpu()`` after the wrap (to save a checkpoint, then
+        ``transformer.to(device).train()``): a DistributedDataParallel's parameters must stay
+        on the device it was built on; moved away and back, its gradients may silently stop
+        being averaged. A manual note at the move, with the save that needs none (a move inside
+        a loop that trains: one after the training has ended harms nothing)."""
+        loops = training_loops(self.fm)
+        for use in uses:
+            if self.index.order.get(id(use), -1) <= after or not any(
+                a in loops for a in self.ancestors(use)
+            ):
+                continue
+            node: cst.CSTNode = use
+            while True:
+                attribute = self.parent(node)
+                call = self.parent(attribute) if attribute is not None else None
+                if not (isinstance(attribute, cst.Attribute) and attribute.value is node
+                        and isinstance(call, cst.Call) and call.func is attribute
+                        and attribute.attr.value in MODULE_API):
+                    break
+                if attribute.attr.value == "cpu" or (
+                    attribute.attr.value == "to" and call.args
+                    and "cpu" in code(call.args[0].value)
+                ):
+                    self.record(
+                        call,
+                        f"{code(call)} moves the parameters of {model.target}, a "
+                        f"{self.sdp}.DistributedDataParallel from here on, off its device: "
+                        "DistributedDataParallel must keep them where it was built (moved "
+                        "away and back, its gradients can silently stop being averaged). Save "
+                        f"without moving it: `torch.save({{k: v.cpu() for k, v in "
+                        f"{model.target}.state_dict().items()}}, path)`, and drop this move "
+                        "and the move back to the device",
+                        manual=True,
+                    )
+                    break
+                node = call
 
     def _note_method_calls(self, uses: list[cst.CSTNode]) -> None:
         for call, method, use in user_methods_in_training(self.fm, uses):
