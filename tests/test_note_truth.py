@@ -1240,3 +1240,59 @@ def test_writing_callbacks_a_project_function_builds_for_fit_run_on_rank_0(tmp_p
         "    return [early_stop] + ([checkpoint, tensorboard] if sdp.rank() == 0 else [])\n"
         in train
     ), train
+
+
+LEAF_ENGINE = '''\
+import torch
+from tqdm import tqdm
+
+
+def Train(dataset, dataloader, model, optimizer, device):
+    model.train()
+    num_batches = int(len(dataset) / dataloader.batch_size)
+    tk0 = tqdm(dataloader, total=num_batches)
+    for step, batch in enumerate(tk0):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(batch[0].to(device)), batch[1].to(device))
+        loss.backward()
+        optimizer.step()
+    tk0.close()
+'''
+LEAF_TRAIN = '''\
+import torch
+import engine
+
+
+def run(fold):
+    device = torch.device("cpu")
+    train_ds = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
+    train_dl = torch.utils.data.DataLoader(train_ds, 16)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=3e-3)
+    for epoch in range(3):
+        engine.Train(train_ds, train_dl, model, optimizer, device)
+
+
+if __name__ == "__main__":
+    run(0)
+'''
+
+
+def test_a_loader_handed_to_another_modules_loop_through_a_progress_bar_is_split_where_built(
+    tmp_path: Path,
+):
+    """leaf-disease-kfold: ``tk0 = tqdm(dataloader, total=n)`` over a parameter, the loader built
+    in the entry. Once converted, ``disable=sdp.rank() != 0`` on the bar was read as a split by
+    rank: the contract found the data split, nothing was repaired, and the loop kept a false "no
+    DataLoader feeding this training loop was found" while the learning rate was scaled."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "engine.py").write_text(LEAF_ENGINE)
+    (tmp_path / "train.py").write_text(LEAF_TRAIN)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("engine.py", "train.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    entry = (tmp_path / "train.py").read_text()
+    assert "sampler=train_dl_sampler" in entry and "DistributedSampler(" in entry, entry
+    assert "lr=3e-3 * sdp.size()" in entry
+    loop = (tmp_path / "engine.py").read_text()
+    assert "sdp-convert: manual" not in loop, loop

@@ -46,7 +46,16 @@ from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, rank0_only
 from .program.readback import private_write, read_path, written_path
-from .program.run import Module, Ref, Run, TapeStep, TorchStep, Trace, _names_of_call
+from .program.run import (
+    ITERATING,
+    Module,
+    Ref,
+    Run,
+    TapeStep,
+    TorchStep,
+    Trace,
+    _names_of_call,
+)
 from .program.scopes import referents, uses
 from .program.sharding import loader_problem
 from .program.vocab import (
@@ -1318,7 +1327,18 @@ def _split_by_rank(trace: Trace) -> bool:
     """The value passes through (or is made by) code that uses the rank: a split
     (``x[rank::size]``, ``SplitDataset(ds).select(dp_rank)``, a factory given ``rank=``)."""
     refs = [*trace.through, *([trace.made] if trace.made else [])]
-    return any(_mentions_rank(r) for r in refs if not isinstance(r.node, cst.Name))
+    return any(_mentions_rank(_iterated(r)) for r in refs if not isinstance(r.node, cst.Name))
+
+
+def _iterated(ref: Ref) -> Ref:
+    """What a progress bar or ``enumerate`` iterates: its rank-only display
+    (``tqdm(loader, disable=sdp.rank() != 0)``) splits nothing."""
+    node = ref.node
+    if isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and (
+        _names_of_call(ref) & ITERATING
+    ):
+        return Ref(ref.module, node.args[0].value)
+    return ref
 
 
 def _sharded(trace: Trace) -> bool:

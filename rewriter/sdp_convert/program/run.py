@@ -60,6 +60,12 @@ DATASET_METHODS = frozenset({
     "rebatch", "ragged_batch", "enumerate", "concatenate", "prefetch_to_device",
     "flow", "flow_from_directory", "flow_from_dataframe",
 })
+#: Calls that iterate over their first argument as it is (a progress bar, ``enumerate``): a trace
+#: goes through them (``tk0 = tqdm(loader, total=n)`` ... ``for batch in enumerate(tk0)``).
+ITERATING = frozenset({
+    "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm",
+    "builtins.enumerate", "builtins.iter",
+})
 #: Wrappers the converter (or the user) puts around what they wrap: a trace goes through them.
 WRAPPERS = (
     "DistributedDataParallel", "DistributedOptimizer", "DistributedGradientTape",
@@ -828,6 +834,9 @@ class Run:
         names = _names_of_call(ref)
         if any(q.rsplit(".", 1)[-1] in WRAPPERS for q in names) and node.args:
             go(Ref(ref.module, node.args[0].value), (ref,))
+            return
+        if names & ITERATING and node.args and node.args[0].keyword is None:
+            go(Ref(ref.module, node.args[0].value))
             return
         if isinstance(func, cst.Attribute):
             method = func.attr.value
