@@ -395,3 +395,51 @@ def test_a_runtime_call_that_runs_before_init_is_named(tmp_path: Path):
         "(NotInitializedError)"), found
     entry = next(o for o in outcomes if o.contract is not None)
     assert entry.contract["parts"]["init"]["state"] == "missing"
+
+
+# unet-keras: a module-level main.py that imports nothing of Keras by name (``from model import
+# *``) and calls fit_generator on the model a factory of model.py compiles.
+STAR_FACTORY = {
+    "model.py": """\
+        from keras.models import *
+        from keras.layers import *
+        from keras.optimizers import *
+        from keras.callbacks import ModelCheckpoint
+
+
+        def unet(input_size=(8,)):
+            inputs = Input(input_size)
+            model = Model(inputs, Dense(1)(inputs))
+            model.compile(optimizer=Adam(learning_rate=1e-4), loss="mse")
+            return model
+        """,
+    "data.py": """\
+        import numpy as np
+
+
+        def trainGenerator(batch_size):
+            while True:
+                yield np.zeros((batch_size, 8)), np.zeros((batch_size, 1))
+        """,
+    "main.py": """\
+        from model import *
+        from data import *
+
+        myGene = trainGenerator(2)
+        model = unet()
+        model_checkpoint = ModelCheckpoint("unet.hdf5", monitor="loss", save_best_only=True)
+        model.fit_generator(myGene, steps_per_epoch=300, epochs=1, callbacks=[model_checkpoint])
+        """,
+}
+
+
+def test_fit_generator_on_a_star_imported_factory_model_is_training(tmp_path: Path):
+    outcomes = check(tmp_path, STAR_FACTORY)
+    by = {o.path: o for o in outcomes}
+    assert by["main.py"].contract is not None and by["main.py"].status == "converted"
+    main = by["main.py"].output.decode()
+    assert "sdp.init()" in main and "model.fit(" in main and "fit_generator" not in main
+    assert "BroadcastGlobalVariablesCallback(0)" in main
+    # ModelCheckpoint comes in through the star import (model.py imports it from keras).
+    assert "([model_checkpoint] if sdp.rank() == 0 else [])" in main
+    assert "sdp.keras.DistributedOptimizer(Adam(" in by["model.py"].output.decode()

@@ -179,7 +179,8 @@ def is_entry(module: Module) -> bool:
                 value, cst.Call
             ):
                 func = module.fm.code(value.func)
-                if func.split(".")[-1] in ("fit", "train", "main", "run", "step", "backward") or (
+                if func.split(".")[-1] in ("fit", "fit_generator", "train", "main", "run", "step",
+                                            "backward") or (
                     func.startswith(("train", "engine.", "trainer."))
                 ):
                     return True

@@ -133,6 +133,7 @@ def project_options(
             handles=handles,
             helper=bool(importers),
             optimizer_wrappers=steppers,
+            star_names=tuple(sorted(project.star_names(path).items())),
         )
         chosen[path] = replace(options, project=facts)
     return chosen

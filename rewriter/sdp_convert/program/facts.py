@@ -99,6 +99,9 @@ class ModuleFacts:
     optimizer_wrappers: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()
     #: Edits the whole-program contract asks of this module (``Repair``).
     repairs: tuple[Repair, ...] = ()
+    #: Names its star imports of project modules bring from outside the project, with their
+    #: qualified names there (``("ModelCheckpoint", "keras.callbacks.ModelCheckpoint")``).
+    star_names: tuple[tuple[str, str], ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:
