@@ -443,3 +443,48 @@ def test_fit_generator_on_a_star_imported_factory_model_is_training(tmp_path: Pa
     # ModelCheckpoint comes in through the star import (model.py imports it from keras).
     assert "([model_checkpoint] if sdp.rank() == 0 else [])" in main
     assert "sdp.keras.DistributedOptimizer(Adam(" in by["model.py"].output.decode()
+
+
+# resnet-tf2: evaluate.py imports get_model from train.py, whose training runs only in its
+# ``__main__`` block (through a step function that block defines and calls).
+EVALUATE_ONLY = {
+    "train.py": """\
+        import tensorflow as tf
+
+
+        def get_model():
+            return tf.keras.Sequential([tf.keras.layers.Dense(1)])
+
+
+        def fit_epoch(model, optimizer, dataset):
+            for x, y in dataset:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(x) - y) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+        if __name__ == "__main__":
+            model = get_model()
+            optimizer = tf.keras.optimizers.SGD(0.1)
+            dataset = tf.data.Dataset.from_tensor_slices((tf.zeros([8, 4]), tf.zeros([8, 1])))
+            for epoch in range(2):
+                fit_epoch(model, optimizer, dataset.batch(4))
+        """,
+    "evaluate.py": """\
+        import tensorflow as tf
+        from train import get_model
+
+        if __name__ == "__main__":
+            model = get_model()
+            model.load_weights("model.weights.h5")
+            for x, y in tf.data.Dataset.from_tensor_slices((tf.zeros([8, 4]),)).batch(4):
+                print(model(x))
+        """,
+}
+
+
+def test_an_entry_that_only_imports_a_training_scripts_factory_gets_no_contract(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, EVALUATE_ONLY)}
+    assert by["evaluate.py"].contract is None and not by["evaluate.py"].needs_attention
+    assert by["train.py"].contract is not None
