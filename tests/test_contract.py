@@ -488,3 +488,63 @@ def test_an_entry_that_only_imports_a_training_scripts_factory_gets_no_contract(
     by = {o.path: o for o in check(tmp_path, EVALUATE_ONLY)}
     assert by["evaluate.py"].contract is None and not by["evaluate.py"].needs_attention
     assert by["train.py"].contract is not None
+
+
+# cyclegan-tf2: data.py builds (and, converted, shards) the zipped dataset and returns its
+# length with it; train.py's LinearDecay (module.py) counts optimizer steps from that length.
+SCHEDULE_FROM_LENGTH = {
+    "data.py": """\
+        import tensorflow as tf
+
+
+        def make_zip_dataset(a, b, batch_size):
+            A = tf.data.Dataset.from_tensor_slices(a).batch(batch_size)
+            B = tf.data.Dataset.from_tensor_slices(b).batch(batch_size)
+            return tf.data.Dataset.zip((A, B)), len(a) // batch_size
+        """,
+    "module.py": """\
+        import tensorflow as tf
+
+
+        class LinearDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+            def __init__(self, lr, total, start):
+                super().__init__()
+                self.lr, self.total, self.start = lr, total, start
+
+            def __call__(self, step):
+                return self.lr * (1.0 - tf.maximum(0.0, float(step) - self.start) / self.total)
+        """,
+    "train.py": """\
+        import tensorflow as tf
+
+        import data
+        import module
+
+        A_B_dataset, len_dataset = data.make_zip_dataset(tf.zeros([64, 4]), tf.zeros([64, 4]), 8)
+        G = tf.keras.Sequential([tf.keras.layers.Dense(4)])
+        G_lr_scheduler = module.LinearDecay(0.01, 10 * len_dataset, 5 * len_dataset)
+        G_optimizer = tf.keras.optimizers.Adam(learning_rate=G_lr_scheduler)
+
+        for epoch in range(10):
+            for A, B in A_B_dataset:
+                with tf.GradientTape() as t:
+                    loss = tf.reduce_mean((G(A) - B) ** 2)
+                grads = t.gradient(loss, G.trainable_variables)
+                G_optimizer.apply_gradients(zip(grads, G.trainable_variables))
+        """,
+}
+
+
+def test_a_schedule_counting_steps_of_data_split_in_another_module_is_noted(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, SCHEDULE_FROM_LENGTH)}
+    assert ".apply(sdp.shard)" in by["data.py"].output.decode()
+    train = by["train.py"]
+    said = [c.message for c in train.changes]
+    # The data is split (in data.py): no note says otherwise.
+    assert not [m for m in said if "not sharded" in m or "not split" in m], said
+    steps = [c for c in train.changes if c.manual and "counts optimizer steps with len_dataset"
+             in c.message]
+    assert [c.line for c in steps] == [8] and "len_dataset // sdp.size()" in steps[0].message
+    # A schedule object of another module's class is not multiplied (it is no number).
+    assert "G_lr_scheduler * sdp.size()" not in train.output.decode()
+    assert any("module.LinearDecay(...) is the learning rate" in m for m in said)

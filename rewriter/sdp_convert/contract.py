@@ -649,7 +649,12 @@ class _Entry:
             if loop.key in done:
                 continue
             done.add(loop.key)
-            self._tf_data(_iterable(loop), tape_step.apply)
+            if self._tf_data(_iterable(loop), tape_step.apply) and self._data_elsewhere(
+                _iterable(loop)
+            ):
+                # Split at its source in another module (``make_zip_dataset`` of data.py): the
+                # loop's module learns it (no "not sharded" note, its step counts per worker).
+                self.extra_repairs += [r for r in [self.repair("known_dataset", loop)] if r]
 
     def _loop_data(self, loop: Ref, step: Ref) -> tuple[Ref | None, bool]:
         """Check the data one training loop reads: the loader it comes from (when one does),
