@@ -151,9 +151,9 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
     imported = imported_sites(fm)
     # Loops whose data another module of the run builds and splits (the whole-program
     # contract followed it there: ``known_dataset``).
-    known = [node for _, node in repairs_of(fm, "known_dataset")]
+    split_elsewhere = [node for _, node in repairs_of(fm, "known_dataset")]
     for where, candidates in training_dataset_uses(fm):
-        if any(node is where or where in fm.ancestors(node) for node in known):
+        if any(node is where or where in fm.ancestors(node) for node in split_elsewhere):
             plan.uses.append(TrainingData(where, "converter"))
             continue
         traces = [(c, trace_dataset(fm, planner.index, c.expr)) for c in candidates]
