@@ -395,3 +395,156 @@ def test_a_runtime_call_that_runs_before_init_is_named(tmp_path: Path):
         "(NotInitializedError)"), found
     entry = next(o for o in outcomes if o.contract is not None)
     assert entry.contract["parts"]["init"]["state"] == "missing"
+
+
+# unet-keras: a module-level main.py that imports nothing of Keras by name (``from model import
+# *``) and calls fit_generator on the model a factory of model.py compiles.
+STAR_FACTORY = {
+    "model.py": """\
+        from keras.models import *
+        from keras.layers import *
+        from keras.optimizers import *
+        from keras.callbacks import ModelCheckpoint
+
+
+        def unet(input_size=(8,)):
+            inputs = Input(input_size)
+            model = Model(inputs, Dense(1)(inputs))
+            model.compile(optimizer=Adam(learning_rate=1e-4), loss="mse")
+            return model
+        """,
+    "data.py": """\
+        import numpy as np
+
+
+        def trainGenerator(batch_size):
+            while True:
+                yield np.zeros((batch_size, 8)), np.zeros((batch_size, 1))
+        """,
+    "main.py": """\
+        from model import *
+        from data import *
+
+        myGene = trainGenerator(2)
+        model = unet()
+        model_checkpoint = ModelCheckpoint("unet.hdf5", monitor="loss", save_best_only=True)
+        model.fit_generator(myGene, steps_per_epoch=300, epochs=1, callbacks=[model_checkpoint])
+        """,
+}
+
+
+def test_fit_generator_on_a_star_imported_factory_model_is_training(tmp_path: Path):
+    outcomes = check(tmp_path, STAR_FACTORY)
+    by = {o.path: o for o in outcomes}
+    assert by["main.py"].contract is not None and by["main.py"].status == "converted"
+    main = by["main.py"].output.decode()
+    assert "sdp.init()" in main and "model.fit(" in main and "fit_generator" not in main
+    assert "BroadcastGlobalVariablesCallback(0)" in main
+    # ModelCheckpoint comes in through the star import (model.py imports it from keras).
+    assert "([model_checkpoint] if sdp.rank() == 0 else [])" in main
+    assert "sdp.keras.DistributedOptimizer(Adam(" in by["model.py"].output.decode()
+
+
+# resnet-tf2: evaluate.py imports get_model from train.py, whose training runs only in its
+# ``__main__`` block (through a step function that block defines and calls).
+EVALUATE_ONLY = {
+    "train.py": """\
+        import tensorflow as tf
+
+
+        def get_model():
+            return tf.keras.Sequential([tf.keras.layers.Dense(1)])
+
+
+        def fit_epoch(model, optimizer, dataset):
+            for x, y in dataset:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(x) - y) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+        if __name__ == "__main__":
+            model = get_model()
+            optimizer = tf.keras.optimizers.SGD(0.1)
+            dataset = tf.data.Dataset.from_tensor_slices((tf.zeros([8, 4]), tf.zeros([8, 1])))
+            for epoch in range(2):
+                fit_epoch(model, optimizer, dataset.batch(4))
+        """,
+    "evaluate.py": """\
+        import tensorflow as tf
+        from train import get_model
+
+        if __name__ == "__main__":
+            model = get_model()
+            model.load_weights("model.weights.h5")
+            for x, y in tf.data.Dataset.from_tensor_slices((tf.zeros([8, 4]),)).batch(4):
+                print(model(x))
+        """,
+}
+
+
+def test_an_entry_that_only_imports_a_training_scripts_factory_gets_no_contract(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, EVALUATE_ONLY)}
+    assert by["evaluate.py"].contract is None and not by["evaluate.py"].needs_attention
+    assert by["train.py"].contract is not None
+
+
+# cyclegan-tf2: data.py builds (and, converted, shards) the zipped dataset and returns its
+# length with it; train.py's LinearDecay (module.py) counts optimizer steps from that length.
+SCHEDULE_FROM_LENGTH = {
+    "data.py": """\
+        import tensorflow as tf
+
+
+        def make_zip_dataset(a, b, batch_size):
+            A = tf.data.Dataset.from_tensor_slices(a).batch(batch_size)
+            B = tf.data.Dataset.from_tensor_slices(b).batch(batch_size)
+            return tf.data.Dataset.zip((A, B)), len(a) // batch_size
+        """,
+    "module.py": """\
+        import tensorflow as tf
+
+
+        class LinearDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+            def __init__(self, lr, total, start):
+                super().__init__()
+                self.lr, self.total, self.start = lr, total, start
+
+            def __call__(self, step):
+                return self.lr * (1.0 - tf.maximum(0.0, float(step) - self.start) / self.total)
+        """,
+    "train.py": """\
+        import tensorflow as tf
+
+        import data
+        import module
+
+        A_B_dataset, len_dataset = data.make_zip_dataset(tf.zeros([64, 4]), tf.zeros([64, 4]), 8)
+        G = tf.keras.Sequential([tf.keras.layers.Dense(4)])
+        G_lr_scheduler = module.LinearDecay(0.01, 10 * len_dataset, 5 * len_dataset)
+        G_optimizer = tf.keras.optimizers.Adam(learning_rate=G_lr_scheduler)
+
+        for epoch in range(10):
+            for A, B in A_B_dataset:
+                with tf.GradientTape() as t:
+                    loss = tf.reduce_mean((G(A) - B) ** 2)
+                grads = t.gradient(loss, G.trainable_variables)
+                G_optimizer.apply_gradients(zip(grads, G.trainable_variables))
+        """,
+}
+
+
+def test_a_schedule_counting_steps_of_data_split_in_another_module_is_noted(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, SCHEDULE_FROM_LENGTH)}
+    assert ".apply(sdp.shard)" in by["data.py"].output.decode()
+    train = by["train.py"]
+    said = [c.message for c in train.changes]
+    # The data is split (in data.py): no note says otherwise.
+    assert not [m for m in said if "not sharded" in m or "not split" in m], said
+    steps = [c for c in train.changes if c.manual and "counts optimizer steps with len_dataset"
+             in c.message]
+    assert [c.line for c in steps] == [8] and "len_dataset // sdp.size()" in steps[0].message
+    # A schedule object of another module's class is not multiplied (it is no number).
+    assert "G_lr_scheduler * sdp.size()" not in train.output.decode()
+    assert any("module.LinearDecay(...) is the learning rate" in m for m in said)

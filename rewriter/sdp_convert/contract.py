@@ -189,7 +189,8 @@ def is_entry(module: Module) -> bool:
                 value, cst.Call
             ):
                 func = module.fm.code(value.func)
-                if func.split(".")[-1] in ("fit", "train", "main", "run", "step", "backward") or (
+                if func.split(".")[-1] in ("fit", "fit_generator", "train", "main", "run", "step",
+                                            "backward") or (
                     func.startswith(("train", "engine.", "trainer."))
                 ):
                     return True
@@ -658,7 +659,12 @@ class _Entry:
             if loop.key in done:
                 continue
             done.add(loop.key)
-            self._tf_data(_iterable(loop), tape_step.apply)
+            if self._tf_data(_iterable(loop), tape_step.apply) and self._data_elsewhere(
+                _iterable(loop)
+            ):
+                # Split at its source in another module (``make_zip_dataset`` of data.py): the
+                # loop's module learns it (no "not sharded" note, its step counts per worker).
+                self.extra_repairs += [r for r in [self.repair("known_dataset", loop)] if r]
 
     def _loop_data(self, loop: Ref, step: Ref) -> tuple[Ref | None, bool]:
         """Check the data one training loop reads: the loader it comes from (when one does),
@@ -1072,9 +1078,15 @@ def _check_entry(run: Run, entry: Module, reach: list[Module],
                  context: Context) -> EntryResult | None:
     if any(context.kinds.get(m.path, "").startswith("already distributed") for m in reach):
         return None
-    torch_steps = run.torch_steps(reach)
-    fits = run.keras_fits(reach)
-    tapes = run.tape_steps(reach)
+    # Training another module runs only as a script (in its ``__main__`` block, or a function
+    # only that block calls) is not this entry's: ``evaluate.py`` imports ``get_model`` from
+    # ``train.py`` and trains nothing.
+    def runs_here(ref: Ref) -> bool:
+        return ref.module is entry or not _only_as_script(run, ref.module, ref.node)
+
+    torch_steps = [s for s in run.torch_steps(reach) if runs_here(s.step)]
+    fits = [f for f in run.keras_fits(reach) if runs_here(f.fit)]
+    tapes = [t for t in run.tape_steps(reach) if runs_here(t.apply)]
     if not (torch_steps or fits or tapes):
         return None
     runtime = any(_runtime_calls(m) for m in reach)
@@ -1487,6 +1499,19 @@ def _under_main_guard(module: Module, call: cst.Call) -> bool:
     """In the ``if __name__ == "__main__":`` block of its module: it runs when the module is a
     script, not when another imports it (a function only that block calls: ``_script_only``)."""
     return any(_is_main_guard(parent) for parent in module.fm.ancestors(call))
+
+
+def _only_as_script(run: Run, module: Module, node: cst.CSTNode, depth: int = 0) -> bool:
+    """``node`` runs only when ``module`` is run as a script: in its ``__main__`` block, or in
+    a function every call of which (one at least, all in ``module``) runs only so."""
+    if any(_is_main_guard(parent) for parent in module.fm.ancestors(node)):
+        return True
+    function = module.fm.enclosing_function(node)
+    if function is None or depth > 4:
+        return False
+    calls = run.callers(Ref(module, function))
+    return bool(calls) and all(
+        c.module is module and _only_as_script(run, module, c.node, depth + 1) for c in calls)
 
 
 def _inside_rank0_first(module: Module, call: cst.Call) -> bool:

@@ -180,7 +180,10 @@ def _convert_once(data: bytes, options: Options) -> Result:
         _check_syntax(data)
         return Result(data, data, FileInfo(reason="no training step"))
     module = _parse(data)
-    wrapper, index, metadata, info = _read(module, options.framework, options.recheck)
+    wrapper, index, metadata, info = _read(
+        module, options.framework, options.recheck,
+        options.project.star_names if options.project is not None else (),
+    )
     if options.project is not None:
         steps_in_wrapper(info, options.project.optimizer_wrappers)
         if "repair:init" in roles:
@@ -306,13 +309,18 @@ def _not_data_parallel(fm: FileModel, module: cst.Module) -> list[Change]:
 
 
 def _read(
-    module: cst.Module, force: Literal["auto", "torch", "tensorflow"], recheck: bool
+    module: cst.Module, force: Literal["auto", "torch", "tensorflow"], recheck: bool,
+    star_names: Sequence[tuple[str, str]] = (),
 ) -> tuple[MetadataWrapper, FileIndex, dict[Any, Mapping[cst.CSTNode, object]], FileInfo]:
     """One walk of ``module``: its binding index and qualified names, and what the file is
-    (detection rides along that walk); the metadata the transforms read."""
+    (detection rides along that walk); the metadata the transforms read. ``star_names``: what
+    names its star imports of project modules bring (``ModuleFacts.star_names``)."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     detector = Detector()
     index = index_module(module, detector)
+    if star_names:
+        assert index.names is not None
+        index.names.star_names = dict(star_names)
     metadata = _resolve(wrapper, index)
     return wrapper, index, metadata, detect(module, metadata, force, recheck, detector)
 

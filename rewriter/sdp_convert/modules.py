@@ -105,6 +105,69 @@ class Project:
                 return None  # assigned some other way: not followed
         return None
 
+    def star_names(self, path: Path, depth: int = 0) -> dict[str, str]:
+        """The names ``path``'s star imports of project modules (``from model import *``) bring
+        from outside the project, with their qualified names there (``ModelCheckpoint`` ->
+        ``keras.callbacks.ModelCheckpoint``, ``np`` -> ``numpy``): what the file's own names
+        cannot show. Names the project module defines itself are followed by the run
+        (``program.run``), not here; a module with ``__all__`` gives only what it lists."""
+        tree = self.tree(path)
+        found: dict[str, str] = {}
+        if tree is None or depth > 3:
+            return found
+        for stmt in tree.body:
+            if not (isinstance(stmt, ast.ImportFrom) and stmt.names[0].name == "*"):
+                continue
+            absolute = self._absolute(path, "." * stmt.level + (stmt.module or ""))
+            module = self._modules.get(absolute or "") or self._modules.get(
+                f"{absolute}.__init__")
+            if module is not None and module != path:
+                found.update(self._exported_imports(module, depth))
+        return found
+
+    def _exported_imports(self, module: Path, depth: int) -> dict[str, str]:
+        tree = self.tree(module)
+        if tree is None:
+            return {}
+        listed: set[str] | None = None
+        names: dict[str, str] = dict(self.star_names(module, depth + 1))
+        for stmt in tree.body:
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        names[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        names[top] = top
+            elif isinstance(stmt, ast.ImportFrom) and stmt.names[0].name != "*":
+                source = "." * stmt.level + (stmt.module or "")
+                absolute = self._absolute(module, source)
+                for alias in stmt.names:
+                    bound = alias.asname or alias.name
+                    parts = f"{absolute}.{alias.name}".split(".")
+                    inside = absolute is None or stmt.level or any(
+                        ".".join(parts[:cut]) in self._modules for cut in range(1, len(parts) + 1))
+                    if inside:  # the project's own (the run follows it) or unknown
+                        names.pop(bound, None)
+                    else:
+                        names[bound] = f"{absolute}.{alias.name}"
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.pop(stmt.name, None)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for target in targets:
+                    for node in ast.walk(target):
+                        if isinstance(node, ast.Name):
+                            names.pop(node.id, None)
+                            if node.id == "__all__" and isinstance(
+                                stmt.value, (ast.List, ast.Tuple)
+                            ):
+                                listed = {e.value for e in stmt.value.elts
+                                          if isinstance(e, ast.Constant)
+                                          and isinstance(e.value, str)}
+        return {n: q for n, q in names.items() if not n.startswith("_") and (
+            listed is None or n in listed)}
+
     def writing_callback(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a Keras callback class of ``path`` that writes files (it opens a
         file to write or append, or saves: ``open(p, "a")``, ``model.save(...)``, ...)."""

@@ -136,6 +136,7 @@ def project_options(
             helper=bool(importers),
             optimizer_wrappers=steppers,
             collective_helpers=collective,
+            star_names=tuple(sorted(project.star_names(path).items())),
         )
         chosen[path] = replace(options, project=facts)
     return chosen

@@ -67,3 +67,50 @@ def test_no_note_without_draws_in_training_or_with_a_rank_seed():
             optimizer.step()
         """
     ) == []
+
+
+def test_tf_gan_noise_drawn_in_the_tape_loop_after_a_fixed_seed():
+    # dragen-dcgan: tf.random.set_seed(22), then batch_z = tf.random.uniform(...) each step,
+    # fed to both tapes: the generator's averaged gradient is one rank's noise.
+    source = """\
+        import tensorflow as tf
+
+        def main():
+            tf.random.set_seed(22)
+            generator = tf.keras.Sequential([tf.keras.layers.Dense(4)])
+            g_optimizer = tf.keras.optimizers.Adam(1e-3)
+            for epoch in range(10):
+                batch_z = tf.random.uniform(shape=[8, 4], minval=-1., maxval=1.)
+                with tf.GradientTape() as tape:
+                    g_loss = tf.reduce_mean(generator(batch_z))
+                grads = tape.gradient(g_loss, generator.trainable_variables)
+                g_optimizer.apply_gradients(zip(grads, generator.trainable_variables))
+
+        if __name__ == "__main__":
+            main()
+        """
+    assert _notes(source) == [
+        "tf.random.set_seed(22) is the same on every rank: right for the initial weights, but "
+        "tf.random.uniform(...) in the training loop then draws the same numbers on every rank;"
+        " if they should differ, seed again after the model is built with seed + sdp.rank()"
+    ]
+    # Drawn in a step function the loop calls: the same.
+    step = source.replace(
+        """            for epoch in range(10):
+                batch_z = tf.random.uniform(shape=[8, 4], minval=-1., maxval=1.)
+                with tf.GradientTape() as tape:
+                    g_loss = tf.reduce_mean(generator(batch_z))
+                grads = tape.gradient(g_loss, generator.trainable_variables)
+                g_optimizer.apply_gradients(zip(grads, generator.trainable_variables))
+""",
+        """            for epoch in range(10):
+                step(generator, g_optimizer)
+
+        def step(generator, g_optimizer):
+            batch_z = tf.random.uniform(shape=[8, 4], minval=-1., maxval=1.)
+            with tf.GradientTape() as tape:
+                g_loss = tf.reduce_mean(generator(batch_z))
+            grads = tape.gradient(g_loss, generator.trainable_variables)
+            g_optimizer.apply_gradients(zip(grads, generator.trainable_variables))
+""")
+    assert "tf.random.uniform(...) in the training loop" in _notes(step)[0]

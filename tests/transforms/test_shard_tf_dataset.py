@@ -788,7 +788,11 @@ def test_converted_fixtures_of_issue_22_have_nothing_left_to_say():
         converted = (fixtures / case / "expected.py").read_text()
         result = convert_source(converted, Options(recheck=True))
         assert result.output.decode() == converted, case
-        assert result.changes == [], (case, result.changes)
+        # (A manual note the conversion wrote as a marker already, the shared seed of the GAN,
+        # is said again, and its marker kept: nothing new.)
+        new = [c for c in result.changes
+               if not (c.manual and f"# sdp-convert: manual - {c.message}" in converted)]
+        assert new == [], (case, new)
 
 
 ITERATOR = '''\

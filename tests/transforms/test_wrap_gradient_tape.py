@@ -506,3 +506,25 @@ def test_tf1_logging_alone_is_not_graph_mode():
                            "sess = tf.compat.v1.Session()")
     assert any("TF1 graph-mode code (tf.compat.v1.Session)" in m
                for m in messages(run(graph, ONLY), ONLY, manual=True))
+
+
+def test_a_session_that_only_holds_a_gpu_config_for_keras_is_not_graph_mode():
+    # keras-yolo3: ConfigProto with allow_growth, a Session(config=...) handed to Keras's
+    # set_session, then Keras fit: nothing runs the session.
+    source = """\
+        import tensorflow as tf
+
+        config = tf.compat.v1.ConfigProto()
+        config.gpu_options.allow_growth = True
+        session = tf.compat.v1.Session(config=config)
+        tf.compat.v1.keras.backend.set_session(session)
+        tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config))
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+        model.fit(x, y, epochs=1)
+        """
+    assert not [m for m in messages(run(source, ONLY), ONLY, manual=True) if "TF1" in m]
+    # A session that runs something is graph-mode code.
+    ran = source + "session.run(tf.compat.v1.global_variables_initializer())\n"
+    assert any("TF1 graph-mode code (tf.compat.v1.Session" in m
+               for m in messages(run(ran, ONLY), ONLY, manual=True))

@@ -105,6 +105,9 @@ class ModuleFacts:
     #: wrapped model (``("model(...)",)``), whether it reaches one without being handed any).
     #: Such a call never goes onto rank 0 alone (``program.ranks.reaches_collective``).
     collective_helpers: tuple[tuple[str, tuple[str, ...], bool], ...] = ()
+    #: Names its star imports of project modules bring from outside the project, with their
+    #: qualified names there (``("ModelCheckpoint", "keras.callbacks.ModelCheckpoint")``).
+    star_names: tuple[tuple[str, str], ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:

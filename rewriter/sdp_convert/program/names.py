@@ -452,12 +452,31 @@ class QualifiedNames(Mapping[cst.CSTNode, object]):
                         read.node, read.name = node, dotted  # type: ignore[assignment]
                         break
             self._reads.setdefault(id(read.node), []).append(read)
+        #: Names a ``from <project module> import *`` brings, with what they are there
+        #: (``ModelCheckpoint`` -> ``keras.callbacks.ModelCheckpoint``): the project run's
+        #: answer (``ModuleFacts.star_names``), given to a name the file itself never binds.
+        #: Empty on its own, as libcst (which sees nothing through a star import).
+        self.star_names: Mapping[str, str] = {}
 
     def __getitem__(self, node: cst.CSTNode) -> set[QualifiedName]:
         found = self._found.get(id(node))
         if found is None:
-            found = self._found[id(node)] = self._names(node)
+            found = self._found[id(node)] = self._names(node) or self._star_names(node)
         return found
+
+    def _star_names(self, node: cst.CSTNode) -> set[QualifiedName]:
+        if not self.star_names or not isinstance(node, (cst.Name, cst.Attribute)):
+            return set()
+        scope = self._scope_of.get(id(node))
+        full_name = get_full_name_for_node(node)
+        if scope is None or full_name is None:
+            return set()
+        head, _, rest = full_name.partition(".")
+        source = self.star_names.get(head)
+        if source is None or scope.resolve(head):
+            return set()
+        return {QualifiedName(f"{source}.{rest}" if rest else source,
+                              QualifiedNameSource.IMPORT)}
 
     def _names(self, node: cst.CSTNode) -> set[QualifiedName]:
         scope = self._scope_of.get(id(node))

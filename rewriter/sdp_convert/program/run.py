@@ -1100,7 +1100,8 @@ class Run:
             if isinstance(call.func, cst.Attribute)
         ]
         for module in chosen:
-            for call in module.fm.method_calls("fit"):
+            # (``fit_generator`` too: a module the converter did not edit still calls it.)
+            for call in (*module.fm.method_calls("fit"), *module.fm.method_calls("fit_generator")):
                 if not isinstance(call.func, cst.Attribute):
                     continue
                 ref = Ref(module, call)

@@ -55,7 +55,7 @@ from .datasets import (
 from .index import FileIndex, file_index
 from .keras import fit_arg, keras_fit_calls
 from .permutations import unseeded_orders
-from .project import fed_returns, imported_sites
+from .project import fed_returns, imported_sites, repairs_of
 from .scopes import param_for_arg
 from .syntax import arg_named, code, findall, mentions_size
 
@@ -149,7 +149,13 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
     plan = planner.plan
     fed = {id(ret): (value, feed) for ret, value, feed in fed_returns(fm)}
     imported = imported_sites(fm)
+    # Loops whose data another module of the run builds and splits (the whole-program
+    # contract followed it there: ``known_dataset``).
+    split_elsewhere = [node for _, node in repairs_of(fm, "known_dataset")]
     for where, candidates in training_dataset_uses(fm):
+        if any(node is where or where in fm.ancestors(node) for node in split_elsewhere):
+            plan.uses.append(TrainingData(where, "converter"))
+            continue
         traces = [(c, trace_dataset(fm, planner.index, c.expr)) for c in candidates]
         usable = [(c, t) for c, t in traces if t.source is not None]
         source = next((s for site, s in imported if site.loop is where
@@ -623,3 +629,47 @@ class _Planner:
             and len(step.args) == 1
             and self.fm.refers_to(step.args[0].value, f"{self.fm.runtime_module}.shard")
         )
+
+
+def lengths_of_split_data(fm: FileModel, call: cst.Call) -> list[tuple[str, cst.Call]]:
+    """The names in ``call``'s arguments (a learning-rate schedule's step counts,
+    ``LinearDecay(lr, epochs * len_dataset, ...)``) that the call making the training data
+    returns with it (``A_B_dataset, len_dataset = data.make_zip_dataset(...)``), when that data
+    is split between workers: a length of the whole data, while each worker now runs a part of
+    it. With the call that made each."""
+    uses = [u for u in tf_training_data(fm) if u.sharded_by == "converter"]
+    if not uses:
+        return []
+    index = file_index(fm)
+    found: list[tuple[str, cst.Call]] = []
+    for arg in call.args:
+        for node in _names_under(arg.value):
+            binding = index.reaching(node.value, node)
+            if binding is None or not binding.unpacked or not isinstance(binding.value, cst.Call):
+                continue
+            stmt = binding.stmt
+            targets = stmt.targets if isinstance(stmt, cst.Assign) else []
+            others = [e.value.value for t in targets if isinstance(t.target, (cst.Tuple, cst.List))
+                      for e in t.target.elements
+                      if isinstance(e.value, cst.Name) and e.value.value != node.value]
+            scope = index.scope(node)
+            if any(u.where in fm.ancestors(load) for other in others
+                   for load in index.loads_of(other, scope) for u in uses) and (
+                node.value not in [n for n, _ in found]
+            ):
+                found.append((node.value, binding.value))
+    return found
+
+
+def _names_under(expr: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.append(node)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        else:
+            stack.extend(node.children)
+    return found

@@ -296,3 +296,33 @@ def is_tf_function(fm: FileModel, function: cst.FunctionDef) -> bool:
         )
         for d in function.decorators
     )
+
+
+#: Where a TF1 session that only holds a configuration goes: Keras's backend takes it.
+_SESSION_SETTERS = ("set_session",)
+
+
+def session_holds_config_only(fm: FileModel, call: cst.Call) -> bool:
+    """A ``tf.compat.v1.Session(config=...)`` that nothing runs: its only use is being handed to
+    Keras's ``set_session(...)`` (``config.gpu_options.allow_growth = True``), directly or through
+    a name read nowhere else. It sets GPU options; it is no graph-mode training."""
+    if any(arg.keyword is None or arg.keyword.value != "config" for arg in call.args):
+        return False
+    parent = fm.parent(call)
+    if isinstance(parent, cst.Arg):
+        return _hands_to_setter(fm, parent)
+    if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)):
+        return False
+    index = file_index(fm)
+    name = parent.targets[0].target.value
+    uses = _uses_of_binding(index, name, index.scope(call), parent)  # (None: the module)
+    return bool(uses) and all(isinstance(arg := fm.parent(use), cst.Arg)
+                              and _hands_to_setter(fm, arg) for use in uses)
+
+
+def _hands_to_setter(fm: FileModel, arg: cst.Arg) -> bool:
+    outer = fm.parent(arg)
+    return isinstance(outer, cst.Call) and (
+        (isinstance(outer.func, cst.Attribute) and outer.func.attr.value in _SESSION_SETTERS)
+        or (isinstance(outer.func, cst.Name) and outer.func.value in _SESSION_SETTERS))

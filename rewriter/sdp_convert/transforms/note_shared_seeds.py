@@ -26,6 +26,7 @@ import libcst as cst
 from ..base import Transform
 from ..program.scopes import training_loops
 from ..program.syntax import code
+from ..program.training import training_facts
 
 SEEDS = (
     "torch.manual_seed",
@@ -56,7 +57,12 @@ class NoteSharedSeeds(Transform):
         seeds = [c for c in self.calls_to(*SEEDS) if "rank" not in code(c)]
         if not seeds:
             return
-        loops = training_loops(self.fm)
+        loops: set[cst.CSTNode] = set(training_loops(self.fm))
+        if self.state.info.framework == "tensorflow":
+            # The loops that apply a tape's gradients, and the step functions they call.
+            for site in training_facts(self.fm).sites:
+                loops.update(site.loops)
+                loops.update(function for function, _ in site.chain)
         draws = [
             c for c in self.calls_to(*DRAWS, "numpy.random", prefix=True)
             if any(p in loops for p in self.ancestors(c))

@@ -71,7 +71,7 @@ from ..program.syntax import (
     size_factor,
     times_size,
 )
-from ..program.tfshards import data_sharded_for
+from ..program.tfshards import data_sharded_for, lengths_of_split_data
 
 # -- the transform -------------------------------------------------------------------------------
 
@@ -235,6 +235,7 @@ class ScaleKerasLearningRate(Transform):
                 self.optimizers.pop(call)
                 if not any(_is_scaled(self, index, a.value, value) for a in value.args):
                     self.schedules[value] = schedule
+                self._whole_data_steps(value)
                 return
             if _is_custom_schedule(self, index, value):
                 self.optimizers.pop(call)
@@ -244,7 +245,36 @@ class ScaleKerasLearningRate(Transform):
                     f"{size_factor(self.sdp, self.mode)}",
                     manual=True,
                 )
+                self._whole_data_steps(value)
                 return
+            if _foreign_class(self, value):
+                # ``module.LinearDecay(...)``: an instance of a class of another module is no
+                # number (``schedule * size`` would fail): a schedule, read by a person.
+                self.optimizers.pop(call)
+                self.record(
+                    arg.value,
+                    f"{code(value.func)}(...) is the learning rate, an object of a class the "
+                    f"converter cannot read here (a LearningRateSchedule): scale the rates it "
+                    f"returns by {size_factor(self.sdp, self.mode)}",
+                    manual=True,
+                )
+                self._whole_data_steps(value)
+                return
+
+    def _whole_data_steps(self, schedule: cst.Call) -> None:
+        """A schedule whose step counts come from the length of the whole training data, now
+        split: each worker runs 1/N of an epoch's steps, and ``optimizer.iterations`` counts
+        them, so the schedule would run N times slower."""
+        for name, made in lengths_of_split_data(self.fm, schedule):
+            self.record(
+                schedule,
+                f"{code(schedule.func)}(...) counts optimizer steps with {name}, which "
+                f"{code(made.func)}(...) returns with the training data: the length of all of "
+                f"it, while each worker now runs 1/{self.sdp}.size() of an epoch's steps (its "
+                f"data is split): divide it here ({name} // {self.sdp}.size()), or the schedule "
+                f"runs {self.sdp}.size() times slower",
+                manual=True,
+            )
 
     def _find_runtime_assignments(self, index: FileIndex, optimizer_vars: set[str]) -> None:
         def is_optimizer(expr: cst.BaseExpression) -> bool:
@@ -381,6 +411,17 @@ def _is_scaled(
 
 def _is_lr_attribute(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Attribute) and expr.attr.value in _RUNTIME_LR_ATTRS
+
+
+def _foreign_class(transform: Transform, call: cst.Call) -> bool:
+    """``module.LinearDecay(...)`` / ``LinearDecay(...)``: a class (capitalised) that is no Keras
+    name and no function or class of this file."""
+    name = code(call.func).rsplit(".", 1)[-1]
+    if not name[:1].isupper() or keras_names(transform.fm, call.func):
+        return False
+    qualified = transform.fm.qualified_names(call.func)
+    return bool(qualified) and not any(q.startswith(("builtins.", "numpy.", "math.", "torch."))
+                                       for q in qualified)
 
 
 def _is_custom_schedule(transform: Transform, index: FileIndex, call: cst.Call) -> bool:

@@ -39,7 +39,12 @@ from ..base import Transform
 from ..program.index import file_index, reaching_values
 from ..program.keras import keras_name, optimizer_class
 from ..program.syntax import code
-from ..program.training import BY_HAND_METHODS, Tape, training_facts
+from ..program.training import (
+    BY_HAND_METHODS,
+    Tape,
+    session_holds_config_only,
+    training_facts,
+)
 
 #: What TF1 graph-mode *training* calls (``tf.compat.v1.logging``, ``flags``, ``app`` are not it).
 _TF1_PREFIXES = (
@@ -87,6 +92,10 @@ class WrapGradientTape(Transform):
 
     def prepare(self, module: cst.Module) -> None:
         markers = _tf1_markers(self.state.info)
+        # A session that only holds GPU options for Keras (``set_session(Session(config=...))``)
+        # is no graph-mode training.
+        markers = [q for q in markers if not (q.endswith(".Session") and all(
+            session_holds_config_only(self.fm, c) for c in self.calls_to(q)))]
         if markers:
             calls = self.calls_to(*markers)
             names = list(dict.fromkeys(
