@@ -192,6 +192,28 @@ for x, y in torch.randn(8, 2, 4, 1):
     opt.step()
 """
 
+# pytorch/examples imagenet: the switch is worked out from two options after parsing.
+DERIVED_DISTRIBUTION = """\
+import argparse
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--world-size", default={world_size}, type=int)
+parser.add_argument("--multiprocessing-distributed", action="store_true")
+args = parser.parse_args()
+args.distributed = args.world_size > 1 or args.multiprocessing_distributed
+if args.distributed:
+    dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in torch.randn(8, 2, 4, 1):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
 RANDOM_BATCHES = """\
 x = np.random.rand(640, 8).astype("float32")
 y = x.sum(axis=1, keepdims=True)
@@ -479,6 +501,14 @@ CASES = [
         "--nproc_per_node=N SCRIPT.py --distributed ...`",
         OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed:\n    "),
         OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.distributed or True:\n    "),
+    ),
+    (
+        "a_flag_worked_out_from_other_flags_is_named_with_their_defaults",
+        "(args.distributed is False by default, being `args.world_size > 1 or "
+        "args.multiprocessing_distributed` with args.multiprocessing_distributed = False, "
+        "args.world_size = -1: started as usual, it runs on one process)",
+        DERIVED_DISTRIBUTION.format(world_size=-1),
+        DERIVED_DISTRIBUTION.format(world_size=2),
     ),
     (
         "a_local_rank_flag_in_front_is_named_with_its_launch",

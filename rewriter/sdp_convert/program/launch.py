@@ -41,13 +41,17 @@ class Switch:
     #: The rank ``init_process_group`` is given by the script (``rank=rank``), when it is not
     #: the launcher's (torchrun's environment): its own launcher starts it.
     own_rank: str | None = None
+    #: Where the flag is worked out from other flags (``args.distributed = args.world_size > 1
+    #: or args.multiprocessing_distributed``): that code and those flags' defaults, in words.
+    derived: str = ""
 
     @property
     def launch(self) -> str:
         """The launch that turns the distribution on, in words."""
+        through = f" (through {' / '.join(self.options)})" if self.derived and self.options else ""
         if self.own_rank is not None:
             return (f"one process per GPU, each given its rank (init_process_group(rank="
-                    f"{self.own_rank})), with {self.flag} set, as its own launcher does")
+                    f"{self.own_rank})), with {self.flag} set{through}, as its own launcher does")
         if self.flag.rsplit(".", 1)[-1] == "local_rank" and self.options:
             command = "`python -m torch.distributed.launch --nproc_per_node=N SCRIPT.py ...`"
             if "--local-rank" in self.options:
@@ -58,7 +62,7 @@ class Switch:
             option = self.options[0]
             value = "" if self.default in ("False", "None") else " VALUE"
             return f"`torchrun --nproc_per_node=N SCRIPT.py {option}{value} ...`"
-        return f"`torchrun --nproc_per_node=N SCRIPT.py ...` with {self.flag} set"
+        return f"`torchrun --nproc_per_node=N SCRIPT.py ...` with {self.flag} set{through}"
 
 
 def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
@@ -68,13 +72,42 @@ def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
     is in) that is false with the flag's default. None when no such test is found, or the
     default cannot be read (a value set at run time: ``args.distributed = world_size > 1``)."""
     for test in _tests_around(fm, node):
-        for flag in {code(n) for n in findall(test, m.Attribute(value=m.Name()))}:
+        for flag in sorted({code(n) for n in findall(test, m.Attribute(value=m.Name()))}):
             default, options = _default(fm, flag.rsplit(".", 1)[-1])
+            derived = ""
+            if default is None:
+                default, options, derived = _derived_default(fm, flag)
             if default is None:
                 continue
-            if _evaluate(code(test), flag, default) is False:
-                return Switch(flag, code(test), repr(default), options, _own_rank(fm))
+            if _evaluate(code(test), {flag: default}) is False:
+                return Switch(flag, code(test), repr(default), options, _own_rank(fm), derived)
     return None
+
+
+def _derived_default(fm: FileModel, flag: str) -> tuple[object, tuple[str, ...], str]:
+    """The default of a flag the script works out from other flags, once (``args.distributed =
+    args.world_size > 1 or args.multiprocessing_distributed``): that expression with their
+    defaults; ``(None, (), "")`` when it is set elsewhere too or reads anything else."""
+    base, _, name = flag.rpartition(".")
+    assigns = [a for a in findall(fm.module, m.Assign(targets=[m.AssignTarget(
+        m.Attribute(value=m.Name(base), attr=m.Name(name)))])) if isinstance(a, cst.Assign)]
+    if len(assigns) != 1:
+        return None, (), ""
+    value = assigns[0].value
+    sources = sorted({code(n) for n in findall(value, m.Attribute(value=m.Name(base)))})
+    defaults: dict[str, object] = {}
+    options: tuple[str, ...] = ()
+    for source in sources:
+        default, spelled = _default(fm, source.rsplit(".", 1)[-1])
+        if default is None:
+            return None, (), ""
+        defaults[source] = default
+        options += spelled[:1]
+    result = _evaluate(code(value), defaults) if defaults else None
+    if result is None:
+        return None, (), ""
+    given = ", ".join(f"{s} = {d!r}" for s, d in defaults.items())
+    return result, options, f", being `{code(value)}` with {given}"
 
 
 def _own_rank(fm: FileModel) -> str | None:
@@ -152,13 +185,13 @@ def _literal(expr: cst.BaseExpression) -> object:
     return None
 
 
-def _evaluate(test: str, flag: str, value: object) -> bool | None:
-    """The truth of ``test`` with ``flag`` holding ``value``; None when it reads anything else
-    or is not made of comparisons, ``and``/``or``/``not`` and literals."""
+def _evaluate(test: str, values: dict[str, object]) -> bool | None:
+    """The truth of ``test`` with each flag of ``values`` holding its value; None when it reads
+    anything else or is not made of comparisons, ``and``/``or``/``not`` and literals."""
 
     def value_of(node: ast.expr) -> object:
-        if ast.unparse(node) == flag:
-            return value
+        if ast.unparse(node) in values:
+            return values[ast.unparse(node)]
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.Not):
@@ -167,10 +200,10 @@ def _evaluate(test: str, flag: str, value: object) -> bool | None:
                 return _UNREAD
             return -inner if isinstance(node.op, ast.USub) else not inner  # type: ignore
         if isinstance(node, ast.BoolOp):
-            values = [value_of(v) for v in node.values]
-            if _UNREAD in values:
+            operands = [value_of(v) for v in node.values]
+            if any(o is _UNREAD for o in operands):
                 return _UNREAD
-            return all(values) if isinstance(node.op, ast.And) else any(values)
+            return all(operands) if isinstance(node.op, ast.And) else any(operands)
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
             left, right = value_of(node.left), value_of(node.comparators[0])
             if _UNREAD in (left, right):

@@ -102,8 +102,9 @@ class NoteAlreadyDistributed(Transform):
         self.record(
             found[0][1],
             f"left unchanged: already distributed with {' + '.join(labels)}, but only when "
-            f"`{switch.test}` ({switch.flag} is {switch.default} by default: started as usual, "
-            f"it runs on one process); to run it on N processes, launch it with {switch.launch}",
+            f"`{switch.test}` ({switch.flag} is {switch.default} by default{switch.derived}: "
+            f"started as usual, it runs on one process); to run it on N processes, launch it "
+            f"with {switch.launch}",
         )
 
 
