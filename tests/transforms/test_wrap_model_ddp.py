@@ -1165,3 +1165,47 @@ def test_a_checkpoint_that_moves_the_wrapped_model_to_the_cpu_mid_training_is_no
         "sdp.DistributedDataParallel from here on, off its device")
     assert ("torch.save({k: v.cpu() for k, v in transformer.state_dict().items()}, path)"
             in notes[0][1])
+
+
+def test_a_model_of_several_branches_wrapped_after_its_move_below_them_gets_no_branch_note():
+    # srgan-tutorial / captioning-tutorial: the optimizer is made inside the first branch, the
+    # checkpoint branch loads both; the wrap goes after `model = model.to(device)` below the
+    # join, so every branch's model is wrapped and "wrapped only in the branch of" was false.
+    result = check_transformed(
+        """\
+        import torch
+
+        if checkpoint is None:
+            model = Net()
+            optimizer = torch.optim.Adam(model.parameters())
+        else:
+            model = checkpoint["model"]
+            optimizer = checkpoint["optimizer"]
+        model = model.to(device)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        """\
+        import torch
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        if checkpoint is None:
+            model = Net()
+            optimizer = torch.optim.Adam(model.parameters())
+        else:
+            model = checkpoint["model"]
+            optimizer = checkpoint["optimizer"]
+        model = model.to(device)
+        model = sdp.DistributedDataParallel(model)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        """,
+        only=ONLY,
+    )
+    assert messages(result, ONLY, manual=True) == []

@@ -337,12 +337,19 @@ class WrapModelDdp(Transform):
         first = self.enclosing_statement(model.creation.stmt)
         if first is None:
             return
-        first = self._join(model, same, first)
+        first, branched = self._join(model, same, first)
         uses = self._uses(model)
         anchor = wrap_anchor(self.fm, first, same, uses)
 
         def order(node: cst.CSTNode) -> int:
             return self.index.order.get(id(node), -1)
+
+        if branched is not None:
+            # Wrapped in one branch only, unless the anchor moved past the join (after
+            # ``model = model.to(device)`` below it): then every branch's model is wrapped.
+            join, message = branched
+            if order(anchor) < order(join) or any(a is join for a in self.ancestors(anchor)):
+                self.record(join, message, manual=True)
 
         self.add_runtime_import()
         if frozen is not None:  # no DDP (no gradient), but every rank runs rank 0's weights
@@ -393,17 +400,18 @@ class WrapModelDdp(Transform):
         self._note_method_calls(uses)
 
     def _join(self, model: _Model, same: list[Binding], first: cst.BaseStatement
-              ) -> cst.BaseStatement:
-        """A model chosen in ``if``/``else`` (or ``try``) is wrapped where the branches join."""
+              ) -> tuple[cst.BaseStatement, tuple[cst.BaseStatement, str] | None]:
+        """A model chosen in ``if``/``else`` (or ``try``) is wrapped where the branches join;
+        used inside one of them, in that branch, with the note to give (the join, the note)
+        unless the wrap moves past the join after all."""
         creations = [b.stmt for b in same if b.value and not is_wrapper(self.fm, b.value)]
         join = branch_join(self.fm, model.creation.stmt, creations)
         if join is None or not used_inside(self.fm, self._uses(model), join):
-            return join or first
+            return join or first, None
         made = self.module.code_for_node(first).strip().splitlines()[0]
-        self.record(join, f"{model.target} is created in several branches and used inside one: "
-                    f"wrapped only in the branch of `{made}`; wrap it in {self.sdp}."
-                    f"DistributedDataParallel in every branch (or after they join)", manual=True)
-        return first
+        return first, (join, f"{model.target} is created in several branches and used inside "
+                       f"one: wrapped only in the branch of `{made}`; wrap it in {self.sdp}."
+                       f"DistributedDataParallel in every branch (or after they join)")
 
     def _uses(self, model: _Model) -> list[cst.CSTNode]:
         """Loads of the model: ``model`` names of its scope, or ``self.model`` in its class."""
