@@ -1326,3 +1326,54 @@ def test_a_loader_handed_to_another_modules_loop_through_a_progress_bar_is_split
     assert "lr=3e-3 * sdp.size()" in entry
     loop = (tmp_path / "engine.py").read_text()
     assert "sdp-convert: manual" not in loop, loop
+
+
+SCRIPT_HELPER = '''\
+import torch
+
+
+def evaluate(model, path):
+    with open(path, "w") as f:
+        f.write(str(sum(p.sum().item() for p in model.parameters())))
+
+
+if __name__ == "__main__":
+    evaluate(torch.nn.Linear(4, 1), "eval.txt")
+'''
+SCRIPT_TRAIN = '''\
+import torch
+
+from evaluate import evaluate
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), 2)
+for (x,) in loader:
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+evaluate(model, "eval.txt")
+'''
+
+
+def test_a_helper_with_its_own_main_block_initialises_there_when_run_alone(tmp_path: Path):
+    """yolov3-tf2 (pythonlessons): evaluate_mAP.py, whose writes the training runs, got
+    `if sdp.rank() == 0:` guards and no init: `python evaluate_mAP.py` stopped with
+    NotInitializedError. Its `__main__` block now initialises first; imported, it does not."""
+    import subprocess
+    import sys
+
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "evaluate.py").write_text(SCRIPT_HELPER)
+    (tmp_path / "train.py").write_text(SCRIPT_TRAIN)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("evaluate.py", "train.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    helper = (tmp_path / "evaluate.py").read_text()
+    assert "if sdp.rank() == 0:" in helper, helper
+    assert 'if __name__ == "__main__":\n    sdp.init()\n    evaluate(' in helper, helper
+    assert helper.count("sdp.init()") == 1
+    done = subprocess.run([sys.executable, "evaluate.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "eval.txt").exists()

@@ -43,20 +43,35 @@ class AddRuntimeInit(Transform):
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
     #: Project mode: the entry point that runs another module's training code (``entry``:
     #: found by the project planning, or asked by the whole-program contract's ``init`` repair).
-    PROJECT_ROLES = frozenset({"entry"})
+    #: A module that trains nothing but gets runtime calls (``helper``, ``data``, writes and
+    #: downloads the whole-program contract asks of it): only ``init()`` in its own
+    #: ``if __name__ == "__main__":`` block, for when it is run as a script.
+    PROJECT_ROLES = frozenset({"entry", "helper", "data", "repair:guard_write", "repair:fetch"})
 
     def prepare(self, module: cst.Module) -> None:
         self.anchor: cst.BaseStatement | None = None
         self.already = False
+        self.script_main: cst.If | None = None
         # An init anywhere (in main(), say) counts: a second init() would raise.
         if self.calls_to(f"{self.state.runtime_module}.init"):
             self.already = True
             return
         project = self.state.options.project
+        roles = project.roles if project is not None else frozenset()
+        if not self.state.info.training and not roles & {"entry", "repair:init"}:
+            # Here for the runtime calls other transforms give a module that trains nothing
+            # (a helper's writes, a data module's sampler): imported, the entry initialises.
+            self.already = True
+            self.script_main = _main_block(module)
+            return
         if not self.state.info.entry_point:
             self.already = True
             if project is not None and (project.started_by or repairs_of(self.fm, "started_by")):
-                return  # the entry point that runs this module's training code initialises
+                # The entry point that runs this module's code initialises; run as a script of
+                # its own (``if __name__ == "__main__":``), the module initialises there, or its
+                # converted code stops at the first sdp.rank().
+                self.script_main = _main_block(module)
+                return
             self.record(
                 module,
                 f"no sdp.init() added: nothing in this module runs its training code (it is "
@@ -73,6 +88,26 @@ class AddRuntimeInit(Transform):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if self.already:
+            main = self.script_main
+            if main is not None and isinstance(main.body, cst.IndentedBlock) and any(
+                not manual and transform != self.NAME for _, transform, _, manual in
+                self.state.records
+            ):
+                self.add_runtime_import()
+                init = cst.parse_statement(f"{self.sdp}.init()\n")
+                # Its block was left already (the edit plan of nested blocks is applied on the
+                # way up): the init goes into the updated block, the module's last step.
+                body = list(updated_node.body)
+                for at, stmt in enumerate(body):
+                    if _main_block(updated_node.with_changes(body=[stmt])) is not None:
+                        assert isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock)
+                        body[at] = stmt.with_changes(body=stmt.body.with_changes(
+                            body=[init, *stmt.body.body]))
+                        updated_node = updated_node.with_changes(body=body)
+                        break
+                self.record(main, f"{self.sdp}.init() first in its `if __name__ == \"__main__\":` "
+                            "block: run as a script of its own, it initialises the runtime its "
+                            "converted code reads (imported, the entry point initialises it)")
             return updated_node
         self.add_runtime_import()
         init = cst.parse_statement(f"{self.sdp}.init()\n")
@@ -116,3 +151,14 @@ class AddRuntimeInit(Transform):
         return updated_node
 
 
+def _main_block(module: cst.Module) -> cst.If | None:
+    """The module's top-level ``if __name__ == "__main__":`` block."""
+    main = m.If(test=m.Comparison(
+        left=m.Name("__name__"),
+        comparisons=[m.ComparisonTarget(m.Equal(), m.SimpleString())],
+    ))
+    for stmt in module.body:
+        if m.matches(stmt, main):
+            assert isinstance(stmt, cst.If)
+            return stmt
+    return None
