@@ -1377,3 +1377,62 @@ def test_a_helper_with_its_own_main_block_initialises_there_when_run_alone(tmp_p
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "eval.txt").exists()
+
+
+VOC_DATA = '''\
+import os
+import tarfile
+
+import torch
+from torchvision.datasets.utils import download_url
+
+
+def download_extract(url, root, filename, md5):
+    download_url(url, root, filename, md5)
+    with tarfile.open(os.path.join(root, filename), "r") as tar:
+        tar.extractall(path=root)
+
+
+class VOCSegmentation(torch.utils.data.Dataset):
+    def __init__(self, root, download=False):
+        if download:
+            download_extract("http://x.org/voc.tar", root, "voc.tar", None)
+        self.x = torch.randn(32, 4)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i]
+'''
+VOC_MAIN = '''\
+import torch
+
+from voc import VOCSegmentation
+
+train_set = VOCSegmentation("data", download=True)
+loader = torch.utils.data.DataLoader(train_set, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x in loader:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+'''
+
+
+def test_a_data_modules_download_url_runs_with_its_extraction_on_rank_0(tmp_path: Path):
+    """deeplabv3plus datasets/voc.py: the extraction went to rank 0, but torchvision's
+    ``download_url`` before it ran on every rank: on a first run each rank wrote the same tar
+    while rank 0 checked and unpacked it, unnoted."""
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    (tmp_path / "voc.py").write_text(VOC_DATA)
+    (tmp_path / "main.py").write_text(VOC_MAIN)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("voc.py", "main.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    data = (tmp_path / "voc.py").read_text()
+    assert ("    if sdp.rank() == 0:\n        download_url(url, root, filename, md5)\n"
+            "        with tarfile.open") in data, data
+    assert "            tar.extractall(path=root)\n    sdp.barrier()\n" in data, data

@@ -232,3 +232,44 @@ def test_a_network_read_and_its_write_under_an_existence_test_go_to_rank_0_with_
     assert ("    if sdp.rank() == 0:\n        if not os.path.isfile(path):\n"
             "            r = requests.get(\"https://x.org/data.csv\")\n") in result.output.decode()
     assert "    sdp.barrier()\n    return path\n" in result.output.decode()
+
+
+def test_torchvisions_download_url_runs_on_local_rank_0_first_before_the_extraction():
+    """deeplabv3plus's datasets/voc.py: ``download_url`` skips a file whose checksum matches,
+    but on a first run every rank found none and wrote the same tar while rank 0 extracted it.
+    In a training script it runs on each machine's rank 0 first (the others then find it
+    whole); a data module's conversion runs it with the extraction on rank 0
+    (``test_note_truth``, the fetch repair)."""
+    result = check_transformed(
+        """\
+        import os
+        import tarfile
+        import torch
+        from torchvision.datasets.utils import download_url
+
+        def download_extract(url, root, filename, md5):
+            download_url(url, root, filename, md5)
+            with tarfile.open(os.path.join(root, filename), "r") as tar:
+                tar.extractall(path=root)
+        """ + TAIL.replace("\n", "\n        "),
+        """\
+        import os
+        import tarfile
+        import torch
+        from torchvision.datasets.utils import download_url
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        def download_extract(url, root, filename, md5):
+            with sdp.rank0_first():
+                download_url(url, root, filename, md5)
+            if sdp.rank() == 0:
+                with tarfile.open(os.path.join(root, filename), "r") as tar:
+                    tar.extractall(path=root)
+            sdp.barrier()
+        """ + TAIL.replace("\n", "\n        "),
+        only=ONLY,
+    )
+    assert [m.split(" on ")[0] for m in messages(result, ONLY)] == [
+        "download_url(...) downloads", "tar.extractall(...) unpacks"]

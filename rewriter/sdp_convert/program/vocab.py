@@ -16,7 +16,6 @@ CACHED_DOWNLOADS = (
     "torch.hub.load_state_dict_from_url",
     "tensorflow_datasets.load",
     "datasets.load_dataset",
-    "torchvision.datasets.utils.download_url",
     "torchvision.datasets.utils.download_and_extract_archive",
 )
 #: Prefixes of calls that download (their arguments decide: ``download=``, ``weights=``,
@@ -31,6 +30,8 @@ FILE_DOWNLOADS = (
     "six.moves.urllib.request.urlretrieve",
     "gdown.download",
     "wget.download",
+    # It skips a file whose checksum matches, but every rank finding none writes the same file.
+    "torchvision.datasets.utils.download_url",
 )
 
 #: Calls that unpack an archive into a directory every time they run.
