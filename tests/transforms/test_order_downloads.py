@@ -273,3 +273,29 @@ def test_torchvisions_download_url_runs_on_local_rank_0_first_before_the_extract
     )
     assert [m.split(" on ")[0] for m in messages(result, ONLY)] == [
         "download_url(...) downloads", "tar.extractall(...) unpacks"]
+
+
+def test_word_vectors_download_on_local_rank_0_first():
+    """sentiment-rnn notebook: ``torchtext.vocab.GloVe()`` downloads and unpacks about 2 GB into
+    .vector_cache when it is made: every rank did it at once on a first run."""
+    result = check_transformed(
+        """\
+        import torch
+        import torchtext
+
+        vectors = torchtext.vocab.GloVe()
+        """ + TAIL.replace("\n", "\n        "),
+        """\
+        import torch
+        import torchtext
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        with sdp.rank0_first():
+            vectors = torchtext.vocab.GloVe()
+        """ + TAIL.replace("\n", "\n        "),
+        only=ONLY,
+    )
+    assert [m.split(" on ")[0] for m in messages(result, ONLY)] == [
+        "torchtext.vocab.GloVe(...) downloads"]

@@ -17,6 +17,11 @@ CACHED_DOWNLOADS = (
     "tensorflow_datasets.load",
     "datasets.load_dataset",
     "torchvision.datasets.utils.download_and_extract_archive",
+    # Word vectors: downloaded and unpacked into .vector_cache on construction.
+    "torchtext.vocab.GloVe",
+    "torchtext.vocab.FastText",
+    "torchtext.vocab.CharNGram",
+    "torchtext.vocab.Vectors",
 )
 #: Prefixes of calls that download (their arguments decide: ``download=``, ``weights=``,
 #: ``pretrained=``).
