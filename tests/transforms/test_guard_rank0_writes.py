@@ -824,3 +824,31 @@ def test_a_tokenizers_save_is_a_write_and_another_objects_save_is_not():
     assert 'if sdp.rank() == 0:\n    tokenizer.save("tokenizer.json")\n' in code
     assert 'if sdp.rank() == 0:\n    loaded.save("copy.json")\n' in code
     assert '\nscaler.save("not_a_tokenizer")\n' in code
+
+
+def test_image_writers_of_the_field_are_writes():
+    # unet-keras data.py: saveResult's skimage.io.imsave wrote the result images on every rank.
+    check_transformed(
+        HEAD
+        + """\
+import skimage.io as io
+import imageio
+import cv2
+
+io.imsave("mask.png", img)
+imageio.imwrite("a.png", img)
+cv2.imwrite("b.png", img)
+""",
+        HEAD
+        + """\
+import skimage.io as io
+import imageio
+import cv2
+
+if sdp.rank() == 0:
+    io.imsave("mask.png", img)
+    imageio.imwrite("a.png", img)
+    cv2.imwrite("b.png", img)
+""",
+        only=ONLY,
+    )

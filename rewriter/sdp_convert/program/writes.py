@@ -37,6 +37,7 @@ WRITES: dict[str, tuple[int, str] | None] = {
     "imageio.v2.imwrite": (0, "uri"),
     "imageio.v3.imwrite": (0, "uri"),
     "cv2.imwrite": None,
+    "skimage.io.imsave": (0, "fname"),
     "scipy.io.savemat": (0, "file_name"),
     "scipy.io.wavfile.write": (0, "filename"),
     "soundfile.write": (0, "file"),
