@@ -1436,3 +1436,47 @@ def test_a_data_modules_download_url_runs_with_its_extraction_on_rank_0(tmp_path
     assert ("    if sdp.rank() == 0:\n        download_url(url, root, filename, md5)\n"
             "        with tarfile.open") in data, data
     assert "            tar.extractall(path=root)\n    sdp.barrier()\n" in data, data
+
+
+REUSED_MODEL_NAME = """\
+import sdp_runtime.tensorflow as sdp
+import tensorflow as tf
+
+
+class CustomModel(tf.keras.Model):
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(data[1], self(data[0]))
+        tape = sdp.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        return {{}}
+
+
+model = {first}
+model.compile(optimizer={first_opt})
+model = {second}
+model.compile(optimizer={second_opt})
+"""
+
+
+@pytest.mark.parametrize(("first", "second", "twice"), [
+    ("CustomModel(inputs, outputs)", "tf.keras.Sequential([])", False),
+    ("tf.keras.Sequential([])", "CustomModel(inputs, outputs)", True),
+], ids=["subclass_then_plain", "plain_then_subclass"])
+def test_averaged_twice_reads_the_model_a_reused_name_holds_at_each_compile(first, second, twice):
+    """dlwp-ch7 notebook: `model` is a plain Sequential in eight cells and a CustomModel (its
+    train_step wraps the tape) in two; every DistributedOptimizer compile of a plain one was
+    refused as 'averaged twice'."""
+    from sdp_convert import inserted
+
+    plain = "tf.keras.optimizers.SGD(0.1)"
+    wrapped = f"sdp.keras.DistributedOptimizer({plain})"
+    custom_first = first.startswith("Custom")
+    source = REUSED_MODEL_NAME.format(first=first, second=second, first_opt=plain,
+                                      second_opt=plain)
+    output = REUSED_MODEL_NAME.format(
+        first=first, second=second, first_opt=plain if custom_first else wrapped,
+        second_opt=wrapped)
+    found = inserted.problems(source.encode(), output.encode())
+    assert bool([w for _, w in found if "twice" in w]) is twice, found

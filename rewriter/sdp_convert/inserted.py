@@ -544,7 +544,12 @@ def _averaged_twice(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
         if wrap(optimizer, "DistributedOptimizer") is None:
             continue
         model = ast.unparse(node.func.value)
-        made = {call_name(v.func) for v in _assigned(tree, model) if isinstance(v, ast.Call)}
+        # The model the name holds there: its last assignment above the compile (a notebook
+        # that reuses `model` for a plain Sequential after a subclass compiles each on its own).
+        before = sorted((v for v in _assigned(tree, model) if v.lineno < node.lineno),
+                        key=lambda v: v.lineno)
+        values = before[-1:] if before else _assigned(tree, model)
+        made = {call_name(v.func) for v in values if isinstance(v, ast.Call)}
         for cls in sorted(made & set(classes)):
             found.append(((model, f"its optimizer is a DistributedOptimizer and "
                                   f"{classes[cls]}.train_step wraps its tape in "
