@@ -1480,3 +1480,57 @@ def test_averaged_twice_reads_the_model_a_reused_name_holds_at_each_compile(firs
         second_opt=wrapped)
     found = inserted.problems(source.encode(), output.encode())
     assert bool([w for _, w in found if "twice" in w]) is twice, found
+
+
+SAVE_HELPER = '''\
+import torch
+
+
+def save(obj, path):
+    torch.save(obj, path)
+'''
+SAVE_TRAIN = '''\
+import torch
+
+import saving
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), 2)
+for (x,) in loader:
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+saving.save(model.state_dict(), "model.pt")
+'''
+SAVE_EVAL = '''\
+import torch
+
+import saving
+
+model = torch.nn.Linear(4, 1)
+saving.save(model(torch.ones(2, 4)), "predictions.pt")
+'''
+
+
+def test_an_evaluation_script_whose_writes_are_guarded_initialises_itself(tmp_path: Path):
+    """cyclegan-tf2's test.py: a script of its own, imported by nothing, whose calls of the
+    project's image writer the contract put under `if sdp.rank() == 0:` with no init:
+    `python test.py` would stop with NotInitializedError. It initialises after its imports."""
+    import subprocess
+    import sys
+
+    from sdp_convert.runner import Config, Job, run_jobs
+
+    for name, text in (("saving.py", SAVE_HELPER), ("train.py", SAVE_TRAIN),
+                       ("evaluate.py", SAVE_EVAL)):
+        (tmp_path / name).write_text(text)
+    jobs = [Job(tmp_path / p, p, tmp_path / p) for p in ("saving.py", "train.py", "evaluate.py")]
+    run_jobs(jobs, Config(Options()), workers=1)
+    script = (tmp_path / "evaluate.py").read_text()
+    if "sdp.rank()" in script:
+        assert "\nsdp.init()\n" in script, script
+    done = subprocess.run([sys.executable, "evaluate.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "predictions.pt").exists()

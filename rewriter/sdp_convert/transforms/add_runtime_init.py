@@ -52,6 +52,7 @@ class AddRuntimeInit(Transform):
         self.anchor: cst.BaseStatement | None = None
         self.already = False
         self.script_main: cst.If | None = None
+        self.standalone = False
         # An init anywhere (in main(), say) counts: a second init() would raise.
         if self.calls_to(f"{self.state.runtime_module}.init"):
             self.already = True
@@ -61,9 +62,15 @@ class AddRuntimeInit(Transform):
         if not self.state.info.training and not roles & {"entry", "repair:init"}:
             # Here for the runtime calls other transforms give a module that trains nothing
             # (a helper's writes, a data module's sampler): imported, the entry initialises.
-            self.already = True
             self.script_main = _main_block(module)
-            return
+            if self.script_main is not None or not self.state.info.entry_point or roles & {
+                "helper", "data"
+            }:
+                self.already = True
+                return
+            # A script of its own that no training module imports (an evaluation script whose
+            # writes the contract guards): it initialises after its imports, as an entry does.
+            self.standalone = True
         if not self.state.info.entry_point:
             self.already = True
             if project is not None and (project.started_by or repairs_of(self.fm, "started_by")):
@@ -87,6 +94,10 @@ class AddRuntimeInit(Transform):
         self.late = first is not None and self.anchor is not None and self.anchor is not first
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if self.standalone and not any(
+            not manual and transform != self.NAME for _, transform, _, manual in self.state.records
+        ):
+            return updated_node  # nothing else changed: no runtime to initialise
         if self.already:
             main = self.script_main
             if main is not None and isinstance(main.body, cst.IndentedBlock) and any(
