@@ -1340,11 +1340,7 @@ def evaluate(model, path):
 if __name__ == "__main__":
     evaluate(torch.nn.Linear(4, 1), "eval.txt")
 '''
-SCRIPT_TRAIN = '''\
-import torch
-
-from evaluate import evaluate
-
+TINY_TRAINING = '''\
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), 2)
@@ -1352,8 +1348,11 @@ for (x,) in loader:
     optimizer.zero_grad()
     model(x).sum().backward()
     optimizer.step()
-evaluate(model, "eval.txt")
 '''
+SCRIPT_TRAIN = (
+    "import torch\n\nfrom evaluate import evaluate\n\n" + TINY_TRAINING
+    + 'evaluate(model, "eval.txt")\n'
+)
 
 
 def test_a_helper_with_its_own_main_block_initialises_there_when_run_alone(tmp_path: Path):
@@ -1489,20 +1488,10 @@ import torch
 def save(obj, path):
     torch.save(obj, path)
 '''
-SAVE_TRAIN = '''\
-import torch
-
-import saving
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), 2)
-for (x,) in loader:
-    optimizer.zero_grad()
-    model(x).sum().backward()
-    optimizer.step()
-saving.save(model.state_dict(), "model.pt")
-'''
+SAVE_TRAIN = (
+    "import torch\n\nimport saving\n\n" + TINY_TRAINING
+    + 'saving.save(model.state_dict(), "model.pt")\n'
+)
 SAVE_EVAL = '''\
 import torch
 
