@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
 
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
-from .scopes import arguments_for, uses
+from .scopes import arguments_for, training_loops, uses
 from .syntax import code, findall
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -515,3 +517,72 @@ def unused_parameters_reason(discarding: cst.Call | None, no_grad: cst.Call | No
                 "torch.no_grad(), so those parameters get no gradient")
     return ""
 
+
+def moves_off_device(fm: FileModel, uses: list[cst.CSTNode], after: int) -> list[cst.Call]:
+    """The calls that move a wrapped model (``uses``: its loads) to the CPU after the wrap
+    (``after``: the wrap's walk order) inside a loop that trains: ``model.eval().cpu()``,
+    ``model.to("cpu")``, through a chain of module methods. One after the training has ended
+    harms nothing and is not counted."""
+    loops = training_loops(fm)
+    order = file_index(fm).order
+    found: list[cst.Call] = []
+    for use in uses:
+        if order.get(id(use), -1) <= after or not any(a in loops for a in fm.ancestors(use)):
+            continue
+        node: cst.CSTNode = use
+        while True:
+            attribute = fm.parent(node)
+            call = fm.parent(attribute) if attribute is not None else None
+            if not (isinstance(attribute, cst.Attribute) and attribute.value is node
+                    and isinstance(call, cst.Call) and call.func is attribute
+                    and attribute.attr.value in MODULE_API):
+                break
+            if attribute.attr.value == "cpu" or (
+                attribute.attr.value == "to" and call.args and "cpu" in code(call.args[0].value)
+            ):
+                found.append(call)
+                break
+            node = call
+    return found
+
+
+def data_parallel_statement(fm: FileModel, call: cst.Call) -> cst.CSTNode | None:
+    """The statement that goes with ``model = nn.DataParallel(model)`` (and an ``if`` that holds
+    only it, where something else stays in its block); None where it cannot simply go."""
+    stmt = fm.enclosing_statement(call)
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    body = fm.parent(stmt)
+    if not (isinstance(body, cst.IndentedBlock) and len(body.body) == 1):
+        return stmt
+    owner = fm.parent(body)
+    outer = fm.parent(owner) if owner is not None else None
+    return owner if (
+        isinstance(owner, cst.If) and owner.orelse is None
+        and isinstance(outer, (cst.Module, cst.IndentedBlock)) and len(outer.body) > 1
+    ) else None
+
+
+def move_off_device_note(call: cst.Call, target: str, sdp: str) -> str:
+    """The note at a move of a wrapped model off its device (``moves_off_device``)."""
+    return (
+        f"{code(call)} moves the parameters of {target}, a {sdp}.DistributedDataParallel from "
+        "here on, off its device: DistributedDataParallel must keep them where it was built "
+        "(moved away and back, its gradients can silently stop being averaged). Save without "
+        f"moving it: `torch.save({{k: v.cpu() for k, v in {target}.state_dict().items()}}, "
+        "path)`, and drop this move and the move back to the device"
+    )
+
+
+def names_held_by(
+    creations: list[tuple[T, object, cst.BaseExpression | None]],
+) -> dict[tuple[int, str], list[T]]:
+    """``(id(scope), name or attribute)`` -> the objects whose creation (``(object, scope,
+    value)``) reads that name, in the order given: each creation read once."""
+    held: dict[tuple[int, str], list[T]] = {}
+    for obj, scope, value in creations:
+        if value is None:
+            continue
+        for name in {code(n) for n in findall(value, m.Name() | m.Attribute())}:
+            held.setdefault((id(scope), name), []).append(obj)
+    return held

@@ -366,3 +366,17 @@ def kept_off_rank0(
     return (f"{what} writes on every rank, but the statement also calls {shared.words}, which "
             f"every rank must run together: not moved onto rank 0. Compute the value on every "
             f"rank first, then write it under `if {fm.sdp}.rank() == 0:`")
+
+
+def collective_apart(fm: FileModel, stmt: cst.With, item: cst.WithItem) -> bool:
+    """Whether a statement of the ``with`` body that does not use its file runs what every rank
+    must run together (``loss = validation(model, loader)`` in a log's ``with``): that statement
+    stays on every rank. (One that writes what it computes, ``json.dump(predict(model), f)``,
+    keeps the whole block on every rank with its note.)"""
+    name = item.asname.name if item.asname is not None else None
+    body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+    return any(
+        reaches_collective(fm, s) is not None and not (
+            isinstance(name, cst.Name) and findall(s, m.Name(value=name.value)))
+        for s in body
+    )

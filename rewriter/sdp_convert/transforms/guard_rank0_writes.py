@@ -66,7 +66,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
 from ..base import Transform
@@ -79,9 +78,9 @@ from ..program.deletions import (
     path_deletions,
 )
 from ..program.guards import is_none_test, under_handle_test, why_not_guardable
-from ..program.model import FileModel
 from ..program.project import repairs_of
 from ..program.ranks import (
+    collective_apart,
     kept_off_rank0,
     only_called_on_rank0,
     rank0_only,
@@ -98,7 +97,6 @@ from ..program.scopes import (
     param_for_arg,
     uses,
 )
-from ..program.syntax import findall
 from ..program.writes import (
     FRAMEWORK_HANDLES,
     FRAMEWORK_METHOD_WRITES,
@@ -260,7 +258,7 @@ class GuardRank0Writes(Transform):
     def _with(self, item: cst.WithItem, what: str) -> None:
         stmt = self.parent(item)
         assert isinstance(stmt, cst.With)
-        if runs_collectives(self.fm, stmt.body) or _collective_apart(self.fm, stmt, item):
+        if runs_collectives(self.fm, stmt.body) or collective_apart(self.fm, stmt, item):
             # The body trains, or runs what every rank must run together (a wrapped model's
             # forward through a helper, also of another module): only the opening is
             # conditional, the uses are guarded.
@@ -448,20 +446,3 @@ class GuardRank0Writes(Transform):
         return updated_node
 
     # -- questions ------------------------------------------------------------------------------
-
-
-
-
-
-def _collective_apart(fm: FileModel, stmt: cst.With, item: cst.WithItem) -> bool:
-    """Whether a statement of the ``with`` body that does not use its file runs what every rank
-    must run together (``loss = validation(model, loader)`` in a log's ``with``): that statement
-    stays on every rank. (One that writes what it computes, ``json.dump(predict(model), f)``,
-    keeps the whole block on every rank with its note.)"""
-    name = item.asname.name if item.asname is not None else None
-    body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
-    return any(
-        reaches_collective(fm, s) is not None and not (
-            isinstance(name, cst.Name) and findall(s, m.Name(value=name.value)))
-        for s in body
-    )

@@ -71,9 +71,9 @@ from ..program.models import (
     COMPILE,
     DATA_PARALLEL,
     DDP,
-    MODULE_API,
     arguments,
     branch_join,
+    data_parallel_statement,
     discarded_outputs,
     is_plain_object,
     is_wrapper,
@@ -81,6 +81,9 @@ from ..program.models import (
     model_creation,
     model_expression,
     models_from_backward,
+    move_off_device_note,
+    moves_off_device,
+    names_held_by,
     no_grad_submodule,
     owner_class,
     stepped_optimizers,
@@ -92,7 +95,6 @@ from ..program.models import (
 )
 from ..program.optimizers import optimizer_class, params_argument
 from ..program.project import repairs_of
-from ..program.scopes import training_loops
 from ..program.scopes import uses as reads_of
 from ..program.syntax import arg_named, assigned_target, code, findall
 
@@ -275,19 +277,7 @@ class WrapModelDdp(Transform):
             and len(parent.targets) == 1
             and code(parent.targets[0].target) == code(arg.value)
         ):
-            # ``model = nn.DataParallel(model)``: the statement goes (and an ``if`` holding only it)
-            stmt = self.enclosing_statement(call)
-            removed: cst.CSTNode | None = stmt
-            body = self.parent(stmt) if stmt is not None else None
-            if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-                removed = None
-            elif isinstance(body, cst.IndentedBlock) and len(body.body) == 1:
-                owner = self.parent(body)
-                outer = self.parent(owner) if owner is not None else None
-                removed = owner if (
-                    isinstance(owner, cst.If) and owner.orelse is None
-                    and isinstance(outer, (cst.Module, cst.IndentedBlock)) and len(outer.body) > 1
-                ) else None
+            removed = data_parallel_statement(self.fm, call)
             if removed is None:
                 self.record(call, "nn.DataParallel: replace it by hand with the DDP wrap",
                             manual=True)
@@ -315,14 +305,8 @@ class WrapModelDdp(Transform):
     def _held_names(self) -> dict[tuple[int, str], list[_Model]]:
         """The models whose creation names ``(id(scope), name or attribute)``, in the order of
         ``self.models``: each creation read once, not once per pair of models."""
-        held: dict[tuple[int, str], list[_Model]] = {}
-        for other in self.models.values():
-            if other.creation.value is None:
-                continue
-            names = {code(n) for n in findall(other.creation.value, m.Name() | m.Attribute())}
-            for name in names:
-                held.setdefault((id(other.scope), name), []).append(other)
-        return held
+        return names_held_by(
+            [(m_, m_.scope, m_.creation.value) for m_ in self.models.values()])
 
     # -- where the wrap goes ------------------------------------------------------------------
 
@@ -424,42 +408,10 @@ class WrapModelDdp(Transform):
     # -- notes --------------------------------------------------------------------------------
 
     def _note_moves_off_device(self, model: _Model, uses: list[cst.CSTNode], after: int) -> None:
-        """``transformer.eval().cpu()`` after the wrap (to save a checkpoint, then
-        ``transformer.to(device).train()``): a DistributedDataParallel's parameters must stay
-        on the device it was built on; moved away and back, its gradients may silently stop
-        being averaged. A manual note at the move, with the save that needs none (a move inside
-        a loop that trains: one after the training has ended harms nothing)."""
-        loops = training_loops(self.fm)
-        for use in uses:
-            if self.index.order.get(id(use), -1) <= after or not any(
-                a in loops for a in self.ancestors(use)
-            ):
-                continue
-            node: cst.CSTNode = use
-            while True:
-                attribute = self.parent(node)
-                call = self.parent(attribute) if attribute is not None else None
-                if not (isinstance(attribute, cst.Attribute) and attribute.value is node
-                        and isinstance(call, cst.Call) and call.func is attribute
-                        and attribute.attr.value in MODULE_API):
-                    break
-                if attribute.attr.value == "cpu" or (
-                    attribute.attr.value == "to" and call.args
-                    and "cpu" in code(call.args[0].value)
-                ):
-                    self.record(
-                        call,
-                        f"{code(call)} moves the parameters of {model.target}, a "
-                        f"{self.sdp}.DistributedDataParallel from here on, off its device: "
-                        "DistributedDataParallel must keep them where it was built (moved "
-                        "away and back, its gradients can silently stop being averaged). Save "
-                        f"without moving it: `torch.save({{k: v.cpu() for k, v in "
-                        f"{model.target}.state_dict().items()}}, path)`, and drop this move "
-                        "and the move back to the device",
-                        manual=True,
-                    )
-                    break
-                node = call
+        """``transformer.eval().cpu()`` after the wrap, in a loop that trains: moved away and
+        back, a DistributedDataParallel's gradients can silently stop being averaged."""
+        for call in moves_off_device(self.fm, uses, after):
+            self.record(call, move_off_device_note(call, model.target, self.sdp), manual=True)
 
     def _note_method_calls(self, uses: list[cst.CSTNode]) -> None:
         for call, method, use in user_methods_in_training(self.fm, uses):
