@@ -189,32 +189,34 @@ class Project:
         handed (``model(x)``: the forward of a wrapped model waits for every rank) or reaches a
         collective (``inserted.CollectiveReach``); such a helper runs on every rank, and the
         write inside it is what must be on rank 0 only."""
-        tree = self.tree(path)
-        function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
-                         and s.name == name), None) if tree is not None else None
-        if function is None or not any(_writes(node) for node in ast.walk(function)):
+        found = self._function(path, name)
+        if found is None or not any(_writes(node) for node in ast.walk(found[1])):
             return False
-        handed = {a.arg for a in [*function.args.posonlyargs, *function.args.args,
-                                  *function.args.kwonlyargs]}
-        return CollectiveReach(tree).body(function, handed) is None
+        return self.collective_function(path, name) is None
 
     def collective_function(self, path: Path, name: str) -> tuple[tuple[str, ...], bool] | None:
         """Whether ``name``, a module-level function of ``path``, runs what every rank must run
         together (``CollectiveReach``): the calls on the way when each parameter holds a wrapped
         model (``validation(model, ...)`` running ``model(...)``), and whether it reaches one
         with none handed to it (a barrier); None when it reaches none."""
-        tree = self.tree(path)
-        function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
-                         and s.name == name), None) if tree is not None else None
-        if function is None:
+        found = self._function(path, name)
+        if found is None:
             return None
+        tree, function = found
         handed = {a.arg for a in [*function.args.posonlyargs, *function.args.args,
                                   *function.args.kwonlyargs]}
         reach = CollectiveReach(tree)
-        found = reach.body(function, handed)
-        if found is None:
+        calls = reach.body(function, handed)
+        if calls is None:
             return None
-        return found, reach.body(function, reach.wrapped - handed) is not None
+        return calls, reach.body(function, reach.wrapped - handed) is not None
+
+    def _function(self, path: Path, name: str) -> tuple[ast.Module, ast.FunctionDef] | None:
+        """The module-level function ``name`` of ``path``, with the module's tree."""
+        tree = self.tree(path)
+        function = next((s for s in tree.body if isinstance(s, ast.FunctionDef)
+                         and s.name == name), None) if tree is not None else None
+        return (tree, function) if tree is not None and function is not None else None
 
     def writing_class(self, path: Path, name: str) -> bool:
         """Whether ``name`` is a class of ``path`` (no Keras callback) whose ``__init__`` opens
