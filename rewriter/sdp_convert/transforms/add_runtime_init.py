@@ -110,7 +110,7 @@ class AddRuntimeInit(Transform):
                 # way up): the init goes into the updated block, the module's last step.
                 body = list(updated_node.body)
                 for at, stmt in enumerate(body):
-                    if _main_block(updated_node.with_changes(body=[stmt])) is not None:
+                    if m.matches(stmt, _MAIN):
                         assert isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock)
                         body[at] = stmt.with_changes(body=stmt.body.with_changes(
                             body=[init, *stmt.body.body]))
@@ -162,14 +162,17 @@ class AddRuntimeInit(Transform):
         return updated_node
 
 
+#: ``if __name__ == "__main__":``
+_MAIN = m.If(test=m.Comparison(
+    left=m.Name("__name__"),
+    comparisons=[m.ComparisonTarget(m.Equal(), m.SimpleString())],
+))
+
+
 def _main_block(module: cst.Module) -> cst.If | None:
     """The module's top-level ``if __name__ == "__main__":`` block."""
-    main = m.If(test=m.Comparison(
-        left=m.Name("__name__"),
-        comparisons=[m.ComparisonTarget(m.Equal(), m.SimpleString())],
-    ))
     for stmt in module.body:
-        if m.matches(stmt, main):
+        if m.matches(stmt, _MAIN):
             assert isinstance(stmt, cst.If)
             return stmt
     return None
