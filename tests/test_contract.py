@@ -548,3 +548,142 @@ def test_a_schedule_counting_steps_of_data_split_in_another_module_is_noted(tmp_
     # A schedule object of another module's class is not multiplied (it is no number).
     assert "G_lr_scheduler * sdp.size()" not in train.output.decode()
     assert any("module.LinearDecay(...) is the learning rate" in m for m in said)
+
+
+# -- a Horovod script migrated to sdp: what its own code already does ----------------------
+
+HOROVOD_SCRIPT = """\
+    import filelock
+    import torch
+    import torchvision
+    import horovod.torch as hvd
+    from transformers import get_linear_schedule_with_warmup
+
+
+    def fit(net, batches, opt, sched):
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            sched.step()
+
+
+    def main():
+        hvd.init()
+        local_rank = hvd.local_rank()
+        with filelock.FileLock("data.lock"):
+            data = torchvision.datasets.CIFAR10(root="data", train=True, download=True)
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            data, num_replicas=hvd.size(), rank=hvd.rank())
+        loader = torch.utils.data.DataLoader(data, batch_size=32, sampler=sampler)
+        net = torchvision.models.resnet18(num_classes=10)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1 * hvd.size())
+        hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters())
+        sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=0, num_training_steps=9)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            fit(net, loader, opt, sched)
+            if local_rank == 0:
+                torch.save(net.state_dict(), "net.pt")
+        if hvd.local_rank() == 0:
+            with open("done.txt", "w") as f:
+                f.write("done")
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_a_migrated_horovod_script_is_read_as_it_distributes(tmp_path: Path):
+    # The optimizer's DistributedOptimizer averages (its schedule, given the optimizer, trains
+    # nothing); the download in a file lock runs once; the writes under a local rank test run
+    # once per machine, which is said as such, never "on every rank".
+    [outcome] = check(tmp_path, {"train.py": HOROVOD_SCRIPT})
+    states = {k: v["state"] for k, v in outcome.contract["parts"].items()}
+    assert states["averaging"] == "holds" and states["data"] == "holds"
+    found = notes([outcome])
+    assert not [n for n in found if "every rank" in n or "get_linear_schedule" in n], found
+    assert [n.split(": ")[0] for n in notes([outcome], "writes")] == ["train.py:33", "train.py:35"]
+    assert all("first process of each machine" in n for n in notes([outcome], "writes"))
+    assert states["writes"] == "unknown"
+
+
+# -- a module with a trainer and an evaluator, each run by its own script ----------------------
+
+RUNNERS = """\
+    import tensorflow as tf
+
+
+    class Fitter:
+        def __init__(self, net):
+            self.net = net
+
+        def run(self, batches, opt, steps):
+            @tf.function
+            def one_step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(self.net(x) - y))
+                grads = tape.gradient(loss, self.net.trainable_variables)
+                opt.apply_gradients(zip(grads, self.net.trainable_variables))
+                done = opt.iterations
+                return loss, done
+
+            for x, y in batches:
+                loss, done = one_step(x, y)
+                if done >= steps:
+                    break
+
+
+    class Scorer:
+        def __init__(self, net):
+            self.net = net
+
+        def score(self, batches):
+            return [float(tf.reduce_mean(self.net(x) - y)) for x, y in batches]
+    """
+
+RUN_FIT = """\
+    import tensorflow as tf
+    from runners import Fitter
+
+
+    def main():
+        data = tf.data.Dataset.from_tensor_slices((tf.ones([64, 3]), tf.ones([64, 1]))).batch(8)
+        net = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        fitter = Fitter(net)
+        fitter.run(data, tf.keras.optimizers.SGD(0.1), 100)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+RUN_SCORE = """\
+    import tensorflow as tf
+    from runners import Scorer
+
+
+    def main():
+        data = tf.data.Dataset.from_tensor_slices((tf.ones([64, 3]), tf.ones([64, 1]))).batch(8)
+        net = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        print(Scorer(net).score(data))
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_a_script_that_only_evaluates_gets_no_training_contract(tmp_path: Path):
+    # run_score.py imports the module whose Fitter trains, but calls only its Scorer: the
+    # training is run_fit.py's alone. The loop's exit reads the optimizer's step count, the same
+    # on every worker: no broadcast of it. The loader's parameter is fed from another module:
+    # never "called 0 times".
+    files = {"runners.py": RUNNERS, "run_fit.py": RUN_FIT, "run_score.py": RUN_SCORE}
+    outcomes = {o.path: o for o in check(tmp_path, files)}
+    assert outcomes["run_fit.py"].contract is not None
+    assert outcomes["run_score.py"].contract is None
+    lines = [c.message for o in outcomes.values() for c in o.changes]
+    assert not [m for m in lines if "called 0 times" in m or "broadcast_object" in m], lines

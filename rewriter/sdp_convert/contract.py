@@ -44,7 +44,7 @@ from .program.fetches import fetch_statements, file_fetches
 from .program.index import file_index
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
-from .program.ranks import local_rank0_only, rank0_only
+from .program.ranks import local_rank0_only, one_process_at_a_time, rank0_only
 from .program.readback import private_write, read_path, written_path
 from .program.run import (
     ITERATING,
@@ -868,13 +868,20 @@ class _Entry:
                         f"(`with {self.sdp}.rank0_first():` around the call of {name}()), which "
                         "then read it whole instead of writing it again"))
                     continue
+                if local_rank0_only(module.fm, call):
+                    self.add("writes", "unknown", Ref(module, call), (
+                        f"{what}(...) writes on the first process of each machine (a local "
+                        "rank test): on one machine that is rank 0 alone; on several machines "
+                        "that share a file system each writes the same file (test "
+                        f"`{self.sdp}.rank() == 0` to write it once)"))
+                    continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes on every rank: run it on rank 0 only "
                     f"(`if {self.sdp}.rank() == 0:`)"))
                 self.findings[-1].repair, extra = self.guard_repairs(module, call)
                 self.extra_repairs += extra
             for call, what, rewriting in _downloads(module):
-                if self._rank0(module, call) or _inside_rank0_first(module, call) or _per_rank(
+                if self._rank0(module, call) or one_process_at_a_time(module.fm, call) or _per_rank(
                     module, call
                 ) or local_rank0_only(module.fm, call) or self._script_only(module, call):
                     continue
@@ -1081,8 +1088,14 @@ def _check_entry(run: Run, entry: Module, reach: list[Module],
     # Training another module runs only as a script (in its ``__main__`` block, or a function
     # only that block calls) is not this entry's: ``evaluate.py`` imports ``get_model`` from
     # ``train.py`` and trains nothing.
+    # Nor is training only code outside the entry's reach calls (``run_evaluator.py`` imports
+    # the evaluator of ``model_runners.py``, whose trainer only ``run_trainer.py`` calls).
+    paths = {m.path for m in reach}
+
     def runs_here(ref: Ref) -> bool:
-        return ref.module is entry or not _only_as_script(run, ref.module, ref.node)
+        return ref.module is entry or (
+            not _only_as_script(run, ref.module, ref.node)
+            and _called_from(run, paths, ref.module, ref.node))
 
     torch_steps = [s for s in run.torch_steps(reach) if runs_here(s.step)]
     fits = [f for f in run.keras_fits(reach) if runs_here(f.fit)]
@@ -1514,13 +1527,20 @@ def _only_as_script(run: Run, module: Module, node: cst.CSTNode, depth: int = 0)
         c.module is module and _only_as_script(run, module, c.node, depth + 1) for c in calls)
 
 
-def _inside_rank0_first(module: Module, call: cst.Call) -> bool:
-    for parent in module.fm.ancestors(call):
-        if isinstance(parent, cst.With) and any(
-            module.fm.code(item.item).endswith("rank0_first()") for item in parent.items
-        ):
-            return True
-    return False
+def _called_from(run: Run, paths: set[Path], module: Module, node: cst.CSTNode,
+                 depth: int = 0) -> bool:
+    """Whether ``node`` may run when the modules of ``paths`` run: at the top of one, or in a
+    function called there (through callers of any module of the run, 6 calls deep). A function
+    nothing calls by name (handed over as a value, or called in a way not followed) may."""
+    function = module.fm.enclosing_function(node)
+    if function is None:
+        return module.path in paths
+    if depth > 6:
+        return True
+    calls = run.callers(Ref(module, function))
+    return not calls or any(
+        c.module.path in paths and _called_from(run, paths, c.module, c.node, depth + 1)
+        for c in calls)
 
 
 def _opted_out(module: Module) -> list[tuple[int, int]]:

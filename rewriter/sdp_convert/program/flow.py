@@ -328,7 +328,11 @@ def _through_parameter(fm: FileModel, function: cst.FunctionDef, name: str) -> O
         if function not in fm.ancestors(call)
     ]
     calls = [c for c in callers(fm, function) if function not in fm.ancestors(c)]
-    if len(calls) != 1:
+    if not calls:
+        # Its callers, if any, are in other modules: not followed from here.
+        return Origin(problem=f"parameter {name!r} of {function.name.value}(), not called in "
+                      "this file")
+    if len(calls) > 1:
         return Origin(problem=f"parameter {name!r} of {function.name.value}(), called "
                       f"{len(calls)} times")
     if not passed:
@@ -562,7 +566,13 @@ def _name_differs(fm: FileModel, name: cst.Name, seen: set[tuple[str, int]], dep
             continue
         if binding.kind != "assign" or binding.value is None:
             return True
-        if _differs(fm, binding.value, seen, depth + 1):
+        value = binding.value
+        if binding.unpacked:
+            # ``loss, acc, step = train_step(x)``: the element of the one return of the
+            # file's function it names (``optimizer.iterations``: the same everywhere).
+            element = _unpacked_element(fm, index, binding.stmt, name.value, value)
+            value = element[0] if element is not None else value
+        if _differs(fm, value, seen, depth + 1):
             return True
         if _under_differing_test(fm, binding.stmt, scope_node, seen, depth):
             return True

@@ -63,12 +63,17 @@ _EXITS = ("sys.exit", "exit", "quit")
 
 def local_rank0_only(fm: FileModel, node: cst.CSTNode) -> bool:
     """Whether ``node`` runs on the first process of each machine only (``if
-    sdp.local_rank() == 0:``): what a download into a machine's cache needs."""
+    sdp.local_rank() == 0:``, or the same with a variable that holds it: ``local_rank =
+    hvd.local_rank()``): what a download into a machine's cache needs."""
     child = node
     for parent in fm.ancestors(node):
         if isinstance(parent, cst.If) and child is parent.body:
             subject = _rank_subject(parent.test, equal=True)
-            if isinstance(subject, cst.Call) and fm.refers_to(subject.func, *LOCAL_RANK_FUNCTIONS):
+            values = assigned_values(fm, subject) if isinstance(subject, cst.Name) else [subject]
+            if values and all(
+                isinstance(v, cst.Call) and fm.refers_to(v.func, *LOCAL_RANK_FUNCTIONS)
+                for v in values
+            ):
                 return True
         child = parent
     return False
@@ -380,3 +385,28 @@ def collective_apart(fm: FileModel, stmt: cst.With, item: cst.WithItem) -> bool:
             isinstance(name, cst.Name) and findall(s, m.Name(value=name.value)))
         for s in body
     )
+
+
+#: Inter-process file locks: the processes of a machine run the block one at a time.
+_FILE_LOCKS = ("filelock.FileLock", "filelock.SoftFileLock", "filelock.UnixFileLock",
+               "fasteners.InterProcessLock", "fasteners.process_lock.InterProcessLock")
+
+
+def one_process_at_a_time(fm: FileModel, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs inside ``with sdp.rank0_first():`` or a file lock (``with
+    filelock.FileLock(path):``, also through a name bound to one): the processes that share
+    the lock's file take turns, so a download there runs once and the others find its files."""
+    for parent in fm.ancestors(node):
+        if not isinstance(parent, cst.With):
+            continue
+        for item in parent.items:
+            values = [item.item]
+            if isinstance(item.item, cst.Name):
+                values = assigned_values(fm, item.item) or values
+            for value in values:
+                if isinstance(value, cst.Call) and (
+                    fm.code(value).endswith("rank0_first()")
+                    or fm.refers_to(value.func, *_FILE_LOCKS)
+                ):
+                    return True
+    return False

@@ -968,10 +968,10 @@ class Run:
             m.fm.method_calls("backward") for m in self.modules.values() if m is not module
         )
 
-    def _is_optimizer(self, made: Ref) -> bool:
+    def _is_optimizer(self, made: Ref, depth: int = 0) -> bool:
         """A call that makes an optimizer: it gets parameters (``SGD(model.parameters())``,
         ``AdamW(groups)``), and is no learning-rate scheduler (whose first argument is an
-        optimizer)."""
+        optimizer: ``get_linear_schedule_with_warmup(optimizer, ...)``, whatever its name)."""
         node = made.node
         if not isinstance(node, cst.Call):
             return False
@@ -980,7 +980,23 @@ class Run:
             return False
         if any(q.startswith("torch.optim.") for q in names):
             return True
+        if self._given_an_optimizer(made, depth):
+            return False
         return self.optimizer_params(made) is not None
+
+    def _given_an_optimizer(self, made: Ref, depth: int) -> bool:
+        """Whether the first argument of the call ``made`` is an optimizer (one wrapped in a
+        ``DistributedOptimizer`` included): the call schedules or wraps that optimizer, it
+        trains no parameters of its own."""
+        first = _params_of(made.node)
+        if first is None or depth > 2:
+            return False
+        return any(
+            t.wrapped_by("DistributedOptimizer") is not None
+            or (t.made is not None and t.made.node is not made.node
+                and self._is_optimizer(t.made, depth + 1))
+            for t in self.trace(Ref(made.module, first))
+        )
 
     def optimizer_params(self, made: Ref) -> Ref | None:
         """The argument of an optimizer's constructor that holds a model's parameters: the
