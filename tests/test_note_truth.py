@@ -232,6 +232,27 @@ for step in range(100):
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
 """
 
+#: Training data drawn by a helper (never split) with the rate set anew every step; ``{lr}`` is
+#: that statement, or nothing.
+KERAS_RATE_SET = TF_HEAD + RANDOM_BATCHES + "{lr}"
+TORCH_RATE_SET = TORCH_HEAD + """\
+def get_batch():
+    return torch.randn(8, 4), torch.randn(8, 1)
+
+
+for step in range(100):
+    x, y = get_batch()
+{lr}""" + TORCH_STEP
+
+def drawn(script: str) -> str:
+    """``script`` with its loader's batches drawn by a helper instead (data never split)."""
+    return script.replace(
+        "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), "
+        "batch_size=8)\nfor x, y in loader:\n",
+        "def get_batch():\n    return torch.randn(8, 4), torch.randn(8, 1)\n\n\n"
+        "for step in range(100):\n    x, y = get_batch()\n")
+
+
 DRAWN_FULL_BATCH = TORCH_HEAD + """\
 {seed}x, y = torch.randn(64, 4), torch.randn(64, 1)
 for epoch in range(10):
@@ -375,6 +396,27 @@ CASES = [
         "Adam: learning rate left as it is: Scheduled sets it anew in the parameter groups",
         WRAPPER.format(update=SETS_LR),
         WRAPPER.format(update=""),
+    ),
+    (
+        "keras_rate_set_while_training_is_the_one_to_scale",
+        "left as it is: no sharded training data was found; it is set anew while training "
+        "(`optimizer.learning_rate.assign(0.01 * (1 - step / 100))`): scale the rate set there",
+        KERAS_RATE_SET.format(lr="    optimizer.learning_rate.assign(0.01 * (1 - step / 100))\n"),
+        KERAS_RATE_SET.format(lr=""),
+    ),
+    (
+        "torch_rate_set_in_the_groups_is_the_one_to_scale",
+        "it is set anew while training (`group[\"lr\"] = 0.1 * (1 - step / 100)`): scale the "
+        "rate set there",
+        TORCH_RATE_SET.format(lr="    for group in opt.param_groups:\n"
+                                 "        group[\"lr\"] = 0.1 * (1 - step / 100)\n"),
+        TORCH_RATE_SET.format(lr=""),
+    ),
+    (
+        "unsplit_rate_set_by_a_wrapper_names_the_wrapper",
+        "it is set anew while training (Scheduled writes it into the parameter groups",
+        drawn(WRAPPER.format(update=SETS_LR)),
+        drawn(WRAPPER.format(update="")),
     ),
     (
         "inner_rate_scaled_only_when_the_wrapper_leaves_it",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
-from .index import file_index
+from .index import file_index, reaching_values
 from .syntax import arg_named, findall
 
 if TYPE_CHECKING:
@@ -59,4 +59,67 @@ def lr_set_by_wrapper(fm: FileModel, call: cst.Call) -> str | None:
     for qname, where, _, sets_lr in project.optimizer_wrappers if project is not None else ():
         if sets_lr and fm.refers_to(outer.func, qname):
             return f"{qname.rsplit('.', 1)[-1]} ({where})"
+    return None
+
+
+_LR_ATTRIBUTES = ("lr", "learning_rate")
+
+
+def lr_set_while_training(fm: FileModel, call: cst.Call) -> str | None:
+    """Where the learning rate of the optimizer ``call`` makes is set anew while it trains, so
+    that the rate given to the constructor is not the one to scale: a wrapper class that writes
+    it into the parameter groups (``lr_set_by_wrapper``), ``opt.lr.assign(lr)``,
+    ``opt.learning_rate = lr``, ``K.set_value(opt.lr, lr)``, ``group["lr"] = lr`` for a group
+    of ``opt.param_groups``; as the text a note quotes (`` `opt.lr.assign(lr)` in
+    train_step()``). None when nothing of the file sets it."""
+    wrapper = lr_set_by_wrapper(fm, call)
+    if wrapper is not None:
+        return f"{wrapper} writes it into the parameter groups on every step"
+    index = file_index(fm)
+
+    def is_this(expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        return any(v is call for v in reaching_values(index, expr, at))
+
+    def rate_of_this(expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        return (isinstance(expr, cst.Attribute) and expr.attr.value in _LR_ATTRIBUTES
+                and is_this(expr.value, at))
+
+    def group_of_this(expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """``opt.param_groups[0]``, or ``group`` of ``for group in opt.param_groups:``."""
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Name):
+            binding = index.reaching(expr.value, at)
+            loop = binding.stmt if binding is not None else None
+            if not (isinstance(loop, cst.For) and loop.target is binding.target):
+                return False
+            expr = loop.iter
+        return (isinstance(expr, cst.Attribute) and expr.attr.value == "param_groups"
+                and is_this(expr.value, at))
+
+    for node in findall(fm.module, m.Call() | m.Assign()):
+        if isinstance(node, cst.Call):
+            func = node.func
+            found = (
+                isinstance(func, cst.Attribute) and func.attr.value == "assign"
+                and rate_of_this(func.value, node)
+            ) or (
+                any(q.endswith("backend.set_value") for q in fm.qualified_names(func))
+                and bool(node.args) and rate_of_this(node.args[0].value, node)
+            )
+        else:
+            assert isinstance(node, cst.Assign)
+            found = any(
+                rate_of_this(t.target, node) or (
+                    isinstance(t.target, cst.Subscript) and len(t.target.slice) == 1
+                    and isinstance(key := t.target.slice[0].slice, cst.Index)
+                    and isinstance(key.value, cst.SimpleString)
+                    and key.value.evaluated_value in _LR_ATTRIBUTES
+                    and group_of_this(t.target.value, node))
+                for t in node.targets)
+        if found:
+            function = fm.enclosing_function(node)
+            where = f" in {function.name.value}()" if function is not None else ""
+            text = " ".join(fm.code(node).split())
+            return f"`{text if len(text) <= 60 else text[:57] + '...'}`{where}"
     return None

@@ -59,6 +59,7 @@ from ..program.keras import (
     optimizer_from_string,
     schedule_class,
 )
+from ..program.optimizers import lr_set_while_training
 from ..program.project import repairs_of
 from ..program.sharding import training_data
 from ..program.syntax import (
@@ -213,12 +214,11 @@ class ScaleKerasLearningRate(Transform):
         for node, what in found:
             if id(node) in skip or any(id(p) in skip for p in self.ancestors(node)):
                 continue
-            self.record(
-                node,
-                f"{what} left as it is: {why}; scale it by {factor} once each worker trains on "
-                "its own part of the data",
-                manual=True,
-            )
+            at = lr_set_while_training(self.fm, node) if isinstance(node, cst.Call) else None
+            then = f"; it is set anew while training ({at}): scale the rate set there" if at else (
+                "; scale it")
+            self.record(node, f"{what} left as it is: {why}{then} by {factor} once each worker "
+                        "trains on its own part of the data", manual=True)
 
     def _plan_learning_rate(self, index: FileIndex, call: cst.Call, cls: str) -> None:
         arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")

@@ -42,6 +42,7 @@ from ..program.index import FileIndex, file_index, reaching_values
 from ..program.optimizers import (
     _SCHEDULER_MODULES,
     lr_set_by_wrapper,
+    lr_set_while_training,
     optimizer_class,
     params_argument,
 )
@@ -171,9 +172,14 @@ class ScaleLearningRate(Transform):
     def _unscaled(self, call: cst.Call, cls: str, kind: str) -> None:
         lr = arg_named(call, "lr", 1)
         rate = code(lr.value) if lr is not None else "its learning rate"
+        # Set anew while training (a wrapper's schedule, ``group["lr"] = lr``): scaling the
+        # constructor's rate would change nothing; the note names what to scale.
+        at = lr_set_while_training(self.fm, call)
+        then = f"; it is set anew while training ({at}): scale the rate set there" if at else (
+            "; scale it")
         self.record(
             call,
-            f"{cls}: {rate} left as it is: {UNSHARDED[kind]}; scale it by {self.factor} once "
+            f"{cls}: {rate} left as it is: {UNSHARDED[kind]}{then} by {self.factor} once "
             "each rank trains on its own part of the data",
             manual=True,
         )
