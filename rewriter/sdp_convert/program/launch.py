@@ -44,10 +44,17 @@ class Switch:
     #: Where the flag is worked out from other flags (``args.distributed = args.world_size > 1
     #: or args.multiprocessing_distributed``): that code and those flags' defaults, in words.
     derived: str = ""
+    #: The distribution is a ``tf.distribute`` strategy, which runs in the script's one process
+    #: (over the machine's GPUs, or as one worker of a cluster its configuration names).
+    strategy: bool = False
 
     @property
     def launch(self) -> str:
         """The launch that turns the distribution on, in words."""
+        if self.strategy:
+            value = "" if self.default in ("False", "None") else " VALUE"
+            return (f"`python SCRIPT.py {self.options[0]}{value} ...`" if self.options
+                    else f"{self.flag} set")
         through = f" (through {' / '.join(self.options)})" if self.derived and self.options else ""
         if self.own_rank is not None:
             return (f"one process per GPU, each given its rank (init_process_group(rank="
@@ -80,7 +87,23 @@ def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
             if default is None:
                 continue
             if _evaluate(code(test), {flag: default}) is False:
-                return Switch(flag, code(test), repr(default), options, _own_rank(fm), derived)
+                strategy = isinstance(node, cst.Call) and any(
+                    q.startswith("tensorflow.distribute.") for q in fm.qualified_names(node.func))
+                return Switch(flag, code(test), repr(default), options, _own_rank(fm), derived,
+                              strategy)
+    return None
+
+
+def distribution_condition(fm: FileModel, node: cst.CSTNode) -> str | None:
+    """The test of the innermost ``if`` around ``node`` (or around a call of its function, 2
+    calls up), as code, when ``distribution_switch`` could not read the default of what it
+    reads (``if config.train.distributed:`` with the default in another module's
+    configuration; ``if dist.is_initialized():``): the distribution is conditional, whether it
+    is on as the script is usually started is unknown. None outside any such ``if``; a
+    ``__name__`` test is no condition."""
+    for test in _tests_around(fm, node):
+        if "__name__" not in code(test):
+            return code(test)
     return None
 
 
@@ -159,6 +182,11 @@ def _default(fm: FileModel, name: str) -> tuple[object, tuple[str, ...]]:
             return _literal(default.value), options
         kind = _literal(action.value) if action is not None else None
         return {"store_true": False, "store_false": True}.get(str(kind)), options
+    for call in fm.calls_to(*_ABSL_DEFINES):
+        flag = arg_named(call, "name", 0)
+        if flag is not None and _literal(flag.value) == name:
+            default = arg_named(call, "default", 1)
+            return (_literal(default.value) if default is not None else None), (f"--{name}",)
     values = []
     for kw in findall(fm.module, m.Arg(keyword=m.Name(name))):
         assert isinstance(kw, cst.Arg)
@@ -174,6 +202,15 @@ def _default(fm: FileModel, name: str) -> tuple[object, tuple[str, ...]]:
     found = {repr(v) for v in values}
     return (values[0], ()) if len(found) == 1 and values[0] is not None else (None, ())
 
+
+#: absl's flag definitions (``flags.DEFINE_boolean("multi_gpu", False, "...")``), however
+#: reached (``absl.flags``, ``tf.compat.v1.flags``, ``tf.app.flags``).
+_ABSL_DEFINES = tuple(
+    f"{module}.DEFINE_{kind}"
+    for module in ("absl.flags", "tensorflow.compat.v1.flags", "tensorflow.app.flags",
+                   "tensorflow.compat.v1.app.flags")
+    for kind in ("boolean", "bool", "integer", "string", "float", "enum")
+)
 
 _UNREAD = object()
 

@@ -39,7 +39,7 @@ import libcst as cst
 
 from ..analysis import FileInfo, Visitor
 from ..base import Transform
-from ..program.launch import distribution_switch
+from ..program.launch import distribution_condition, distribution_switch
 
 #: What each library is called in the note, by the calls and the imports that show it.
 _CALLS = {
@@ -95,16 +95,26 @@ class NoteAlreadyDistributed(Transform):
         switch = next((s for _, node in found if (s := distribution_switch(self.fm, node))),
                       None)
         if switch is None:
+            # Behind a test whose value as usually started the converter cannot read: said so,
+            # never "distributed as launched".
+            condition = next((c for _, node in found
+                              if (c := distribution_condition(self.fm, node))), None)
             self.record(found[0][1] if found else module, f"left unchanged: already distributed "
-                        f"with {' + '.join(labels)}; launch it as before")
+                        f"with {' + '.join(labels)}" + (
+                            f", but only when `{condition}`, whose value as the script is "
+                            "usually started is unknown here (if it is false, it runs on one "
+                            "process): launch it so that it holds" if condition else
+                            "; launch it as before"))
             return
-        # Its distribution is off by default: "as before" is one process.
+        # Its distribution is off by default: "as before" is one process (no strategy).
         self.record(
             found[0][1],
             f"left unchanged: already distributed with {' + '.join(labels)}, but only when "
             f"`{switch.test}` ({switch.flag} is {switch.default} by default{switch.derived}: "
-            f"started as usual, it runs on one process); to run it on N processes, launch it "
-            f"with {switch.launch}",
+            f"started as usual, it runs " + (
+                f"without its strategy); to use it, start it with {switch.launch}"
+                if switch.strategy else
+                f"on one process); to run it on N processes, launch it with {switch.launch}"),
         )
 
 
