@@ -678,12 +678,51 @@ RUN_SCORE = """\
 
 def test_a_script_that_only_evaluates_gets_no_training_contract(tmp_path: Path):
     # run_score.py imports the module whose Fitter trains, but calls only its Scorer: the
-    # training is run_fit.py's alone. The loop's exit reads the optimizer's step count, the same
+    # training is run_fit.py's alone, and run_score.py stays a one-process script. The loop's exit reads the optimizer's step count, the same
     # on every worker: no broadcast of it. The loader's parameter is fed from another module:
     # never "called 0 times".
     files = {"runners.py": RUNNERS, "run_fit.py": RUN_FIT, "run_score.py": RUN_SCORE}
     outcomes = {o.path: o for o in check(tmp_path, files)}
     assert outcomes["run_fit.py"].contract is not None
     assert outcomes["run_score.py"].contract is None
+    assert outcomes["run_score.py"].status == "unchanged"  # no init "for the training" it runs
     lines = [c.message for o in outcomes.values() for c in o.changes]
     assert not [m for m in lines if "called 0 times" in m or "broadcast_object" in m], lines
+
+
+# -- a script's own distribution, switched by a configuration default of another module --------
+
+SETTINGS = """\
+    class Node(dict):
+        __getattr__ = dict.__getitem__
+        __setattr__ = dict.__setitem__
+
+
+    cfg = Node()
+    cfg.run = Node()
+    cfg.run.multi_process = False
+    cfg.run.epochs = 10
+
+
+    def get_settings():
+        return cfg
+    """
+
+
+def test_a_distribution_switch_whose_default_another_module_sets_is_named_with_it(
+        tmp_path: Path):
+    source = (FIXTURES / "distributed" / "config_flag_elsewhere" / "input.py").read_text()
+    files = {"settings.py": SETTINGS, "train.py": source}
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    done = subprocess.run([SDP_CONVERT, "--check", "."], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in (done.stdout + done.stderr).splitlines()
+             if "note_already_distributed" in line]
+    assert lines == [
+        "train.py:10:9: [note_already_distributed] left unchanged: already distributed with "
+        "torch.distributed + torch DistributedDataParallel, but only when "
+        "`cfg.run.multi_process` (cfg.run.multi_process is False by default, set in "
+        "settings.py:8: started as usual, it runs on one process); to run it on N processes, "
+        "launch it with `torchrun --nproc_per_node=N SCRIPT.py ...` with cfg.run.multi_process "
+        "set"], done.stdout + done.stderr

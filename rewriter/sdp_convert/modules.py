@@ -31,6 +31,7 @@ class Project:
     _modules: dict[str, Path] = field(default_factory=dict)
     _names: dict[Path, str] = field(default_factory=dict)
     _trees: dict[Path, ast.Module | None] = field(default_factory=dict)
+    _literals: dict[Path, dict[str, tuple[str, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: dict[str, list[Path]] = {}
@@ -280,6 +281,74 @@ class Project:
             for node in ast.walk(cls)
         )
 
+    def runs_training_of(self, path: Path, target: Path) -> bool:
+        """Whether what ``path`` imports from ``target`` may run ``target``'s training: it does
+        unless every import of it names functions or classes of ``target`` (``from
+        model_runners import Evaluator``) whose code, with the functions and classes of
+        ``target`` it names followed, calls no training method (``backward``, ``step``,
+        ``apply_gradients``, ``fit``, ...) and whose bases are no classes of other project
+        modules. A module import, a star import or anything not followed: it may."""
+        tree, target_tree = self.tree(path), self.tree(target)
+        if tree is None or target_tree is None:
+            return True
+        names: set[str] = set()
+        for name in import_names(tree):
+            found = self.resolve(path, name)
+            if found is None and self.module_file(path, name) == target:
+                return True  # the module itself
+            if found is not None and found[0] == target:
+                names.add(found[1])
+        defs = {node.name: node for node in target_tree.body
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        todo, seen = sorted(names), set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            node = defs.get(name)
+            if node is None:
+                return True
+            if isinstance(node, ast.ClassDef) and any(
+                (found := self.resolve(target, ast.unparse(base))) is not None
+                and found[0] != target for base in node.bases
+            ):
+                return True  # a base of another module: its code is not read here
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and (
+                    sub.func.attr in _TRAINING_METHODS
+                ):
+                    return True
+                if isinstance(sub, ast.Name) and sub.id in defs:
+                    todo.append(sub.id)
+        return not names
+
+    def attribute_literals(self, path: Path) -> dict[str, tuple[str, int]]:
+        """The attributes of configuration objects ``path`` sets to a literal at its top level
+        (``config.train.distributed = False``): the attribute path less its root
+        (``train.distributed``) -> (the value as code, its line); one set twice to different
+        values is left out."""
+        if path in self._literals:
+            return self._literals[path]
+        tree = self.tree(path)
+        found: dict[str, tuple[str, int]] = {}
+        twice: set[str] = set()
+        for stmt in tree.body if tree is not None else ():
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Attribute)
+                    and isinstance(stmt.value, ast.Constant)):
+                continue
+            dotted = ast.unparse(stmt.targets[0])
+            if not re.fullmatch(r"\w+(\.\w+)+", dotted):
+                continue
+            key = dotted.split(".", 1)[1]
+            value = repr(stmt.value.value)
+            if key in found and found[key][0] != value:
+                twice.add(key)
+            found.setdefault(key, (value, stmt.lineno))
+        self._literals[path] = {k: v for k, v in found.items() if k not in twice}
+        return self._literals[path]
+
     def tree(self, path: Path) -> ast.Module | None:
         """The ``ast`` of a file (parsed once; None if it does not parse)."""
         if path not in self._trees:
@@ -288,6 +357,11 @@ class Project:
             except (SyntaxError, ValueError, RecursionError, MemoryError):  # not parsed
                 self._trees[path] = None
         return self._trees[path]
+
+
+#: Methods whose call trains a model (``Project.runs_training_of``).
+_TRAINING_METHODS = frozenset({"backward", "step", "apply_gradients", "minimize", "fit",
+                               "fit_generator", "train_on_batch", "train"})
 
 
 #: Methods and functions that write files (``program.writes`` holds the full vocabulary, by

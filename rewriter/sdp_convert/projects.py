@@ -20,6 +20,7 @@ import ast
 import contextlib
 import functools
 import gc
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -70,7 +71,13 @@ def project_options(
                 any(_is_main_guard(stmt) for stmt in tree.body)
                 or _calls_project_at_top(project, path, tree)
             )
+            direct = imported.get(path, [])
             for target in reachable_modules(imported, path) if guarded else ():
+                if target in direct and not project.runs_training_of(path, target) and not any(
+                    target in reachable_modules(imported, other) for other in direct
+                    if other != target
+                ):
+                    continue  # only its evaluator (say) is used: its training is not run here
                 if (
                     probes[target].library and target in written
                     and target not in starts.setdefault(path, [])
@@ -137,9 +144,28 @@ def project_options(
             optimizer_wrappers=steppers,
             collective_helpers=collective,
             star_names=tuple(sorted(project.star_names(path).items())),
+            attribute_defaults=_attribute_defaults(project, path, imported, shown)
+            if _DISTRIBUTES.search(contents[path]) else (),
         )
         chosen[path] = replace(options, project=facts)
     return chosen
+
+
+#: What a module that distributes itself shows (``program.launch`` reads its switch's default).
+_DISTRIBUTES = re.compile(rb"init_process_group|DistributedDataParallel|tf\.distribute|Strategy")
+
+
+def _attribute_defaults(project: Project, path: Path, imported: dict[Path, list[Path]],
+                        shown: dict[Path, str]) -> tuple[tuple[str, str, str], ...]:
+    """``ModuleFacts.attribute_defaults`` of ``path``: what the modules it imports set."""
+    found: dict[str, tuple[str, str]] = {}
+    twice: set[str] = set()
+    for module in reachable_modules(imported, path):
+        for key, (value, line) in project.attribute_literals(module).items():
+            if key in found and found[key][0] != value:
+                twice.add(key)
+            found.setdefault(key, (value, f"{shown[module]}:{line}"))
+    return tuple(sorted((k, v, where) for k, (v, where) in found.items() if k not in twice))
 
 
 def _stepping(project: Project, path: Path, qualified: str) -> tuple[str, ...]:

@@ -108,6 +108,12 @@ class ModuleFacts:
     #: Names its star imports of project modules bring from outside the project, with their
     #: qualified names there (``("ModelCheckpoint", "keras.callbacks.ModelCheckpoint")``).
     star_names: tuple[tuple[str, str], ...] = ()
+    #: For a module that distributes itself: the literal values the modules it imports give
+    #: attributes of a configuration object at their top level (``config.train.distributed =
+    #: False`` in ``config/defaults.py``), as (the attribute path less its root,
+    #: ``"train.distributed"``, the value as code, where: ``"config/defaults.py:176"``); a path
+    #: given two different values is left out.
+    attribute_defaults: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def roles(self) -> frozenset[str]:

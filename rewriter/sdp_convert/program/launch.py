@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,11 +80,14 @@ def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
     is in) that is false with the flag's default. None when no such test is found, or the
     default cannot be read (a value set at run time: ``args.distributed = world_size > 1``)."""
     for test in _tests_around(fm, node):
-        for flag in sorted({code(n) for n in findall(test, m.Attribute(value=m.Name()))}):
+        attributes = {code(n) for n in findall(test, m.Attribute())}
+        for flag in sorted(a for a in attributes if re.fullmatch(r"\w+(\.\w+)+", a)):
             default, options = _default(fm, flag.rsplit(".", 1)[-1])
             derived = ""
             if default is None:
                 default, options, derived = _derived_default(fm, flag)
+            if default is None:
+                default, derived = _imported_default(fm, flag)
             if default is None:
                 continue
             if _evaluate(code(test), {flag: default}) is False:
@@ -131,6 +135,17 @@ def _derived_default(fm: FileModel, flag: str) -> tuple[object, tuple[str, ...],
         return None, (), ""
     given = ", ".join(f"{s} = {d!r}" for s, d in defaults.items())
     return result, options, f", being `{code(value)}` with {given}"
+
+
+def _imported_default(fm: FileModel, flag: str) -> tuple[object, str]:
+    """The default a module this one imports gives the configuration attribute ``flag``
+    (``config.train.distributed`` <- ``config.train.distributed = False`` in
+    ``config/defaults.py``: ``ModuleFacts.attribute_defaults``), with where it is set."""
+    key = flag.split(".", 1)[1] if "." in flag else ""
+    for path, value, where in fm.project.attribute_defaults if fm.project is not None else ():
+        if path == key:
+            return _literal(cst.parse_expression(value)), f", set in {where}"
+    return None, ""
 
 
 def _own_rank(fm: FileModel) -> str | None:
