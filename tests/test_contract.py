@@ -678,9 +678,8 @@ RUN_SCORE = """\
 
 def test_a_script_that_only_evaluates_gets_no_training_contract(tmp_path: Path):
     # run_score.py imports the module whose Fitter trains, but calls only its Scorer: the
-    # training is run_fit.py's alone, and run_score.py stays a one-process script. The loop's exit reads the optimizer's step count, the same
-    # on every worker: no broadcast of it. The loader's parameter is fed from another module:
-    # never "called 0 times".
+    # training is run_fit.py's alone, and run_score.py stays a one-process script. The loop's
+    # exit reads the optimizer's step count, the same on every worker: no broadcast of it.
     files = {"runners.py": RUNNERS, "run_fit.py": RUN_FIT, "run_score.py": RUN_SCORE}
     outcomes = {o.path: o for o in check(tmp_path, files)}
     assert outcomes["run_fit.py"].contract is not None
