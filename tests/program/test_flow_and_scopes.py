@@ -176,6 +176,11 @@ def test_origin_stops_with_the_reason_when_it_is_ambiguous():
         "fit(a)\nfit(b)\n",
         "ds",
     ) == ["problem: parameter 'ds' of fit(), called 2 times"]
+    # Called from another module only (a trainer's method): never "called 0 times".
+    assert _origin_chain(
+        "class Trainer:\n    def train(self, ds):\n        consume(ds)\n",
+        "ds",
+    ) == ["problem: parameter 'ds' of train(), not called in this file"]
     assert _origin_chain(
         "a, b = load()\nconsume(a)\n",
         "a",

@@ -89,6 +89,25 @@ def test_decided_per_rank_separates_losses_from_counters_and_configuration():
     assert [decided_per_rank(t, a.value) for a in call.args] == [False, False, True, True, False]
 
 
+def test_decided_per_rank_follows_an_unpacked_return_of_the_files_function():
+    # ``loss, done = one_step(x)``: ``done`` is the optimizer's step count, the same on every
+    # rank; ``loss`` is computed from the model.
+    t = probe(
+        "import tensorflow as tf\n"
+        "def fit(batches, opt, steps):\n"
+        "    def one_step(x):\n"
+        "        loss = model(x)\n"
+        "        done = opt.iterations\n"
+        "        return loss, done - 1\n"
+        "    for x in batches:\n"
+        "        loss, done = one_step(x)\n"
+        "        check(done >= steps, loss < 0.1)\n"
+    )
+    call = find(t, m.Call(func=m.Name("check")))
+    assert isinstance(call, cst.Call)
+    assert [decided_per_rank(t, a.value) for a in call.args] == [False, True]
+
+
 def test_unseeded_orders_finds_draws_behind_the_split_arrays_only():
     t = probe(
         "import numpy as np\n"
