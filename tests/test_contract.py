@@ -577,7 +577,7 @@ HOROVOD_SCRIPT = """\
             data, num_replicas=hvd.size(), rank=hvd.rank())
         loader = torch.utils.data.DataLoader(data, batch_size=32, sampler=sampler)
         net = torchvision.models.resnet18(num_classes=10)
-        opt = torch.optim.SGD(net.parameters(), lr=0.1 * hvd.size())
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters())
         sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=0, num_training_steps=9)
@@ -598,7 +598,7 @@ HOROVOD_SCRIPT = """\
 
 def test_a_migrated_horovod_script_is_read_as_it_distributes(tmp_path: Path):
     # The optimizer's DistributedOptimizer averages (its schedule, given the optimizer, trains
-    # nothing); the download in a file lock runs once; the writes under a local rank test run
+    # nothing; the migration's note on its unscaled rate is no averaging note); the download in a file lock runs once; the writes under a local rank test run
     # once per machine, which is said as such, never "on every rank".
     [outcome] = check(tmp_path, {"train.py": HOROVOD_SCRIPT})
     states = {k: v["state"] for k, v in outcome.contract["parts"].items()}
@@ -608,6 +608,8 @@ def test_a_migrated_horovod_script_is_read_as_it_distributes(tmp_path: Path):
     assert [n.split(": ")[0] for n in notes([outcome], "writes")] == ["train.py:33", "train.py:35"]
     assert all("first process of each machine" in n for n in notes([outcome], "writes"))
     assert states["writes"] == "unknown"
+    assert any("learning rate is not scaled" in c.message for c in outcome.changes)
+    assert outcome.contract["parts"]["averaging"]["noted"] is False
 
 
 # -- a module with a trainer and an evaluator, each run by its own script ----------------------

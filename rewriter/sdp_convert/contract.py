@@ -60,6 +60,7 @@ from .program.scopes import referents, uses
 from .program.sharding import loader_problem
 from .program.vocab import (
     CACHED_DOWNLOADS,
+    UNSCALED_LR_NOTE,
 )
 from .program.writes import (
     FRAMEWORK_METHOD_WRITES,
@@ -962,9 +963,12 @@ class _Entry:
 
     def result(self) -> EntryResult:
         parts: dict[str, PartResult] = {}
+        # (A migration's note on an unscaled learning rate speaks for no part: the gradients
+        # are averaged all the same.)
         notes_in_reach = [
             (m, n) for m in self.reach for n in self.context.notes.get(m.path, ())
             if n.manual and n.transform != "contract"
+            and not n.message.startswith(UNSCALED_LR_NOTE)
         ]
         unread = [p for p in self.context.unread if any(p == m.path for m in self.reach)] or [
             p for p, _ in self.context.unread.items()

@@ -14,6 +14,7 @@ from ..analysis import Visitor
 from ..base import Transform
 from ..program.ranks import is_rank_exit
 from ..program.readback import private_write
+from ..program.vocab import UNSCALED_LR_NOTE
 from .common import (
     _BROADCASTS,
     _KERAS_CALLBACK_MODULES,
@@ -300,7 +301,7 @@ class MigrationChecks(Transform):
             return
         self.record(
             optimizers[0],
-            "the learning rate is not scaled by size(): each step now averages N processes' "
+            f"{UNSCALED_LR_NOTE}: each step now averages N processes' "
             "batches, which usually wants lr * size(); left as is, as it may be deliberate",
             manual=True,
         )

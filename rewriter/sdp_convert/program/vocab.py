@@ -76,3 +76,7 @@ WRITING_KERAS_CALLBACKS = frozenset(
     {"ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore", "OrbaxCheckpoint",
      "RemoteMonitor"}
 )
+
+#: How a Horovod/SMDDP migration's note on a learning rate not scaled by ``size()`` begins:
+#: the whole-program contract counts it for no part (the gradients are averaged all the same).
+UNSCALED_LR_NOTE = "the learning rate is not scaled by size()"
