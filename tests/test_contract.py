@@ -598,8 +598,9 @@ HOROVOD_SCRIPT = """\
 
 def test_a_migrated_horovod_script_is_read_as_it_distributes(tmp_path: Path):
     # The optimizer's DistributedOptimizer averages (its schedule, given the optimizer, trains
-    # nothing; the migration's note on its unscaled rate is no averaging note); the download in a file lock runs once; the writes under a local rank test run
-    # once per machine, which is said as such, never "on every rank".
+    # nothing; the migration's note on its unscaled rate is no averaging note); the download in
+    # a file lock runs once; the writes under a local rank test run once per machine, which is
+    # said as such, never "on every rank".
     [outcome] = check(tmp_path, {"train.py": HOROVOD_SCRIPT})
     states = {k: v["state"] for k, v in outcome.contract["parts"].items()}
     assert states["averaging"] == "holds" and states["data"] == "holds"
