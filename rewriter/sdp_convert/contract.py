@@ -292,10 +292,10 @@ class _Entry:
 
     def repairable(self, module: Module, kind: str = "") -> bool:
         """A file of the run the converter converts from a single-process script (not one
-        already distributed, migrated or converted by hand; a notebook only to initialise the
-        runtime in its first cell)."""
+        already distributed, migrated or converted by hand). A notebook is one: its cells are
+        converted as one program, the edits made in the cell that holds the site."""
         label = self.context.kinds.get(module.path, "")
-        return module.written and (not module.notebook or kind == "init") and not (
+        return module.written and not (
             label.startswith(("already", "horovod", "smddp", "smp", "not converted")))
 
     def repair(self, kind: str, ref: Ref | None, detail: str = "") -> Repair | None:

@@ -13,6 +13,7 @@ its own, so a write there must not be guarded.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -150,6 +151,16 @@ def read_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
     ):
         return _code(fm, call.args[0].value)
     return None
+
+
+def same_file(code: str) -> str:
+    """What two spellings of one path have in common: a string literal by its value (the
+    checkpoint's ``'w.h5'`` is the ``"w.h5"`` read back later), any other code as written."""
+    try:
+        value = ast.literal_eval(code)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return code
+    return repr(value) if isinstance(value, (str, bytes)) else code
 
 
 def writes_private_temp(fm: FileModel, call: cst.Call, framework: str) -> bool:

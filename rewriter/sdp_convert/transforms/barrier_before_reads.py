@@ -45,6 +45,7 @@ from ..program.readback import (
     READS,
     is_barrier,
     read_path,
+    same_file,
     written_path,
 )
 from ..program.writes import (
@@ -85,14 +86,14 @@ class BarrierBeforeReads(Transform):
         for call in calls:
             path = written_path(self.fm, call, framework)
             if path is not None and self._on_rank0_only(call):
-                writes.setdefault(path, []).append(call)
+                writes.setdefault(same_file(path), []).append(call)
         # A Keras ModelCheckpoint writes during the fit it is given to, on rank 0 only (the
         # converted fit, or a migrated script's own guard): that fit is the write.
         for call in self.calls_to(*CHECKPOINT_CALLBACKS):
             path_arg = argument(call, 0, "filepath")
             fit = self._fit_after(call)
             if path_arg is not None and fit is not None:
-                writes.setdefault(self.module.code_for_node(path_arg.value), []).append(fit)
+                writes.setdefault(same_file(self.module.code_for_node(path_arg.value)), []).append(fit)
         if not writes:
             return
         reads = self.calls_to(*READS, *OPENERS)
@@ -101,12 +102,12 @@ class BarrierBeforeReads(Transform):
         done: set[int] = set()
         for call in sorted(reads, key=self._order):
             path = read_path(self.fm, call, framework)
-            if path is None or path not in writes or self._on_rank0_only(call):
+            if path is None or same_file(path) not in writes or self._on_rank0_only(call):
                 continue
             function = self.enclosing_function(call)
             if not any(
                 self._order(w) < self._order(call) and self.enclosing_function(w) is function
-                for w in writes[path]
+                for w in writes[same_file(path)]
             ):
                 continue
             stmt = self.enclosing_statement(call)
@@ -144,9 +145,10 @@ class BarrierBeforeReads(Transform):
             )
 
     def _fit_after(self, callback: cst.Call) -> cst.Call | None:
-        """The first ``.fit(...)`` of the same function after ``callback`` is made."""
+        """The first ``.fit(...)`` (or Keras 2 ``.fit_generator(...)``) of the same function
+        after ``callback`` is made."""
         function = self.enclosing_function(callback)
-        later = [c for c in self.method_calls("fit")
+        later = [c for c in (*self.method_calls("fit"), *self.method_calls("fit_generator"))
                  if self._order(c) > self._order(callback) and
                  self.enclosing_function(c) is function]
         return min(later, key=self._order) if later else None
