@@ -93,7 +93,8 @@ class BarrierBeforeReads(Transform):
             path_arg = argument(call, 0, "filepath")
             fit = self._fit_after(call)
             if path_arg is not None and fit is not None:
-                writes.setdefault(same_file(self.module.code_for_node(path_arg.value)), []).append(fit)
+                checkpoint = same_file(self.module.code_for_node(path_arg.value))
+                writes.setdefault(checkpoint, []).append(fit)
         if not writes:
             return
         reads = self.calls_to(*READS, *OPENERS)
