@@ -233,3 +233,34 @@ def test_a_checkpoint_of_fit_generator_read_back_in_other_quotes_waits():
         "sdp.barrier() before reading \"best.h5\": rank 0 alone writes it",
     ]
     assert 'sdp.barrier()\nmodel.load_weights("best.h5")\n' in result.output.decode()
+
+
+def test_every_rank_waits_after_the_calls_of_a_helper_that_copies_on_rank0():
+    # make_subset's copies run on rank 0 only; the folder it fills is listed next by every
+    # rank: one barrier after the last of the calls in a row (none inside the helper).
+    source = """\
+        import os, shutil, pathlib
+        import tensorflow as tf
+
+        def make_subset(name, start, end):
+            folder = pathlib.Path("small") / name
+            os.makedirs(folder, exist_ok=True)
+            for i in range(start, end):
+                shutil.copyfile(f"all/{i}.jpg", folder / f"{i}.jpg")
+
+        make_subset("train", 0, 100)
+        make_subset("validation", 100, 150)
+        train = tf.keras.utils.image_dataset_from_directory("small/train")
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(train, epochs=1)
+        """
+    result = run(source)
+    assert messages(result, ONLY) == [
+        "sdp.barrier() after this: rank 0 alone copies the files it makes, which every rank "
+        "may read next",
+    ]
+    code = result.output.decode()
+    assert ('make_subset("validation", 100, 150)\nsdp.barrier()\n'
+            'train = tf.keras.utils.image_dataset_from_directory') in code
+    assert code.count("sdp.barrier()") == 1
+    assert "if sdp.rank() == 0:\n            shutil.copyfile" in code

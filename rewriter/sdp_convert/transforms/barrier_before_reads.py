@@ -41,8 +41,10 @@ from ..analysis import FileInfo
 from ..base import Transform
 from ..program.ranks import divergent_condition, only_called_on_rank0, rank0_only
 from ..program.readback import (
+    COPIES,
     METHOD_READS,
     READS,
+    copies_waited_for,
     is_barrier,
     read_path,
     same_file,
@@ -95,6 +97,7 @@ class BarrierBeforeReads(Transform):
             if path_arg is not None and fit is not None:
                 checkpoint = same_file(self.module.code_for_node(path_arg.value))
                 writes.setdefault(checkpoint, []).append(fit)
+        self._wait_for_copies()
         if not writes:
             return
         reads = self.calls_to(*READS, *OPENERS)
@@ -144,6 +147,19 @@ class BarrierBeforeReads(Transform):
                 call,
                 f"{self.sdp}.barrier() before reading {path}: rank 0 alone writes it",
             )
+
+    def _wait_for_copies(self) -> None:
+        """Every rank waits where rank 0 alone has copied files (a data set's folder)."""
+        body = list(self.module.body)
+        for stmt in copies_waited_for(self.fm, self.calls_to(*COPIES), self._on_rank0_only):
+            i = body.index(stmt)
+            if i + 1 < len(body) and is_barrier(self.fm, body[i + 1]):
+                continue
+            self.insert_after(stmt, cst.parse_statement(f"{self.sdp}.barrier()\n"))
+            if self.sdp == "sdp" or self.state.info.convertible:
+                self.add_runtime_import()
+            self.record(stmt, f"{self.sdp}.barrier() after this: rank 0 alone copies the files it "
+                        "makes, which every rank may read next")
 
     def _fit_after(self, callback: cst.Call) -> cst.Call | None:
         """The first ``.fit(...)`` (or Keras 2 ``.fit_generator(...)``) of the same function
