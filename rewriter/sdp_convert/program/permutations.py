@@ -6,7 +6,9 @@ parts overlap and some samples are never seen (and synthetic data drawn without 
 between workers altogether). ``unseeded_orders`` finds such draws behind the arrays that the
 conversion splits: draws that can be made the same on every worker (rank 0's, broadcast) and
 in-place shuffles (``np.random.shuffle``, ``sklearn.utils.shuffle``,
-``train_test_split`` without ``random_state``) that a person must seed.
+``train_test_split`` without ``random_state``) and Keras folder readers that shuffle with no seed
+(arrays computed by going through ``image_dataset_from_directory(folder)``) that a person must
+seed.
 """
 
 from __future__ import annotations

@@ -28,7 +28,15 @@ rank wait until rank 0 is past the write. The same path means the same code (``a
 reading, ``numpy.load``, ``pickle.load``, Keras ``load_model``/``load_weights``,
 ``tf.saved_model.load``, ``checkpoint.restore``. A read that itself runs on rank 0 only needs
 no barrier; one already preceded by a barrier gets no second. The read must come after the write
-in the same function (or both at module level); a read elsewhere gets no barrier.
+in the same function (or both at module level); a read elsewhere gets no barrier. A path spelled
+in other quotes is the same file (``'w.h5'`` and ``"w.h5"``); a ``ModelCheckpoint`` writes
+during the ``fit`` (or Keras 2 ``fit_generator``) it is given to.
+
+Files rank 0 alone copies (``shutil.copyfile``/``copy``/``copy2``/``copytree``/``move``: a data
+set's files copied into a folder, which a later ``image_dataset_from_directory(folder)`` lists on
+every rank) are waited for after the module-level statement that copies them, or the calls of
+the helper of this file that does (``make_subset("train", 0, 1000)``; one barrier after the last
+of several in a row), unless a test that can differ between ranks decides whether it runs.
 """
 
 from __future__ import annotations
