@@ -602,39 +602,7 @@ def test_a_checkpoint_every_n_batches_comes_every_n_over_size_batches_of_each_wo
         "batches" in messages(result, "wrap_keras_fit")
 
 
-def test_a_plain_sequential_beside_a_custom_train_step_class_gets_no_train_step_note():
-    result = run(
-        """\
-        import tensorflow as tf
-        from tensorflow import keras
-
-        class CustomModel(keras.Model):
-            def train_step(self, data):
-                x, y = data
-                with tf.GradientTape() as tape:
-                    loss = self.compiled_loss(y, self(x, training=True))
-                grads = tape.gradient(loss, self.trainable_variables)
-                self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-                return {"loss": loss}
-
-        def main():
-            plain = keras.models.Sequential()
-            plain.add(keras.layers.Dense(1))
-            plain.compile(optimizer="adam", loss="mse")
-            plain.fit(x, y)
-            inputs = keras.Input(shape=(4,))
-            functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-            functional.compile(optimizer="adam", loss="mse")
-            functional.fit(x, y)
-        """,
-    )
-    assert not [m for m in messages(result, "wrap_keras_fit") if "train_step" in m]
-    assert messages(result, "wrap_keras_fit").count(
-        "optimizer wrapped in sdp.keras.DistributedOptimizer: gradients averaged across workers"
-    ) == 2
-
-
-CUSTOM_STEP = """\
+CUSTOM_MODEL = """\
 import tensorflow as tf
 from tensorflow import keras
 
@@ -646,7 +614,30 @@ class CustomModel(keras.Model):
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
         return {"loss": loss}
+"""
 
+
+def test_a_plain_sequential_beside_a_custom_train_step_class_gets_no_train_step_note():
+    result = run(
+        CUSTOM_MODEL + """
+def main():
+    plain = keras.models.Sequential()
+    plain.add(keras.layers.Dense(1))
+    plain.compile(optimizer="adam", loss="mse")
+    plain.fit(x, y)
+    inputs = keras.Input(shape=(4,))
+    functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    functional.compile(optimizer="adam", loss="mse")
+    functional.fit(x, y)
+""",
+    )
+    assert not [m for m in messages(result, "wrap_keras_fit") if "train_step" in m]
+    assert messages(result, "wrap_keras_fit").count(
+        "optimizer wrapped in sdp.keras.DistributedOptimizer: gradients averaged across workers"
+    ) == 2
+
+
+CUSTOM_STEP = CUSTOM_MODEL + """
 class TicketModel(keras.Model):
     def __init__(self):
         super().__init__()
