@@ -160,6 +160,9 @@ class Context:
     kinds: Mapping[Path, str] = field(default_factory=dict)
     #: Line of the converted text -> line of the file as the user wrote it.
     lines: Mapping[Path, Callable[[int], int]] = field(default_factory=dict)
+    #: A notebook's line (of its cells as one program) -> ``cell 4, line 11``: what the
+    #: user finds in the notebook.
+    cells: Mapping[Path, Callable[[int], str]] = field(default_factory=dict)
     #: Line of a node of each module (1 where unknown): the engine's positions.
     position: Callable[[Module, cst.CSTNode], tuple[int, int]] | None = None
     #: The modules each module imports (of the run).
@@ -277,7 +280,9 @@ class _Entry:
     def where(self, ref: Ref | None) -> str:
         if ref is None:
             return "?"
-        return f"{ref.module.display}:{self.line(ref.module, ref.node)}"
+        line = self.line(ref.module, ref.node)
+        cell = self.context.cells.get(ref.module.path)
+        return f"{ref.module.display} {cell(line)}" if cell else f"{ref.module.display}:{line}"
 
     def line(self, module: Module, node: cst.CSTNode | None) -> int:
         if node is None or self.context.position is None:
@@ -293,10 +298,10 @@ class _Entry:
 
     def repairable(self, module: Module, kind: str = "") -> bool:
         """A file of the run the converter converts from a single-process script (not one
-        already distributed, migrated or converted by hand; a notebook only to initialise the
-        runtime in its first cell)."""
+        already distributed, migrated or converted by hand). A notebook is one: its cells are
+        converted as one program, the edits made in the cell that holds the site."""
         label = self.context.kinds.get(module.path, "")
-        return module.written and (not module.notebook or kind == "init") and not (
+        return module.written and not (
             label.startswith(("already", "horovod", "smddp", "smp", "not converted")))
 
     def repair(self, kind: str, ref: Ref | None, detail: str = "") -> Repair | None:

@@ -689,11 +689,12 @@ def project_exports(source: bytes, options: Options) -> list[Export]:
 
 def probe_module(
     source: bytes, options: Options, resolve: Callable[[str], tuple[Path, str] | None],
-    stepping: Callable[[str], tuple[str, ...]] | None = None,
+    stepping: Callable[[str], tuple[str, ...]] | None = None, entry: bool = False,
 ) -> ModuleProbe:
     """Classify a module, and find the calls of a training script into functions of
     other project modules (``resolve`` maps a qualified name to one, or None) whose results
-    feed its training loops."""
+    feed its training loops. ``entry``: the module is run as it is (a notebook): the names it
+    calls are given even when it trains nothing itself."""
     if not worth_parsing(source):
         return ModuleProbe()
     try:
@@ -706,7 +707,8 @@ def probe_module(
     if not info.convertible or options.parallel_importer:
         return ModuleProbe(framework=info.framework)
     if not info.entry_point:
-        return ModuleProbe(framework=info.framework, library=True)
+        return ModuleProbe(framework=info.framework, library=True,
+                           called=tuple(info.calls) if entry else ())
     model = FileModel(module, info, index, project=options.project, skip=options.skip)
     found: list[tuple[cst.Call, str, tuple[Path, str], int | None]] = []
     for qualified, calls in info.calls.items():

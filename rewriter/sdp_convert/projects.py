@@ -120,34 +120,76 @@ def project_options(
             if source not in sources:
                 sources.append(source)
         runs = starts.get(path, [])
-        targets = [(q, t) for q in probes[path].called
-                   if (t := project.resolve(path, q)) is not None and t[0] != path]
-        callbacks = tuple(q for q, t in targets if project.writing_callback(*t))
-        writers = tuple(q for q, t in targets if project.writing_function(*t))
-        handles = tuple(q for q, t in targets if project.writing_class(*t))
-        collective = tuple((q, *found) for q, t in targets
-                           if (found := project.collective_function(*t)) is not None)
         importers = [p for p in written if path in imported.get(p, ())
                      and p in probes and (probes[p].script or starts.get(p))]
-        steppers = tuple((q, shown[t[0]], methods, project.sets_lr(*t)) for q, t in targets
-                         if (methods := project.stepping_methods(*t)))
         facts = ModuleFacts(
             tuple(feeds.get(path, ())), tuple(sources),
             starts=tuple(shown[p] for p in runs),
             started_by=tuple(shown[p] for p, its in starts.items() if path in its),
             framework=probes[runs[0]].framework if runs else (
                 probes[importers[0]].framework if importers else None),
-            rank0_callbacks=callbacks,
-            writers=writers,
-            handles=handles,
             helper=bool(importers),
-            optimizer_wrappers=steppers,
-            collective_helpers=collective,
-            star_names=tuple(sorted(project.star_names(path).items())),
             attribute_defaults=_attribute_defaults(project, path, imported, shown)
             if _DISTRIBUTES.search(contents[path]) else (),
+            **_called_facts(project, path, shown, probes[path].called),
         )
         chosen[path] = replace(options, project=facts)
+    chosen.update(_notebook_options(files, options, project, contents, shown))
+    return chosen
+
+
+def _called_facts(project: Project, path: Path, shown: dict[Path, str],
+                  called: Sequence[str]) -> dict:
+    """What the project functions and classes ``path`` calls (``called``, as it spells them)
+    do: writing callbacks, helpers and handles, helpers that reach a collective, classes that
+    step an optimizer; and the names its star imports of project modules bring in."""
+    targets = [(q, t) for q in called
+               if (t := project.resolve(path, q)) is not None and t[0] != path]
+    return {
+        "rank0_callbacks": tuple(q for q, t in targets if project.writing_callback(*t)),
+        "writers": tuple(q for q, t in targets if project.writing_function(*t)),
+        "handles": tuple(q for q, t in targets if project.writing_class(*t)),
+        "collective_helpers": tuple((q, *found) for q, t in targets
+                                    if (found := project.collective_function(*t)) is not None),
+        "optimizer_wrappers": tuple((q, shown[t[0]], methods, project.sets_lr(*t))
+                                    for q, t in targets
+                                    if (methods := project.stepping_methods(*t))),
+        "star_names": tuple(sorted(project.star_names(path).items())),
+    }
+
+
+def _notebook_options(files: Sequence[tuple[Path, str]], options: Options, project: Project,
+                      contents: dict[Path, bytes], shown: dict[Path, str]) -> dict[Path, Options]:
+    """The options of each notebook of the run that imports project modules: a notebook is no
+    project module, but its cells are a program that calls the project's functions and classes
+    (``from model import *``; a writing callback, a helper that saves), as a script does."""
+    from .files import read_regular
+    from .notebook import notebook_program
+    from .siblings import resolver
+
+    resolve = resolver()
+    chosen: dict[Path, Options] = {}
+    for path, _ in files:
+        if path.suffix != ".ipynb":
+            continue
+        try:
+            data = read_regular(path)
+        except OSError:
+            continue
+        program = notebook_program(data) if data is not None else None
+        if program is None:
+            continue
+        # Under a name no import can spell (``train.ipynb.py``: module ``train.ipynb``).
+        key = resolve(path).with_name(path.name + ".py")
+        with_notebook = Project({**contents, key: program[0].encode()})
+        if not imported_modules(with_notebook, key):
+            continue
+        probe = probe_module(program[0].encode(), options,
+                             functools.partial(with_notebook.resolve, key),
+                             functools.partial(_stepping, with_notebook, key), entry=True)
+        facts = ModuleFacts(framework=probe.framework,
+                            **_called_facts(with_notebook, key, shown, probe.called))
+        chosen[resolve(path)] = replace(options, project=facts)
     return chosen
 
 

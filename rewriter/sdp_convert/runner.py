@@ -766,10 +766,17 @@ def _check_program(chosen: dict[Path, bytes], texts: dict[Path, bytes], shown: d
             continue
         if o.source is not None and o.output is not None:
             lines[path] = _line_map(o.output, o.source)
+    def cell_of(of: list[tuple[int, int]]) -> Callable[[int], str]:
+        def cell(line: int) -> str:
+            index, at = of[min(max(line, 1), len(of)) - 1]
+            return f"cell {index + 1}, line {at}"
+        return cell
+
     context = contract.Context(
         notes={p: [c for c in o.changes if c.manual] for p, o in outcome_of.items()},
         kinds={p: o.kind for p, o in outcome_of.items()},
         lines=lines, position=position, imports=imports, unread=unread,
+        cells={p: cell_of(of) for p, of in lines_of.items() if of},
     )
     results = contract.check_program(run, context)
     entries = []

@@ -213,3 +213,54 @@ def test_keras_best_weights_read_after_fit_wait_and_a_resume_before_fit_does_not
     # The resume before fit reads what an earlier run wrote: no barrier, no note there.
     assert "    if os.path.exists(path):\n        model.load_weights(path)" in code
     assert "    sdp.barrier()\n    model.load_weights(path)\n" in code
+
+
+def test_a_checkpoint_of_fit_generator_read_back_in_other_quotes_waits():
+    # Keras 2's fit_generator is the fit the checkpoint writes during (ported to fit), and
+    # 'best.h5' is the "best.h5" read back: one file, whatever quotes spell it.
+    source = """\
+        from tensorflow import keras
+        from tensorflow.keras.callbacks import ModelCheckpoint
+
+        model.compile(optimizer="adam", loss="mse")
+        best = ModelCheckpoint('best.h5', monitor='loss', save_best_only=True)
+        model.fit_generator(batches(), steps_per_epoch=10, epochs=1, callbacks=[best])
+        model.load_weights("best.h5")
+        model.load_weights("other.h5")
+        """
+    result = run(source)
+    assert messages(result, ONLY) == [
+        "sdp.barrier() before reading \"best.h5\": rank 0 alone writes it",
+    ]
+    assert 'sdp.barrier()\nmodel.load_weights("best.h5")\n' in result.output.decode()
+
+
+def test_every_rank_waits_after_the_calls_of_a_helper_that_copies_on_rank0():
+    # make_subset's copies run on rank 0 only; the folder it fills is listed next by every
+    # rank: one barrier after the last of the calls in a row (none inside the helper).
+    source = """\
+        import os, shutil, pathlib
+        import tensorflow as tf
+
+        def make_subset(name, start, end):
+            folder = pathlib.Path("small") / name
+            os.makedirs(folder, exist_ok=True)
+            for i in range(start, end):
+                shutil.copyfile(f"all/{i}.jpg", folder / f"{i}.jpg")
+
+        make_subset("train", 0, 100)
+        make_subset("validation", 100, 150)
+        train = tf.keras.utils.image_dataset_from_directory("small/train")
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(train, epochs=1)
+        """
+    result = run(source)
+    assert messages(result, ONLY) == [
+        "sdp.barrier() after this: rank 0 alone copies the files it makes, which every rank "
+        "may read next",
+    ]
+    code = result.output.decode()
+    assert ('make_subset("validation", 100, 150)\nsdp.barrier()\n'
+            'train = tf.keras.utils.image_dataset_from_directory') in code
+    assert code.count("sdp.barrier()") == 1
+    assert "if sdp.rank() == 0:\n            shutil.copyfile" in code

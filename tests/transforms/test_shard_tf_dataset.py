@@ -861,3 +861,33 @@ def test_a_take_that_is_evaluated_is_still_a_split():
     )
     assert "sdp.shard" not in out
     assert "split after this shuffle" in notes(result)[0][1]
+
+
+def test_arrays_made_from_an_unseeded_folder_reader_are_split_with_a_note():
+    # The features are computed by going through a reader that shuffles the files differently
+    # on each worker: splitting them gives overlapping parts, which the report says. A seed
+    # (the reader's own, or TensorFlow's) makes the order agree: then nothing is said.
+    body = (
+        "from tensorflow import keras\n"
+        "def features_of(dataset):\n"
+        "    xs, ys = [], []\n"
+        "    for images, labels in dataset:\n"
+        "        xs.append(base.predict(images))\n"
+        "        ys.append(labels)\n"
+        "    return np.concatenate(xs), np.concatenate(ys)\n"
+        "train = keras.utils.image_dataset_from_directory('train', image_size=(8, 8){seed})\n"
+        "x, y = features_of(train)\n"
+        "model = keras.Sequential([keras.layers.Dense(1)])\n"
+        'model.compile(optimizer="adam", loss="mse")\n'
+        "model.fit(x, y, epochs=1)\n"
+    )
+    result = run("import tensorflow as tf\nimport numpy as np\n" + body.format(seed=""))
+    assert "sdp.shard(x)" in result.output.decode()  # (wrap_keras_fit's)
+    notes = reported(result, ONLY, manual=True)
+    assert any(line == 10 and "shuffles without a seed" in message and "overlap" in message
+               for line, message in notes), notes
+    for seeded in (body.format(seed=", seed=7"),
+                   "import numpy as np\ntf.random.set_seed(1)\n" + body.format(seed="")):
+        _, result = convert(seeded)
+        assert not any("shuffles without a seed" in message
+                       for _, message in reported(result, ONLY, manual=True))

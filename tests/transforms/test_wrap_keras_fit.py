@@ -602,33 +602,78 @@ def test_a_checkpoint_every_n_batches_comes_every_n_over_size_batches_of_each_wo
         "batches" in messages(result, "wrap_keras_fit")
 
 
+CUSTOM_MODEL = """\
+import tensorflow as tf
+from tensorflow import keras
+
+class CustomModel(keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(y, self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+"""
+
+
 def test_a_plain_sequential_beside_a_custom_train_step_class_gets_no_train_step_note():
     result = run(
-        """\
-        import tensorflow as tf
-        from tensorflow import keras
-
-        class CustomModel(keras.Model):
-            def train_step(self, data):
-                x, y = data
-                with tf.GradientTape() as tape:
-                    loss = self.compiled_loss(y, self(x, training=True))
-                grads = tape.gradient(loss, self.trainable_variables)
-                self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-                return {"loss": loss}
-
-        def main():
-            plain = keras.models.Sequential()
-            plain.add(keras.layers.Dense(1))
-            plain.compile(optimizer="adam", loss="mse")
-            plain.fit(x, y)
-            inputs = keras.Input(shape=(4,))
-            functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-            functional.compile(optimizer="adam", loss="mse")
-            functional.fit(x, y)
-        """,
+        CUSTOM_MODEL + """
+def main():
+    plain = keras.models.Sequential()
+    plain.add(keras.layers.Dense(1))
+    plain.compile(optimizer="adam", loss="mse")
+    plain.fit(x, y)
+    inputs = keras.Input(shape=(4,))
+    functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    functional.compile(optimizer="adam", loss="mse")
+    functional.fit(x, y)
+""",
     )
     assert not [m for m in messages(result, "wrap_keras_fit") if "train_step" in m]
     assert messages(result, "wrap_keras_fit").count(
         "optimizer wrapped in sdp.keras.DistributedOptimizer: gradients averaged across workers"
     ) == 2
+
+
+CUSTOM_STEP = CUSTOM_MODEL + """
+class TicketModel(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+class WiderTicketModel(TicketModel):
+    pass
+
+def get_model():
+    inputs = keras.Input(shape=(4,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    return model
+
+def get_either(custom):
+    inputs = keras.Input(shape=(4,))
+    if custom:
+        return CustomModel(inputs, keras.layers.Dense(1)(inputs))
+    return get_model()
+"""
+
+
+def test_models_of_factories_and_subclasses_without_train_step_are_plain_ones():
+    # get_model() returns a functional keras.Model, TicketModel and its subclass define no
+    # train_step: Keras' own train_step trains them, so their optimizers are wrapped with no
+    # note; get_either() may return a CustomModel: there the note stays (wrapped, as before).
+    compiles = "".join(
+        f'model = {made}\nmodel.compile(optimizer="adam", loss="mse")\nmodel.fit(x, y)\n'
+        for made in ("get_model()", "TicketModel()", "WiderTicketModel()", "get_either(flag)")
+    )
+    result = run(CUSTOM_STEP + compiles, ONLY)
+    said = messages(result, ONLY)
+    assert said.count(WRAPPED) == 4
+    noted = [(line, m) for line, m in notes(result) if "train_step" in m]
+    assert [line for line, _ in noted] == [CUSTOM_STEP.count("\n") + 11], noted
+    assert "CustomModel.train_step averages its gradients already: if this model is one" in (
+        noted[0][1])

@@ -5,12 +5,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import QualifiedNameSource
 
 from .index import FileIndex, file_index, imported_names, reaching_values
-from .syntax import _EQUAL, AddImport, arg_named, code, divided_by_size, mentions_size, replace_arg
+from .syntax import (
+    _EQUAL,
+    AddImport,
+    arg_named,
+    code,
+    divided_by_size,
+    findall,
+    mentions_size,
+    replace_arg,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Container
+
     from .model import FileModel
 
 _KERAS_ROOTS = ("tensorflow.keras", "tensorflow.python.keras", "tf_keras", "keras")
@@ -276,18 +288,63 @@ def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
 
 
 def keras_own_train_step(
-    fm: FileModel, index: FileIndex, receiver: cst.BaseExpression, call: cst.Call
+    fm: FileModel, index: FileIndex, receiver: cst.BaseExpression, call: cst.Call,
+    custom: Container[str] = (), depth: int = 0,
 ) -> bool:
     """The model compiled by ``call`` is a ``keras.Sequential``, a functional ``keras.Model``,
-    or a loaded, cloned or applications model: it trains with Keras' own ``train_step``."""
-    return any(
-        isinstance(value, cst.Call) and any(
-            k.rsplit(".", 1)[-1] in ("Sequential", "Model", "load_model", "clone_model")
-            or k.startswith("keras.applications.")
-            for k in keras_names(fm, value.func)
-        )
-        for value in reaching_values(index, receiver, call)
-    )
+    or a loaded, cloned or applications model: it trains with Keras' own ``train_step``. So does
+    a model made by a class of this file that defines no ``train_step`` (nor do its bases, down
+    to ``keras.Model``; ``custom``: the names of the classes that define one), or returned by
+    a function of this file whose every return is such a model (``get_model()`` returning
+    ``keras.Model(inputs, outputs)``)."""
+    for value in reaching_values(index, receiver, call):
+        if not isinstance(value, cst.Call):
+            continue
+        if any(k.rsplit(".", 1)[-1] in ("Sequential", "Model", "load_model", "clone_model")
+               or k.startswith("keras.applications.") for k in keras_names(fm, value.func)):
+            return True
+        binding = (index.reaching(value.func.value, value)
+                   if isinstance(value.func, cst.Name) and depth < 4 else None)
+        if binding is None or binding.kind != "def":
+            continue
+        if isinstance(binding.stmt, cst.ClassDef):
+            return _plain_model_class(fm, index, binding.stmt, custom, depth + 1)
+        if isinstance(binding.stmt, cst.FunctionDef):
+            returns = [r for r in findall(binding.stmt.body, m.Return())
+                       if _function_of(fm, r) is binding.stmt]
+            return bool(returns) and all(
+                r.value is not None
+                and keras_own_train_step(fm, index, r.value, r, custom, depth + 1)
+                for r in returns)
+    return False
+
+
+def _plain_model_class(
+    fm: FileModel, index: FileIndex, cls: cst.ClassDef, custom: Container[str], depth: int
+) -> bool:
+    """``cls`` is a Keras model class with Keras' own ``train_step``: no class on the way from
+    it to ``keras.Model`` defines one (its bases are ``keras.Model`` or classes of this file)."""
+    if cls.name.value in custom or depth > 4 or not cls.bases or any(
+        isinstance(s, cst.FunctionDef) and s.name.value == "train_step"
+        for s in cls.body.body
+    ):
+        return False
+    for base in cls.bases:
+        if any(k.rsplit(".", 1)[-1] in ("Model", "Sequential")
+               for k in keras_names(fm, base.value)):
+            continue
+        binding = (index.reaching(base.value.value, cls)
+                   if isinstance(base.value, cst.Name) else None)
+        if binding is None or not isinstance(binding.stmt, cst.ClassDef) or not (
+            _plain_model_class(fm, index, binding.stmt, custom, depth + 1)
+        ):
+            return False
+    return True
+
+
+def _function_of(fm: FileModel, node: cst.CSTNode) -> cst.CSTNode | None:
+    return next((a for a in fm.ancestors(node)
+                 if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
 
 
 def per_worker_save_freq(

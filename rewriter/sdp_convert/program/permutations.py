@@ -6,7 +6,9 @@ parts overlap and some samples are never seen (and synthetic data drawn without 
 between workers altogether). ``unseeded_orders`` finds such draws behind the arrays that the
 conversion splits: draws that can be made the same on every worker (rank 0's, broadcast) and
 in-place shuffles (``np.random.shuffle``, ``sklearn.utils.shuffle``,
-``train_test_split`` without ``random_state``) that a person must seed.
+``train_test_split`` without ``random_state``) and Keras folder readers that shuffle with no seed
+(arrays computed by going through ``image_dataset_from_directory(folder)``) that a person must
+seed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .index import FileIndex, file_index
+from .keras import keras_names
 from .syntax import arg_named, code, findall
 
 if TYPE_CHECKING:
@@ -34,6 +37,14 @@ _SEEDS = frozenset(
     {"numpy.random.seed", "keras.utils.set_random_seed", "tensorflow.keras.utils.set_random_seed",
      "tf_keras.utils.set_random_seed"}
 )
+#: Keras's folder readers: they shuffle (``shuffle=True`` by default) unless given a ``seed``.
+_SHUFFLING_READERS = frozenset(
+    {"keras.utils.image_dataset_from_directory", "keras.utils.text_dataset_from_directory",
+     "keras.utils.audio_dataset_from_directory", "keras.preprocessing.image_dataset_from_directory",
+     "keras.preprocessing.text_dataset_from_directory"}
+)
+#: Seed TensorFlow's generator on every worker alike (a reader's order then agrees).
+_TF_SEEDS = frozenset({"tensorflow.random.set_seed", "tensorflow.set_random_seed"})
 #: Reorder or split at random unless given ``random_state``.
 _SKLEARN = frozenset(
     {"sklearn.utils.shuffle", "sklearn.model_selection.train_test_split"}
@@ -116,12 +127,28 @@ def _call(fm: FileModel, index: FileIndex, call: cst.Call, found: UnseededOrders
     )
     if draws or _unseeded_generator_method(fm, index, call):
         found.permutations.setdefault(call, code(call.args[0].value) if call.args else "")
+    elif _unseeded_reader(fm, call):
+        found.notes.append(
+            (call, f"{code(call.func)}(...) shuffles without a seed, in another order on each "
+                   f"worker, and the arrays made by going through it are divided between them")
+        )
     elif fm.refers_to(call.func, *_SKLEARN) and arg_named(call, "random_state") is None:
         name = code(call.func)
         found.notes.append(
             (call, f"{name}() without random_state splits or shuffles differently on each "
                    f"worker before the data is divided between them")
         )
+
+
+def _unseeded_reader(fm: FileModel, call: cst.Call) -> bool:
+    """``image_dataset_from_directory(folder)``: shuffled with no seed (none of its own, none
+    set for TensorFlow), so every worker reads the files in another order."""
+    if not keras_names(fm, call.func) & _SHUFFLING_READERS or arg_named(call, "seed"):
+        return False
+    shuffle = arg_named(call, "shuffle")
+    if shuffle is not None and code(shuffle.value) == "False":
+        return False
+    return not any(fm.calls_to(*_TF_SEEDS))
 
 
 def _unseeded_generator_method(fm: FileModel, index: FileIndex, call: cst.Call) -> bool:

@@ -13,14 +13,15 @@ its own, so a write there must not be guarded.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameSource
 
-from .ranks import is_rank_call
-from .scopes import assigned_values, referents
+from .ranks import divergent_condition, is_rank_call
+from .scopes import assigned_values, callers, referents
 from .syntax import findall, names_read
 from .writes import (
     FRAMEWORK_METHOD_WRITES,
@@ -34,6 +35,8 @@ from .writes import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .model import FileModel
 
 #: Calls reading a file, with where the path is.
@@ -150,6 +153,16 @@ def read_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
     ):
         return _code(fm, call.args[0].value)
     return None
+
+
+def same_file(code: str) -> str:
+    """What two spellings of one path have in common: a string literal by its value (the
+    checkpoint's ``'w.h5'`` is the ``"w.h5"`` read back later), any other code as written."""
+    try:
+        value = ast.literal_eval(code)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return code
+    return repr(value) if isinstance(value, (str, bytes)) else code
 
 
 def writes_private_temp(fm: FileModel, call: cst.Call, framework: str) -> bool:
@@ -281,6 +294,47 @@ def _with_targets(fm: FileModel, name: cst.Name) -> list[cst.Call]:
             if isinstance(item, cst.WithItem) and isinstance(item.item, cst.Call):
                 found.append(item.item)
     return found
+
+
+#: Copies: what they write is there to be read (a data set's files copied into a folder).
+COPIES = ("shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "shutil.move")
+
+
+def copies_waited_for(
+    fm: FileModel, copies: list[cst.Call], on_rank0: Callable[[cst.CSTNode], bool]
+) -> list[cst.CSTNode]:
+    """The module-level statements after which every rank waits for the files rank 0 alone
+    copies (``copies``, those ``on_rank0`` says run there): the copy's own statement, or a call
+    of the function of this file that makes it (``make_subset("train", 0, 1000)``), the last of
+    several in a row. A copy prepares files some later code reads on every rank (a data set's
+    folder listed by ``image_dataset_from_directory``): without the barrier, a rank can list a
+    folder half copied. None where a rank-dependent test decides whether the statement runs."""
+    units: list[cst.CSTNode] = []
+    for call in copies:
+        if not on_rank0(call):
+            continue
+        function = next((a for a in fm.ancestors(call) if isinstance(a, cst.FunctionDef)),
+                        None)
+        sites = [call] if function is None else callers(fm, function)
+        for site in sites:
+            stmt = _module_statement(fm, site)
+            if stmt is not None and stmt not in units and divergent_condition(fm, site) is None:
+                units.append(stmt)
+    body = list(fm.module.body)
+    return [u for u in units
+            if (i := body.index(u)) + 1 == len(body) or body[i + 1] not in units]
+
+
+def _module_statement(fm: FileModel, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement of the module's body that holds ``node`` outside any function or class."""
+    child = node
+    for parent in fm.ancestors(node):
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        if isinstance(parent, cst.Module):
+            return child
+        child = parent
+    return None
 
 
 def is_barrier(fm: FileModel, stmt: cst.CSTNode | None) -> bool:

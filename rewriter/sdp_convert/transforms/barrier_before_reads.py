@@ -28,7 +28,15 @@ rank wait until rank 0 is past the write. The same path means the same code (``a
 reading, ``numpy.load``, ``pickle.load``, Keras ``load_model``/``load_weights``,
 ``tf.saved_model.load``, ``checkpoint.restore``. A read that itself runs on rank 0 only needs
 no barrier; one already preceded by a barrier gets no second. The read must come after the write
-in the same function (or both at module level); a read elsewhere gets no barrier.
+in the same function (or both at module level); a read elsewhere gets no barrier. A path spelled
+in other quotes is the same file (``'w.h5'`` and ``"w.h5"``); a ``ModelCheckpoint`` writes
+during the ``fit`` (or Keras 2 ``fit_generator``) it is given to.
+
+Files rank 0 alone copies (``shutil.copyfile``/``copy``/``copy2``/``copytree``/``move``: a data
+set's files copied into a folder, which a later ``image_dataset_from_directory(folder)`` lists on
+every rank) are waited for after the module-level statement that copies them, or the calls of
+the helper of this file that does (``make_subset("train", 0, 1000)``; one barrier after the last
+of several in a row), unless a test that can differ between ranks decides whether it runs.
 """
 
 from __future__ import annotations
@@ -41,10 +49,13 @@ from ..analysis import FileInfo
 from ..base import Transform
 from ..program.ranks import divergent_condition, only_called_on_rank0, rank0_only
 from ..program.readback import (
+    COPIES,
     METHOD_READS,
     READS,
+    copies_waited_for,
     is_barrier,
     read_path,
+    same_file,
     written_path,
 )
 from ..program.writes import (
@@ -85,14 +96,16 @@ class BarrierBeforeReads(Transform):
         for call in calls:
             path = written_path(self.fm, call, framework)
             if path is not None and self._on_rank0_only(call):
-                writes.setdefault(path, []).append(call)
+                writes.setdefault(same_file(path), []).append(call)
         # A Keras ModelCheckpoint writes during the fit it is given to, on rank 0 only (the
         # converted fit, or a migrated script's own guard): that fit is the write.
         for call in self.calls_to(*CHECKPOINT_CALLBACKS):
             path_arg = argument(call, 0, "filepath")
             fit = self._fit_after(call)
             if path_arg is not None and fit is not None:
-                writes.setdefault(self.module.code_for_node(path_arg.value), []).append(fit)
+                checkpoint = same_file(self.module.code_for_node(path_arg.value))
+                writes.setdefault(checkpoint, []).append(fit)
+        self._wait_for_copies()
         if not writes:
             return
         reads = self.calls_to(*READS, *OPENERS)
@@ -101,12 +114,12 @@ class BarrierBeforeReads(Transform):
         done: set[int] = set()
         for call in sorted(reads, key=self._order):
             path = read_path(self.fm, call, framework)
-            if path is None or path not in writes or self._on_rank0_only(call):
+            if path is None or same_file(path) not in writes or self._on_rank0_only(call):
                 continue
             function = self.enclosing_function(call)
             if not any(
                 self._order(w) < self._order(call) and self.enclosing_function(w) is function
-                for w in writes[path]
+                for w in writes[same_file(path)]
             ):
                 continue
             stmt = self.enclosing_statement(call)
@@ -143,10 +156,24 @@ class BarrierBeforeReads(Transform):
                 f"{self.sdp}.barrier() before reading {path}: rank 0 alone writes it",
             )
 
+    def _wait_for_copies(self) -> None:
+        """Every rank waits where rank 0 alone has copied files (a data set's folder)."""
+        body = list(self.module.body)
+        for stmt in copies_waited_for(self.fm, self.calls_to(*COPIES), self._on_rank0_only):
+            i = body.index(stmt)
+            if i + 1 < len(body) and is_barrier(self.fm, body[i + 1]):
+                continue
+            self.insert_after(stmt, cst.parse_statement(f"{self.sdp}.barrier()\n"))
+            if self.sdp == "sdp" or self.state.info.convertible:
+                self.add_runtime_import()
+            self.record(stmt, f"{self.sdp}.barrier() after this: rank 0 alone copies the files it "
+                        "makes, which every rank may read next")
+
     def _fit_after(self, callback: cst.Call) -> cst.Call | None:
-        """The first ``.fit(...)`` of the same function after ``callback`` is made."""
+        """The first ``.fit(...)`` (or Keras 2 ``.fit_generator(...)``) of the same function
+        after ``callback`` is made."""
         function = self.enclosing_function(callback)
-        later = [c for c in self.method_calls("fit")
+        later = [c for c in (*self.method_calls("fit"), *self.method_calls("fit_generator"))
                  if self._order(c) > self._order(callback) and
                  self.enclosing_function(c) is function]
         return min(later, key=self._order) if later else None

@@ -161,7 +161,7 @@ class WrapKerasFit(Transform):
                 owner = index.parent_scope.get(id(index.scope(call)))
                 if isinstance(owner, cst.ClassDef) and owner.name.value in classes:
                     return owner.name.value
-        if keras_own_train_step(self.fm, index, receiver, call):
+        if keras_own_train_step(self.fm, index, receiver, call, classes):
             return None  # keras.Sequential, a functional keras.Model: Keras' own train_step
         steps = {id(f): f for f in classes.values()}
         if len(steps) == 1:  # a model built elsewhere (a factory): the file's only such step
