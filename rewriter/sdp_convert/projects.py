@@ -97,6 +97,8 @@ def project_options(
         found = project_exports(contents[producer], replace(options, project=facts))
         exports[producer] = {(e.function, e.index): (e.line, e.shuffles, e.already) for e in found}
 
+    entries = {p: set(reachable_modules(imported, p)) for p in written
+               if p in probes and (probes[p].script or starts.get(p))}
     chosen: dict[Path, Options] = {}
     for path in written:
         if path not in contents:
@@ -120,8 +122,10 @@ def project_options(
         handles = tuple(q for q, t in targets if project.writing_class(*t))
         collective = tuple((q, *found) for q, t in targets
                            if (found := project.collective_function(*t)) is not None)
-        importers = [p for p in written if path in imported.get(p, ())
-                     and p in probes and (probes[p].script or starts.get(p))]
+        # A script imports it itself, or through other modules of the project: a package's
+        # ``from .utils import *`` re-export (``import utils; utils.mkdir(...)``), a module the
+        # script imports: either way it runs in every rank's process.
+        importers = [p for p in entries if path in entries[p]]
         steppers = tuple((q, shown[t[0]], methods, project.sets_lr(*t)) for q, t in targets
                          if (methods := project.stepping_methods(*t)))
         facts = ModuleFacts(
