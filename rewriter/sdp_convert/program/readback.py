@@ -20,7 +20,7 @@ import libcst.matchers as m
 from libcst.metadata import QualifiedNameSource
 
 from .ranks import is_rank_call
-from .scopes import assigned_values, referents
+from .scopes import arguments_for, assigned_values, class_of, referents
 from .syntax import findall, names_read
 from .writes import (
     FRAMEWORK_METHOD_WRITES,
@@ -281,6 +281,43 @@ def _with_targets(fm: FileModel, name: cst.Name) -> list[cst.Call]:
             if isinstance(item, cst.WithItem) and isinstance(item.item, cst.Call):
                 found.append(item.item)
     return found
+
+
+def checkpoint_fits(
+    fm: FileModel, callback: cst.Call, path: cst.BaseExpression
+) -> list[tuple[cst.Call, str]]:
+    """The ``fit`` calls during which a Keras checkpoint callback made at ``callback`` writes
+    ``path`` (its ``filepath``), each with the code that names the file where that fit is: the
+    first ``.fit(...)`` after it in its own function, with ``path``'s code; or, when no fit
+    follows there and ``path`` is a parameter of that function (a callbacks factory,
+    ``create_callbacks(saved_weights_name, ...)``, whose list the caller's fit gets), the first
+    fit after each call of the factory in its caller's function, with the argument that call
+    passes (``config["train"]["saved_weights_name"]``). Nothing else is followed."""
+    function = fm.enclosing_function(callback)
+    fit = _fit_after(fm, callback, function)
+    if fit is not None:
+        return [(fit, fm.code(path).strip())]
+    if (
+        function is None or class_of(fm, function) is not None or not isinstance(path, cst.Name)
+        or not (bindings := referents(fm, path))
+        or not all(isinstance(getattr(b, "node", None), cst.Param) for b in bindings)
+    ):
+        return []
+    found = []
+    for value, call in arguments_for(fm, function, path.value):
+        fit = _fit_after(fm, call, fm.enclosing_function(call))
+        if fit is not None:
+            found.append((fit, fm.code(value).strip()))
+    return found
+
+
+def _fit_after(
+    fm: FileModel, node: cst.Call, function: cst.FunctionDef | None
+) -> cst.Call | None:
+    """The first ``.fit(...)`` of ``function`` (None: the module level) after ``node``."""
+    later = [c for c in fm.method_calls("fit")
+             if fm.order(c) > fm.order(node) and fm.enclosing_function(c) is function]
+    return min(later, key=fm.order) if later else None
 
 
 def is_barrier(fm: FileModel, stmt: cst.CSTNode | None) -> bool:

@@ -24,7 +24,10 @@ Why: once the write runs on rank 0 only (``guard_rank0_writes``, or the script's
 file, a half-written one, or none (``FileNotFoundError``). A barrier before the read makes every
 rank wait until rank 0 is past the write. The same path means the same code (``args.save``,
 ``"best.pt"``, ``os.path.join(d, "w.h5")``); a ``CheckpointManager``'s ``save()`` is read by
-``restore(manager.latest_checkpoint)``. Reads: ``torch.load``, ``torch.jit.load``, ``open`` for
+``restore(manager.latest_checkpoint)``; a Keras ``ModelCheckpoint`` (or the project's subclass of
+it) writes its ``filepath`` during the ``fit`` it is given to, and one made in a callbacks
+factory (``make_callbacks(weights_path)``) writes what the factory's caller hands it
+(``config["train"]["weights"]``, read back after that caller's ``fit``). Reads: ``torch.load``, ``torch.jit.load``, ``open`` for
 reading, ``numpy.load``, ``pickle.load``, Keras ``load_model``/``load_weights``,
 ``tf.saved_model.load``, ``checkpoint.restore``. A read that itself runs on rank 0 only needs
 no barrier; one already preceded by a barrier gets no second. The read must come after the write
@@ -43,6 +46,7 @@ from ..program.ranks import divergent_condition, only_called_on_rank0, rank0_onl
 from ..program.readback import (
     METHOD_READS,
     READS,
+    checkpoint_fits,
     is_barrier,
     read_path,
     written_path,
@@ -88,11 +92,18 @@ class BarrierBeforeReads(Transform):
                 writes.setdefault(path, []).append(call)
         # A Keras ModelCheckpoint writes during the fit it is given to, on rank 0 only (the
         # converted fit, or a migrated script's own guard): that fit is the write.
-        for call in self.calls_to(*CHECKPOINT_CALLBACKS):
-            path_arg = argument(call, 0, "filepath")
-            fit = self._fit_after(call)
-            if path_arg is not None and fit is not None:
-                writes.setdefault(self.module.code_for_node(path_arg.value), []).append(fit)
+        # A project's subclass (``CustomModelCheckpoint(ModelCheckpoint)``, rank 0's too) takes
+        # the path by keyword (its own parameters come first); one made in a callbacks factory
+        # writes what the factory's caller hands it.
+        project = self.fm.project
+        custom = self.calls_to(*project.rank0_callbacks) if project else []
+        for call in [*self.calls_to(*CHECKPOINT_CALLBACKS), *custom]:
+            path_arg = argument(call, 0, "filepath") if call not in custom else next(
+                (a for a in call.args if a.keyword and a.keyword.value == "filepath"), None)
+            if path_arg is None:
+                continue
+            for fit, path in checkpoint_fits(self.fm, call, path_arg.value):
+                writes.setdefault(path, []).append(fit)
         if not writes:
             return
         reads = self.calls_to(*READS, *OPENERS)
@@ -142,14 +153,6 @@ class BarrierBeforeReads(Transform):
                 call,
                 f"{self.sdp}.barrier() before reading {path}: rank 0 alone writes it",
             )
-
-    def _fit_after(self, callback: cst.Call) -> cst.Call | None:
-        """The first ``.fit(...)`` of the same function after ``callback`` is made."""
-        function = self.enclosing_function(callback)
-        later = [c for c in self.method_calls("fit")
-                 if self._order(c) > self._order(callback) and
-                 self.enclosing_function(c) is function]
-        return min(later, key=self._order) if later else None
 
     def _on_rank0_only(self, node: cst.CSTNode) -> bool:
         guarded = self.state.edits.guarded
