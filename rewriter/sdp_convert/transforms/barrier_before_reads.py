@@ -27,11 +27,12 @@ rank wait until rank 0 is past the write. The same path means the same code (``a
 ``restore(manager.latest_checkpoint)``; a Keras ``ModelCheckpoint`` (or the project's subclass of
 it) writes its ``filepath`` during the ``fit`` it is given to, and one made in a callbacks
 factory (``make_callbacks(weights_path)``) writes what the factory's caller hands it
-(``config["train"]["weights"]``, read back after that caller's ``fit``). Reads: ``torch.load``, ``torch.jit.load``, ``open`` for
-reading, ``numpy.load``, ``pickle.load``, Keras ``load_model``/``load_weights``,
-``tf.saved_model.load``, ``checkpoint.restore``. A read that itself runs on rank 0 only needs
-no barrier; one already preceded by a barrier gets no second. The read must come after the write
-in the same function (or both at module level); a read elsewhere gets no barrier.
+(``config["train"]["weights"]``, read back after that caller's ``fit``). Reads: ``torch.load``,
+``torch.jit.load``, ``open`` for reading, ``numpy.load``, ``pickle.load``, Keras
+``load_model``/``load_weights``, ``tf.saved_model.load``, ``checkpoint.restore``. A read that
+itself runs on rank 0 only needs no barrier; one already preceded by a barrier gets no second.
+The read must come after the write in the same function (or both at module level); a read
+elsewhere gets no barrier.
 """
 
 from __future__ import annotations
