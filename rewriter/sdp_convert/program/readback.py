@@ -314,8 +314,14 @@ def checkpoint_fits(
 def _fit_after(
     fm: FileModel, node: cst.Call, function: cst.FunctionDef | None
 ) -> cst.Call | None:
-    """The first ``.fit(...)`` of ``function`` (None: the module level) after ``node``."""
-    later = [c for c in fm.method_calls("fit")
+    """The ``.fit(...)`` (or Keras 2's ``.fit_generator(...)``, which the conversion makes a
+    ``fit``) whose arguments hold ``node``, else the first of ``function`` (None: the module
+    level) after it."""
+    fits = (*fm.method_calls("fit"), *fm.method_calls("fit_generator"))
+    around = next((p for p in fm.ancestors(node) if any(p is f for f in fits)), None)
+    if around is not None:  # ``model.fit(x, callbacks=[ModelCheckpoint(p)])``
+        return around  # type: ignore[return-value]
+    later = [c for c in fits
              if fm.order(c) > fm.order(node) and fm.enclosing_function(c) is function]
     return min(later, key=fm.order) if later else None
 
