@@ -141,10 +141,14 @@ def test_removing_data_parallel_names_the_checkpoints_that_change_format():
     assert "consume_prefix_in_state_dict_if_present" in note
     # Saved directly and through a dict that is saved; the in-memory copy is no checkpoint.
     assert "saved at lines 9, 10 of the original" in note and "'module.' + k" in note
+    # A load before the DataParallel call (the plain model's keys) and a save of the module
+    # inside it keep their format: nothing to say.
     other = probe("""
         import torch.nn as nn
+        net.load_state_dict(torch.load("plain.pt"))
         net = nn.DataParallel(net)
         torch.save(net, "whole.pt")
+        torch.save(net.module.state_dict(), "plain.pt")
         """)
     assert data_parallel_checkpoints(other, find(other, m.Call(), "nn.DataParallel(net)"),
                                      "sdp") is None

@@ -605,13 +605,16 @@ def data_parallel_checkpoints(fm: FileModel, call: cst.Call, sdp: str) -> str | 
     if model is None:
         return None
     target = code(model)
-    loads = [c for c in fm.method_calls("load_state_dict")
-             if isinstance(c.func, cst.Attribute) and code(c.func.value) == target]
+    # Only what comes after the DataParallel call: before it, the plain model's keys were saved
+    # and loaded, as they are now (``model.load_state_dict(ckpt); model = nn.DataParallel(model)``).
+    after = fm.order(call)
+    loads = [c for c in fm.method_calls("load_state_dict") if fm.order(c) > after
+             and isinstance(c.func, cst.Attribute) and code(c.func.value) == target]
     # Saved: inside ``torch.save(...)``, or in a value assigned to a name that one saves
     # (``state = {"net": net.state_dict(), ...}; torch.save(state, path)``).
     saved = {code(a.value) for c in fm.calls_to("torch.save") for a in c.args[:1]}
-    saves = [c for c in fm.method_calls("state_dict")
-             if isinstance(c.func, cst.Attribute) and code(c.func.value) == target
+    saves = [c for c in fm.method_calls("state_dict") if fm.order(c) > after
+             and isinstance(c.func, cst.Attribute) and code(c.func.value) == target
              and any((isinstance(p, cst.Call) and fm.refers_to(p.func, "torch.save")) or (
                  isinstance(p, cst.Assign) and any(code(t.target) in saved for t in p.targets))
                  for p in fm.ancestors(c))]
