@@ -40,6 +40,7 @@ from pathlib import Path
 import libcst as cst
 
 from .changes import Change
+from .program.deletions import DELETIONS, path_deletions
 from .program.fetches import fetch_statements, file_fetches
 from .program.index import file_index
 from .program.project import Repair, repair_code
@@ -1460,6 +1461,9 @@ def _writes(module: Module, framework: str) -> list[tuple[cst.Call, str]]:
             if method == "save" and framework == "tensorflow" and not call.args:
                 continue  # ``manager.save()`` is the CheckpointManager's, guarded like others
             found.append((call, fm.code(func)))
+    # Deleting is writing: ``shutil.rmtree(d)`` on every rank while rank 0 alone fills ``d``.
+    found += [(call, fm.code(call.func)) for call in (*fm.calls_to(*DELETIONS),
+                                                      *path_deletions(fm))]
     return found
 
 

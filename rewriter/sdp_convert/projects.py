@@ -104,6 +104,8 @@ def project_options(
         found = project_exports(contents[producer], replace(options, project=facts))
         exports[producer] = {(e.function, e.index): (e.line, e.shuffles, e.already) for e in found}
 
+    entries = {p: set(reachable_modules(imported, p)) for p in written
+               if p in probes and (probes[p].script or starts.get(p))}
     chosen: dict[Path, Options] = {}
     for path in written:
         if path not in contents:
@@ -120,8 +122,7 @@ def project_options(
             if source not in sources:
                 sources.append(source)
         runs = starts.get(path, [])
-        importers = [p for p in written if path in imported.get(p, ())
-                     and p in probes and (probes[p].script or starts.get(p))]
+        importers = [p for p in entries if path in entries[p]]
         facts = ModuleFacts(
             tuple(feeds.get(path, ())), tuple(sources),
             starts=tuple(shown[p] for p in runs),

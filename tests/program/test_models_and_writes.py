@@ -7,6 +7,7 @@ import libcst as cst
 import libcst.matchers as m
 from sdp_convert.program.index import file_index
 from sdp_convert.program.models import (
+    data_parallel_checkpoints,
     freezes,
     is_module_value,
     is_module_value_expr,
@@ -116,3 +117,38 @@ def test_write_arguments_modes_and_memory_buffers():
     assert [in_memory(t, argument(c, 1, "f")) for c in saves] == [True, False]
     opens = [c for c in m.findall(t.module, m.Call(func=m.Name("open")))]
     assert [open_mode(c, "r", 1) for c in opens] == ["r", "wb", None, None]
+
+
+def test_removing_data_parallel_names_the_checkpoints_that_change_format():
+    t = probe("""
+        import torch
+        import torch.nn as nn
+
+        model = nn.DataParallel(Recognizer()).to("cuda")
+        if opt.pretrained:
+            model.load_state_dict(torch.load(opt.pretrained), strict=False)
+        for epoch in range(3):
+            torch.save(model.state_dict(), "best.pth")
+        snapshot = {"model": model.state_dict(), "epoch": 3}
+        torch.save(snapshot, "last.pth")
+        copy = model.state_dict()
+        """)
+    dp = find(t, m.Call(), 'nn.DataParallel(Recognizer())')
+    # The wrapped model is the name the DataParallel call is assigned to.
+    note = data_parallel_checkpoints(t, dp, "sdp")
+    assert note is not None
+    assert "load_state_dict at line 7 of the original" in note and "strict=False silently loads nothing" in note
+    assert "consume_prefix_in_state_dict_if_present" in note
+    # Saved directly and through a dict that is saved; the in-memory copy is no checkpoint.
+    assert "saved at lines 9, 10 of the original" in note and "'module.' + k" in note
+    # A load before the DataParallel call (the plain model's keys) and a save of the module
+    # inside it keep their format: nothing to say.
+    other = probe("""
+        import torch.nn as nn
+        net.load_state_dict(torch.load("plain.pt"))
+        net = nn.DataParallel(net)
+        torch.save(net, "whole.pt")
+        torch.save(net.module.state_dict(), "plain.pt")
+        """)
+    assert data_parallel_checkpoints(other, find(other, m.Call(), "nn.DataParallel(net)"),
+                                     "sdp") is None

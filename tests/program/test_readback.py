@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst.matchers as m
 from sdp_convert.program.readback import (
+    checkpoint_fits,
     is_barrier,
     is_private_temp,
     read_path,
@@ -11,7 +12,7 @@ from sdp_convert.program.readback import (
     written_path,
 )
 
-from .helpers import find, probe
+from .helpers import code, find, probe
 
 HEAD = "import io, os, pickle, shutil, tempfile\nimport numpy as np\nimport torch\n"
 
@@ -87,3 +88,31 @@ def test_barrier_statements():
     t = probe(HEAD + "import sdp_runtime.torch as sdp\nsdp.barrier()\nsdp.rank()\n")
     statements = t.module.body
     assert is_barrier(t, statements[-2]) and not is_barrier(t, statements[-1])
+
+
+def test_the_fits_a_checkpoint_callback_writes_during():
+    t = probe("""
+        from tensorflow.keras.callbacks import ModelCheckpoint
+
+        def make_callbacks(weights, logs):
+            return [ModelCheckpoint(filepath=weights)]
+
+        def train(cfg):
+            callbacks = make_callbacks(cfg["weights"], cfg["logs"])
+            model.fit_generator(gen, callbacks=callbacks)
+            model.fit(x, callbacks=[ModelCheckpoint("best.h5")])
+
+        def other(path):
+            path = path + ".h5"
+            cb = ModelCheckpoint(filepath=path)
+        """)
+    # Made in a factory: the caller's argument, at the first fit (a Keras 2 fit_generator too).
+    factory = find(t, m.Call(), "ModelCheckpoint(filepath=weights)")
+    fits = checkpoint_fits(t, factory, factory.args[0].value)
+    assert [(code(t, f), p) for f, p in fits] == [
+        ("model.fit_generator(gen, callbacks=callbacks)", 'cfg["weights"]')]
+    direct = find(t, m.Call(), 'ModelCheckpoint("best.h5")')
+    assert [p for _, p in checkpoint_fits(t, direct, direct.args[0].value)] == ['"best.h5"']
+    # A parameter rebound in the function is not the caller's argument: nothing followed.
+    rebound = find(t, m.Call(), "ModelCheckpoint(filepath=path)")
+    assert checkpoint_fits(t, rebound, rebound.args[0].value) == []

@@ -366,7 +366,9 @@ def make_log():
     assert "mode known only at run time" in notes[0][1]
     assert "it is in a condition" in notes[1][1]
     assert "shares its line with a def" in notes[2][1]
-    assert "assigns a name used later" in notes[3][1]
+    # Every rank needs ``size``: never "run it on rank 0 only"; a cache goes first on rank 0.
+    assert "every rank uses the name it assigns" in notes[3][1]
+    assert "rank0_first()" in notes[3][1] and "make it run on rank 0 only" not in notes[3][1]
     assert notes[4][1].startswith('open(..., "w") writes on every rank, and its handle is used')
     assert "(`return out`)" in notes[4][1]
 

@@ -16,6 +16,26 @@ if TYPE_CHECKING:
     from .model import FileModel
 
 
+#: Why a statement cannot go onto rank 0 alone: the rest of the code reads what it assigns.
+USED_LATER = "it assigns a name used later, which the other ranks would miss"
+
+
+def guard_advice(problem: str, sdp: str) -> str:
+    """What to do about a write on every rank that cannot go under ``if <rank> == 0:`` because
+    of ``problem`` (``why_not_guardable``'s words). Where every rank needs the name it assigns
+    (``train, labels = parse_annotations(dir, cache_file)``), never "run it on rank 0 only": a
+    cache it reads back is built first by each machine's first process (``rank0_first``), any
+    other write goes under the rank test inside, where it is."""
+    if problem == USED_LATER:
+        return (
+            "every rank uses the name it assigns, so it cannot run on rank 0 alone: if what it "
+            "writes is a cache it reads back, let each machine's first process build it before "
+            f"the others read it (`with {sdp}.rank0_first():` around this call); otherwise keep "
+            f"it on every rank and put the write itself under `if {sdp}.rank() == 0:`"
+        )
+    return f"{problem}; make it run on rank 0 only (if {sdp}.rank() == 0:)"
+
+
 def why_not_guardable(fm: FileModel, node: cst.CSTNode, stmt: cst.CSTNode | None) -> str | None:
     """Why ``stmt`` (holding ``node``) cannot go under ``if <rank> == 0:``, in words; None when
     it can: not in a lambda, condition or ``for`` header, not sharing a line with a def, its
@@ -44,7 +64,7 @@ def why_not_guardable(fm: FileModel, node: cst.CSTNode, stmt: cst.CSTNode | None
             if isinstance(
                 small, (cst.Assign, cst.AnnAssign, cst.AugAssign)
             ) and binds_used_names(fm, small):
-                return "it assigns a name used later, which the other ranks would miss"
+                return USED_LATER
     if isinstance(stmt, (cst.If, cst.While)) and isinstance(stmt.body, cst.IndentedBlock):
         return "it is in a condition"
     return None

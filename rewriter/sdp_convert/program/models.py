@@ -12,6 +12,7 @@ import libcst.matchers as m
 
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
+from .positions import node_positions
 from .scopes import arguments_for, training_loops, uses
 from .syntax import code, findall
 
@@ -586,3 +587,60 @@ def names_held_by(
         for name in {code(n) for n in findall(value, m.Name() | m.Attribute())}:
             held.setdefault((id(scope), name), []).append(obj)
     return held
+
+
+def data_parallel_checkpoints(fm: FileModel, call: cst.Call, sdp: str) -> str | None:
+    """The note for removing ``nn.DataParallel`` (``call``) in a file that saves or loads the
+    ``state_dict`` of the model it wraps (its argument, or the name it is assigned to:
+    ``model = nn.DataParallel(Net()).cuda()``): DataParallel's keys carry ``module.``, the
+    runtime wrapper's do not, so both the checkpoints this script saves and those it loads
+    change format (None: no such save or load here). The lines are named; the edit that keeps
+    the old format is said."""
+    model = call.args[0].value if call.args else None
+    stmt = fm.enclosing_statement(call)
+    if not isinstance(model, (cst.Name, cst.Attribute)) and isinstance(
+        stmt, cst.SimpleStatementLine
+    ) and isinstance(assign := stmt.body[0], cst.Assign) and len(assign.targets) == 1:
+        model = assign.targets[0].target
+    if model is None:
+        return None
+    target = code(model)
+    # Only what comes after the DataParallel call: before it, the plain model's keys were saved
+    # and loaded, as they are now (``model.load_state_dict(ckpt); model = nn.DataParallel(model)``).
+    after = fm.order(call)
+    loads = [c for c in fm.method_calls("load_state_dict") if fm.order(c) > after
+             and isinstance(c.func, cst.Attribute) and code(c.func.value) == target]
+    # Saved: inside ``torch.save(...)``, or in a value assigned to a name that one saves
+    # (``state = {"net": net.state_dict(), ...}; torch.save(state, path)``).
+    saved = {code(a.value) for c in fm.calls_to("torch.save") for a in c.args[:1]}
+    saves = [c for c in fm.method_calls("state_dict") if fm.order(c) > after
+             and isinstance(c.func, cst.Attribute) and code(c.func.value) == target
+             and any((isinstance(p, cst.Call) and fm.refers_to(p.func, "torch.save")) or (
+                 isinstance(p, cst.Assign) and any(code(t.target) in saved for t in p.targets))
+                 for p in fm.ancestors(c))]
+    if not loads and not saves:
+        return None
+    where = node_positions(fm.module, {id(c) for c in (*loads, *saves)})
+
+    def lines(calls: list[cst.Call]) -> str:
+        found = sorted({where[id(c)][0] for c in calls if id(c) in where})
+        return ("line " if len(found) == 1 else "lines ") + ", ".join(map(str, found)) + (
+            " of the original")
+
+    parts = [f"nn.DataParallel's {target}.state_dict() keys start with `module.`, "
+             f"{sdp}.DistributedDataParallel's do not, so checkpoints change format"]
+    if loads:
+        parts.append(
+            f"the load_state_dict at {lines(loads)}, where it runs before the wrap (into the "
+            f"plain {target}; the wrapper's own load takes both forms), fails on a checkpoint "
+            "the original script saved, or with strict=False silently loads nothing: strip the "
+            "prefix first "
+            "(`torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "
+            "'module.')`)")
+    if saves:
+        parts.append(
+            f"the checkpoints saved at {lines(saves)} lose the prefix, so code that loads them "
+            "strictly into an nn.DataParallel model, as the original did, fails: save "
+            f"`{{'module.' + k: v for k, v in {target}.state_dict().items()}}` to keep the old "
+            "format, or load them into the plain model")
+    return "; ".join(parts)

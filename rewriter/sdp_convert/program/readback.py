@@ -21,7 +21,7 @@ import libcst.matchers as m
 from libcst.metadata import QualifiedNameSource
 
 from .ranks import divergent_condition, is_rank_call
-from .scopes import assigned_values, callers, referents
+from .scopes import arguments_for, assigned_values, callers, class_of, referents
 from .syntax import findall, names_read
 from .writes import (
     FRAMEWORK_METHOD_WRITES,
@@ -335,6 +335,49 @@ def _module_statement(fm: FileModel, node: cst.CSTNode) -> cst.CSTNode | None:
             return child
         child = parent
     return None
+
+
+def checkpoint_fits(
+    fm: FileModel, callback: cst.Call, path: cst.BaseExpression
+) -> list[tuple[cst.Call, str]]:
+    """The ``fit`` calls during which a Keras checkpoint callback made at ``callback`` writes
+    ``path`` (its ``filepath``), each with the code that names the file where that fit is: the
+    first ``.fit(...)`` after it in its own function, with ``path``'s code; or, when no fit
+    follows there and ``path`` is a parameter of that function (a callbacks factory,
+    ``create_callbacks(saved_weights_name, ...)``, whose list the caller's fit gets), the first
+    fit after each call of the factory in its caller's function, with the argument that call
+    passes (``config["train"]["saved_weights_name"]``). Nothing else is followed."""
+    function = fm.enclosing_function(callback)
+    fit = _fit_after(fm, callback, function)
+    if fit is not None:
+        return [(fit, fm.code(path).strip())]
+    if (
+        function is None or class_of(fm, function) is not None or not isinstance(path, cst.Name)
+        or not (bindings := referents(fm, path))
+        or not all(isinstance(getattr(b, "node", None), cst.Param) for b in bindings)
+    ):
+        return []
+    found = []
+    for value, call in arguments_for(fm, function, path.value):
+        fit = _fit_after(fm, call, fm.enclosing_function(call))
+        if fit is not None:
+            found.append((fit, fm.code(value).strip()))
+    return found
+
+
+def _fit_after(
+    fm: FileModel, node: cst.Call, function: cst.FunctionDef | None
+) -> cst.Call | None:
+    """The ``.fit(...)`` (or Keras 2's ``.fit_generator(...)``, which the conversion makes a
+    ``fit``) whose arguments hold ``node``, else the first of ``function`` (None: the module
+    level) after it."""
+    fits = (*fm.method_calls("fit"), *fm.method_calls("fit_generator"))
+    around = next((p for p in fm.ancestors(node) if any(p is f for f in fits)), None)
+    if around is not None:  # ``model.fit(x, callbacks=[ModelCheckpoint(p)])``
+        return around  # type: ignore[return-value]
+    later = [c for c in fits
+             if fm.order(c) > fm.order(node) and fm.enclosing_function(c) is function]
+    return min(later, key=fm.order) if later else None
 
 
 def is_barrier(fm: FileModel, stmt: cst.CSTNode | None) -> bool:

@@ -24,13 +24,16 @@ Why: once the write runs on rank 0 only (``guard_rank0_writes``, or the script's
 file, a half-written one, or none (``FileNotFoundError``). A barrier before the read makes every
 rank wait until rank 0 is past the write. The same path means the same code (``args.save``,
 ``"best.pt"``, ``os.path.join(d, "w.h5")``); a ``CheckpointManager``'s ``save()`` is read by
-``restore(manager.latest_checkpoint)``. Reads: ``torch.load``, ``torch.jit.load``, ``open`` for
-reading, ``numpy.load``, ``pickle.load``, Keras ``load_model``/``load_weights``,
-``tf.saved_model.load``, ``checkpoint.restore``. A read that itself runs on rank 0 only needs
-no barrier; one already preceded by a barrier gets no second. The read must come after the write
-in the same function (or both at module level); a read elsewhere gets no barrier. A path spelled
-in other quotes is the same file (``'w.h5'`` and ``"w.h5"``); a ``ModelCheckpoint`` writes
-during the ``fit`` (or Keras 2 ``fit_generator``) it is given to.
+``restore(manager.latest_checkpoint)``; a Keras ``ModelCheckpoint`` (or the project's subclass of
+it) writes its ``filepath`` during the ``fit`` (or Keras 2 ``fit_generator``) it is given to, and
+one made in a callbacks factory (``make_callbacks(weights_path)``) writes what the factory's
+caller hands it (``config["train"]["weights"]``, read back after that caller's ``fit``). Reads:
+``torch.load``, ``torch.jit.load``, ``open`` for reading, ``numpy.load``, ``pickle.load``, Keras
+``load_model``/``load_weights``, ``tf.saved_model.load``, ``checkpoint.restore``. A read that
+itself runs on rank 0 only needs no barrier; one already preceded by a barrier gets no second.
+The read must come after the write in the same function (or both at module level); a read
+elsewhere gets no barrier. A path spelled in other quotes is the same file (``'w.h5'`` and
+``"w.h5"``).
 
 Files rank 0 alone copies (``shutil.copyfile``/``copy``/``copy2``/``copytree``/``move``: a data
 set's files copied into a folder, which a later ``image_dataset_from_directory(folder)`` lists on
@@ -52,6 +55,7 @@ from ..program.readback import (
     COPIES,
     METHOD_READS,
     READS,
+    checkpoint_fits,
     copies_waited_for,
     is_barrier,
     read_path,
@@ -99,12 +103,18 @@ class BarrierBeforeReads(Transform):
                 writes.setdefault(same_file(path), []).append(call)
         # A Keras ModelCheckpoint writes during the fit it is given to, on rank 0 only (the
         # converted fit, or a migrated script's own guard): that fit is the write.
-        for call in self.calls_to(*CHECKPOINT_CALLBACKS):
-            path_arg = argument(call, 0, "filepath")
-            fit = self._fit_after(call)
-            if path_arg is not None and fit is not None:
-                checkpoint = same_file(self.module.code_for_node(path_arg.value))
-                writes.setdefault(checkpoint, []).append(fit)
+        # A project's subclass (``CustomModelCheckpoint(ModelCheckpoint)``, rank 0's too) takes
+        # the path by keyword (its own parameters come first); one made in a callbacks factory
+        # writes what the factory's caller hands it.
+        project = self.fm.project
+        custom = self.calls_to(*project.rank0_callbacks) if project else []
+        for call in [*self.calls_to(*CHECKPOINT_CALLBACKS), *custom]:
+            path_arg = argument(call, 0, "filepath") if call not in custom else next(
+                (a for a in call.args if a.keyword and a.keyword.value == "filepath"), None)
+            if path_arg is None:
+                continue
+            for fit, path in checkpoint_fits(self.fm, call, path_arg.value):
+                writes.setdefault(same_file(path), []).append(fit)
         self._wait_for_copies()
         if not writes:
             return
@@ -168,15 +178,6 @@ class BarrierBeforeReads(Transform):
                 self.add_runtime_import()
             self.record(stmt, f"{self.sdp}.barrier() after this: rank 0 alone copies the files it "
                         "makes, which every rank may read next")
-
-    def _fit_after(self, callback: cst.Call) -> cst.Call | None:
-        """The first ``.fit(...)`` (or Keras 2 ``.fit_generator(...)``) of the same function
-        after ``callback`` is made."""
-        function = self.enclosing_function(callback)
-        later = [c for c in (*self.method_calls("fit"), *self.method_calls("fit_generator"))
-                 if self._order(c) > self._order(callback) and
-                 self.enclosing_function(c) is function]
-        return min(later, key=self._order) if later else None
 
     def _on_rank0_only(self, node: cst.CSTNode) -> bool:
         guarded = self.state.edits.guarded

@@ -77,7 +77,7 @@ from ..program.deletions import (
     next_statement,
     path_deletions,
 )
-from ..program.guards import is_none_test, under_handle_test, why_not_guardable
+from ..program.guards import guard_advice, is_none_test, under_handle_test, why_not_guardable
 from ..program.project import repairs_of
 from ..program.ranks import (
     collective_apart,
@@ -248,8 +248,7 @@ class GuardRank0Writes(Transform):
             self.record(
                 node,
                 f"{self._describe(node)} writes on every rank: "
-                f"{problem or 'it is not in a statement'}; "
-                f"make it run on rank 0 only (if {self.sdp}.rank() == 0:)",
+                + guard_advice(problem or "it is not in a statement", self.sdp),
                 manual=True,
             )
             return

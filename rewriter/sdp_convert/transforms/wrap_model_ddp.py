@@ -41,8 +41,10 @@ parameter frozen, or only run under ``torch.no_grad()``: ``program.model_setup``
 (DDP refuses it) but gets ``sdp.broadcast_parameters(model.state_dict(), root_rank=0)`` there
 instead, so that every rank runs rank 0's weights; the report says why. A model whose
 outputs are partly discarded (``validity, _, _ = D(x)``) gets ``find_unused_parameters=True``.
-``nn.DataParallel`` is removed (one process per GPU) and the model wrapped instead. A model that
-is already wrapped (``sdp``'s or torch's DDP) is left alone.
+``nn.DataParallel`` is removed (one process per GPU) and the model wrapped instead; its
+``module.`` keys go from the checkpoints, so where the file saves or loads that model's
+``state_dict`` a manual note names those lines and the edit that keeps the old format. A model
+already wrapped (``sdp``'s or torch's DDP) is left alone.
 
 ``sdp.DistributedDataParallel`` keeps the unwrapped ``state_dict`` keys and looks up attributes it
 lacks on the wrapped module, so ``model.encoder`` and checkpoint code keep working unchanged; the
@@ -73,6 +75,7 @@ from ..program.models import (
     DDP,
     arguments,
     branch_join,
+    data_parallel_checkpoints,
     data_parallel_statement,
     discarded_outputs,
     is_plain_object,
@@ -267,16 +270,13 @@ class WrapModelDdp(Transform):
         if arg is None:
             self.record(call, "nn.DataParallel without a module: replace it by hand", manual=True)
             return
+        if (note := data_parallel_checkpoints(self.fm, call, self.sdp)) is not None:
+            self.record(call, note, manual=True)  # ``module.`` keys in the checkpoints
         parent = self.parent(call)
-        message = (
-            f"nn.DataParallel removed: one process per GPU, the model is wrapped in "
-            f"{self.sdp}.DistributedDataParallel instead"
-        )
-        if (
-            isinstance(parent, cst.Assign)
-            and len(parent.targets) == 1
-            and code(parent.targets[0].target) == code(arg.value)
-        ):
+        message = (f"nn.DataParallel removed: one process per GPU, the model is wrapped in "
+                   f"{self.sdp}.DistributedDataParallel instead")
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and code(
+                parent.targets[0].target) == code(arg.value):
             removed = data_parallel_statement(self.fm, call)
             if removed is None:
                 self.record(call, "nn.DataParallel: replace it by hand with the DDP wrap",
