@@ -13,7 +13,7 @@ import libcst.matchers as m
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .scopes import arguments_for, training_loops, uses
-from .syntax import code, findall
+from .syntax import code, findall, is_empty_list
 
 T = TypeVar("T")
 
@@ -124,8 +124,8 @@ def trained_models(
             continue
         if binding.kind == "assign" and binding.value is not None and not binding.unpacked:
             yield from trained_models(fm, binding.value, depth + 1)
-            if isinstance(binding.value, cst.List):
-                # ``params = []`` filled later: ``params.append(p)`` / ``extend(...)``
+            if isinstance(binding.value, cst.List) or is_empty_list(binding.value):
+                # ``params = []`` / ``list()`` filled later: ``params.append(p)``, ``extend``
                 for added in _list_additions(fm, binding):
                     yield from trained_models(fm, added, depth + 1)
         elif binding.kind == "param":
@@ -352,13 +352,14 @@ def branch_join(fm: FileModel, creation: cst.CSTNode, others: list[cst.CSTNode]
 
 
 def used_inside(fm: FileModel, uses: list[cst.CSTNode], node: cst.CSTNode) -> bool:
-    """A load of the model in ``node`` other than a setup call (``model.to(device)``)."""
+    """A load of the model in ``node`` other than a setup call (``model.to(device)``) or a read of
+    its parameters (an optimizer's: the wrapped model trains the same ones)."""
     for use in uses:
         if not any(p is node for p in fm.ancestors(use)):
             continue
         parent = fm.parent(use)
         if not (isinstance(parent, cst.Attribute) and parent.value is use
-                and parent.attr.value in SETUP_METHODS):
+                and parent.attr.value in SETUP_METHODS | {"parameters", "named_parameters"}):
             return True
     return False
 

@@ -39,7 +39,7 @@ from .model import FileModel
 from .models import no_grad_in_class
 from .scopes import callers as file_callers
 from .scopes import class_of, method_of, param_for_arg
-from .syntax import code
+from .syntax import code, is_empty_list
 
 #: How far a trace goes (steps through names, calls, parameters).
 MAX_DEPTH = 24
@@ -1048,11 +1048,7 @@ class Run:
     def _appended_parameters(self, ref: Ref) -> list[Ref]:
         """``biases = []`` filled in a loop over ``model.named_parameters()``: that model."""
         node = ref.node
-        empty = (isinstance(node, cst.List) and not node.elements) or (
-            isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Name)
-            and node.func.value == "list"
-        )
-        if not empty:
+        if not is_empty_list(node):
             return []
         parent = ref.fm.parent(node)
         if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1

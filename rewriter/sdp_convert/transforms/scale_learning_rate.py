@@ -85,6 +85,8 @@ UNSHARDED = {
     "full batch drawn": "full-batch training on tensors each rank draws for itself, not "
     "parts of one dataset",
     "not found": "no sharded training data was found",
+    "unaveraged": "the converter could not tell which model it trains (see the note on wrapping), "
+    "so nothing averages its gradients between the ranks",
 }
 #: Calls whose result is the world size (a learning rate mentioning one is already scaled).
 WORLD_SIZE = (
@@ -174,7 +176,8 @@ class ScaleLearningRate(Transform):
         self.record(
             call,
             f"{cls}: {rate} left as it is: {UNSHARDED[kind]}; scale it by {self.factor} once "
-            "each rank trains on its own part of the data",
+            + ("its model is wrapped in DistributedDataParallel and " if kind == "unaveraged"
+               else "") + "each rank trains on its own part of the data",
             manual=True,
         )
 
