@@ -13,7 +13,7 @@ import libcst.matchers as m
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .scopes import arguments_for, training_loops, uses
-from .syntax import code, findall, is_empty_list
+from .syntax import arg_named, code, findall, is_empty_list
 
 T = TypeVar("T")
 
@@ -176,6 +176,31 @@ def stepped_optimizers(fm: FileModel) -> Iterator[cst.Call]:
             fm.refers_to(value.func, "torch.optim", prefix=True)
         ):
             yield value
+
+
+def stepped_models(fm: FileModel, call: cst.Call) -> list[cst.BaseExpression]:
+    """The models an optimizer of another library (``stepped_optimizers``) trains: ``X`` of
+    every ``X.parameters()`` its first argument holds (``trained_models``), or, for a factory
+    given the model itself (timm's ``create_optimizer_v2(model, "adamw")``), that model: a name
+    the file calls in a function that calls ``backward()``."""
+    params = arg_named(call, "params", 0) or arg_named(call, "model_or_params")
+    if params is None:
+        return []
+    found = list(trained_models(fm, params.value, 0))
+    name = params.value
+    if found or not isinstance(name, cst.Name):
+        return found
+    binding = file_index(fm).reaching(name.value, name)
+    if binding is None or binding.kind != "assign":
+        return []
+    trains = _backward_functions(fm)
+    for load in file_index(fm).loads_of(name.value, binding.scope):
+        parent = fm.parent(load)
+        if isinstance(parent, cst.Call) and parent.func is load and (
+            fm.enclosing_function(parent) in trains
+        ):
+            return [name]
+    return []
 
 
 def models_from_backward(fm: FileModel) -> Iterator[tuple[cst.BaseExpression, cst.CSTNode]]:

@@ -39,6 +39,7 @@ from .models import (
     DATA_PARALLEL,
     PARAMETER_METHODS,
     models_from_backward,
+    stepped_models,
     stepped_optimizers,
     trained_models,
 )
@@ -412,9 +413,7 @@ def _unaveraged(fm: FileModel) -> dict[int, cst.Call]:
         else:
             untold[id(call)] = call
     for call in stepped_optimizers(fm) if untold and not told else ():
-        params = arg_named(call, "params", 0)
-        told = told or (params is not None and next(trained_models(fm, params.value, 0), None)
-                        is not None)
+        told = told or bool(stepped_models(fm, call))
     if untold and not told and (
         fm.calls_to(*DATA_PARALLEL) or next(models_from_backward(fm), None) is not None
     ):

@@ -88,6 +88,8 @@ UNSHARDED = {
     "unaveraged": "the converter could not tell which model it trains (see the note on wrapping), "
     "so nothing averages its gradients between the ranks",
 }
+#: A positional argument written as a string is a name (timm's ``"adamw"``), never a rate.
+STRINGS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
 #: Calls whose result is the world size (a learning rate mentioning one is already scaled).
 WORLD_SIZE = (
     "sdp_runtime.torch.size",
@@ -203,6 +205,8 @@ class ScaleLearningRate(Transform):
         if params is not None:
             self._groups(params.value, cls)
         lr = arg_named(call, "lr", 1)
+        if lr is not None and lr.keyword is None and isinstance(lr.value, STRINGS):
+            lr = arg_named(call, "lr")  # ``create_optimizer_v2(model, "adamw", lr=...)``
         if lr is not None:
             if not is_scaled(self, self.index, lr.value):
                 self.scaled[lr] = f"{cls}: learning rate {code(lr.value)} * {self.factor}"
