@@ -398,10 +398,10 @@ def unaveraged_optimizers(fm: FileModel) -> dict[int, cst.Call]:
 
 
 def _unaveraged(fm: FileModel) -> dict[int, cst.Call]:
-    if not enabled(fm, "wrap_model_ddp") or fm.calls_to(
+    if not enabled(fm, "wrap_model_ddp") or not fm.method_calls("backward") or fm.calls_to(
         "sdp_runtime.torch.DistributedOptimizer"
     ):
-        return {}
+        return {}  # (without a backward here, the whole-program contract decides)
     known = {id(node) for _, node in repairs_of(fm, "known_model")}  # wrapped in another module
     told, untold = False, {}
     for call in fm.calls_to("torch.optim", prefix=True):
