@@ -384,7 +384,11 @@ class _Entry:
                     f"{step.models_unknown or 'could not tell which model this optimizer steps'}"
                     f" ({what}, stepped here): whether its gradients are averaged is not "
                     f"verified; {AUDIT}"))
-                if not wrapped and not broadcast:
+                if not any(
+                    q.startswith(("sdp_runtime.", "torch.nn.parallel.")) and q.endswith((
+                        "DistributedDataParallel", "DistributedModel", "broadcast_parameters"))
+                    for module in self.reach for q in module.fm.info.calls
+                ):
                     # Nothing in the program gives the ranks rank 0's weights: that they start
                     # alike is not known (a DDP wrap or a broadcast would make it so).
                     self.add("state", "unknown", step.step, (
