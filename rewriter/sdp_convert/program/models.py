@@ -183,13 +183,19 @@ def stepped_models(fm: FileModel, call: cst.Call) -> list[cst.BaseExpression]:
     every ``X.parameters()`` its first argument holds (``trained_models``), or, for a factory
     given the model itself (timm's ``create_optimizer_v2(model, "adamw")``), that model: a name
     the file calls in a function that calls ``backward()``."""
+    params = arg_named(call, "params", 0)
+    found = list(trained_models(fm, params.value, 0)) if params is not None else []
+    return found or model_given(fm, call)
+
+
+def model_given(fm: FileModel, call: cst.Call) -> list[cst.Name]:
+    """``[model]`` for a call given the model itself as its first argument
+    (``create_optimizer_v2(model, "adamw")``): a name the file calls in a function that calls
+    ``backward()``; [] otherwise (an optimizer handed to a scheduler is not called)."""
     params = arg_named(call, "params", 0) or arg_named(call, "model_or_params")
-    if params is None:
+    name = params.value if params is not None else None
+    if not isinstance(name, cst.Name):
         return []
-    found = list(trained_models(fm, params.value, 0))
-    name = params.value
-    if found or not isinstance(name, cst.Name):
-        return found
     binding = file_index(fm).reaching(name.value, name)
     if binding is None or binding.kind != "assign":
         return []

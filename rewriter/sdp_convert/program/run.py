@@ -36,7 +36,7 @@ import libcst as cst
 from ..modules import Project
 from .index import Binding, FileIndex, file_index
 from .model import FileModel
-from .models import no_grad_in_class, stepped_models
+from .models import model_given, no_grad_in_class
 from .scopes import callers as file_callers
 from .scopes import class_of, method_of, param_for_arg
 from .syntax import code, is_empty_list
@@ -1033,7 +1033,7 @@ class Run:
         call = params.fm.parent(arg) if isinstance(arg, cst.Arg) else None
         if not receivers and isinstance(call, cst.Call):
             # A factory given the model itself (``create_optimizer_v2(model, "adamw")``).
-            receivers = [Ref(params.module, n) for n in stepped_models(params.fm, call)]
+            receivers = [Ref(params.module, n) for n in model_given(params.fm, call)]
         unique: dict[tuple[str, int], Ref] = {}
         for receiver in receivers:
             unique.setdefault(receiver.key, receiver)
