@@ -222,12 +222,17 @@ def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
 #: SMP scripts (SageMaker's own example) give every rank the same batches
 #: (each reads all of MNIST and shuffles it with the same seed): what model parallelism wants
 #: within one replica, but under data parallelism every rank trains on the same data.
+#: param_lists_resume's optimizer comes out of a checkpoint in its resume branch (which model it
+#: steps cannot be read); optimizer_model_unknown's model is wrapped nowhere, so nothing gives
+#: the ranks rank 0's initial weights (its state is unknown, not "holds").
 GOLDEN_FINDINGS = {
     "horovod/torch_elastic": ["input.py:36: no loop over training data was found around"],
     "smddp/mnist_eight_gpus": ["input.py:38: datasets.MNIST(...) downloads on every rank"],
     "smp/tf2_horovod_hybrid": ["input.py:10: tf.keras.datasets.mnist.load_data(...) downloads"],
     "smp/tf2_subclass": ["input.py:58: nothing broadcasts rank 0's initial weights"],
     "smp/torch_manual_partition_amp": ["input.py:62: no loop over training data was found"],
+    "torch/optimizer_model_unknown": ["input.py:30: no sdp.DistributedDataParallel wrap or"],
+    "torch/param_lists_resume": ["input.py:62: could not tell which model this optimizer"],
     "torch/two_loops_full_batch": ["input.py:55: no loop over training data was found"],
 }
 CASES = sorted(p for p in FIXTURES.glob("*/*") if p.is_dir() and p.parent.name != "projects")

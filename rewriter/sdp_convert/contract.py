@@ -391,6 +391,18 @@ class _Entry:
                     f"{step.models_unknown or 'could not tell which model this optimizer steps'}"
                     f" ({what}, stepped here): whether its gradients are averaged is not "
                     f"verified; {AUDIT}"))
+                if not any(
+                    q.startswith(("sdp_runtime.", "torch.nn.parallel.")) and q.endswith((
+                        "DistributedDataParallel", "DistributedModel", "broadcast_parameters"))
+                    for module in self.reach for q in module.fm.info.calls
+                ):
+                    # Nothing in the program gives the ranks rank 0's weights: that they start
+                    # alike is not known (a DDP wrap or a broadcast would make it so).
+                    self.add("state", "unknown", step.step, (
+                        f"no {self.sdp}.DistributedDataParallel wrap or broadcast_parameters in "
+                        "the program gives every rank rank 0's initial weights for the model "
+                        f"{what} steps (stepped here): whether the ranks start alike is not "
+                        f"verified; {AUDIT}"))
                 continue
             self.averaged[step.step.key] = all(
                 [self._torch_model(step, trace, what, wrapped, broadcast)

@@ -80,16 +80,16 @@ def test_positional_lr():
 
 def test_the_users_expression_is_kept_and_parenthesised_when_needed():
     out, _ = convert(
-        "a = torch.optim.SGD(p, lr=base + 0.1)\n"
-        "b = torch.optim.SGD(p, lr=MAX_LR / 25)\n"
-        "c = torch.optim.SGD(p, lr=hi if fast else lo)\n"
-        "opt = torch.optim.SGD(p, lr=(base))\n"
+        "a = torch.optim.SGD(model.parameters(), lr=base + 0.1)\n"
+        "b = torch.optim.SGD(model.parameters(), lr=MAX_LR / 25)\n"
+        "c = torch.optim.SGD(model.parameters(), lr=hi if fast else lo)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=(base))\n"
     )
     assert out == (
-        "a = torch.optim.SGD(p, lr=(base + 0.1) * sdp.size())\n"
-        "b = torch.optim.SGD(p, lr=MAX_LR / 25 * sdp.size())\n"
-        "c = torch.optim.SGD(p, lr=(hi if fast else lo) * sdp.size())\n"
-        "opt = torch.optim.SGD(p, lr=(base) * sdp.size())\n"
+        "a = torch.optim.SGD(model.parameters(), lr=(base + 0.1) * sdp.size())\n"
+        "b = torch.optim.SGD(model.parameters(), lr=MAX_LR / 25 * sdp.size())\n"
+        "c = torch.optim.SGD(model.parameters(), lr=(hi if fast else lo) * sdp.size())\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=(base) * sdp.size())\n"
     )
 
 

@@ -66,6 +66,8 @@ class Facts:
     #: Models wrap_model_ddp wraps; None when it did not run on the file (its DataParallel notes
     #: are then flag_manual_steps's).
     wrapped_models: list[str] | None = None
+    #: id -> the torch optimizers whose model wrap_model_ddp cannot tell (``program.sharding``).
+    unaveraged: dict[int, cst.Call] | None = None
     #: Whether the training data is (or will be) split between the ranks (``program.sharding``).
     data_sharding: DataSharding | None = None
     #: Where the TensorFlow training data is sharded (``program.tfshards.TfShardPlan``).

@@ -14,7 +14,7 @@ from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .positions import node_positions
 from .scopes import arguments_for, training_loops, uses
-from .syntax import code, findall
+from .syntax import arg_named, code, findall, is_empty_list
 
 T = TypeVar("T")
 
@@ -125,8 +125,8 @@ def trained_models(
             continue
         if binding.kind == "assign" and binding.value is not None and not binding.unpacked:
             yield from trained_models(fm, binding.value, depth + 1)
-            if isinstance(binding.value, cst.List):
-                # ``params = []`` filled later: ``params.append(p)`` / ``extend(...)``
+            if isinstance(binding.value, cst.List) or is_empty_list(binding.value):
+                # ``params = []`` / ``list()`` filled later: ``params.append(p)``, ``extend``
                 for added in _list_additions(fm, binding):
                     yield from trained_models(fm, added, depth + 1)
         elif binding.kind == "param":
@@ -177,6 +177,37 @@ def stepped_optimizers(fm: FileModel) -> Iterator[cst.Call]:
             fm.refers_to(value.func, "torch.optim", prefix=True)
         ):
             yield value
+
+
+def stepped_models(fm: FileModel, call: cst.Call) -> list[cst.BaseExpression]:
+    """The models an optimizer of another library (``stepped_optimizers``) trains: ``X`` of
+    every ``X.parameters()`` its first argument holds (``trained_models``), or, for a factory
+    given the model itself (timm's ``create_optimizer_v2(model, "adamw")``), that model: a name
+    the file calls in a function that calls ``backward()``."""
+    params = arg_named(call, "params", 0)
+    found = list(trained_models(fm, params.value, 0)) if params is not None else []
+    return found or model_given(fm, call)
+
+
+def model_given(fm: FileModel, call: cst.Call) -> list[cst.Name]:
+    """``[model]`` for a call given the model itself as its first argument
+    (``create_optimizer_v2(model, "adamw")``): a name the file calls in a function that calls
+    ``backward()``; [] otherwise (an optimizer handed to a scheduler is not called)."""
+    params = arg_named(call, "params", 0) or arg_named(call, "model_or_params")
+    name = params.value if params is not None else None
+    if not isinstance(name, cst.Name):
+        return []
+    binding = file_index(fm).reaching(name.value, name)
+    if binding is None or binding.kind != "assign":
+        return []
+    trains = _backward_functions(fm)
+    for load in file_index(fm).loads_of(name.value, binding.scope):
+        parent = fm.parent(load)
+        if isinstance(parent, cst.Call) and parent.func is load and (
+            fm.enclosing_function(parent) in trains
+        ):
+            return [name]
+    return []
 
 
 def models_from_backward(fm: FileModel) -> Iterator[tuple[cst.BaseExpression, cst.CSTNode]]:
@@ -353,13 +384,14 @@ def branch_join(fm: FileModel, creation: cst.CSTNode, others: list[cst.CSTNode]
 
 
 def used_inside(fm: FileModel, uses: list[cst.CSTNode], node: cst.CSTNode) -> bool:
-    """A load of the model in ``node`` other than a setup call (``model.to(device)``)."""
+    """A load of the model in ``node`` other than a setup call (``model.to(device)``) or a read of
+    its parameters (an optimizer's: the wrapped model trains the same ones)."""
     for use in uses:
         if not any(p is node for p in fm.ancestors(use)):
             continue
         parent = fm.parent(use)
         if not (isinstance(parent, cst.Attribute) and parent.value is use
-                and parent.attr.value in SETUP_METHODS):
+                and parent.attr.value in SETUP_METHODS | {"parameters", "named_parameters"}):
             return True
     return False
 

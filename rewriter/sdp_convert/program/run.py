@@ -36,10 +36,10 @@ import libcst as cst
 from ..modules import Project
 from .index import Binding, FileIndex, file_index
 from .model import FileModel
-from .models import no_grad_in_class
+from .models import model_given, no_grad_in_class
 from .scopes import callers as file_callers
 from .scopes import class_of, method_of, param_for_arg
-from .syntax import code
+from .syntax import code, is_empty_list
 
 #: How far a trace goes (steps through names, calls, parameters).
 MAX_DEPTH = 24
@@ -1045,6 +1045,11 @@ class Run:
         for ref in values:
             receivers += _parameter_receivers(ref)
             receivers += self._appended_parameters(ref)
+        arg = params.fm.parent(params.node)
+        call = params.fm.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not receivers and isinstance(call, cst.Call):
+            # A factory given the model itself (``create_optimizer_v2(model, "adamw")``).
+            receivers = [Ref(params.module, n) for n in model_given(params.fm, call)]
         unique: dict[tuple[str, int], Ref] = {}
         for receiver in receivers:
             unique.setdefault(receiver.key, receiver)
@@ -1064,11 +1069,7 @@ class Run:
     def _appended_parameters(self, ref: Ref) -> list[Ref]:
         """``biases = []`` filled in a loop over ``model.named_parameters()``: that model."""
         node = ref.node
-        empty = (isinstance(node, cst.List) and not node.elements) or (
-            isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Name)
-            and node.func.value == "list"
-        )
-        if not empty:
+        if not is_empty_list(node):
             return []
         parent = ref.fm.parent(node)
         if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1

@@ -35,9 +35,16 @@ from .flow import Site, epoch_loop, holds_only, loader_sites
 from .index import Binding, file_index, reaching_values
 from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
-from .models import PARAMETER_METHODS
+from .models import (
+    DATA_PARALLEL,
+    PARAMETER_METHODS,
+    models_from_backward,
+    stepped_models,
+    stepped_optimizers,
+    trained_models,
+)
 from .optimizers import optimizer_class, params_argument
-from .project import imported_data
+from .project import imported_data, repairs_of
 from .rank_splits import made_for_rank, split_by_rank
 from .scopes import callee, callers, referents, runs_whenever, training_loops
 from .steps import stepping_loops
@@ -60,7 +67,8 @@ class DataSharding:
     """What feeds training in one file, and whether each rank gets its own part of it."""
 
     sharded: bool
-    #: "sharded", "not sharded", "environment", "input", "full batch" or "not found".
+    #: "sharded", "not sharded", "environment", "input", "full batch", "not found" or
+    #: "unaveraged" (an optimizer whose model is not wrapped: ``unaveraged_optimizers``).
     kind: str
     #: Where it was seen (an environment call, a training loop), for a report line.
     node: cst.CSTNode | None = None
@@ -148,6 +156,15 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     """Why a DistributedSampler cannot be added to this loader (None: it can, or it has one)."""
     if has_distributed_sampler(fm, call):
         return None
+    unaveraged = unaveraged_loops(fm)
+    loops = [s.loop for s in loader_sites(fm, call)[0] if s.loop in training_loops(fm)]
+    if unaveraged and loops and all(id(loop) in unaveraged for loop in loops):
+        return (
+            "the optimizer its training loop steps trains a model the converter could not tell "
+            "(see the note at that optimizer), so no DistributedDataParallel averages its "
+            "gradients and each rank would train its own copy on its part of the data; give it "
+            f"a DistributedSampler once that model is wrapped in {fm.sdp}.DistributedDataParallel"
+        )
     args = loader_args(call)
     sdp = fm.sdp
     if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:
@@ -347,6 +364,8 @@ def optimizer_data(fm: FileModel, call: cst.Call) -> DataSharding:
     whole = training_data(fm)
     if whole.kind in ("environment", "input"):
         return whole
+    if id(call) in unaveraged_optimizers(fm):
+        return DataSharding(False, "unaveraged", call)
     loops = stepping_loops(fm, call)
     if loops is None:
         return whole
@@ -364,6 +383,56 @@ def optimizer_data(fm: FileModel, call: cst.Call) -> DataSharding:
         ):
             return DataSharding(False, "not sharded", loader)
     return DataSharding(True, "sharded")
+
+
+def unaveraged_optimizers(fm: FileModel) -> dict[int, cst.Call]:
+    """The torch optimizers (by id) whose model cannot be told from their parameters
+    (``models.trained_models`` follows them to no ``X.parameters()``) where ``wrap_model_ddp``
+    wraps no model in their stead (it wraps the module that feeds ``backward()`` only when no
+    optimizer of the file names its model). Nothing averages their gradients, so neither their
+    learning rate is scaled nor the data of their loops split: each rank would otherwise train
+    its own copy on its part of the data at N times the rate."""
+    if fm.facts.unaveraged is None:
+        fm.facts.unaveraged = _unaveraged(fm)
+    return fm.facts.unaveraged
+
+
+def _unaveraged(fm: FileModel) -> dict[int, cst.Call]:
+    if not enabled(fm, "wrap_model_ddp") or not fm.method_calls("backward") or fm.calls_to(
+        "sdp_runtime.torch.DistributedOptimizer"
+    ):
+        return {}  # (without a backward here, the whole-program contract decides)
+    known = {id(node) for _, node in repairs_of(fm, "known_model")}  # wrapped in another module
+    told, untold = False, {}
+    for call in fm.calls_to("torch.optim", prefix=True):
+        if optimizer_class(fm, call) is None or id(call) in known:
+            continue
+        params = params_argument(call)
+        if params is not None and next(trained_models(fm, params.value, 0), None) is not None:
+            told = True
+        else:
+            untold[id(call)] = call
+    for call in stepped_optimizers(fm) if untold and not told else ():
+        told = told or bool(stepped_models(fm, call))
+    if untold and not told and (
+        fm.calls_to(*DATA_PARALLEL) or next(models_from_backward(fm), None) is not None
+    ):
+        return {}  # the module that feeds backward() is wrapped instead
+    return untold
+
+
+def unaveraged_loops(fm: FileModel) -> set[int]:
+    """The loops (by id) that step only optimizers of ``unaveraged_optimizers``."""
+    untold = unaveraged_optimizers(fm)
+    if not untold:
+        return set()
+    steps: dict[bool, set[int]] = {True: set(), False: set()}
+    for call in fm.calls_to("torch.optim", prefix=True):
+        if optimizer_class(fm, call) is not None:
+            loops = stepping_loops(fm, call)
+            found = loops if loops is not None else training_loops(fm)
+            steps[id(call) in untold].update(id(loop) for loop in found)
+    return steps[True] - steps[False]
 
 
 def optimised_input(fm: FileModel) -> cst.CSTNode | None:

@@ -252,6 +252,14 @@ def is_false(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Name) and expr.value in ("False", "None")
 
 
+def is_empty_list(expr: cst.CSTNode) -> bool:
+    """``[]`` or ``list()``: a list made empty, to be filled later (``params.append(p)``)."""
+    return (isinstance(expr, cst.List) and not expr.elements) or (
+        isinstance(expr, cst.Call) and not expr.args and isinstance(expr.func, cst.Name)
+        and expr.func.value == "list"
+    )
+
+
 def is_simple_reference(expr: cst.BaseExpression) -> bool:
     """A name or a dotted name: cheap and the same each time it is read."""
     while isinstance(expr, cst.Attribute):

@@ -86,7 +86,11 @@ UNSHARDED = {
     "full batch drawn": "full-batch training on tensors each rank draws for itself, not "
     "parts of one dataset",
     "not found": "no sharded training data was found",
+    "unaveraged": "the converter could not tell which model it trains (see the note on wrapping), "
+    "so nothing averages its gradients between the ranks",
 }
+#: A positional argument written as a string is a name (timm's ``"adamw"``), never a rate.
+STRINGS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
 #: Calls whose result is the world size (a learning rate mentioning one is already scaled).
 WORLD_SIZE = (
     "sdp_runtime.torch.size",
@@ -180,7 +184,8 @@ class ScaleLearningRate(Transform):
         self.record(
             call,
             f"{cls}: {rate} left as it is: {UNSHARDED[kind]}{then} by {self.factor} once "
-            "each rank trains on its own part of the data",
+            + ("its model is wrapped in DistributedDataParallel and " if kind == "unaveraged"
+               else "") + "each rank trains on its own part of the data",
             manual=True,
         )
 
@@ -206,6 +211,8 @@ class ScaleLearningRate(Transform):
         if params is not None:
             self._groups(params.value, cls)
         lr = arg_named(call, "lr", 1)
+        if lr is not None and lr.keyword is None and isinstance(lr.value, STRINGS):
+            lr = arg_named(call, "lr")  # ``create_optimizer_v2(model, "adamw", lr=...)``
         if lr is not None:
             if not is_scaled(self, self.index, lr.value):
                 self.scaled[lr] = f"{cls}: learning rate {code(lr.value)} * {self.factor}"

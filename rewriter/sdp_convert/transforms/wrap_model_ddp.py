@@ -89,6 +89,7 @@ from ..program.models import (
     names_held_by,
     no_grad_submodule,
     owner_class,
+    stepped_models,
     stepped_optimizers,
     trained_models,
     untrained_models,
@@ -165,8 +166,7 @@ class WrapModelDdp(Transform):
                     where = f"could not tell where {code(receiver)} is created"
                     unresolved.append((receiver, where))
         for call in stepped_optimizers(self.fm):
-            params = arg_named(call, "params", 0)
-            for receiver in trained_models(self.fm, params.value, 0) if params is not None else ():
+            for receiver in stepped_models(self.fm, call):
                 self._add(receiver, receiver)
         for call in self.calls_to(*DATA_PARALLEL):
             self._data_parallel(call)
