@@ -100,3 +100,48 @@ def test_keras2_arguments_keras3_rejects_are_noted_at_the_argument():
              if c.transform == "update_keras2_calls" and c.manual]
     assert notes == [(4, "tf.keras.optimizers.Adam(lr"), (5, "workers"),
                      (5, "use_multiprocessing")]
+
+
+MULTI_GPU = """\
+import numpy as np
+from tensorflow import keras
+{imports}
+
+template = keras.Sequential([keras.layers.Dense(4)])
+model = multi_gpu_model(template, {gpus}) if n_gpus > 1 else template
+model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+model.fit(np.zeros((64, 8)), np.zeros((64, 4)), batch_size=16)
+"""
+
+
+def test_multi_gpu_model_becomes_the_model_and_its_keras_import_goes():
+    result = run(MULTI_GPU.format(
+        imports="from tensorflow.keras.utils import multi_gpu_model, to_categorical",
+        gpus="gpus=n_gpus"), ONLY)
+    out = result.output.decode()
+    assert "model = template if n_gpus > 1 else template" in out
+    assert "from tensorflow.keras.utils import to_categorical\n" in out
+    assert "multi_gpu_model" not in out
+    assert messages(result, ONLY) == [
+        "multi_gpu_model import removed: nothing uses it now, and TensorFlow 2.4+ has no "
+        "keras.utils.multi_gpu_model",
+        "multi_gpu_model(template, gpus=n_gpus) -> template: one GPU per process under sdp-run, "
+        "each with its own part of the batch (multi_gpu_model split the batch over the GPUs of "
+        "one process)",
+    ]
+
+
+def test_a_projects_own_multi_gpu_model_is_replaced_and_its_import_kept():
+    result = run(MULTI_GPU.format(imports="from utils.parallel import multi_gpu_model",
+                                  gpus="n_gpus"), ONLY)
+    out = result.output.decode()
+    assert "model = template if n_gpus > 1 else template" in out
+    assert "from utils.parallel import multi_gpu_model\n" in out  # the project's module: kept
+
+
+def test_a_multi_gpu_model_still_read_elsewhere_keeps_its_import():
+    source = MULTI_GPU.format(imports="from keras.utils import multi_gpu_model",
+                              gpus="gpus=2") + "print(multi_gpu_model.__doc__)\n"
+    out = run(source, ONLY).output.decode()
+    assert "from keras.utils import multi_gpu_model\n" in out
+    assert "model = template if n_gpus > 1 else template" in out

@@ -8,6 +8,8 @@
   only ``.keras`` and ``.h5`` files; a SavedModel directory is ``model.export("dir")``.
 * ``metric.reset_states()``: ``reset_state()`` in Keras 3.
 * ``model.compile(experimental_run_tf_function=...)``: not an argument of Keras 3.
+* ``multi_gpu_model(model, gpus=n)`` (``keras.utils``' until TF 2.4, or a project's copy of it):
+  splits each batch over the GPUs of one process; under ``sdp-run`` a process has one GPU.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from .keras import is_keras_compile, keras_fit_calls, keras_names, optimizer_class
 from .scopes import assigned_values
-from .syntax import arg_named, code
+from .syntax import arg_named, code, findall
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -159,4 +162,47 @@ def keras2_arguments(fm: FileModel) -> list[tuple[cst.Arg, str]]:
                 found.append((arg, f"{keyword}= is not an argument of Keras 3's fit(): remove "
                                    "it (a keras.utils.PyDataset takes workers= and "
                                    "use_multiprocessing= itself)"))
+    return found
+
+
+def multi_gpu_model_calls(fm: FileModel) -> list[cst.Call]:
+    """Calls of ``multi_gpu_model(model, gpus=n)``: Keras 2's ``keras.utils.multi_gpu_model``,
+    removed in TF 2.4, or a project's copy under that name (imported from its own module): a model
+    that splits each batch over ``n`` GPUs of the one process, given the model first and the GPUs
+    second or as ``gpus=``."""
+    found = []
+    for name, calls in fm.info.calls.items():
+        if name.rpartition(".")[2] != "multi_gpu_model":
+            continue
+        for call in calls:
+            positional = [a for a in call.args if a.keyword is None and a.star == ""]
+            if positional and (len(positional) > 1 or arg_named(call, "gpus") is not None):
+                found.append(call)
+    return found
+
+
+#: Where Keras 2 kept ``multi_gpu_model`` (gone since TF 2.4: importing it raises).
+MULTI_GPU_MODULES = ("keras.utils", "tensorflow.keras.utils", "keras.utils.training_utils",
+                     "tensorflow.python.keras.utils")
+
+
+def unused_multi_gpu_imports(fm: FileModel, replaced: list[cst.Call]) -> list[cst.ImportAlias]:
+    """The ``from keras.utils import multi_gpu_model`` names (of ``MULTI_GPU_MODULES``) that
+    nothing reads once the ``replaced`` calls are gone: importing them fails on TF 2.4+."""
+    found = []
+    callees = [c.func for c in replaced if isinstance(c.func, cst.Name)]
+    for stmt in findall(fm.module, m.ImportFrom()):
+        module = stmt.module  # type: ignore[attr-defined]
+        if module is None or code(module) not in MULTI_GPU_MODULES or isinstance(
+            stmt.names, cst.ImportStar  # type: ignore[attr-defined]
+        ):
+            continue
+        for alias in stmt.names:  # type: ignore[attr-defined]
+            if code(alias.name) != "multi_gpu_model":
+                continue
+            name = code(alias.asname.name) if alias.asname else "multi_gpu_model"
+            reads = [n for n in findall(fm.module, m.Name(name))
+                     if not any(isinstance(a, cst.ImportFrom) for a in fm.ancestors(n))]
+            if all(any(r is c for c in callees) for r in reads):
+                found.append(alias)
     return found

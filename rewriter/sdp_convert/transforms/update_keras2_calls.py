@@ -24,6 +24,12 @@ Keras optimizer made in the script (not a ``legacy`` one) becomes ``<optimizer>.
 (``model.export("dir")`` for a SavedModel, or a ``.keras`` path), and
 ``compile(experimental_run_tf_function=...)`` (remove it), ``Adam(lr=...)`` (``learning_rate=``)
 and ``fit(workers=, use_multiprocessing=, max_queue_size=)`` (remove them).
+
+``multi_gpu_model(model, gpus=n)`` (Keras 2's ``keras.utils.multi_gpu_model``, removed in
+TF 2.4, or a project's copy of it) becomes ``model``, reported: it split each batch over the
+process's GPUs, and under ``sdp-run`` each process has one GPU and its own part of the batch (the
+DistributedOptimizer averages the gradients); left, it builds a model for GPUs the process cannot
+see.
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from ..program.keras2 import (
     directory_saves,
     keras2_arguments,
     metric_reset_states_calls,
+    multi_gpu_model_calls,
     optimizer_variables_calls,
     run_tf_function_args,
+    unused_multi_gpu_imports,
 )
 from ..program.syntax import code
 
@@ -79,6 +87,23 @@ class UpdateKeras2Calls(Transform):
             self.record(
                 call, f"{receiver}.reset_states() -> {receiver}.reset_state() (Keras 3's name)"
             )
+        self._single_gpu: set[cst.Call] = set()
+        if self.state.info.convertible:
+            for call in multi_gpu_model_calls(self.fm):
+                self._single_gpu.add(call)
+                self.record(
+                    call,
+                    f"{code(call)} -> {code(call.args[0].value)}: one GPU per process under "
+                    "sdp-run, each with its own part of the batch (multi_gpu_model split the "
+                    "batch over the GPUs of one process)",
+                )
+        self._gone = unused_multi_gpu_imports(self.fm, list(self._single_gpu))
+        for alias in self._gone:
+            self.record(alias, "multi_gpu_model import removed: nothing uses it now, and "
+                        "TensorFlow 2.4+ has no keras.utils.multi_gpu_model")
+            stmt = self.fm.parent(self.fm.parent(alias))  # the import's own line
+            if all(a in self._gone for a in self.fm.parent(alias).names):  # type: ignore
+                self.replace_statement(stmt, [])  # what is inserted after it stays
         for arg, message in keras2_arguments(self.fm):
             self.record(arg, message, manual=True)
         for arg in run_tf_function_args(self.fm):
@@ -89,7 +114,23 @@ class UpdateKeras2Calls(Transform):
                 manual=True,
             )
 
+    def leave_ImportFrom(
+        self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
+    ) -> cst.ImportFrom:
+        if isinstance(original_node.names, cst.ImportStar) or not any(
+            a in self._gone for a in original_node.names
+        ):
+            return updated_node
+        kept = [a for a, o in zip(updated_node.names, original_node.names, strict=True)
+                if o not in self._gone]  # type: ignore[arg-type]
+        if not kept:  # the whole line goes (prepare said so)
+            return updated_node
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(names=kept)
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self._single_gpu:
+            return updated_node.args[0].value
         if original_node in self._properties:
             return updated_node.func.with_changes(
                 lpar=updated_node.lpar, rpar=updated_node.rpar
