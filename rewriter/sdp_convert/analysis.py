@@ -205,13 +205,44 @@ class FileInfo:
         return str(self.framework)
 
 
+#: (visitor class, node class, "visit_" or "leave_") -> the hook's name, None where it has none.
+_HOOKS: dict[tuple[type, type, str], str | None] = {}
+
+
+def _hook(visitor: type, node: type, kind: str) -> str | None:
+    key = (visitor, node, kind)
+    try:
+        return _HOOKS[key]
+    except KeyError:
+        name = kind + node.__name__
+        # libcst's own ``visit_<Node>`` stubs (every node has one) do nothing: not called.
+        hook = getattr(visitor, name, None)
+        found = _HOOKS[key] = (
+            name if callable(hook) and hook is not getattr(cst.CSTVisitor, name, None) else None
+        )
+        return found
+
+
 class Visitor(cst.CSTVisitor):
     """A ``CSTVisitor`` without libcst's per-attribute hooks (``visit_<Node>_<field>``).
 
     libcst calls ``on_visit_attribute`` and ``on_leave_attribute`` for every field of every
     node, and each looks up a method by a name built from strings: about a fifth of a walk's
     cost. The converter's read-only walks define no such method, so they skip the look-ups.
+    Its ``visit_<Node>``/``leave_<Node>`` hooks are those libcst calls, looked up once per
+    visitor class and node class instead of by a name built for every node.
     """
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        name = _hook(type(self), type(node), "visit_")
+        if name is None:
+            return True
+        return getattr(self, name)(node) is not False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        name = _hook(type(self), type(original_node), "leave_")
+        if name is not None:
+            getattr(self, name)(original_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         pass

@@ -67,6 +67,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
     data = source.encode("utf-8") if isinstance(source, str) else source
     result = _convert_once(data, options)
     if result.changed:
+        _release_tree(result.info)
         result.output = format_changed(data, result.output, options.line_length)
         try:
             # A vanilla script's conversion goes through the same transforms again, which must
@@ -88,6 +89,14 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # stays as it was, and the report says where and why.
             return Result(data, data, result.info, [_breaks(line, why) for line, why in broken])
     return result
+
+
+def _release_tree(info: FileInfo) -> None:
+    """Drop what the file's detection kept of the first pass's tree (every node's parent, the
+    calls by name): nothing reads them after the pass, and they would keep that whole tree
+    alive while the second pass builds its own (peak memory of a long file)."""
+    info.parents, info.calls, info.method_calls, info.call_order = {}, {}, {}, {}
+    info.distributed_at = None
 
 
 def dropped_names(changes: Sequence[Change]) -> set[str]:

@@ -195,7 +195,7 @@ def _reads(stmt: ast.stmt) -> list[tuple[str, int]]:
             for child in [*node.orelse, *node.finalbody]:
                 visit(child)
             return
-        for child in ast.iter_child_nodes(node):
+        for child in _children(node):
             visit(child)
 
     visit(stmt)
@@ -211,7 +211,7 @@ def _binds(stmt: ast.AST) -> set[str]:
             {"*"} if any(a.name == "*" for a in stmt.names) else set())
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {stmt.name}
-    for node in ast.walk(stmt):
+    for node in _subtree(stmt):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             names.add(node.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -251,26 +251,63 @@ def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]
     return found
 
 
+def _children(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.iter_child_nodes``, in its order, without its ``iter_fields`` generator."""
+    for field in node._fields:
+        value = getattr(node, field, None)
+        if isinstance(value, ast.AST):
+            yield value
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, ast.AST):
+                    yield item
+
+
+def _subtree(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes under ``node`` (itself included), depth first: ``ast.walk`` where the order
+    does not matter."""
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        yield current
+        todo.extend(_children(current))
+
+
 def _functions(node: ast.AST, prefix: str) -> list[tuple[str, ast.FunctionDef |
                                                        ast.AsyncFunctionDef]]:
-    """Every function of ``node`` (methods and nested ones too), with its dotted name."""
+    """Every function of ``node`` (methods and nested ones too), with its dotted name; the
+    module's list is worked out once per tree (each check of both trees asks for it)."""
+    if prefix or not isinstance(node, ast.Module):
+        return _functions_of(node, prefix)
+    found = getattr(node, "_sdp_functions", None)
+    if found is None:
+        found = node._sdp_functions = _functions_of(node, "")  # type: ignore[attr-defined]
+    return found
+
+
+def _functions_of(node: ast.AST, prefix: str) -> list[tuple[str, ast.FunctionDef |
+                                                          ast.AsyncFunctionDef]]:
     found: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
-    for child in ast.iter_child_nodes(node):
+    for child in _children(node):
         if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
             name = prefix + child.name
             found.append((name, child))
-            found += _functions(child, name + ".")
+            found += _functions_of(child, name + ".")
         elif isinstance(child, ast.ClassDef):
-            found += _functions(child, prefix + child.name + ".")
+            found += _functions_of(child, prefix + child.name + ".")
         elif not isinstance(child, ast.Lambda):
-            found += _functions(child, prefix)
+            found += _functions_of(child, prefix)
     return found
 
 
 def _own_nodes(function: ast.AST) -> list[ast.AST]:
-    """The nodes of a function's body, not those of the functions and classes it defines."""
-    found: list[ast.AST] = []
-    todo = list(ast.iter_child_nodes(function))
+    """The nodes of a function's body, not those of the functions and classes it defines;
+    worked out once per node (the name checks and the averaging check both read them)."""
+    found: list[ast.AST] | None = getattr(function, "_sdp_own", None)
+    if found is not None:
+        return found
+    found = function._sdp_own = []  # type: ignore[attr-defined]
+    todo = list(_children(function))
     while todo:
         node = todo.pop()
         found.append(node)
@@ -279,7 +316,7 @@ def _own_nodes(function: ast.AST) -> list[ast.AST]:
         if isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp |
                       ast.GeneratorExp):
             continue  # their targets are their own (a walrus inside them is rare)
-        todo.extend(ast.iter_child_nodes(node))
+        todo.extend(_children(node))
     return found
 
 
@@ -373,7 +410,7 @@ class _Paths:
         if isinstance(node, ast.Import | ast.ImportFrom):
             return bound | (_binds(node) - {"*"})
         if isinstance(node, ast.Return | ast.Raise):
-            for child in ast.iter_child_nodes(node):
+            for child in _children(node):
                 bound = self.expr(child, bound)
             return None
         if isinstance(node, ast.Break):
@@ -401,7 +438,7 @@ class _Paths:
                 else:
                     bound = self.expr(target, bound)
             return bound
-        for child in ast.iter_child_nodes(node):  # Expr, Assert, Global, Pass, ...
+        for child in _children(node):  # Expr, Assert, Global, Pass, ...
             bound = self.expr(child, bound)
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and (
             ast.unparse(node.value.func) in _ENDS
@@ -468,7 +505,7 @@ class _Paths:
         if isinstance(node, ast.IfExp):
             bound = self.expr(node.test, bound, hidden)
             return self.expr(node.body, bound, hidden) & self.expr(node.orelse, bound, hidden)
-        for child in ast.iter_child_nodes(node):
+        for child in _children(node):
             bound = self.expr(child, bound, hidden)
         return bound
 
@@ -639,7 +676,7 @@ def _divergent_collectives(
                 found.append(((f"{name}()", conditions[-1]), node.lineno))
             elif (path := reach.call(node, reach.wrapped)) is not None:
                 found.append(((", which runs ".join(path), conditions[-1]), node.lineno))
-        for child in ast.iter_child_nodes(node):
+        for child in _children(node):
             visit(child, conditions)
 
     visit(tree, ())
@@ -652,7 +689,7 @@ def _per_rank_names(tree: ast.Module) -> set[str]:
         for node in module_nodes(tree):
             if isinstance(node, ast.Assign) and _divergent(node.value, names, files=False):
                 for target in node.targets:
-                    names |= {ast.unparse(t) for t in ast.walk(target)
+                    names |= {_dotted(t) for t in ast.walk(target)
                               if isinstance(t, ast.Name | ast.Attribute)}
     return names
 
@@ -669,9 +706,22 @@ def _divergent(test: ast.expr, per_rank: set[str], files: bool = True) -> bool:
             name = call_name(node.func)
             if _RANK.match(name) or (files and name in _FILE_TESTS):
                 return True
-        if isinstance(node, ast.Name | ast.Attribute) and ast.unparse(node) in per_rank:
+        if per_rank and isinstance(node, ast.Name | ast.Attribute) and _dotted(node) in per_rank:
             return True
     return False
+
+
+def _dotted(node: ast.Name | ast.Attribute) -> str:
+    """``ast.unparse(node)``, spelled out directly for a dotted name (``self.rank``)."""
+    parts: list[str] = []
+    current: ast.expr = node
+    while isinstance(current, ast.Attribute):
+        parts.append(current.attr)
+        current = current.value
+    if not isinstance(current, ast.Name):
+        return ast.unparse(node)
+    parts.append(current.id)
+    return ".".join(reversed(parts))
 
 
 def _walk_except_samplers(node: ast.AST) -> Iterator[ast.AST]:
@@ -682,4 +732,4 @@ def _walk_except_samplers(node: ast.AST) -> Iterator[ast.AST]:
         yield current
         if isinstance(current, ast.Call) and _SAME_ON_EVERY_RANK.search(call_name(current.func)):
             continue
-        todo.extend(ast.iter_child_nodes(current))
+        todo.extend(_children(current))

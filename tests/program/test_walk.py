@@ -106,8 +106,12 @@ def test_a_field_visited_only_when_set_keeps_its_place_whatever_came_first():
 @pytest.mark.parametrize(
     "matcher",
     [m.Call(), m.Name("model"), m.Attribute(attr=m.Name("step")), m.Assign(),
-     m.Call(func=m.Attribute(attr=m.Name("to")) | m.Name("print")), m.SimpleString()],
-    ids=["call", "name", "step", "assign", "either", "string"],
+     m.Call(func=m.Attribute(attr=m.Name("to")) | m.Name("print")), m.SimpleString(),
+     m.Name(), m.Arg(keyword=m.Name("lr")),
+     m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Call()),
+     m.OneOf(m.Name("x"), m.Call())],
+    ids=["call", "name", "step", "assign", "either", "string", "any-name", "lr", "assign-call",
+         "one-of"],
 )
 def test_findall_finds_what_libcst_finds(modules, matcher):
     found = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -481,6 +482,48 @@ def findall(
     (itself included) that ``matcher`` matches, in walk order."""
     if not isinstance(tree, cst.CSTNode):
         return []
-    finder = _Finder(matcher)
-    walk(tree, finder)
-    return finder.found
+    kind = _node_kind(matcher)
+    if kind is None:  # OneOf, AllOf, MatchIfTrue...: libcst's own test on every node
+        finder = _Finder(matcher)
+        walk(tree, finder)
+        return finder.found
+    # A node matcher (``m.Call(func=...)``) matches only nodes of its class's name (libcst's
+    # ``_node_matches`` tests that first): the others are passed over without asking it, and
+    # a matcher that cares about no field (``m.Name()``) is that test alone.
+    name, anything = kind
+    return [
+        node for node in _preorder(tree)
+        if type(node).__name__ == name and (anything or m.matches(node, matcher))
+    ]
+
+
+def _node_kind(matcher: object) -> tuple[str, bool] | None:
+    """For a matcher of one node class (``m.Call(...)``): its class's name, and whether it
+    cares about no field; None for the others."""
+    cls = type(matcher)
+    if cls.__module__ != "libcst.matchers" or not isinstance(matcher, m.BaseMatcherNode):
+        return None
+    anything = all(
+        isinstance(getattr(matcher, f.name), m.DoNotCareSentinel)
+        for f in dataclasses.fields(matcher)  # type: ignore[arg-type]
+        if f.name != "_metadata"
+    )
+    return cls.__name__, anything
+
+
+def _preorder(tree: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes ``walk`` visits under ``tree``, in its order (parents first)."""
+    found: list[cst.CSTNode] = []
+    todo: list[cst.CSTNode] = [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        children: list[cst.CSTNode] = []
+        for name in _fields(node):
+            child = getattr(node, name)
+            if isinstance(child, cst.CSTNode):
+                children.append(child)
+            elif isinstance(child, (tuple, list)):
+                children.extend(child)
+        todo.extend(reversed(children))
+    return found
