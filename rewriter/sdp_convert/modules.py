@@ -230,9 +230,15 @@ class Project:
             return False
         init = next((s for s in cls.body if isinstance(s, ast.FunctionDef)
                      and s.name == "__init__"), None)
-        return init is not None and any(
+        # Kept on the instance (``self.fh = open(...)``): one opened and closed inside
+        # ``__init__`` (``with open(log, "a") as f: f.write(...)``) writes once, at construction,
+        # where its own module's conversion guards it; the instance holds no file.
+        kept = [n.value for n in ast.walk(init) if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+            for t in n.targets)] if init is not None else []
+        return any(
             _writes(n) and _name_of(n.func) in ("open", "FileHandler")  # type: ignore[attr-defined]
-            for n in ast.walk(init))
+            for value in kept for n in ast.walk(value))
     def stepping_methods(self, path: Path, name: str) -> tuple[str, ...]:
         """The methods of ``name``, a class of ``path`` that holds an optimizer, that step it:
         ``ScheduledOptim`` whose ``__init__`` keeps its ``optimizer`` parameter as

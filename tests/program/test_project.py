@@ -381,13 +381,20 @@ def test_classes_that_open_a_file_to_write_in_init_are_handles(tmp_path: Path):
             def save(self, path):
                 open(path, "w").write("x")
 
+        class WritesOnce:
+            def __init__(self, path):
+                with open(path, "a") as log:
+                    log.write("opened\\n")
+                self.path = path
+
         class Logger(tf.keras.callbacks.Callback):
             def __init__(self, path):
                 self.fh = open(path, "w")
     """})
     project = Project(files)
     path = tmp_path / "logs.py"
-    found = {n for n in ("JSONLines", "LogFile", "Reader", "LateWriter", "Logger", "Missing")
+    found = {n for n in ("JSONLines", "LogFile", "Reader", "LateWriter", "WritesOnce", "Logger",
+                      "Missing")
              if project.writing_class(path, n)}
     assert found == {"JSONLines", "LogFile"}  # a Keras callback is wrap_keras_fit's
 
