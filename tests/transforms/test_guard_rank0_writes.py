@@ -854,3 +854,26 @@ if sdp.rank() == 0:
 """,
         only=ONLY,
     )
+
+
+def test_keras_plot_model_writes_its_picture_on_rank_0_only():
+    # plot_model writes model.png (its to_file default) with no path given too.
+    result = run(
+        """\
+        import numpy as np
+        from tensorflow import keras
+
+        inputs = keras.Input(shape=(8,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        keras.utils.plot_model(model, "model.png", show_shapes=True)
+        keras.utils.plot_model(model)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+        model.fit(np.zeros((64, 8)), np.zeros((64, 1)), batch_size=16)
+        """,
+        ONLY,
+    )
+    assert (
+        '    keras.utils.plot_model(model, "model.png", show_shapes=True)\n'
+        "    keras.utils.plot_model(model)\n" in result.output.decode()
+    )
+    assert messages(result, ONLY) == ["keras.utils.plot_model(...) runs on rank 0 only"] * 2

@@ -125,9 +125,8 @@ def test_multi_gpu_model_becomes_the_model_and_its_keras_import_goes():
     assert messages(result, ONLY) == [
         "multi_gpu_model import removed: nothing uses it now, and TensorFlow 2.4+ has no "
         "keras.utils.multi_gpu_model",
-        "multi_gpu_model(template, gpus=n_gpus) -> template: one GPU per process under sdp-run, "
-        "each with its own part of the batch (multi_gpu_model split the batch over the GPUs of "
-        "one process)",
+        "multi_gpu_model(template, gpus=n_gpus) -> template: under sdp-run each process has one "
+        "GPU (multi_gpu_model split each batch over the GPUs of one process)",
     ]
 
 
@@ -145,3 +144,22 @@ def test_a_multi_gpu_model_still_read_elsewhere_keeps_its_import():
     out = run(source, ONLY).output.decode()
     assert "from keras.utils import multi_gpu_model\n" in out
     assert "model = template if n_gpus > 1 else template" in out
+
+
+def test_a_model_built_for_one_gpus_share_of_the_batch_gets_a_note_and_stays():
+    # The template was sized for batch_size // n_gpus (a layer that fixes its batch): the whole
+    # batch a process gets would not fit it, so the converter does not swap the models.
+    source = MULTI_GPU.format(imports="from keras.utils import multi_gpu_model",
+                              gpus="gpus=n_gpus").replace(
+        "template = keras.Sequential([keras.layers.Dense(4)])",
+        "template = build(batch_size=32 // n_gpus)")
+    result = run(source, ONLY)
+    out = result.output.decode()
+    assert "multi_gpu_model(template, gpus=n_gpus) if n_gpus > 1" in out
+    assert "from keras.utils import multi_gpu_model\n" in out
+    assert [c.manual for c in result.changes if c.transform == ONLY] == [True]
+    assert messages(result, ONLY) == [
+        "multi_gpu_model(template, gpus=n_gpus): under sdp-run each process sees one GPU, where "
+        "this builds a model for n_gpus (it fails); use template itself, built for the batch each "
+        "process trains on: 32 // n_gpus sized it for one GPU's share",
+    ]

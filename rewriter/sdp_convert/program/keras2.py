@@ -181,6 +181,25 @@ def multi_gpu_model_calls(fm: FileModel) -> list[cst.Call]:
     return found
 
 
+def gpu_count(call: cst.Call) -> cst.BaseExpression | None:
+    """The GPU count a ``multi_gpu_model`` call is given (``gpus=``, or second)."""
+    arg = arg_named(call, "gpus", 1)
+    return arg.value if arg is not None else None
+
+
+def divided_by(fm: FileModel, expr: cst.BaseExpression | None) -> cst.BinaryOperation | None:
+    """A division of the file by ``expr``'s code (``batch_size // multi_gpu``): something was
+    sized per GPU (a model built for its share of the batch), so the model ``multi_gpu_model``
+    split the batch for cannot simply stand in for it."""
+    if expr is None or isinstance(expr, (cst.Integer, cst.SimpleString)):
+        return None
+    spelled = code(expr)
+    for op in findall(fm.module, m.BinaryOperation(operator=m.FloorDivide() | m.Divide())):
+        if code(op.right) == spelled:  # type: ignore[attr-defined]
+            return op  # type: ignore[return-value]
+    return None
+
+
 #: Where Keras 2 kept ``multi_gpu_model`` (gone since TF 2.4: importing it raises).
 MULTI_GPU_MODULES = ("keras.utils", "tensorflow.keras.utils", "keras.utils.training_utils",
                      "tensorflow.python.keras.utils")

@@ -102,6 +102,9 @@ FRAMEWORK_WRITES: dict[str, dict[str, tuple[int, str] | None]] = {
         "keras.models.save_model": None,
         "keras.saving.save_model": None,
         "tensorflow.io.write_file": None,
+        # ``to_file`` defaults to "model.png": it writes without the argument too.
+        "tensorflow.keras.utils.plot_model": (1, "to_file"),
+        "keras.utils.plot_model": (1, "to_file"),
         "mlflow.tensorflow.log_model": None,
         "mlflow.keras.log_model": None,
     },

@@ -27,9 +27,10 @@ and ``fit(workers=, use_multiprocessing=, max_queue_size=)`` (remove them).
 
 ``multi_gpu_model(model, gpus=n)`` (Keras 2's ``keras.utils.multi_gpu_model``, removed in
 TF 2.4, or a project's copy of it) becomes ``model``, reported: it split each batch over the
-process's GPUs, and under ``sdp-run`` each process has one GPU and its own part of the batch (the
-DistributedOptimizer averages the gradients); left, it builds a model for GPUs the process cannot
-see.
+process's GPUs, and under ``sdp-run`` each process has one GPU (the DistributedOptimizer averages
+the gradients); left, it builds a model for GPUs the process cannot see. Where the file divides
+by that GPU count (``batch_size // gpus``: the model was built for one GPU's share of the
+batch), it gets a manual note instead.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from ..analysis import FileInfo
 from ..base import Transform
 from ..program.keras2 import (
     directory_saves,
+    divided_by,
+    gpu_count,
     keras2_arguments,
     metric_reset_states_calls,
     multi_gpu_model_calls,
@@ -90,12 +93,22 @@ class UpdateKeras2Calls(Transform):
         self._single_gpu: set[cst.Call] = set()
         if self.state.info.convertible:
             for call in multi_gpu_model_calls(self.fm):
+                split = divided_by(self.fm, gpu_count(call))
+                if split is not None:  # built for a GPU's share of the batch: a person decides
+                    self.record(
+                        call,
+                        f"{code(call)}: under sdp-run each process sees one GPU, where this "
+                        f"builds a model for {code(gpu_count(call))} (it fails); use "  # type: ignore
+                        f"{code(call.args[0].value)} itself, built for the batch each process "
+                        f"trains on: {code(split)} sized it for one GPU's share",
+                        manual=True,
+                    )
+                    continue
                 self._single_gpu.add(call)
                 self.record(
                     call,
-                    f"{code(call)} -> {code(call.args[0].value)}: one GPU per process under "
-                    "sdp-run, each with its own part of the batch (multi_gpu_model split the "
-                    "batch over the GPUs of one process)",
+                    f"{code(call)} -> {code(call.args[0].value)}: under sdp-run each process has "
+                    "one GPU (multi_gpu_model split each batch over the GPUs of one process)",
                 )
         self._gone = unused_multi_gpu_imports(self.fm, list(self._single_gpu))
         for alias in self._gone:
