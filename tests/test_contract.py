@@ -87,6 +87,20 @@ def test_a_script_the_transforms_were_kept_from_misses_parts_and_says_where(tmp_
     assert any(n.startswith("train.py:12: torch.save(...) writes on every rank") for n in found)
 
 
+def test_a_file_opened_to_update_in_place_is_a_write(tmp_path: Path):
+    # "r+" rewrites the file: every rank doing it is a write on every rank, as "w" is.
+    script = TORCH_SCRIPT.replace(
+        '        torch.save(model.state_dict(), "m.pt")\n',
+        '        with open("runs.txt", "r+") as log:\n            log.write("done")\n')
+    (tmp_path / "train.py").write_text(textwrap.dedent(script))
+    jobs = [Job(tmp_path / "train.py", "train.py", None)]
+    config = Config(Options(only=frozenset({"add_runtime_init"})), mode="check")
+    [outcome] = run_jobs(jobs, config, workers=1)
+    assert outcome.contract["parts"]["writes"]["state"] == "missing"
+    assert any(n.startswith("train.py:12: open(...) writes on every rank")
+               for n in notes([outcome], "writes"))
+
+
 def test_an_extraction_is_a_download_and_a_network_read_into_memory_is_not(tmp_path: Path):
     """Kept from order_downloads, an archive unpacked on every rank is missing (any
     ``.extractall``); ``requests.get(url).json()`` on every rank is right as it is."""

@@ -73,6 +73,7 @@ from .program.writes import (
     argument,
     in_memory,
     open_mode,
+    writes_in,
 )
 
 PARTS = ("init", "averaging", "data", "state", "writes")
@@ -1460,7 +1461,7 @@ def _writes(module: Module, framework: str) -> list[tuple[cst.Call, str]]:
             default, position = OPENERS[q]
             for call in calls:
                 mode = open_mode(call, default, position)
-                if mode is not None and set(mode) & set("wax"):
+                if mode is not None and writes_in(mode):
                     found.append((call, fm.code(call.func)))
     methods = (*METHOD_WRITES, *FRAMEWORK_METHOD_WRITES.get(framework, ()))
     for method in methods:

@@ -43,7 +43,7 @@ from .vocab import (
     URL_READERS,
     URL_SCHEMES,
 )
-from .writes import OPENERS, WRITES, open_mode
+from .writes import OPENERS, WRITES, open_mode, writes_in
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -206,7 +206,7 @@ def _writes_file(fm: FileModel, stmt: cst.CSTNode) -> bool:
         opener = next((n for n in names if n in OPENERS), None)
         if opener is not None:
             mode = open_mode(node, *OPENERS[opener])
-            if mode is not None and any(c in mode for c in "wax+"):
+            if mode is not None and writes_in(mode):
                 return True
         if any(n in WRITES or n == "shutil.copyfileobj" for n in names):
             return True

@@ -32,6 +32,7 @@ from .writes import (
     argument,
     in_memory,
     open_mode,
+    writes_in,
 )
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def written_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
         if name in OPENERS:
             default, position = OPENERS[name]
             mode = open_mode(call, default, position)
-            if mode is None or not any(c in mode for c in "wax+"):
+            if mode is None or not writes_in(mode):
                 return None
             return _code(fm, _path_arg(call, 0, "file"))
     table = {**WRITES, **FRAMEWORK_WRITES.get(framework, {}), **PATH_WRITES}
@@ -136,7 +137,7 @@ def read_path(fm: FileModel, call: cst.Call, framework: str) -> str | None:
         if name in OPENERS:
             default, position = OPENERS[name]
             mode = open_mode(call, default, position)
-            if mode is None or any(c in mode for c in "wax+"):
+            if mode is None or writes_in(mode):
                 return None
             return _code(fm, _path_arg(call, 0, "file"))
         if name in READS:

@@ -202,6 +202,11 @@ def open_mode(call: cst.Call, default: str, position: int) -> str | None:
     return None
 
 
+def writes_in(mode: str) -> bool:
+    """Whether a file opened in ``mode`` is written: ``w``, ``a``, ``x``, or ``+`` (``r+``)."""
+    return any(c in mode for c in "wax+")
+
+
 #: Calls making an object whose ``save(path)`` writes a file: a PIL image, a Hugging Face
 #: ``tokenizers`` tokenizer (``Tokenizer(BPE())``, ``Tokenizer.from_file(p)``).
 SAVING_OBJECTS = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image", "tokenizers.")

@@ -113,6 +113,7 @@ from ..program.writes import (
     object_saves,
     open_mode,
     use_message,
+    writes_in,
 )
 
 
@@ -189,7 +190,7 @@ class GuardRank0Writes(Transform):
                         manual=True,
                     )
                 return
-            if not any(c in mode for c in "wax+"):
+            if not writes_in(mode):
                 return  # a read
         stream = next((n for n in names if n in STREAM_WRITES), None)
         if stream is not None and argument(call, *STREAM_WRITES[stream]) is None:
