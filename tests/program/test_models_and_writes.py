@@ -8,6 +8,7 @@ import libcst.matchers as m
 from sdp_convert.program.index import file_index
 from sdp_convert.program.models import (
     data_parallel_checkpoints,
+    data_parallel_notes,
     freezes,
     is_module_value,
     is_module_value_expr,
@@ -152,3 +153,24 @@ def test_removing_data_parallel_names_the_checkpoints_that_change_format():
         """)
     assert data_parallel_checkpoints(other, find(other, m.Call(), "nn.DataParallel(net)"),
                                      "sdp") is None
+
+
+def test_removing_data_parallel_names_what_the_gpu_count_grew():
+    t = probe("""
+        import torch
+        import torch.nn as nn
+
+        opt.num_gpu = torch.cuda.device_count()
+        if opt.num_gpu > 1:
+            opt.batch_size = opt.batch_size * opt.num_gpu
+            workers *= torch.cuda.device_count()
+        lr = 0.1 * 2
+        model = nn.DataParallel(Net()).cuda()
+        head = nn.DataParallel(Head()).cuda()
+        """)
+    first = find(t, m.Call(), "nn.DataParallel(Net())")
+    noted = [code(t, node) for node, _ in data_parallel_notes(t, first, "sdp")]
+    # The products with the count (called, or the name it went to); not the test, not lr.
+    assert noted == ["opt.batch_size * opt.num_gpu", "workers *= torch.cuda.device_count()"]
+    # Once a file: the second DataParallel adds nothing.
+    assert data_parallel_notes(t, find(t, m.Call(), "nn.DataParallel(Head())"), "sdp") == []

@@ -621,6 +621,34 @@ def names_held_by(
     return held
 
 
+def data_parallel_notes(fm: FileModel, call: cst.Call, sdp: str) -> list[tuple[cst.CSTNode, str]]:
+    """The manual notes removing ``nn.DataParallel`` (``call``) calls for, each at its place:
+    the checkpoints that change format (``data_parallel_checkpoints``), and, once a file (at its
+    first DataParallel), each product with the GPU count (``torch.cuda.device_count()``, or what
+    it was assigned to: ``opt.batch_size * opt.num_gpu``), a batch size or worker count the
+    script grew for DataParallel's one process over every GPU: under ``sdp-run`` each process
+    still sees them all, and trains on one."""
+    notes: list[tuple[cst.CSTNode, str]] = []
+    if (note := data_parallel_checkpoints(fm, call, sdp)) is not None:
+        notes.append((call, note))
+    wrappers = fm.calls_to("torch.nn.DataParallel")
+    if not wrappers or min(wrappers, key=fm.order) is not call:
+        return notes
+    counts = fm.calls_to("torch.cuda.device_count")
+    spelled = {code(c) for c in counts} | {
+        code(t.target) for c in counts if isinstance(a := fm.parent(c), cst.Assign)
+        for t in a.targets}
+    for op in findall(fm.module, m.BinaryOperation(operator=m.Multiply())
+                      | m.AugAssign(operator=m.MultiplyAssign())):
+        factors = (op.left, op.right) if isinstance(op, cst.BinaryOperation) else (op.value,)
+        if spelled and any(code(f) in spelled for f in factors):
+            notes.append((op, f"{code(op)}: grown by the GPU count for nn.DataParallel (one "
+                              "process over every GPU); each sdp-run process trains on one GPU "
+                              "and still sees them all: drop the factor (batch sizes and loader "
+                              "workers are per process now)"))
+    return notes
+
+
 def data_parallel_checkpoints(fm: FileModel, call: cst.Call, sdp: str) -> str | None:
     """The note for removing ``nn.DataParallel`` (``call``) in a file that saves or loads the
     ``state_dict`` of the model it wraps (its argument, or the name it is assigned to:

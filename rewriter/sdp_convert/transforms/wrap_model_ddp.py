@@ -75,7 +75,7 @@ from ..program.models import (
     DDP,
     arguments,
     branch_join,
-    data_parallel_checkpoints,
+    data_parallel_notes,
     data_parallel_statement,
     discarded_outputs,
     is_plain_object,
@@ -270,8 +270,8 @@ class WrapModelDdp(Transform):
         if arg is None:
             self.record(call, "nn.DataParallel without a module: replace it by hand", manual=True)
             return
-        if (note := data_parallel_checkpoints(self.fm, call, self.sdp)) is not None:
-            self.record(call, note, manual=True)  # ``module.`` keys in the checkpoints
+        for node, note in data_parallel_notes(self.fm, call, self.sdp):
+            self.record(node, note, manual=True)  # checkpoints' ``module.`` keys, GPU counts
         parent = self.parent(call)
         message = (f"nn.DataParallel removed: one process per GPU, the model is wrapped in "
                    f"{self.sdp}.DistributedDataParallel instead")
