@@ -71,3 +71,23 @@ def test_a_shell_line_continued_with_a_backslash_is_the_shells(tmp_path):
     assert cells[1]["source"][:3] == shell["source"][:3]  # the command, whole
     assert cells[1]["source"][-1].startswith("print('prepared')")
     assert any("sdp.init()" in "".join(c["source"]) for c in cells)
+
+
+def test_writes_in_two_cells_in_a_row_are_guarded_in_each_cell(tmp_path):
+    # One `if sdp.rank() == 0:` may hold several statements in a row, never two cells' worth:
+    # each cell keeps its own code (the second cell's save was moved into the first's guard).
+    saves = [
+        {"cell_type": "code", "metadata": {}, "execution_count": 3, "outputs": [],
+         "source": ['torch.save(model.state_dict(), "a.pt")']},
+        {"cell_type": "code", "metadata": {}, "execution_count": 4, "outputs": [],
+         "source": ['torch.save(opt.state_dict(), "b.pt")']},
+    ]
+    nb = {"cells": CELLS + saves, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = write(tmp_path / "train.ipynb", json.dumps(nb, indent=1) + "\n")
+    assert sdp(str(path)).returncode == 0
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    sources = ["".join(c["source"]) for c in cells]
+    assert len(cells) == 4
+    assert sources[2] == 'if sdp.rank() == 0:\n    torch.save(model.state_dict(), "a.pt")'
+    assert sources[3] == 'if sdp.rank() == 0:\n    torch.save(opt.state_dict(), "b.pt")'
+    assert not any("sdp-convert cell" in s for s in sources)

@@ -99,6 +99,17 @@ def _release_tree(info: FileInfo) -> None:
     info.distributed_at = None
 
 
+#: The comment that starts each cell of a notebook's program (``notebook.notebook_program``).
+CELL_MARK = "# -- sdp-convert cell {} --"
+
+
+def _starts_cell(stmt: cst.CSTNode) -> bool:
+    """Whether ``stmt`` is the first statement of a notebook cell (its cell's marker above it)."""
+    start = CELL_MARK.split("{")[0]
+    return any(line.comment is not None and line.comment.value.startswith(start)
+               for line in getattr(stmt, "leading_lines", ()))
+
+
 def dropped_names(changes: Sequence[Change]) -> set[str]:
     """Names a migration drops on purpose (``join`` from ``from horovod.torch import join``),
     named in its manual note: the person fixes their uses, so the check of the inserted code
@@ -599,6 +610,8 @@ class _Traversal(cst.CSTTransformer):
                 first_run.clear()
 
         for original, new in zip(originals, updated, strict=True):
+            if _starts_cell(original):
+                flush()  # one guard never spans two notebook cells: each keeps its own code
             if original in self.skipped:
                 flush()
                 body.append(new)

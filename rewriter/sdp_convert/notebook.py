@@ -18,10 +18,10 @@ from . import manual_marks
 from .base import Options
 from .changes import Change, ConversionError
 from .compiles import check, check_output
-from .engine import Result, convert
+from .engine import CELL_MARK, Result, convert
 
-_CELL = "# -- sdp-convert cell {} --"
-_CELL_RE = re.compile(r"^# -- sdp-convert cell (\d+) --$")
+_CELL = CELL_MARK
+_CELL_RE = re.compile("^" + re.escape(CELL_MARK).replace(r"\{\}", r"(\d+)") + "$")
 _MAGIC = "# -- sdp-convert magic {} --"
 _MAGIC_RE = re.compile(r"^(\s*)# -- sdp-convert magic (\d+) --$")
 
