@@ -87,6 +87,21 @@ def test_a_script_the_transforms_were_kept_from_misses_parts_and_says_where(tmp_
     assert any(n.startswith("train.py:12: torch.save(...) writes on every rank") for n in found)
 
 
+def test_what_removing_data_parallel_leaves_is_noted_without_unaveraging(tmp_path: Path):
+    # The checkpoint-format and GPU-count notes are true, and say nothing of the averaging:
+    # the model is wrapped, so that part holds.
+    script = TORCH_SCRIPT.replace(
+        "        model = torch.nn.Linear(4, 1)\n",
+        "        batch = 8 * torch.cuda.device_count()\n"
+        "        model = torch.nn.Linear(4, 1)\n"
+        "        model = torch.nn.DataParallel(model)\n")
+    [outcome] = check(tmp_path, {"train.py": script})
+    manual = [c.message for c in outcome.changes if c.manual and c.transform == "wrap_model_ddp"]
+    assert len(manual) == 2 and manual[0].startswith("8 * torch.cuda.device_count(): grown")
+    assert "keys start with `module.`" in manual[1]
+    assert outcome.contract["parts"]["averaging"]["state"] == "holds"
+
+
 def test_a_file_opened_to_update_in_place_is_a_write(tmp_path: Path):
     # "r+" rewrites the file: every rank doing it is a write on every rank, as "w" is.
     script = TORCH_SCRIPT.replace(

@@ -61,6 +61,8 @@ from .program.scopes import referents, uses
 from .program.sharding import loader_problem
 from .program.vocab import (
     CACHED_DOWNLOADS,
+    DATA_PARALLEL_CHECKPOINTS,
+    GROWN_FOR_DATA_PARALLEL,
     UNSCALED_LR_NOTE,
 )
 from .program.writes import (
@@ -982,12 +984,14 @@ class _Entry:
 
     def result(self) -> EntryResult:
         parts: dict[str, PartResult] = {}
-        # (A migration's note on an unscaled learning rate speaks for no part: the gradients
+        # (A migration's note on an unscaled learning rate, and what removing DataParallel
+        # leaves, checkpoint formats and GPU-count products, speak for no part: the gradients
         # are averaged all the same.)
         notes_in_reach = [
             (m, n) for m in self.reach for n in self.context.notes.get(m.path, ())
             if n.manual and n.transform != "contract"
-            and not n.message.startswith(UNSCALED_LR_NOTE)
+            and not n.message.startswith((UNSCALED_LR_NOTE, DATA_PARALLEL_CHECKPOINTS))
+            and GROWN_FOR_DATA_PARALLEL not in n.message
         ]
         unread = [p for p in self.context.unread if any(p == m.path for m in self.reach)] or [
             p for p, _ in self.context.unread.items()

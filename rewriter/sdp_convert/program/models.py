@@ -15,6 +15,7 @@ from .optimizers import optimizer_class
 from .positions import node_positions
 from .scopes import arguments_for, training_loops, uses
 from .syntax import arg_named, code, findall, is_empty_list
+from .vocab import DATA_PARALLEL_CHECKPOINTS, GROWN_FOR_DATA_PARALLEL
 
 T = TypeVar("T")
 
@@ -642,7 +643,7 @@ def data_parallel_notes(fm: FileModel, call: cst.Call, sdp: str) -> list[tuple[c
                       | m.AugAssign(operator=m.MultiplyAssign())):
         factors = (op.left, op.right) if isinstance(op, cst.BinaryOperation) else (op.value,)
         if spelled and any(code(f) in spelled for f in factors):
-            notes.append((op, f"{code(op)}: grown by the GPU count for nn.DataParallel (one "
+            notes.append((op, f"{code(op)}{GROWN_FOR_DATA_PARALLEL} (one "
                               "process over every GPU); each sdp-run process trains on one GPU "
                               "and still sees them all: drop the factor (batch sizes and loader "
                               "workers are per process now)"))
@@ -687,7 +688,7 @@ def data_parallel_checkpoints(fm: FileModel, call: cst.Call, sdp: str) -> str | 
         return ("line " if len(found) == 1 else "lines ") + ", ".join(map(str, found)) + (
             " of the original")
 
-    parts = [f"nn.DataParallel's {target}.state_dict() keys start with `module.`, "
+    parts = [f"{DATA_PARALLEL_CHECKPOINTS}{target}.state_dict() keys start with `module.`, "
              f"{sdp}.DistributedDataParallel's do not, so checkpoints change format"]
     if loads:
         parts.append(

@@ -80,3 +80,8 @@ WRITING_KERAS_CALLBACKS = frozenset(
 #: How a Horovod/SMDDP migration's note on a learning rate not scaled by ``size()`` begins:
 #: the whole-program contract counts it for no part (the gradients are averaged all the same).
 UNSCALED_LR_NOTE = "the learning rate is not scaled by size()"
+
+#: Openings of the notes removing ``nn.DataParallel`` leaves (``program.models``): checkpoint
+#: formats and GPU-count products, which say nothing of whether the gradients are averaged.
+DATA_PARALLEL_CHECKPOINTS = "nn.DataParallel's "
+GROWN_FOR_DATA_PARALLEL = ": grown by the GPU count for nn.DataParallel"
