@@ -297,8 +297,9 @@ def _with_targets(fm: FileModel, name: cst.Name) -> list[cst.Call]:
     return found
 
 
-#: Copies: what they write is there to be read (a data set's files copied into a folder).
-COPIES = ("shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "shutil.move")
+#: Copies: what they write is there to be read (a data set's files copied into a folder): the
+#: shutil writes of ``WRITES``.
+COPIES = tuple(q for q in WRITES if q.startswith("shutil."))
 
 
 def copies_waited_for(
