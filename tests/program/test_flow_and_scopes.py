@@ -108,6 +108,55 @@ def test_the_epoch_loop_is_found_through_a_loader_a_trainer_keeps():
     assert holder is not None and holder.code == "self.train_data"
 
 
+def _counted_pass(body: str) -> tuple[str, str] | None:
+    """(the counter, the statement set_epoch goes before) for the loader of ``body`` (in
+    ``def main():``, the loader ``loader`` made first), or None."""
+    from sdp_convert.program.flow import counted_pass
+
+    t = probe(HEAD + "def main(n, ckpt):\n    loader = DataLoader(ds, shuffle=True)\n" + body)
+    sites, _ = loader_sites(t, find(t, m.Call(func=m.Name("DataLoader"))))
+    assert len(sites) == 1
+    found = counted_pass(t, sites[0])
+    return None if found is None else (found.counter, code(t, found.before).splitlines()[0])
+
+
+def test_a_pass_over_the_loader_in_a_loop_that_counts_its_epochs_is_found():
+    # Counted before the pass, or after it; a pass under an ``if`` of the loop's body.
+    assert _counted_pass(
+        "    it = 0\n    ep = 0\n    while True:\n        ep += 1\n"
+        "        for x in loader:\n            it += 1\n            step(x)\n"
+    ) == ("ep", "for x in loader:")
+    assert _counted_pass(
+        "    ep = 0\n    while ep < n:\n        if n > 0:\n"
+        "            for x in loader:\n                step(x)\n        ep += 1\n"
+    ) == ("ep", "if n > 0:")
+
+
+def test_no_counted_pass_where_the_count_is_not_one_per_pass_or_not_the_same_everywhere():
+    loop = "        for x in loader:\n            step(x)\n"
+    # No counter at all.
+    assert _counted_pass("    while True:\n" + loop) is None
+    # Counted under an ``if`` (not every pass), or stored again inside the loop.
+    assert _counted_pass("    ep = 0\n    while True:\n        if n:\n            ep += 1\n"
+                         + loop) is None
+    assert _counted_pass("    ep = 0\n    while True:\n        ep += 1\n        ep = ep % 3\n"
+                         + loop) is None
+    # Several passes per count: an inner loop between the counter's loop and the pass.
+    assert _counted_pass("    ep = 0\n    while True:\n        ep += 1\n"
+                         "        for phase in (1, 2):\n    " + loop.replace("\n    ", "\n        ")
+                         ) is None
+    # A count started from a value computed on each rank (a loss) may differ between them.
+    assert _counted_pass("    ep = int(loss(ckpt))\n    while True:\n        ep += 1\n"
+                         + loop) is None
+    assert _counted_pass("    ep = int(n)\n    while True:\n        ep += 1\n" + loop) == (
+        "ep", "for x in loader:")
+    # Read through next(): an iterator made once does not see set_epoch.
+    assert _counted_pass(
+        "    it = iter(loader)\n    ep = 0\n    while True:\n        ep += 1\n"
+        "        for _ in range(n):\n            step(next(it))\n"
+    ) is None
+
+
 def test_a_loader_is_followed_into_a_dict_or_tuple_literal_and_out_by_its_key():
     assert _loops_of_loader(
         "loaders = {'train': DataLoader(a, shuffle=True), 'val': DataLoader(b)}\n"

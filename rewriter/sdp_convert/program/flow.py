@@ -483,6 +483,73 @@ def epoch_loop(fm: FileModel, site: Site) -> tuple[cst.For, Binding | None] | No
     return None
 
 
+@dataclass(frozen=True)
+class CountedPass:
+    """A pass over the training loader inside an outer loop that is no ``for epoch in
+    range(...)`` but counts its passes itself (``while True: cur_epochs += 1; for x in loader``)."""
+
+    loop: cst.For | cst.While  # the outer loop
+    before: cst.BaseStatement  # the statement of its body that holds the pass
+    counter: str  # the name it adds 1 to once per iteration
+    holder: Binding | None  # what holds the loader there (as ``epoch_loop``'s)
+
+
+def counted_pass(fm: FileModel, site: Site) -> CountedPass | None:
+    """The outer loop around a pass over the loader (``for x in loader``, or the call that leads
+    to it) that keeps an epoch counter: one statement of its body (not under an ``if``, a ``try``
+    or an inner loop) adds 1 to a name, the only store to it inside the loop, bound before the
+    loop in the same function and the same on every rank (``decided_per_rank``). None otherwise:
+    a pass read through ``next()``, an inner loop between the two (several passes per count), no
+    counter (or one another function may change through ``global``)."""
+    loop = site.loop
+    if not isinstance(loop, cst.For) or not any(
+        a is loop.iter for a in (site.use, *fm.ancestors(site.use))
+    ):
+        return None
+    for node, holder in ((loop, site.binding), *((c, b) for c, _, b in reversed(site.trail))):
+        chain = [node, *fm.ancestors(node)]
+        for i in range(2, len(chain)):
+            outer = chain[i]
+            if isinstance(outer, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.BaseComp)):
+                break
+            if not isinstance(outer, (cst.For, cst.While)) or chain[i - 1] is not outer.body:
+                continue
+            if isinstance(outer.body, cst.IndentedBlock):
+                counter = _pass_counter(fm, outer)
+                if counter is not None:
+                    return CountedPass(outer, chain[i - 2], counter, holder)  # type: ignore[arg-type]
+            break
+    return None
+
+
+def _pass_counter(fm: FileModel, loop: cst.For | cst.While) -> str | None:
+    assert isinstance(loop.body, cst.IndentedBlock)
+    index = file_index(fm)
+    function = fm.enclosing_function(loop)
+    for stmt in loop.body.body:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+            continue
+        small = stmt.body[0]
+        target = small.target if isinstance(small, cst.AugAssign) else None
+        if not (
+            isinstance(small, cst.AugAssign) and isinstance(target, cst.Name)
+            and isinstance(small.operator, cst.AddAssign)
+            and isinstance(small.value, cst.Integer) and small.value.evaluated_value == 1
+        ):
+            continue
+        found, scope = index.resolve(target.value, index.scope(target))
+        stores = [*index.bindings_of(target.value, scope),
+                  *index.augmented.get((id(scope), target.value), [])]
+        inside = [b for b in stores if any(a is loop for a in fm.ancestors(b.stmt))]
+        if (
+            found and len(inside) == 1 and inside[0].stmt is small and len(stores) > 1
+            and all(fm.enclosing_function(b.stmt) is function for b in stores)
+            and not decided_per_rank(fm, target)
+        ):
+            return target.value
+    return None
+
+
 # -- values that may differ between workers ------------------------------------------------------
 
 #: Calls whose result is the same on every worker when their arguments are.

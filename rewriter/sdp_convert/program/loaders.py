@@ -160,7 +160,7 @@ def loader_base_name(binding: Binding | None) -> str:
     return name
 
 
-def sets_epoch(fm: FileModel, loop: cst.For, receiver: str) -> bool:
+def sets_epoch(fm: FileModel, loop: cst.For | cst.While, receiver: str) -> bool:
     """Whether ``loop`` calls ``<receiver>.set_epoch(...)`` (``receiver`` as code) already."""
     for call in fm.method_calls("set_epoch"):
         assert isinstance(call.func, cst.Attribute)

@@ -31,7 +31,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .builders import runs_right_before
-from .flow import Site, epoch_loop, holds_only, loader_sites
+from .flow import Site, counted_pass, epoch_loop, holds_only, loader_sites
 from .index import Binding, file_index, reaching_values
 from .keras import fit_arg, generator_flow, keras_fit_calls
 from .loaders import LOADERS, is_distributed_sampler, is_iterable_dataset, kwargs_literal
@@ -675,35 +675,60 @@ def _counts(fm: FileModel, loop: cst.For) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class EpochSite:
+    """Where ``<receiver>.set_epoch(<counter>)`` goes: before ``before``, a statement of
+    ``loop`` (the first of a ``for epoch in range(...)``, the pass over the loader in a loop that
+    counts its epochs itself: ``flow.counted_pass``), or right after the sampler where the
+    loader is made inside ``loop`` (``inside``). ``before`` None: nowhere (a one-line body)."""
+
+    loop: cst.For | cst.While
+    receiver: str
+    inside: bool
+    counter: str
+    before: cst.BaseStatement | None
+
+
 def set_epoch_site(
     fm: FileModel, site: Site, own: Binding | None, sampler: str, stmt: cst.CSTNode,
     flow: set[int],
-) -> tuple[cst.For, str, bool] | None:
+) -> EpochSite | None:
     """Where ``<loader>.sampler.set_epoch(epoch)`` goes for a loader built at ``stmt`` (bound to
-    ``own``, its new sampler named ``sampler``) and iterated at ``site``: ``(epoch loop, the
-    code of the sampler there, made inside that loop)``; None where it cannot be said (a
-    parameter other callers fill with other loaders, a loader picked out of something else)."""
+    ``own``, its new sampler named ``sampler``) and iterated at ``site``; None where it cannot
+    be said (a parameter other callers fill with other loaders, a loader picked out of something
+    else, no epoch loop and no counted pass)."""
     where = epoch_loop(fm, site)
-    if where is None:
+    if where is not None:
+        loop, holder = where
+        assert isinstance(loop.target, cst.Name)
+        counter = loop.target.value
+        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
+        before: cst.BaseStatement | None = body[0] if body else None
+    elif (counted := counted_pass(fm, site)) is not None:
+        loop, holder, counter, before = (counted.loop, counted.holder, counted.counter,
+                                         counted.before)
+    else:
         return None
-    loop, holder = where
-    inside = any(a is loop for a in fm.ancestors(stmt))
-    if inside:
-        return loop, sampler, True  # the loader is made anew each epoch, right here
+
+    def at(receiver: str, inside: bool = False) -> EpochSite:
+        return EpochSite(loop, receiver, inside, counter, before)
+
+    if any(a is loop for a in fm.ancestors(stmt)):
+        return at(sampler, True)  # the loader is made anew each epoch, right here
     if holder is None or (own is not None and holder.same_as(own)):
         if runs_whenever(fm, stmt, loop):
-            return loop, sampler, False
+            return at(sampler)
         # Made in one branch only: the sampler of the loader the loop reads.
         if holder is None or not only_sharded_loaders(fm, site.use):
             return None
-        return loop, f"{holder.code}.sampler", False
+        return at(f"{holder.code}.sampler")
     if not holder.unpacked and isinstance(holder.value, (cst.Dict, cst.List, cst.Tuple)):
         # Picked out of a literal: ``loaders["train"].sampler``.
         picked = [use for _, use, b in (*site.trail, (None, site.use, site.binding))
                   if b is holder and isinstance(use, cst.Subscript)]
-        return (loop, f"{fm.code(picked[0]).strip()}.sampler", False) if picked else None
+        return at(f"{fm.code(picked[0]).strip()}.sampler") if picked else None
     if holds_only(fm, holder, flow):
-        return loop, f"{holder.code}.sampler", False
+        return at(f"{holder.code}.sampler")
     return None  # a parameter other callers fill with other loaders
 
 

@@ -49,8 +49,10 @@ Decisions:
   is visible, ``loader.sampler.set_epoch(epoch)`` on a parameter every caller fills with this
   loader, or on a loader made in one branch of an ``if``/``elif`` (its sampler is not bound on
   the other paths; every loader the loop may read gets one), right after the sampler when the
-  loader is made inside the epoch loop. None when the loader never shuffles; a manual note when
-  no such loop is found.
+  loader is made inside the epoch loop; in a loop that counts its passes itself (``while True:``
+  with ``cur_epochs += 1``, once per pass, the same on every rank: ``program.flow.counted_pass``)
+  ``sampler.set_epoch(cur_epochs)`` right before the pass. None when the loader never shuffles;
+  a manual note when no such loop is found (no counter is made up for a loop that counts none).
 * Manual notes: a training loader with its own ``sampler``/``batch_sampler``, over an
   ``IterableDataset`` (streams), with ``*args``, or whose ``shuffle`` cannot be seen; and a
   training script whose loop reads no DataLoader at all (batches sliced by hand).
@@ -87,6 +89,7 @@ from ..program.project import (
 from ..program.rank_splits import split_by_rank
 from ..program.scopes import Binding, assigned_binding, training_loops
 from ..program.sharding import (
+    EpochSite,
     has_distributed_sampler,
     loader_args,
     loader_problem,
@@ -269,16 +272,15 @@ class ShardDataLoader(Transform):
             # The statement's comment and blank lines go above what is inserted before it.
             new_statements[0] = new_statements[0].with_changes(leading_lines=stmt.leading_lines)
             self._strip_leading.add(stmt)
-        for loop, set_epoch in epochs:
-            if loop is None:
+        for where, set_epoch in epochs:
+            if where.inside:
                 new_statements.append(set_epoch)
         if plan.dataset_name:
             self.hoist(dataset.value, new_statements[0])
         self.insert_before(stmt, *new_statements)
-        for loop, set_epoch in epochs:
-            if loop is not None:
-                assert isinstance(loop.body, cst.IndentedBlock)
-                self.insert_before(loop.body.body[0], set_epoch)
+        for where, set_epoch in epochs:
+            if not where.inside and where.before is not None:
+                self.insert_before(where.before, set_epoch)
         self._plans[call] = plan
         self.add_runtime_import()
         hoisted = f", its dataset built once as {plan.dataset_name}" if plan.dataset_name else ""
@@ -287,8 +289,8 @@ class ShardDataLoader(Transform):
             f"give {label} a DistributedSampler ({sampler_code}, shuffle={shuffle}) so that each "
             f"rank reads its own shard{hoisted}{used_by}",
         )
-        for loop, set_epoch in epochs:
-            target = loop if loop is not None else call
+        for where, set_epoch in epochs:
+            target = call if where.inside else where.loop
             self.record(
                 target,
                 f"call {self.module.code_for_node(set_epoch).strip()} at the start of each epoch",
@@ -304,7 +306,8 @@ class ShardDataLoader(Transform):
             self.record(
                 call,
                 f"call {receiver}.set_epoch(epoch) at the start of every epoch (found no "
-                "`for epoch in range(...)` loop to put it in), or every epoch sees the same order",
+                "`for epoch in range(...)` loop, nor a loop counting its passes over the loader, "
+                "to put it in), or every epoch sees the same order",
                 manual=True,
             )
         return True
@@ -348,27 +351,24 @@ class ShardDataLoader(Transform):
         plan: _Plan,
         stmt: cst.CSTNode,
         flow: set[int],
-    ) -> list[tuple[cst.For | None, cst.BaseStatement]]:
-        """``(epoch loop, set_epoch statement)``; loop None: right after the sampler is made."""
-        found: list[tuple[cst.For | None, cst.BaseStatement]] = []
+    ) -> list[tuple[EpochSite, cst.BaseStatement]]:
+        """``(where, set_epoch statement)`` (``program.sharding.set_epoch_site``)."""
+        found: list[tuple[EpochSite, cst.BaseStatement]] = []
         for site in sites:
             where = set_epoch_site(self.fm, site, own, plan.sampler, stmt, flow)
             if where is None:
                 continue
-            loop, receiver, inside = where
-            target = loop.target
-            assert isinstance(target, cst.Name)
-            key = (id(loop), receiver)
+            key = (id(where.loop), where.receiver)
             if key in self._epochs:  # planned already, for this loader or another one
                 self._epochs.add((id(stmt), ""))
                 continue
-            if sets_epoch(self.fm, loop, receiver) or (
-                not inside and not isinstance(loop.body, cst.IndentedBlock)
+            if sets_epoch(self.fm, where.loop, where.receiver) or (
+                not where.inside and where.before is None
             ):
                 continue
             self._epochs.add(key)
-            set_epoch = cst.parse_statement(f"{receiver}.set_epoch({target.value})\n")
-            found.append((None if inside else loop, set_epoch))
+            set_epoch = cst.parse_statement(f"{where.receiver}.set_epoch({where.counter})\n")
+            found.append((where, set_epoch))
         return found
 
     # -- the rewrite ----------------------------------------------------------------------------
