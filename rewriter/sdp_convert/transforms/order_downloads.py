@@ -24,9 +24,10 @@ pretrained weights (Keras applications unless ``weights=None``, torchvision mode
 ``weights=``/``pretrained=True``, ``timm.create_model(pretrained=True)``, ``torch.hub``), Hugging
 Face ``from_pretrained`` and ``torchtext.datasets`` (the legacy classes' ``splits``/``iters``
 without ``path=`` and ``download``, torchtext >= 0.12's functions; not a legacy constructor given
-its local files, ``TranslationDataset(path=..., fields=...)``, which only reads). A statement inside a function runs
-when the function is called, after ``init()``; at module level of a module without an entry point
-it would run at import, before any ``init()``, so it is reported instead.
+its local files, ``TranslationDataset(path=..., fields=...)``, which only reads). A statement
+inside a function runs when the function is called, after ``init()``; at module level of a
+module without an entry point it would run at import, before any ``init()``, so it is reported
+instead.
 
 Downloads and extractions that rewrite their files each time they run (``urlretrieve``,
 ``gdown.download``, ``extractall``, ``requests.get`` whose content is written; see
