@@ -765,6 +765,7 @@ def test_a_distribution_switch_whose_default_another_module_sets_is_named_with_i
 
 
 HOROVOD_DOWNLOAD_AT_IMPORT = """\
+    import sys
     import urllib.request
 
     import horovod.torch as hvd
@@ -797,7 +798,24 @@ def test_a_download_at_import_before_a_migrated_init_is_told_to_move_after_it(tm
     # download has to move after hvd.init() first; the runtime is named as the file binds it.
     [outcome] = check(tmp_path, {"train.py": HOROVOD_DOWNLOAD_AT_IMPORT.format(op="")})
     assert notes([outcome], "writes") == [
-        "train.py:6: urllib.request.urlretrieve(...) writes the same files on every rank at "
-        "once: it runs at import, before hvd.init() (train.py:23): move it after hvd.init() "
+        "train.py:7: urllib.request.urlretrieve(...) writes the same files on every rank at "
+        "once: it runs at import, before hvd.init() (train.py:24): move it after hvd.init() "
         "(into the `if __name__ == \"__main__\":` block, before what reads its files), and "
         "there run it on rank 0 only (`if hvd.rank() == 0:`), then `hvd.barrier()` [writes]"]
+
+
+def test_a_missing_name_in_one_branch_of_a_conditional_leaves_averaging_unknown(tmp_path: Path):
+    # ``op=hvd.Adasum if <flag> else hvd.Average``: averaged with the flag off (NotProvidedError
+    # with it on); the note says which branch reads the missing name, and the part it speaks
+    # for is "unknown" (noted), not "missing".
+    source = HOROVOD_DOWNLOAD_AT_IMPORT.format(
+        op=", op=hvd.Adasum if '--adasum' in sys.argv else hvd.Average")
+    [outcome] = check(tmp_path, {"train.py": source})
+    averaging = outcome.contract["parts"]["averaging"]
+    assert (averaging["state"], averaging["noted"]) == ("unknown", True), averaging
+    assert averaging["detail"].startswith(
+        "hvd.Adasum: not provided by sdp_runtime, evaluated only when `'--adasum' in sys.argv` "
+        "is true (`hvd.Average` otherwise); ")
+    [outcome] = check(tmp_path, {"train.py": HOROVOD_DOWNLOAD_AT_IMPORT.format(
+        op=", op=hvd.Adasum")})
+    assert outcome.contract["parts"]["averaging"]["state"] == "missing"

@@ -63,6 +63,7 @@ from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
     GROWN_FOR_DATA_PARALLEL,
+    ONE_BRANCH_NOTE,
     UNSCALED_LR_NOTE,
 )
 from .program.writes import (
@@ -1647,7 +1648,7 @@ def _unsure(note: Change) -> bool:
     """A note that says the converter could not tell (rather than what is wrong)."""
     text = note.message.lower()
     return any(w in text for w in ("could not", "cannot tell", "not found", "was found",
-                                   "unknown", "check "))
+                                   "unknown", "check ", ONE_BRANCH_NOTE))
 
 
 def _holds_detail(part: str, check: _Entry) -> str:

@@ -96,6 +96,11 @@ WRITING_KERAS_CALLBACKS = frozenset(
 #: the whole-program contract counts it for no part (the gradients are averaged all the same).
 UNSCALED_LR_NOTE = "the learning rate is not scaled by size()"
 
+#: How a migration's note on a name the runtime lacks says that only one branch of a conditional
+#: expression reads it (``op=hvd.Adasum if args.use_adasum else hvd.Average``): whether a run
+#: reaches it depends on its flags, so the contract's part it speaks for is "unknown".
+ONE_BRANCH_NOTE = "evaluated only when "
+
 #: Openings of the notes removing ``nn.DataParallel`` leaves (``program.models``): checkpoint
 #: formats and GPU-count products, which say nothing of whether the gradients are averaged.
 DATA_PARALLEL_CHECKPOINTS = "nn.DataParallel's "
