@@ -597,8 +597,7 @@ CASES = [
     ),
     (
         "its_own_launcher_only_where_it_starts_its_processes",
-        "each given its rank (init_process_group(rank=args.node_rank * 2 + gpu)), with "
-        "args.distributed set, as its own launcher does",
+        "with args.distributed set, as its own launcher does",
         SPAWNS_ITSELF,
         LAUNCHER_PASSES_LOCAL_RANK,
     ),
