@@ -762,3 +762,60 @@ def test_a_distribution_switch_whose_default_another_module_sets_is_named_with_i
         "settings.py:8: started as usual, it runs on one process); to run it on N processes, "
         "launch it with `torchrun --nproc_per_node=N SCRIPT.py ...` with cfg.run.multi_process "
         "set"], done.stdout + done.stderr
+
+
+HOROVOD_DOWNLOAD_AT_IMPORT = """\
+    import sys
+    import urllib.request
+
+    import horovod.torch as hvd
+    import torch
+
+    urllib.request.urlretrieve("https://example.com/train.csv", filename="train.csv")
+
+
+    def main():
+        rows = open("train.csv").read().split()
+        model = torch.nn.Linear(4, 1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size()),
+                                       named_parameters=model.named_parameters(){op})
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        data = torch.randn(32, 4)[hvd.rank()::hvd.size()]
+        for x in data.split(8):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+
+    if __name__ == "__main__":
+        hvd.init()
+        main()
+    """
+
+
+def test_a_download_at_import_before_a_migrated_init_is_told_to_move_after_it(tmp_path: Path):
+    # The rank test and barrier the note asks for raise NotInitializedError before init(): the
+    # download has to move after hvd.init() first; the runtime is named as the file binds it.
+    [outcome] = check(tmp_path, {"train.py": HOROVOD_DOWNLOAD_AT_IMPORT.format(op="")})
+    assert notes([outcome], "writes") == [
+        "train.py:7: urllib.request.urlretrieve(...) writes the same files on every rank at "
+        "once: it runs at import, before hvd.init() (train.py:24): move it after hvd.init() "
+        "(into the `if __name__ == \"__main__\":` block, before what reads its files), and "
+        "there run it on rank 0 only (`if hvd.rank() == 0:`), then `hvd.barrier()` [writes]"]
+
+
+def test_a_missing_name_in_one_branch_of_a_conditional_leaves_averaging_unknown(tmp_path: Path):
+    # ``op=hvd.Adasum if <flag> else hvd.Average``: averaged with the flag off (NotProvidedError
+    # with it on); the note says which branch reads the missing name, and the part it speaks
+    # for is "unknown" (noted), not "missing".
+    source = HOROVOD_DOWNLOAD_AT_IMPORT.format(
+        op=", op=hvd.Adasum if '--adasum' in sys.argv else hvd.Average")
+    [outcome] = check(tmp_path, {"train.py": source})
+    averaging = outcome.contract["parts"]["averaging"]
+    assert (averaging["state"], averaging["noted"]) == ("unknown", True), averaging
+    assert averaging["detail"].startswith(
+        "hvd.Adasum: not provided by sdp_runtime, evaluated only when `'--adasum' in sys.argv` "
+        "is true (`hvd.Average` otherwise); ")
+    [outcome] = check(tmp_path, {"train.py": HOROVOD_DOWNLOAD_AT_IMPORT.format(
+        op=", op=hvd.Adasum")})
+    assert outcome.contract["parts"]["averaging"]["state"] == "missing"

@@ -259,6 +259,43 @@ for epoch in range(10):
 """ + TORCH_STEP
 
 #: (id, note fragment, a snippet where it is true, a snippet where it would be false)
+# A script started by a launcher that passes --local_rank, with a rank handed to it as a flag
+# (``init_method="env://"``), or one that starts its own processes and gives each its rank.
+RANK_GIVEN = """\
+import argparse
+
+import torch
+import torch.distributed as dist
+{spawn_import}
+parser = argparse.ArgumentParser()
+parser.add_argument("--distributed", action="store_true")
+parser.add_argument("--node_rank", type=int, default=-1)
+{local_rank}
+
+def run(gpu, args):
+    if args.distributed:
+        dist.init_process_group("gloo", init_method="env://", rank={rank})
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in torch.randn(8, 2, 4, 1):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    args = parser.parse_args()
+    {start}
+"""
+LAUNCHER_PASSES_LOCAL_RANK = RANK_GIVEN.format(
+    spawn_import="", rank="args.node_rank", start="run(args.local_rank, args)",
+    local_rank='parser.add_argument("--local_rank", type=int, default=0)')
+SPAWNS_ITSELF = RANK_GIVEN.format(
+    spawn_import="import torch.multiprocessing as mp\n", rank="args.node_rank * 2 + gpu",
+    start="mp.spawn(run, nprocs=2, args=(args,))", local_rank="")
+ARGS_ONLY = RANK_GIVEN.format(spawn_import="", rank="args.node_rank", start="run(0, args)",
+                              local_rank="")
+
 CASES = [
     (
         "class_of_the_script_not_a_pipeline",
@@ -557,6 +594,21 @@ CASES = [
         "but only when `args.local_rank != -1` (args.local_rank is -1 by default",
         OWN_DISTRIBUTION.format(local_rank=-1, gate="if args.local_rank != -1:\n    "),
         OWN_DISTRIBUTION.format(local_rank=0, gate="if args.local_rank != -1:\n    "),
+    ),
+    (
+        "its_own_launcher_only_where_it_starts_its_processes",
+        "with args.distributed set, as its own launcher does",
+        SPAWNS_ITSELF,
+        LAUNCHER_PASSES_LOCAL_RANK,
+    ),
+    (
+        "a_local_rank_option_names_the_launcher_that_passes_it",
+        "launch it with `python -m torch.distributed.launch --nproc_per_node=N SCRIPT.py ...` "
+        "with args.distributed set (it passes each process --local-rank since PyTorch 2.0: add "
+        "that spelling to the parser's --local_rank; torchrun passes none, it sets LOCAL_RANK in "
+        "the environment instead)",
+        LAUNCHER_PASSES_LOCAL_RANK,
+        ARGS_ONLY,
     ),
 ]
 

@@ -42,7 +42,7 @@ import libcst as cst
 from .changes import Change
 from .program.deletions import DELETIONS, path_deletions
 from .program.fetches import fetch_statements, file_fetches
-from .program.index import file_index
+from .program.index import file_index, imported_names
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, one_process_at_a_time, rank0_only
@@ -63,6 +63,7 @@ from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
     GROWN_FOR_DATA_PARALLEL,
+    ONE_BRANCH_NOTE,
     UNSCALED_LR_NOTE,
 )
 from .program.writes import (
@@ -907,16 +908,44 @@ class _Entry:
                     module, call
                 ) or local_rank0_only(module.fm, call) or self._script_only(module, call):
                     continue
+                sdp = _runtime_name(module)
+                how = (f"run it on rank 0 only (`if {sdp}.rank() == 0:`), then `{sdp}.barrier()`"
+                       if rewriting else f"run it in `with {sdp}.rank0_first():`")
+                early = self._before_init(module, call)
+                if early is not None:
+                    # At import, before init(): the rank test would raise NotInitializedError.
+                    how = (f"it runs at import, before {sdp}.init() ({self.where(early)}): move it "
+                           f"after {sdp}.init() ({_after_init(module, early)}, before what reads "
+                           f"its files), and there {how}")
                 self.add("writes", "missing", Ref(module, call), (
-                    f"{what}(...) writes the same files on every rank at once: run it on rank 0 "
-                    f"only (`if {self.sdp}.rank() == 0:`), then `{self.sdp}.barrier()`"
-                    if rewriting else
-                    f"{what}(...) downloads on every rank at once: run it in "
-                    f"`with {self.sdp}.rank0_first():`"),
+                    f"{what}(...) writes the same files on every rank at once: {how}"
+                    if rewriting else f"{what}(...) downloads on every rank at once: {how}"),
                     # In a module that trains nothing (a data module), ``order_downloads`` puts
                     # it there; a module that trains has had it decided by its own conversion.
                     self.repair("fetch", Ref(module, call))
                     if rewriting and not module.fm.info.training else None)
+
+    def _before_init(self, module: Module, call: cst.Call) -> Ref | None:
+        """The ``init()`` of the program that runs after ``call``, where ``call`` runs at import
+        of its module (a statement of the module, not in a function, a class or the
+        ``__main__`` block) before any ``init()`` at import: the first other ``init()`` of the
+        program. None where it runs after one."""
+        fm = module.fm
+        ancestors = list(fm.ancestors(call))
+        if any(isinstance(a, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) or _is_main_guard(a)
+               for a in ancestors):
+            return None
+        for reached in self.reach:
+            if reached is not module and self._init_at_import(reached):
+                return None  # another module initialises at import (maybe before this one)
+        for stmt in fm.module.body:
+            if stmt in ancestors:
+                break
+            if any(isinstance(n, cst.Call) and any(_is_init(q) for q in fm.qualified_names(n.func))
+                   for n in _walk_here(stmt)):
+                return None
+        return next((Ref(m, c) for m in self.reach for q, cs in _runtime_calls(m).items()
+                     if _is_init(q) for c in cs), None)
 
     def guard_repairs(self, module: Module, call: cst.Call) -> tuple[Repair | None, list[Repair]]:
         """How to make a write run on rank 0 only: where it is, in a module that trains nothing
@@ -1175,6 +1204,26 @@ def _early_runtime(module: Module) -> list[cst.Call]:
                 for q in fm.qualified_names(c.func))
         ]
     return found
+
+
+def _runtime_name(module: Module) -> str:
+    """The name the module binds the runtime as (``hvd`` after a Horovod migration), ``sdp``
+    where it binds none."""
+    return next((name for name, qualified, _ in imported_names(module.fm)
+                 if qualified & _RUNTIMES), "sdp")
+
+
+#: The runtime modules that have ``init``, ``rank``, ``barrier`` and ``rank0_first``.
+_RUNTIMES = frozenset({"sdp_runtime.torch", "sdp_runtime.tensorflow",
+                       "sdp_runtime.tensorflow.keras"})
+
+
+def _after_init(module: Module, init: Ref) -> str:
+    """Where code that must run after ``init`` goes, in words."""
+    if any(_is_main_guard(a) for a in init.module.fm.ancestors(init.node)):
+        where = "into the `if __name__ == \"__main__\":` block"
+        return where if init.module is module else f"{where} of {init.module.display}"
+    return "into a function called after it"
 
 
 def _walk_here(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -1599,7 +1648,7 @@ def _unsure(note: Change) -> bool:
     """A note that says the converter could not tell (rather than what is wrong)."""
     text = note.message.lower()
     return any(w in text for w in ("could not", "cannot tell", "not found", "was found",
-                                   "unknown", "check "))
+                                   "unknown", "check ", ONE_BRANCH_NOTE))
 
 
 def _holds_detail(part: str, check: _Entry) -> str:

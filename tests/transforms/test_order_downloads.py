@@ -299,3 +299,35 @@ def test_word_vectors_download_on_local_rank_0_first():
     )
     assert [m.split(" on ")[0] for m in messages(result, ONLY)] == [
         "torchtext.vocab.GloVe(...) downloads"]
+
+
+def test_torchtext_local_file_readers_are_left_and_its_downloads_ordered():
+    """A legacy torchtext constructor given local files (``path=``, ``fields=``) only reads them;
+    its ``splits`` classmethod without ``path=`` downloads, as do torchtext 0.12's functions."""
+    result = check_transformed(
+        """\
+        import torch
+        from torchtext.datasets import TranslationDataset, Multi30k, AG_NEWS
+
+        corpus = TranslationDataset(path="bpe/train", exts=(".src", ".trg"), fields=(src, trg))
+        local = Multi30k.splits(exts=(".de", ".en"), fields=(src, trg), path="corpus/")
+        pairs = Multi30k.splits(exts=(".de", ".en"), fields=(src, trg))
+        news = AG_NEWS(root="cache", split="train")
+        """ + TAIL.replace("\n", "\n        "),
+        """\
+        import torch
+        from torchtext.datasets import TranslationDataset, Multi30k, AG_NEWS
+        import sdp_runtime.torch as sdp
+
+        sdp.init()
+
+        corpus = TranslationDataset(path="bpe/train", exts=(".src", ".trg"), fields=(src, trg))
+        local = Multi30k.splits(exts=(".de", ".en"), fields=(src, trg), path="corpus/")
+        with sdp.rank0_first():
+            pairs = Multi30k.splits(exts=(".de", ".en"), fields=(src, trg))
+            news = AG_NEWS(root="cache", split="train")
+        """ + TAIL.replace("\n", "\n        "),
+        only=ONLY,
+    )
+    assert [m.split(" on ")[0] for m in messages(result, ONLY)] == [
+        "Multi30k.splits(...) downloads", "AG_NEWS(...) downloads"]

@@ -11,6 +11,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..analysis import FileInfo
 from ..program.index import file_index
+from ..program.vocab import ONE_BRANCH_NOTE
 from .checks import MigrationChecks
 from .common import Target, _dotted, _parent_and_name
 from .horovod import ADVICE
@@ -357,10 +358,25 @@ class Migration(MigrationChecks):
                     self._import_for(target.fallback)
                     return _dotted(fallback).with_changes(lpar=updated.lpar, rpar=updated.rpar)
                 return updated
-            self.record(original, f"{text}: not provided by sdp_runtime; {self._advice(member)}",
-                        manual=True)
+            self.record(original, f"{text}: not provided by sdp_runtime{self._branch(original)}; "
+                                  f"{self._advice(member)}", manual=True)
             return updated
         return updated
+
+    def _branch(self, node: cst.CSTNode) -> str:
+        """Where ``node`` is one branch of a conditional expression (``op=hvd.Adasum if
+        args.use_adasum else hvd.Average``), when it is evaluated, in words: a run may never."""
+        child = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.IfExp) and child in (parent.body, parent.orelse):
+                holds = "true" if child is parent.body else "false"
+                other = parent.orelse if child is parent.body else parent.body
+                return (f", {ONE_BRANCH_NOTE}`{self.module.code_for_node(parent.test)}` is "
+                        f"{holds} (`{self.module.code_for_node(other)}` otherwise)")
+            if isinstance(parent, cst.BaseStatement):
+                break
+            child = parent
+        return ""
 
     def _import_for(self, module: str) -> None:
         """Make sure ``module`` is imported (for a name spelled in full)."""

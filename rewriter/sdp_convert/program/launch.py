@@ -48,6 +48,10 @@ class Switch:
     #: The distribution is a ``tf.distribute`` strategy, which runs in the script's one process
     #: (over the machine's GPUs, or as one worker of a cluster its configuration names).
     strategy: bool = False
+    #: The spellings of the parser's ``--local_rank`` option when the script reads each
+    #: process's GPU from it: only a launcher that passes it (``torch.distributed.launch``)
+    #: starts it right; torchrun sets ``LOCAL_RANK`` in the environment instead.
+    local_rank_options: tuple[str, ...] = ()
 
     @property
     def launch(self) -> str:
@@ -60,12 +64,17 @@ class Switch:
         if self.own_rank is not None:
             return (f"one process per GPU, each given its rank (init_process_group(rank="
                     f"{self.own_rank})), with {self.flag} set{through}, as its own launcher does")
-        if self.flag.rsplit(".", 1)[-1] == "local_rank" and self.options:
+        flag_is_local_rank = self.flag.rsplit(".", 1)[-1] == "local_rank" and self.options
+        local = self.options if flag_is_local_rank else self.local_rank_options
+        if local:
             command = "`python -m torch.distributed.launch --nproc_per_node=N SCRIPT.py ...`"
-            if "--local-rank" in self.options:
-                return f"{command} (it passes each process its --local-rank)"
-            return (f"{command} (it passes each process --local-rank since PyTorch 2.0: add "
-                    f"that spelling to the parser's {' / '.join(self.options)})")
+            if not flag_is_local_rank:
+                command += f" with {self.flag} set{through}"
+            passes = ("it passes each process its --local-rank" if "--local-rank" in local else
+                      "it passes each process --local-rank since PyTorch 2.0: add that spelling "
+                      f"to the parser's {' / '.join(local)}")
+            return (f"{command} ({passes}; torchrun passes none, it sets LOCAL_RANK in the "
+                    "environment instead)")
         if self.options:
             option = self.options[0]
             value = "" if self.default in ("False", "None") else " VALUE"
@@ -94,7 +103,7 @@ def distribution_switch(fm: FileModel, node: cst.CSTNode) -> Switch | None:
                 strategy = isinstance(node, cst.Call) and any(
                     q.startswith("tensorflow.distribute.") for q in fm.qualified_names(node.func))
                 return Switch(flag, code(test), repr(default), options, _own_rank(fm), derived,
-                              strategy)
+                              strategy, _local_rank_options(fm))
     return None
 
 
@@ -148,9 +157,29 @@ def _imported_default(fm: FileModel, flag: str) -> tuple[object, str]:
     return None, ""
 
 
+def _local_rank_options(fm: FileModel) -> tuple[str, ...]:
+    """The parser's ``--local_rank`` / ``--local-rank`` spellings, where the script reads the
+    option (``args.local_rank``: each process's GPU, say)."""
+    _, options = _default(fm, "local_rank")
+    if not findall(fm.module, m.Attribute(attr=m.Name("local_rank"))):
+        return ()
+    return tuple(o for o in options if o.startswith("--"))
+
+
+#: What a script that is its own launcher starts its processes with.
+_STARTS_PROCESSES = (
+    "torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
+    "torch.multiprocessing.Process", "multiprocessing.Process",
+)
+
+
 def _own_rank(fm: FileModel) -> str | None:
-    """The ``rank=`` the script gives ``init_process_group`` itself (not read from the
-    environment a launcher such as torchrun sets)."""
+    """The ``rank=`` the script gives ``init_process_group`` itself, where it starts its
+    processes itself (``torch.multiprocessing.spawn``): not read from the environment a launcher
+    such as torchrun sets, nor a configuration value or flag handed to it by whoever started
+    it (``rank=config.dist.node_rank`` with ``init_method="env://"``)."""
+    if not fm.calls_to(*_STARTS_PROCESSES):
+        return None
     for call in fm.calls_to("torch.distributed.init_process_group"):
         rank = arg_named(call, "rank", 4)
         if rank is not None and "environ" not in code(rank.value) and "RANK" not in code(

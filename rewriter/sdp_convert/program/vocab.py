@@ -26,8 +26,23 @@ CACHED_DOWNLOADS = (
 #: Prefixes of calls that download (their arguments decide: ``download=``, ``weights=``,
 #: ``pretrained=``).
 CACHED_DOWNLOAD_PREFIXES = (
-    "torchvision.datasets.", "torchvision.models.", "torchtext.datasets.", "timm.create_model",
+    "torchvision.datasets.", "torchvision.models.", "torchtext.datasets.",
+    "torchtext.legacy.datasets.", "timm.create_model",
 )
+#: torchtext's dataset modules: the legacy classes download through their ``splits``/``iters``
+#: classmethods (unless given ``path=``) and ``download``; their constructors only read the local
+#: files they are given (``TranslationDataset(path=..., exts=..., fields=...)``). The functions
+#: of torchtext >= 0.12 (``AG_NEWS(root=..., split=...)``) download.
+TORCHTEXT_DATASETS = ("torchtext.datasets.", "torchtext.legacy.datasets.")
+#: Legacy torchtext classmethods that download where no ``path=`` is given, and the one that
+#: always does.
+TORCHTEXT_DOWNLOADING_METHODS = ("splits", "iters")
+#: Legacy torchtext dataset classes that read local files only (no URLs of their own).
+TORCHTEXT_LOCAL_READERS = frozenset(
+    {"TranslationDataset", "LanguageModelingDataset", "SequenceTaggingDataset"}
+)
+#: Arguments only legacy torchtext constructors take: the files to read and how to read them.
+TORCHTEXT_LOCAL_ARGUMENTS = ("path", "fields", "text_field", "exts")
 
 #: Calls that download into the path they are given every time they run, whatever is there.
 FILE_DOWNLOADS = (
@@ -80,6 +95,11 @@ WRITING_KERAS_CALLBACKS = frozenset(
 #: How a Horovod/SMDDP migration's note on a learning rate not scaled by ``size()`` begins:
 #: the whole-program contract counts it for no part (the gradients are averaged all the same).
 UNSCALED_LR_NOTE = "the learning rate is not scaled by size()"
+
+#: How a migration's note on a name the runtime lacks says that only one branch of a conditional
+#: expression reads it (``op=hvd.Adasum if args.use_adasum else hvd.Average``): whether a run
+#: reaches it depends on its flags, so the contract's part it speaks for is "unknown".
+ONE_BRANCH_NOTE = "evaluated only when "
 
 #: Openings of the notes removing ``nn.DataParallel`` leaves (``program.models``): checkpoint
 #: formats and GPU-count products, which say nothing of whether the gradients are averaged.

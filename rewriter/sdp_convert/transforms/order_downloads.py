@@ -22,9 +22,12 @@ classes with ``download=True`` (and their ``download_url``/``download_and_extrac
 ``keras.utils.get_file``, ``tfds.load``, ``datasets.load_dataset``,
 pretrained weights (Keras applications unless ``weights=None``, torchvision models with
 ``weights=``/``pretrained=True``, ``timm.create_model(pretrained=True)``, ``torch.hub``), Hugging
-Face ``from_pretrained`` and ``torchtext.datasets``. A statement inside a function runs
-when the function is called, after ``init()``; at module level of a module without an entry point
-it would run at import, before any ``init()``, so it is reported instead.
+Face ``from_pretrained`` and ``torchtext.datasets`` (the legacy classes' ``splits``/``iters``
+without ``path=`` and ``download``, torchtext >= 0.12's functions; not a legacy constructor given
+its local files, ``TranslationDataset(path=..., fields=...)``, which only reads). A statement
+inside a function runs when the function is called, after ``init()``; at module level of a
+module without an entry point it would run at import, before any ``init()``, so it is reported
+instead.
 
 Downloads and extractions that rewrite their files each time they run (``urlretrieve``,
 ``gdown.download``, ``extractall``, ``requests.get`` whose content is written; see
@@ -62,7 +65,14 @@ from ..program.project import repairs_of
 from ..program.ranks import only_called_on_rank0, rank0_only
 from ..program.scopes import assigned_values
 from ..program.syntax import arg_named, is_false
-from ..program.vocab import CACHED_DOWNLOAD_PREFIXES, CACHED_DOWNLOADS
+from ..program.vocab import (
+    CACHED_DOWNLOAD_PREFIXES,
+    CACHED_DOWNLOADS,
+    TORCHTEXT_DATASETS,
+    TORCHTEXT_DOWNLOADING_METHODS,
+    TORCHTEXT_LOCAL_ARGUMENTS,
+    TORCHTEXT_LOCAL_READERS,
+)
 
 
 class OrderDownloads(Transform):
@@ -245,6 +255,8 @@ def _fetches(qname: str, call: cst.Call) -> bool:
         weights, pretrained = arg_named(call, "weights"), arg_named(call, "pretrained")
         return (weights is not None and not m.matches(weights.value, m.Name("None"))) or (
             pretrained is not None and not is_false(pretrained.value))
+    if qname.startswith(TORCHTEXT_DATASETS):
+        return _torchtext_fetches(qname, call)
     name = keras_name(qname)
     if name is not None and name.startswith("keras.applications."):
         if not name.rsplit(".", 1)[-1][:1].isupper():
@@ -252,3 +264,18 @@ def _fetches(qname: str, call: cst.Call) -> bool:
         weights = arg_named(call, "weights")
         return weights is None or not m.matches(weights.value, m.Name("None"))
     return True
+
+
+def _torchtext_fetches(qname: str, call: cst.Call) -> bool:
+    """A torchtext dataset call that downloads: a legacy class's ``splits``/``iters`` without
+    ``path=`` and its ``download``, or a function of torchtext >= 0.12; never the constructor of
+    a legacy class given the local files it reads (``TranslationDataset(path=..., fields=...)``)."""
+    prefix = next(p for p in TORCHTEXT_DATASETS if qname.startswith(p))
+    parts = qname[len(prefix):].split(".")
+    if len(parts) > 1:
+        method = parts[-1]
+        if method in TORCHTEXT_DOWNLOADING_METHODS:
+            return arg_named(call, "path") is None
+        return method == "download"
+    return parts[0] not in TORCHTEXT_LOCAL_READERS and not any(
+        arg_named(call, name) is not None for name in TORCHTEXT_LOCAL_ARGUMENTS)
