@@ -762,3 +762,57 @@ def test_a_distribution_switch_whose_default_another_module_sets_is_named_with_i
         "settings.py:8: started as usual, it runs on one process); to run it on N processes, "
         "launch it with `torchrun --nproc_per_node=N SCRIPT.py ...` with cfg.run.multi_process "
         "set"], done.stdout + done.stderr
+
+
+FLAGGED_FACTORY = """\
+    import torch
+    import sdp_runtime.torch as sdp
+
+    sdp.init()
+
+
+    def get_loader(dataset, shuffle=False, shard=False):
+        sampler = (
+            torch.utils.data.distributed.DistributedSampler(
+                dataset, num_replicas=sdp.size(), rank=sdp.rank(), shuffle=shuffle
+            )
+            if shard
+            else None
+        )
+        return torch.utils.data.DataLoader(dataset, batch_size=8,
+                                           shuffle=False if shard else shuffle, sampler=sampler)
+
+
+    def main():
+        data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+        train_loader = get_loader(data, shuffle=True, shard=True)
+        valid_loader = get_loader(data)
+        model = sdp.DistributedDataParallel(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * sdp.size())
+        for epoch in range(2):
+            train_loader.sampler.set_epoch(epoch)
+            for x, y in train_loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            with torch.no_grad():
+                for x, y in valid_loader:
+                    print(float(model(x).sum()))
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_a_sampler_a_factorys_flag_chooses_is_read_on_the_training_calls_path(tmp_path: Path):
+    """shard_shared_loader's edit: `DistributedSampler(...) if shard else None` in a factory
+    shared with evaluation. The data is split where the training call sets the flag, and not
+    where it does not (the sampler's code mentioning the rank is not enough)."""
+    [outcome] = check(tmp_path, {"train.py": FLAGGED_FACTORY})
+    assert outcome.contract["parts"]["data"]["state"] == "holds"
+    unset = FLAGGED_FACTORY.replace("shuffle=True, shard=True)", "shuffle=True)")
+    [outcome] = check(tmp_path, {"train.py": unset})
+    assert outcome.contract["parts"]["data"]["state"] == "missing"
+    assert any(n.startswith("train.py:15: the DataLoader built here feeds the training loop at "
+                            "train.py:27 and has no DistributedSampler") for n in notes([outcome]))

@@ -57,8 +57,9 @@ from .program.run import (
     Trace,
     _names_of_call,
 )
-from .program.scopes import referents, uses
+from .program.scopes import assigned_values, callee, param_for_arg, referents, uses
 from .program.sharding import loader_problem
+from .program.syntax import is_none
 from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
@@ -708,7 +709,7 @@ class _Entry:
             names = _names_of_call(made)
             if any(q.endswith("DataLoader") for q in names):
                 loader = made
-                split = self._loader(made, loop) and split
+                split = self._loader(made, loop, trace) and split
             elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names):
                 continue
             else:
@@ -773,12 +774,16 @@ class _Entry:
             function.node, (cst.FunctionDef, cst.ClassDef)) and (
             _mentions_rank(function) or _calls_shard(function))
 
-    def _loader(self, loader: Ref, loop: Ref) -> bool:
-        """Check a DataLoader a training loop reads; whether it splits the data (or will, by a
-        repair)."""
+    def _loader(self, loader: Ref, loop: Ref, path: Trace) -> bool:
+        """Check a DataLoader a training loop reads (``path``: how its value got there); whether
+        it splits the data (or will, by a repair)."""
         node = loader.node
         assert isinstance(node, cst.Call)
         sampler = _keyword(node, "sampler") or _keyword(node, "batch_sampler")
+        if sampler is not None:
+            sampler = _flag_branch(loader, sampler, path)
+            if is_none(sampler):
+                sampler = None  # the flag is off on this path: no sampler
         if sampler is not None:
             split = True
             for trace in self.run.trace(Ref(loader.module, sampler)):
@@ -1373,6 +1378,40 @@ def _mentions_rank(ref: Ref) -> bool:
         if text is not None and _RANKISH.search(text.replace("()", "")):
             return True
     return False
+
+
+def _flag_branch(loader: Ref, sampler: cst.BaseExpression, path: Trace) -> cst.BaseExpression:
+    """The sampler a flag parameter of the loader's function chooses
+    (``DistributedSampler(...) if shard else None``, ``shard_shared_loader``'s edit of a factory
+    shared with evaluation), on the path that reaches the loop: the branch the call of that
+    function on ``path`` takes (its argument, or the parameter's default). ``sampler`` itself
+    where there is no such flag or its value there is not a literal True/False."""
+    fm = loader.fm
+    values = assigned_values(fm, sampler) if isinstance(sampler, cst.Name) else [sampler]
+    chosen = values[0] if len(values) == 1 else None
+    function = fm.enclosing_function(loader.node)
+    if not isinstance(chosen, cst.IfExp) or not isinstance(chosen.test, cst.Name) or (
+        function is None
+    ):
+        return sampler
+    parameters = function.params
+    param = next((p for p in (*parameters.posonly_params, *parameters.params,
+                              *parameters.kwonly_params) if p.name.value == chosen.test.value),
+                 None)
+    if param is None:
+        return sampler
+    for ref in path.through:
+        call = ref.node
+        if ref.module is not loader.module or not isinstance(call, cst.Call) or (
+            callee(fm, call) is not function
+        ):
+            continue
+        arg = next((a for a in call.args if param_for_arg(function, call, a) is param), None)
+        given = arg.value if arg is not None else param.default
+        if isinstance(given, cst.Name) and given.value in ("True", "False"):
+            return chosen.body if given.value == "True" else chosen.orelse
+        return sampler
+    return sampler
 
 
 def _split_by_rank(trace: Trace) -> bool:
