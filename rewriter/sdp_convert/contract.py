@@ -715,10 +715,63 @@ class _Entry:
             else:
                 split = False
                 self.add("data", "unknown", made, (
-                    f"the loop at {self.where(loop)} reads {_short(made.code)}, and the converter "
-                    "cannot tell whether it gives each rank its own part of the data; "
-                    f"{AUDIT}"))
+                    f"the loop at {self.where(loop)} reads {_short(made.code)}" + (
+                        self._loader_classes(made) or ", and the converter cannot tell whether "
+                        "it gives each rank its own part of the data") + f"; {AUDIT}"))
         return loader, split
+
+    def _loader_classes(self, made: Ref) -> str:
+        """For a call handed a module of the run whose classes are DataLoader subclasses
+        (``config.init_obj("data_loader", module_data)``: the configuration names the class),
+        what they are and what to do: the converter does not split the data inside a
+        DataLoader subclass (its sampler is the class's own, and it may serve evaluation too)."""
+        if not isinstance(made.node, cst.Call):
+            return ""
+        for candidate in self._module_arguments(made):
+            module = self.run.module_named(candidate)
+            found = self.run.loader_classes(module) if module is not None else []
+            if not found:
+                continue
+            names = ", ".join(sorted({c.node.name.value for c, _ in found}))  # type: ignore[attr-defined]
+            bases = sorted({(self.where(b), b.node.name.value) for _, b in found})  # type: ignore[attr-defined]
+            base = ", ".join(f"{name} at {where}" for where, name in bases)
+            sdp = self.sdp
+            return (
+                f": an instance of a class of {module.display} that the call chooses ({names}), "  # type: ignore[union-attr]
+                f"a DataLoader subclass ({base}) whose own sampler the converter does not "
+                "replace (the class may build evaluation loaders too), so every rank may read "
+                "all of the data; make the sampler it builds for training yield only this "
+                "rank's part (a DistributedSampler with set_epoch(epoch) at the start of each "
+                f"epoch, or indices[{sdp}.rank()::{sdp}.size()] of its training indices, the "
+                f"same number on every rank) and scale the learning rate by {sdp}.size()")
+        return ""
+
+    def _module_arguments(self, made: Ref) -> list[Ref]:
+        """The arguments of a call that may name a module (``init_obj("data", module_data)``),
+        and for ``getattr(module, spec["type"])(...)`` inside a factory, what the factory's
+        callers pass for ``module``."""
+        node = made.node
+        assert isinstance(node, cst.Call)
+        found = [Ref(made.module, a.value) for a in node.args]
+        func = node.func
+        if not (isinstance(func, cst.Call) and isinstance(func.func, cst.Name)
+                and func.func.value == "getattr" and func.args):
+            return found
+        first = func.args[0].value
+        function = made.fm.enclosing_function(node)
+        if not isinstance(first, cst.Name) or function is None:
+            return found
+        param = next((p for p in (*function.params.posonly_params, *function.params.params,
+                                  *function.params.kwonly_params) if p.name.value == first.value),
+                     None)
+        if param is None:
+            return [*found, Ref(made.module, first)]
+        for caller in self.run.callers(Ref(made.module, function)):
+            call = caller.node
+            if isinstance(call, cst.Call):
+                found += [Ref(caller.module, a.value) for a in call.args
+                          if param_for_arg(function, call, a) is param]
+        return found
 
     def _iterable_traces(self, iterable: Ref) -> list[Trace]:
         """Where what a loop reads is made: ``Run.trace`` follows the binding that reaches the
