@@ -819,3 +819,128 @@ def test_a_missing_name_in_one_branch_of_a_conditional_leaves_averaging_unknown(
     [outcome] = check(tmp_path, {"train.py": HOROVOD_DOWNLOAD_AT_IMPORT.format(
         op=", op=hvd.Adasum")})
     assert outcome.contract["parts"]["averaging"]["state"] == "missing"
+
+
+FLAGGED_FACTORY = """\
+    import torch
+    import sdp_runtime.torch as sdp
+
+    sdp.init()
+
+
+    def get_loader(dataset, shuffle=False, shard=False):
+        sampler = (
+            torch.utils.data.distributed.DistributedSampler(
+                dataset, num_replicas=sdp.size(), rank=sdp.rank(), shuffle=shuffle
+            )
+            if shard
+            else None
+        )
+        return torch.utils.data.DataLoader(dataset, batch_size=8,
+                                           shuffle=False if shard else shuffle, sampler=sampler)
+
+
+    def main():
+        data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+        train_loader = get_loader(data, shuffle=True, shard=True)
+        valid_loader = get_loader(data)
+        model = sdp.DistributedDataParallel(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * sdp.size())
+        for epoch in range(2):
+            train_loader.sampler.set_epoch(epoch)
+            for x, y in train_loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            with torch.no_grad():
+                for x, y in valid_loader:
+                    print(float(model(x).sum()))
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_a_sampler_a_factorys_flag_chooses_is_read_on_the_training_calls_path(tmp_path: Path):
+    """shard_shared_loader's edit: `DistributedSampler(...) if shard else None` in a factory
+    shared with evaluation. The data is split where the training call sets the flag, and not
+    where it does not (the sampler's code mentioning the rank is not enough)."""
+    [outcome] = check(tmp_path, {"train.py": FLAGGED_FACTORY})
+    assert outcome.contract["parts"]["data"]["state"] == "holds"
+    unset = FLAGGED_FACTORY.replace("shuffle=True, shard=True)", "shuffle=True)")
+    [outcome] = check(tmp_path, {"train.py": unset})
+    assert outcome.contract["parts"]["data"]["state"] == "missing"
+    assert any(n.startswith("train.py:15: the DataLoader built here feeds the training loop at "
+                            "train.py:27 and has no DistributedSampler") for n in notes([outcome]))
+
+
+def test_a_config_factory_making_a_dataloader_subclass_is_named_with_what_to_do(tmp_path: Path):
+    """pytorch-template: the loop reads `config.init_obj("data_loader", module_data)`, an object of
+    a class of that module the configuration names (here through `getattr(module, ...)` in the
+    factory, `module` followed to what its caller passes): a DataLoader subclass building its own
+    sampler (`loaders/` has no `__init__.py`, as there). The data line names the module, its
+    classes, the subclass's base and the edit (it said only that the converter cannot tell)."""
+    files = {
+        "settings.py": """\
+            class Settings(dict):
+                def build(self, name, module, *args):
+                    spec = self[name]
+                    return getattr(module, spec["type"])(*args, **spec["args"])
+            """,
+        "base/__init__.py": "",
+        "base/loader.py": """\
+            import torch
+            from torch.utils.data import DataLoader, SubsetRandomSampler
+
+
+            class BaseLoader(DataLoader):
+                def __init__(self, dataset, batch_size, held_out=0.0):
+                    keep = int(len(dataset) * (1 - held_out))
+                    self.rest = list(range(keep, len(dataset)))
+                    super().__init__(dataset, batch_size=batch_size,
+                                     sampler=SubsetRandomSampler(list(range(keep))))
+            """,
+        "loaders/toy.py": """\
+            import torch
+            from base.loader import BaseLoader
+
+
+            class ToyLoader(BaseLoader):
+                def __init__(self, batch_size):
+                    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+                    super().__init__(data, batch_size)
+            """,
+        "train.py": """\
+            import torch
+            import loaders.toy as module_data
+            from settings import Settings
+
+
+            def main():
+                settings = Settings({"data": {"type": "ToyLoader", "args": {"batch_size": 8}}})
+                loader = settings.build("data", module_data)
+                model = torch.nn.Linear(4, 1)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    for x, y in loader:
+                        opt.zero_grad()
+                        torch.nn.functional.mse_loss(model(x), y).backward()
+                        opt.step()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+    }
+    outcomes = check(tmp_path, files)
+    [line] = notes(outcomes, "data")
+    assert line.startswith(
+        "settings.py:4: the loop at train.py:12 reads getattr(module, spec[\"type\"])(*args, "
+        "**spec[\"args\"]): an instance of a class of loaders/toy.py that the call chooses "
+        "(ToyLoader), a DataLoader "
+        "subclass (BaseLoader at base/loader.py:5) whose own sampler the converter does not "
+        "replace")
+    assert "make the sampler it builds for training yield only this rank's part" in line
+    [entry] = [o for o in outcomes if o.contract]
+    assert entry.contract["parts"]["data"]["state"] == "unknown"

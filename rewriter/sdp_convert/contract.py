@@ -57,8 +57,9 @@ from .program.run import (
     Trace,
     _names_of_call,
 )
-from .program.scopes import referents, uses
+from .program.scopes import assigned_values, callee, param_for_arg, referents, uses
 from .program.sharding import loader_problem
+from .program.syntax import is_none
 from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
@@ -709,16 +710,69 @@ class _Entry:
             names = _names_of_call(made)
             if any(q.endswith("DataLoader") for q in names):
                 loader = made
-                split = self._loader(made, loop) and split
+                split = self._loader(made, loop, trace) and split
             elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names):
                 continue
             else:
                 split = False
                 self.add("data", "unknown", made, (
-                    f"the loop at {self.where(loop)} reads {_short(made.code)}, and the converter "
-                    "cannot tell whether it gives each rank its own part of the data; "
-                    f"{AUDIT}"))
+                    f"the loop at {self.where(loop)} reads {_short(made.code)}" + (
+                        self._loader_classes(made) or ", and the converter cannot tell whether "
+                        "it gives each rank its own part of the data") + f"; {AUDIT}"))
         return loader, split
+
+    def _loader_classes(self, made: Ref) -> str:
+        """For a call handed a module of the run whose classes are DataLoader subclasses
+        (``config.init_obj("data_loader", module_data)``: the configuration names the class),
+        what they are and what to do: the converter does not split the data inside a
+        DataLoader subclass (its sampler is the class's own, and it may serve evaluation too)."""
+        if not isinstance(made.node, cst.Call):
+            return ""
+        for candidate in self._module_arguments(made):
+            module = self.run.module_named(candidate)
+            found = self.run.loader_classes(module) if module is not None else []
+            if not found:
+                continue
+            names = ", ".join(sorted({c.node.name.value for c, _ in found}))  # type: ignore[attr-defined]
+            bases = sorted({(self.where(b), b.node.name.value) for _, b in found})  # type: ignore[attr-defined]
+            base = ", ".join(f"{name} at {where}" for where, name in bases)
+            sdp = self.sdp
+            return (
+                f": an instance of a class of {module.display} that the call chooses ({names}), "  # type: ignore[union-attr]
+                f"a DataLoader subclass ({base}) whose own sampler the converter does not "
+                "replace (the class may build evaluation loaders too), so every rank may read "
+                "all of the data; make the sampler it builds for training yield only this "
+                "rank's part (a DistributedSampler with set_epoch(epoch) at the start of each "
+                f"epoch, or indices[{sdp}.rank()::{sdp}.size()] of its training indices, the "
+                f"same number on every rank) and scale the learning rate by {sdp}.size()")
+        return ""
+
+    def _module_arguments(self, made: Ref) -> list[Ref]:
+        """The arguments of a call that may name a module (``init_obj("data", module_data)``),
+        and for ``getattr(module, spec["type"])(...)`` inside a factory, what the factory's
+        callers pass for ``module``."""
+        node = made.node
+        assert isinstance(node, cst.Call)
+        found = [Ref(made.module, a.value) for a in node.args]
+        func = node.func
+        if not (isinstance(func, cst.Call) and isinstance(func.func, cst.Name)
+                and func.func.value == "getattr" and func.args):
+            return found
+        first = func.args[0].value
+        function = made.fm.enclosing_function(node)
+        if not isinstance(first, cst.Name) or function is None:
+            return found
+        param = next((p for p in (*function.params.posonly_params, *function.params.params,
+                                  *function.params.kwonly_params) if p.name.value == first.value),
+                     None)
+        if param is None:
+            return [*found, Ref(made.module, first)]
+        for caller in self.run.callers(Ref(made.module, function)):
+            call = caller.node
+            if isinstance(call, cst.Call):
+                found += [Ref(caller.module, a.value) for a in call.args
+                          if param_for_arg(function, call, a) is param]
+        return found
 
     def _iterable_traces(self, iterable: Ref) -> list[Trace]:
         """Where what a loop reads is made: ``Run.trace`` follows the binding that reaches the
@@ -774,12 +828,16 @@ class _Entry:
             function.node, (cst.FunctionDef, cst.ClassDef)) and (
             _mentions_rank(function) or _calls_shard(function))
 
-    def _loader(self, loader: Ref, loop: Ref) -> bool:
-        """Check a DataLoader a training loop reads; whether it splits the data (or will, by a
-        repair)."""
+    def _loader(self, loader: Ref, loop: Ref, path: Trace) -> bool:
+        """Check a DataLoader a training loop reads (``path``: how its value got there); whether
+        it splits the data (or will, by a repair)."""
         node = loader.node
         assert isinstance(node, cst.Call)
         sampler = _keyword(node, "sampler") or _keyword(node, "batch_sampler")
+        if sampler is not None:
+            sampler = _flag_branch(loader, sampler, path)
+            if is_none(sampler):
+                sampler = None  # the flag is off on this path: no sampler
         if sampler is not None:
             split = True
             for trace in self.run.trace(Ref(loader.module, sampler)):
@@ -1422,6 +1480,40 @@ def _mentions_rank(ref: Ref) -> bool:
         if text is not None and _RANKISH.search(text.replace("()", "")):
             return True
     return False
+
+
+def _flag_branch(loader: Ref, sampler: cst.BaseExpression, path: Trace) -> cst.BaseExpression:
+    """The sampler a flag parameter of the loader's function chooses
+    (``DistributedSampler(...) if shard else None``, ``shard_shared_loader``'s edit of a factory
+    shared with evaluation), on the path that reaches the loop: the branch the call of that
+    function on ``path`` takes (its argument, or the parameter's default). ``sampler`` itself
+    where there is no such flag or its value there is not a literal True/False."""
+    fm = loader.fm
+    values = assigned_values(fm, sampler) if isinstance(sampler, cst.Name) else [sampler]
+    chosen = values[0] if len(values) == 1 else None
+    function = fm.enclosing_function(loader.node)
+    if not isinstance(chosen, cst.IfExp) or not isinstance(chosen.test, cst.Name) or (
+        function is None
+    ):
+        return sampler
+    parameters = function.params
+    param = next((p for p in (*parameters.posonly_params, *parameters.params,
+                              *parameters.kwonly_params) if p.name.value == chosen.test.value),
+                 None)
+    if param is None:
+        return sampler
+    for ref in path.through:
+        call = ref.node
+        if ref.module is not loader.module or not isinstance(call, cst.Call) or (
+            callee(fm, call) is not function
+        ):
+            continue
+        arg = next((a for a in call.args if param_for_arg(function, call, a) is param), None)
+        given = arg.value if arg is not None else param.default
+        if isinstance(given, cst.Name) and given.value in ("True", "False"):
+            return chosen.body if given.value == "True" else chosen.orelse
+        return sampler
+    return sampler
 
 
 def _split_by_rank(trace: Trace) -> bool:

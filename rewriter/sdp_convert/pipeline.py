@@ -30,6 +30,7 @@ from .transforms import (
     scale_keras_learning_rate,
     scale_learning_rate,
     shard_dataloader,
+    shard_shared_loader,
     shard_tf_dataset,
     sync_loop_exits,
     update_keras2_calls,
@@ -50,6 +51,7 @@ PIPELINE: tuple[type[Transform], ...] = (
     pin_gpu_device.PinGpuDevice,
     scale_learning_rate.ScaleLearningRate,
     shard_dataloader.ShardDataLoader,
+    shard_shared_loader.ShardSharedLoader,
     wrap_model_ddp.WrapModelDdp,
     # TensorFlow / Keras. pin_tf_gpus inserts after add_runtime_init's init(), the same anchor;
     # scale_keras_learning_rate turns compile's string optimizer into an object (lr scaled) before

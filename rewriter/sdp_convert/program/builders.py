@@ -57,6 +57,18 @@ def statement(fm: FileModel, head: str, args: list[str], at: cst.CSTNode) -> cst
     return cst.parse_statement(f"{head}\n{lines})\n")
 
 
+def conditional_statement(
+    fm: FileModel, target: str, call: str, args: list[str], test: str, orelse: str
+) -> cst.BaseStatement:
+    """``target = (<call>(<args>) if <test> else <orelse>)``, laid out as black would lay out a
+    long one (the sampler a condition chooses: ``sdp.is_initialized()``, a factory's flag)."""
+    step = fm.module.default_indent
+    return cst.parse_statement(
+        f"{target} = (\n{step}{call}(\n{step * 2}{', '.join(args)}\n{step})\n"
+        f"{step}if {test}\n{step}else {orelse}\n)\n"
+    )
+
+
 def module_spelling(fm: FileModel, module_name: str, add_import: AddImport) -> str:
     """The name this file reaches ``module_name`` by (``torch``, or ``T`` after ``import torch as
     T``); asks ``add_import`` for ``import <module_name>`` when the file has no such name."""

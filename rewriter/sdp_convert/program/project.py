@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ..modules import Project, module_name  # noqa: F401 - re-exported (its users import them here)
+from .builders import conditional_statement
 from .facts import (  # noqa: F401 - re-exported (the transforms import them here)
     Export,
     LoaderFeed,
@@ -120,11 +121,7 @@ def single_process_fallback(
         fallback = random
     else:
         fallback = f"{random} if {shuffle} else None"
-    step = fm.module.default_indent
-    return cst.parse_statement(
-        f"{sampler} = (\n{step}{call}(\n{step * 2}{', '.join(args)}\n{step})\n"
-        f"{step}if {fm.sdp}.is_initialized()\n{step}else {fallback}\n)\n"
-    )
+    return conditional_statement(fm, sampler, call, args, f"{fm.sdp}.is_initialized()", fallback)
 
 
 def imported_data(fm: FileModel, loops: set[cst.CSTNode] | None = None) -> cst.Call | bool:

@@ -35,6 +35,7 @@ import libcst as cst
 
 from ..modules import Project
 from .index import Binding, FileIndex, file_index
+from .loaders import LOADERS
 from .model import FileModel
 from .models import model_given, no_grad_in_class
 from .scopes import callers as file_callers
@@ -216,6 +217,42 @@ class Run:
         if not assigned or assigned[-1].unpacked:
             return None
         return Ref(other, assigned[-1].value)  # type: ignore[arg-type]
+
+    def module_named(self, ref: Ref) -> Module | None:
+        """The module of the run an expression names (``module_data`` after ``import
+        data_loader.data_loaders as module_data``), or None."""
+        for name in sorted(self.qualified(ref)):
+            path = self.graph.module_file(ref.module.path, name)
+            if path is not None and path in self.modules:
+                return self.modules[path]
+            # A folder without ``__init__.py`` (a namespace package): its file by its path.
+            tail = "/" + name.replace(".", "/")
+            found = [m for p, m in self.modules.items() if p.with_suffix("").as_posix().endswith(
+                tail) and not name.startswith(".")]
+            if len(found) == 1:
+                return found[0]
+        return None
+
+    def loader_classes(self, module: Module) -> list[tuple[Ref, Ref]]:
+        """``(class, base)``: the top-level classes of ``module`` that derive (through classes
+        of the run) from a torch ``DataLoader``, each with the class of the run that derives
+        from it directly (``MnistDataLoader`` and ``BaseDataLoader``)."""
+        found = []
+        for node in module.fm.module.body:
+            if not isinstance(node, cst.ClassDef):
+                continue
+            todo, seen = [Ref(module, node)], set()
+            while todo:
+                current = todo.pop(0)
+                if current.key in seen:
+                    continue
+                seen.add(current.key)
+                assert isinstance(current.node, cst.ClassDef)
+                if any(current.fm.refers_to(b.value, *LOADERS) for b in current.node.bases):
+                    found.append((Ref(module, node), current))
+                    break
+                todo.extend(self.bases(current))
+        return found
 
     def qualified(self, ref: Ref) -> set[str]:
         return ref.fm.qualified_names(ref.node)

@@ -46,7 +46,7 @@ from .models import (
 from .optimizers import optimizer_class, params_argument
 from .project import imported_data, repairs_of
 from .rank_splits import made_for_rank, split_by_rank
-from .scopes import callee, callers, referents, runs_whenever, training_loops
+from .scopes import callee, callers, referents, runs_whenever, training_loops, uses
 from .steps import stepping_loops
 from .syntax import arg_named, code, findall, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
@@ -114,9 +114,17 @@ PLAIN_SAMPLERS = {
 def plain_sampler(fm: FileModel, loader: cst.Call) -> str | None:
     """The ``shuffle=`` code of a DistributedSampler replacing the ``sampler=`` of ``loader``,
     when that is a plain ``RandomSampler(ds)`` / ``SequentialSampler(ds)`` (no
-    ``replacement=``, ``num_samples=`` or generator); None otherwise."""
+    ``replacement=``, ``num_samples=`` or generator), or a name bound to one once and read
+    only there; None otherwise."""
     sampler = loader_arg(loader, loader_args(loader), "sampler")
     value = sampler.value if sampler is not None else None
+    if isinstance(value, cst.Name):  # ``sampler = RandomSampler(ds)`` read here alone
+        bindings = referents(fm, value)
+        if len(bindings) != 1 or bindings[0].kind != "assign" or bindings[0].unpacked or [
+            id(u) for u in uses(fm, bindings[0])
+        ] != [id(value)]:
+            return None
+        value = bindings[0].value
     if not isinstance(value, cst.Call) or len(value.args) != 1:
         return None
     keyword = value.args[0].keyword
@@ -192,8 +200,8 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     if stmt is None or not runs_right_before(fm, call, stmt):
         return "put the DataLoader(...) call on a line of its own"
     shared = shared_factory(fm, call)
-    if shared is not None:
-        return shared
+    if shared is not None and factory_split(fm, call) is None:
+        return shared_factory_note(fm, shared)
     if args.get("shuffle") is None:
         splats = [a for a in call.args if a.star == "**"]
         if len(splats) > 1 or (
@@ -208,12 +216,31 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     return None
 
 
-def shared_factory(fm: FileModel, call: cst.Call) -> str | None:
-    """Why a loader a function of this file builds for several callers cannot get its sampler
-    where it is built: some callers train on what it returns, others only evaluate
+@dataclass(frozen=True)
+class SharedFactory:
+    """A function of this file that builds a loader for several callers: some train on what it
+    returns (``train``), the others do not (``other``, by name: they evaluate it, or read it
+    where the flow is not followed, ``unseen``)."""
+
+    function: cst.FunctionDef
+    train: tuple[cst.Call, ...]
+    train_names: tuple[str, ...]
+    other_names: tuple[str, ...]
+    unseen: bool = False
+
+    @property
+    def others(self) -> str:
+        """``evaluation (valid_loader)``: what the other calls' loaders are for."""
+        uses = "evaluation or other uses" if self.unseen else "evaluation"
+        return f"{uses} ({', '.join(self.other_names)})"
+
+
+def shared_factory(fm: FileModel, call: cst.Call) -> SharedFactory | None:
+    """A loader a function of this file builds for several callers, some training on it, others
+    not: evaluating it, or reading it where the flow is not followed
     (``get_data_loader(train_data, ..., shuffle=True)`` and ``get_data_loader(valid_data,
-    ...)``): a DistributedSampler there would split the evaluation data too, each rank scoring
-    its own part. None when every caller trains on it (or evaluates only)."""
+    ...)``): a DistributedSampler added to every call would split the evaluation data too, each
+    rank scoring its own part. None when every caller trains on it (or none does)."""
     function = fm.enclosing_function(call)
     if function is None:
         return None
@@ -221,28 +248,80 @@ def shared_factory(fm: FileModel, call: cst.Call) -> str | None:
     if len(calls) < 2:
         return None
     loops = training_loops(fm)
-    train: list[str] = []
+    train: list[cst.Call] = []
+    train_names: list[str] = []
     other: list[str] = []
+    unseen = False
     for caller in calls:
         sites, _ = loader_sites(fm, caller)
         parent = fm.parent(caller)
         name = (code(parent.targets[0].target) if isinstance(parent, cst.Assign)
                 and len(parent.targets) == 1 else f"{code(caller.func)}(...)")
         if any(site.loop in loops for site in sites):
-            train.append(name)
-        elif sites:
+            train.append(caller)
+            train_names.append(name)
+        else:  # evaluated, or read where the flow does not follow (a comprehension)
             other.append(name)
+            unseen = unseen or not sites
     if not train or not other:
         return None
-    helper = function.name.value
+    return SharedFactory(function, tuple(train), tuple(train_names), tuple(other), unseen)
+
+
+def shared_factory_note(fm: FileModel, shared: SharedFactory) -> str:
+    """Why the loader of a shared factory is left whole, and the edit that splits it."""
+    helper = shared.function.name.value
     return (
-        f"{helper}() builds the loaders for training ({', '.join(train)}) and for evaluation "
-        f"({', '.join(other)}): a DistributedSampler added here would split the evaluation "
-        f"data too; give {helper}() a flag that only the training call sets, adding "
+        f"{helper}() builds the loaders for training ({', '.join(shared.train_names)}) and for "
+        f"{shared.others}: a DistributedSampler added here would split that data too; give "
+        f"{helper}() a flag that only the training call sets, adding "
         f"`sampler=DistributedSampler(dataset, num_replicas={fm.sdp}.size(), "
         f"rank={fm.sdp}.rank(), shuffle=shuffle)` (and shuffle=False on the DataLoader) when it "
         "is set, and call the sampler's set_epoch(epoch) at the start of each epoch"
     )
+
+
+@dataclass(frozen=True)
+class FactorySplit:
+    """How ``shard_shared_loader`` splits the training data of a shared factory's loader: a flag
+    parameter (default off) that only the training calls set, choosing a DistributedSampler
+    (``shuffle``: its ``shuffle=`` code) over the loader's own sampler (``fallback``: ``None``,
+    or the code of the plain ``RandomSampler`` it had); ``shuffle_arg`` / ``sampler_arg``: the
+    indices of the loader's arguments that change (``shuffle`` becomes False under the flag)."""
+
+    shared: SharedFactory
+    dataset: str
+    shuffle: str
+    fallback: str
+    shuffle_arg: int | None
+    sampler_arg: int | None
+
+
+def factory_split(fm: FileModel, call: cst.Call) -> FactorySplit | None:
+    """The flag edit for a loader of a shared factory (``shared_factory``), when it can be made
+    (``shard_shared_loader`` on; the loader's arguments by keyword or its first three positions,
+    no ``*``/``**``; its dataset a name; no sampler, or a plain one); None otherwise."""
+    shared = shared_factory(fm, call)
+    if shared is None or not enabled(fm, "shard_shared_loader"):
+        return None
+    args = loader_args(call)
+    dataset = loader_arg(call, args, "dataset")
+    if (any(a.star for a in call.args) or len(args.get("positional", ())) > 3
+            or args.get("batch_sampler") is not None or dataset is None
+            or not isinstance(dataset.value, cst.Name)):
+        return None
+    sampler = loader_arg(call, args, "sampler")
+    shuffle_arg = args.get("shuffle")
+    if sampler is not None and not is_none(sampler.value):
+        shuffle = plain_sampler(fm, call)
+        if shuffle is None:
+            return None
+        fallback = code(sampler.value)
+    else:
+        shuffle = code(call.args[shuffle_arg].value) if shuffle_arg is not None else "False"
+        fallback = "None"
+    return FactorySplit(shared, dataset.value.value, shuffle, fallback, shuffle_arg,
+                        args.get("sampler"))
 
 
 def only_sharded_loaders(fm: FileModel, use: cst.CSTNode) -> bool:

@@ -72,12 +72,7 @@ from ..base import Transform
 from ..program.builders import fresh_name, statement, torch_spelling
 from ..program.datasets import SEEDED_SPLIT, new_unseeded_split, seeded_split
 from ..program.flow import Site, loader_sites
-from ..program.loaders import (
-    LOADERS,
-    kwargs_literal,
-    loader_base_name,
-    sets_epoch,
-)
+from ..program.loaders import LOADERS, kwargs_literal, loader_base_name, sets_epoch
 from ..program.project import (
     has_known_loaders,
     imported_loaders,
@@ -90,6 +85,7 @@ from ..program.rank_splits import split_by_rank
 from ..program.scopes import Binding, assigned_binding, training_loops
 from ..program.sharding import (
     EpochSite,
+    factory_split,
     has_distributed_sampler,
     loader_args,
     loader_problem,
@@ -191,6 +187,8 @@ class ShardDataLoader(Transform):
         args = loader_args(call)
         if split_by_rank(self.fm, call):
             return True  # its dataset is this rank's part already (``.select(rank)``)
+        if factory_split(self.fm, call) is not None:  # shared with evaluation:
+            return True  # shard_shared_loader's flag splits it
         if has_distributed_sampler(self.fm, call):
             feed = returned_feed(self.fm, call)
             if feed is not None:
@@ -339,8 +337,6 @@ class ShardDataLoader(Transform):
             return None
         plan.general_kwargs_arg = index
         return f'{self.module.code_for_node(value)}.get("shuffle", False)'
-
-    # -- where the loader goes ------------------------------------------------------------------
 
     # -- set_epoch ------------------------------------------------------------------------------
 
