@@ -144,9 +144,9 @@ class ShardSharedLoader(Transform):
             if site.loop not in loops:
                 continue
             where = set_epoch_site(self.fm, site, own, sampler, stmt, flow)  # type: ignore[arg-type]
-            if where is None or where[2] or where[1] == sampler:
+            if where is None or where.inside or where.receiver == sampler:
                 continue  # no epoch loop, or one that cannot see the caller's loader
-            loop, receiver, _ = where
+            loop, receiver = where.loop, where.receiver
             holder = epoch_loop(self.fm, site)
             if holder is not None and holder[1] is not None and holder[1].kind == "assign" and (
                 not runs_whenever(self.fm, holder[1].stmt, loop)
@@ -155,20 +155,18 @@ class ShardSharedLoader(Transform):
                 continue
             found = True
             key = (id(loop), receiver)
-            if key in self._epochs or sets_epoch(self.fm, loop, receiver) or not isinstance(
-                loop.body, cst.IndentedBlock
-            ):
+            if key in self._epochs or sets_epoch(self.fm, loop, receiver) or where.before is None:
                 continue
             self._epochs.add(key)
-            assert isinstance(loop.target, cst.Name)
-            set_epoch = f"{receiver}.set_epoch({loop.target.value})"
-            self.insert_before(loop.body.body[0], cst.parse_statement(set_epoch + "\n"))
+            set_epoch = f"{receiver}.set_epoch({where.counter})"
+            self.insert_before(where.before, cst.parse_statement(set_epoch + "\n"))
             self.record(loop, f"call {set_epoch} at the start of each epoch")
         if not found and split.shuffle not in ("False", "None", "0"):
             calls = " and ".join(f"{name}.sampler.set_epoch(epoch)"
                                  for name in split.shared.train_names)
             why = ("the epoch loop can run where the loader is not bound, so it is not put "
-                   "there" if unbound else "found no `for epoch in range(...)` loop to put it in")
+                   "there" if unbound else "found no `for epoch in range(...)` loop, nor a loop "
+                   "counting its passes over the loader, to put it in")
             self.record(call, f"call {calls} at the start of every epoch ({why}), or every epoch "
                         "sees the same order", manual=True)
 
