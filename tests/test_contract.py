@@ -584,6 +584,64 @@ def test_a_schedule_counting_steps_of_data_split_in_another_module_is_noted(tmp_
     assert any("module.LinearDecay(...) is the learning rate" in m for m in said)
 
 
+# The zip of two inputs that a library module of the project shuffles and batches (and the
+# converter does not follow there): a shard of the zip would give each rank every size()-th
+# batch of its own order (overlapping parts), so neither it nor the learning rate is touched.
+ZIP_OF_SHUFFLED = {
+    "imglib/__init__.py": "from imglib.pipeline import *\n",
+    "imglib/pipeline.py": """\
+        import tensorflow as tf
+
+
+        def batched_images(paths, batch_size, shuffle=True, repeat=1):
+            ds = tf.data.Dataset.from_tensor_slices(paths)
+            if shuffle:
+                ds = ds.shuffle(1024)
+            return ds.map(tf.strings.length).batch(batch_size).repeat(repeat)
+        """,
+    "data.py": """\
+        import tensorflow as tf
+        import imglib as il
+
+
+        def make_pair_dataset(a_paths, b_paths, batch_size):
+            a = il.batched_images(a_paths, batch_size)
+            b = il.batched_images(b_paths, batch_size, repeat=None)
+            return tf.data.Dataset.zip((a, b)), len(a_paths) // batch_size
+        """,
+    "train.py": """\
+        import tensorflow as tf
+
+        import data
+
+        pairs, steps = data.make_pair_dataset(["a"] * 64, ["b"] * 48, 8)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        optimizer = tf.keras.optimizers.Adam(0.001)
+        for epoch in range(3):
+            for a, b in pairs:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(model(tf.cast(a[:, None], tf.float32)) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        """,
+}
+
+
+def test_a_zip_of_inputs_shuffled_elsewhere_is_not_sharded_and_says_why(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, ZIP_OF_SHUFFLED, "data.py", "train.py")}
+    data, train = by["data.py"], by["train.py"]
+    assert "sdp.shard" not in data.output.decode()
+    said = [c.message for c in data.changes]
+    assert not [m for m in said if "each worker reads its own part" in m], said
+    zipped = [c for c in data.changes if c.manual and "of Dataset.zip not sharded" in c.message]
+    assert len(zipped) == 2, said
+    assert all("the zip is not sharded either" in c.message
+               and "like the other inputs" not in c.message for c in zipped)
+    # Not split, so not scaled; the contract says the data part is missing.
+    assert "sdp.size()" not in train.output.decode().split("optimizer =")[1].split("\n")[0]
+    assert train.contract is not None and train.contract["parts"]["data"]["state"] == "missing"
+
+
 # -- a Horovod script migrated to sdp: what its own code already does ----------------------
 
 HOROVOD_SCRIPT = """\

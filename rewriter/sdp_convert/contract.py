@@ -59,6 +59,7 @@ from .program.run import (
 )
 from .program.scopes import referents, uses
 from .program.sharding import loader_problem
+from .program.tfshards import shards_at
 from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
@@ -848,9 +849,11 @@ class _Entry:
             if tf_data or arrays:
                 # A source in a module that trains nothing itself: sharded there (a module that
                 # trains has had its data decided by its own conversion).
-                repair = self.repair("shard_dataset", _shard_site(trace, made),
-                                     self.where(at)) if tf_data and (
-                    not made.fm.info.training) else None
+                # (Where the rules of ``program.tfshards`` allow a shard: not after a shuffle or
+                # batch, each input of a zip at its source.)
+                site = _shard_site(trace, made)
+                repair = self.repair("shard_dataset", site, self.where(at)) if tf_data and (
+                    not made.fm.info.training) and shards_at(site.fm, site.node) else None
                 split = repair is not None
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "

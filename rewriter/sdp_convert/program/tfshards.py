@@ -197,6 +197,10 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
                     trace.source, feed.function, feed.index, False,
                     plan.uses[-1].sharded_by == "script",
                 ))
+    # Data another module trains on, found unsplit here by the whole-program contract
+    # (``repair:shard_dataset``): sharded there by the same rules, or a note says why not.
+    for repair, node in repairs_of(fm, "shard_dataset"):
+        planner.repair(node, repair.detail)
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(fm):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
@@ -229,6 +233,14 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
         )
     facts.tf_shards = plan
     return plan
+
+
+def shards_at(fm: FileModel, node: cst.CSTNode) -> bool:
+    """Whether the training data another module trains on, built here and found unsplit at
+    ``node`` (by the whole-program contract), can be sharded there by the rules of this module
+    (``plan_tf_shards`` does it; the contract asks before it counts the data as split)."""
+    planner = _Planner(fm)
+    return planner.repair(node, "")
 
 
 def fit_inputs_to_split(fm: FileModel, fit: cst.Call) -> tuple[list[str], bool] | None:
@@ -285,6 +297,59 @@ class _Planner:
         return self.plan.sources[key]
 
     # -- one pipeline ------------------------------------------------------------------------
+
+    def repair(self, node: cst.CSTNode, used_by: str) -> bool:
+        """The pipeline another module trains on (``used_by``), to be sharded at ``node`` (its
+        source, or the last step of its own chain before it is shuffled or batched): there if
+        nothing before it orders the data differently on each worker or batches it, by each
+        input of a ``Dataset.zip``; else a note. Whether it is sharded (by this or already)."""
+        if node in self.plan.anchors or self._sharded_after(node):
+            return True
+        if not isinstance(node, cst.BaseExpression):
+            return False
+        trace = trace_dataset(self.fm, self.index, node)
+        where = f" (trained on in {used_by})" if used_by else ""
+        tail = f", trained on in {used_by}" if used_by else ""
+        if trace.source is None:
+            self.note(node, f"training data{where} not sharded ({trace.problem}): "
+                            f".apply({self.sdp}.shard) it right after its source, before any "
+                            "shuffle or batch")
+            return False
+        if trace.source_name == _ZIP:
+            before = set(self.plan.anchors)
+            sharded = self.source(trace)
+            for anchor in set(self.plan.anchors) - before:
+                self.plan.anchors[anchor] += tail
+            return sharded is not None
+        if any(self._evened(s) or _method(s) == "shard" for s in trace.chain):
+            return True
+        source = _short(trace.source_name)
+        ordered = next((s for s in trace.chain if _method(s) in ORDERING), None)
+        if ordered is not None:
+            self.note(ordered, f"training data from {source}{where} not sharded: its "
+                               f"{_method(ordered)}() comes before the point where it would be "
+                               "split, so each worker's part would overlap the others' (or be "
+                               f"whole batches): .apply({self.sdp}.shard) it before this "
+                               f"{_method(ordered)}()")
+            return False
+        if trace.source_name == _SINGLE_ELEMENT or self._note_order(
+            trace.source, trace.source_name
+        ):
+            if trace.source_name == _SINGLE_ELEMENT:
+                self.note(trace.source, f"training data from {source} not sharded: it is one "
+                                        "element (the whole tensors), which only one worker's "
+                                        f"shard would hold; use from_tensor_slices (or "
+                                        f".unbatch()) and .apply({self.sdp}.shard)")
+            return False
+        if trace.problem is not None and not self._batched_in_order(trace):
+            self.note(trace.source, f"training data from {source} not sharded: {trace.problem}; "
+                                    "build it so that every worker sees the same order, then "
+                                    f".apply({self.sdp}.shard)")
+            return False
+        self.plan.anchors[node] = f"{_short(code(node).split('(')[0])}(...){tail}"
+        if trace.problem is not None:
+            self.plan.batched.add(node)
+        return True
 
     def _plan(self, trace: DatasetTrace) -> str | None:
         assert trace.source is not None
@@ -386,17 +451,23 @@ class _Planner:
                                     f"its inputs (.apply({self.sdp}.shard) after its source)")
             return None
         found: list[str | None] = []
+        unfollowed: list[tuple[cst.BaseExpression, str | None]] = []
         for part in parts:
             inner = trace_dataset(self.fm, self.index, part, trace.source)
             if inner.source is None:
-                self.note(
-                    part,
-                    f"input {code(part)} of Dataset.zip not sharded ({inner.problem}): shard it "
-                    f"after its source, like the other inputs",
-                )
+                unfollowed.append((part, inner.problem))
                 found.append(None)
                 continue
             found.append(self.source(inner))
+        for part, problem in unfollowed:
+            if any(found):
+                advice = "shard it after its source, like the other inputs"
+            else:  # nothing is sharded: not the zip either (its inputs may come shuffled)
+                advice = (f"the zip is not sharded either (its inputs may come shuffled or "
+                          f"batched already, differently on each worker): .apply({self.sdp}"
+                          f".shard) each input right after its source, before its shuffle/batch")
+            self.note(part, f"input {code(part)} of Dataset.zip not sharded ({problem}): "
+                            f"{advice}")
         if all(f == "script" for f in found):
             return "script"
         if all(f is not None for f in found):
@@ -620,6 +691,14 @@ class _Planner:
             and (seed := arg_named(config.value, "shuffle_seed")) is not None
             and not (isinstance(seed.value, cst.Name) and seed.value.value == "None")
         )
+
+    def _sharded_after(self, node: cst.CSTNode) -> bool:
+        """``node`` is followed by ``.apply(sdp.shard)`` or ``.shard(...)`` already."""
+        attribute = self.fm.parent(node)
+        call = self.fm.parent(attribute) if isinstance(attribute, cst.Attribute) else None
+        if not isinstance(call, cst.Call) or not isinstance(attribute, cst.Attribute):
+            return False
+        return attribute.attr.value == "shard" or self._evened(call)
 
     def _evened(self, step: cst.CSTNode) -> bool:
         """``.apply(sdp.shard)``: the runtime's shard."""

@@ -60,7 +60,6 @@ from ..program.datasets import (
     dataset_length,
 )
 from ..program.index import file_index
-from ..program.model import FileModel
 from ..program.project import repairs_of
 from ..program.syntax import (
     _EQUAL,
@@ -85,20 +84,6 @@ _PLAIN_CALLS = (
 _CATCHES_STOP = ("builtins.StopIteration", "builtins.Exception", "builtins.BaseException")
 
 
-def _sharded_after(fm: FileModel, node: cst.CSTNode) -> bool:
-    """``node`` is followed by ``.apply(sdp.shard)`` or ``.shard(...)`` (this conversion's, or the
-    script's own)."""
-    attribute = fm.parent(node)
-    call = fm.parent(attribute) if isinstance(attribute, cst.Attribute) else None
-    if not isinstance(call, cst.Call) or not isinstance(attribute, cst.Attribute):
-        return False
-    if attribute.attr.value == "shard":
-        return True
-    return attribute.attr.value == "apply" and any(
-        q.startswith("sdp_runtime.") and q.endswith("shard")
-        for arg in call.args for q in fm.qualified_names(arg.value))
-
-
 def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> set[str]:
     """The variables that hold the dataset once it is sharded."""
     chain = trace.chain
@@ -120,10 +105,6 @@ class ShardTfDataset(Transform):
         self.index = file_index(self.fm)
         self.plan = plan = plan_tf_shards(self.fm)
         self.anchors, self.takes = plan.anchors, plan.takes
-        for repair, node in repairs_of(self.fm, "shard_dataset"):
-            if node not in self.anchors and not _sharded_after(self.fm, node):
-                self.anchors[node] = f"{self.module.code_for_node(node).split('(')[0]}(...), " \
-                    f"trained on in {repair.detail}"
         # Data another module builds and shards (the whole-program model followed it there:
         # ``known_dataset``): nothing to say about it here.
         known = {id(node) for _, node in repairs_of(self.fm, "known_dataset")}
