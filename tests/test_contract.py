@@ -642,6 +642,64 @@ def test_a_zip_of_inputs_shuffled_elsewhere_is_not_sharded_and_says_why(tmp_path
     assert train.contract is not None and train.contract["parts"]["data"]["state"] == "missing"
 
 
+# A helper that lists a folder and zips images with labels, called for the training, the
+# validation and the test folders, its result unpacked with a count; the training side is
+# shuffled and batched in the module's own function, trained on in the entry.
+FOLDER_HELPER = {
+    "prepare.py": """\
+        import tensorflow as tf
+
+
+        def folder_dataset(folder):
+            names = [f"{folder}/{i}.png" for i in range(40)]
+            images = tf.data.Dataset.from_tensor_slices(names).map(tf.strings.length)
+            labels = tf.data.Dataset.from_tensor_slices([i % 2 for i in range(40)])
+            return tf.data.Dataset.zip((images, labels)), len(names)
+
+
+        def all_datasets(batch_size):
+            train, n_train = folder_dataset("train")
+            valid, n_valid = folder_dataset("valid")
+            train = train.shuffle(buffer_size=n_train).batch(batch_size)
+            return train, valid.batch(batch_size), n_train
+        """,
+    "fit.py": """\
+        import tensorflow as tf
+
+        from prepare import all_datasets
+
+        if __name__ == "__main__":
+            train, valid, count = all_datasets(8)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+            optimizer = tf.keras.optimizers.SGD(0.1)
+            for epoch in range(2):
+                for x, y in train:
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean(model(tf.cast(x[:, None], tf.float32)) ** 2)
+                    grads = tape.gradient(loss, model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                for x, y in valid:
+                    model(tf.cast(x[:, None], tf.float32))
+        """,
+}
+
+
+def test_a_shared_folder_helper_is_sharded_after_it_returns_the_training_data(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, FOLDER_HELPER)}
+    prepare = by["prepare.py"].output.decode()
+    # Split on the training side, after the helper (which builds the validation data too)
+    # and before the shuffle; the helper itself and the validation data are left whole.
+    assert "train = train.apply(sdp.shard).shuffle(buffer_size=n_train)" in prepare, prepare
+    assert prepare.count("sdp.shard") == 1
+    said = [c.message for c in by["prepare.py"].changes]
+    assert any("after folder_dataset() returns it" in m and "its map still runs" in m
+               for m in said), said
+    fit = by["fit.py"]
+    assert "SGD(0.1 * sdp.size())" in fit.output.decode()
+    assert not [c for o in by.values() for c in o.changes if c.manual], said
+    assert fit.contract is not None and fit.contract["parts"]["data"]["state"] == "holds"
+
+
 # -- a Horovod script migrated to sdp: what its own code already does ----------------------
 
 HOROVOD_SCRIPT = """\

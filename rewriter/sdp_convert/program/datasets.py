@@ -151,7 +151,9 @@ def _walk(
         if found is not None:  # ``(train, test), info = tfds.load(...)``: the source itself
             trace.steps.append(expr)
             trace.source, trace.unpacked, trace.source_name = unpacked, True, found[0]
-        else:
+        elif not (isinstance(expr, cst.Name) and _through_unpacked_call(
+            fm, index, expr, at, trace, depth
+        )):
             trace.problem = back.problem
         return
     assert back.value is not None
@@ -181,6 +183,44 @@ def _through_function(
     value = returns[0].value
     assert value is not None
     _walk(fm, index, value, returns[0], trace, depth + 1)
+
+
+def _through_unpacked_call(
+    fm: FileModel,
+    index: FileIndex,
+    name: cst.Name,
+    at: cst.CSTNode,
+    trace: DatasetTrace,
+    depth: int,
+) -> bool:
+    """``train, n = make(train_dir)`` with ``make`` a function of this file returning one
+    ``dataset, count``: into it for this call (``trace.functions`` says how many calls it has:
+    a helper that builds the training and the test data); False when it is no such call."""
+    binding = index.reaching(name.value, at)
+    stmt = binding.stmt if binding is not None else None
+    value = binding.value if binding is not None else None
+    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1 and isinstance(
+        value, cst.Call) and isinstance(value.func, cst.Name)):
+        return False
+    target = stmt.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return False
+    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
+    function = index.reaching(value.func.value, value)
+    if names.count(name.value) != 1 or function is None or not isinstance(
+        function.stmt, cst.FunctionDef
+    ):
+        return False
+    returns = [r for r in index.returns.get(id(function.stmt), []) if r.value is not None]
+    if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
+        return False
+    elements = returns[0].value.elements
+    if len(elements) != len(names) or any(isinstance(e, cst.StarredElement) for e in elements):
+        return False
+    trace.steps.append(name)  # the training call's dataset, after the function returns it
+    trace.functions.append((function.stmt, value, len(callers(fm, function.stmt))))
+    _walk(fm, index, elements[names.index(name.value)].value, returns[0], trace, depth + 1)
+    return True
 
 
 def _through_entered_call(

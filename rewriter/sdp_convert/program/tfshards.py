@@ -103,6 +103,9 @@ class TfShardPlan:
     batched: set[cst.CSTNode] = field(default_factory=set)
     #: anchors moved past the point the evaluation data branches off
     after_split: set[cst.CSTNode] = field(default_factory=set)
+    #: anchors on what a helper that builds the evaluation data too returns for training ->
+    #: the helper's name, and whether it maps every element before that point
+    after_helper: dict[cst.CSTNode, tuple[str, bool]] = field(default_factory=dict)
     #: ``take(n)`` calls after a shard: ``n`` counts per worker now
     takes: set[cst.CSTNode] = field(default_factory=set)
     #: helper-call arguments to wrap in ``sdp.shard(...)`` -> the helper's name
@@ -366,6 +369,9 @@ class _Planner:
                 )
             return "script"
         if trace.source_name == _ZIP:
+            shared_helper = self._shared_helper(trace, trace.source)
+            if shared_helper is not None:  # its inputs are the evaluation data's too
+                return self._after_helper(trace, shared_helper)
             return self._zip(trace)
         if trace.problem is not None and not self._batched_in_order(trace):
             self.note(
@@ -438,14 +444,7 @@ class _Planner:
     def _zip(self, trace: DatasetTrace) -> str | None:
         """``Dataset.zip((a, b))``: each input sharded at its own source, once."""
         assert trace.source is not None
-        datasets = arg_named(trace.source, "datasets", 0)
-        value = datasets.value if datasets is not None else None
-        if isinstance(value, (cst.Tuple, cst.List)):
-            parts = [e.value for e in value.elements]
-        elif isinstance(value, cst.Dict):
-            parts = [e.value for e in value.elements if isinstance(e, cst.DictElement)]
-        else:
-            parts = [a.value for a in trace.source.args if a.keyword is None and not a.star]
+        parts = _zip_parts(trace.source)
         if not parts:
             self.note(trace.source, f"training data from Dataset.zip not sharded: shard each of "
                                     f"its inputs (.apply({self.sdp}.shard) after its source)")
@@ -589,13 +588,7 @@ class _Planner:
         if trace.source_name != "tensorflow.data.Dataset.from_tensor_slices" or position >= 0 or (
             arrays is None or takes
         ):
-            self.note(
-                call,
-                f"training data not sharded: {name}() builds the training and the evaluation "
-                f"data; shard the training dataset it returns before its shuffle/batch (e.g. pass "
-                f"{self.sdp}.shard(x) for its arrays)",
-            )
-            return None
+            return self._after_helper(trace, helper)
         assert arrays is not None
         if all(split_already(self.fm, cst.Arg(a)) for a in arrays):
             return "script"  # make(sdp.shard(x), sdp.shard(y)) already
@@ -603,6 +596,68 @@ class _Planner:
             if not split_already(self.fm, cst.Arg(arg)):
                 self.plan.arrays[arg] = name
         return "converter"
+
+    def _after_helper(
+        self, trace: DatasetTrace, helper: tuple[cst.FunctionDef, cst.Call]
+    ) -> str | None:
+        """A helper called for the training and the evaluation data whose training call's
+        arguments cannot be split (a folder it lists, a zip it makes): the shard goes on what it
+        returns for training, right after the call, when nothing up to there reorders or batches
+        the data (the same elements in the same order on every worker); else a note."""
+        function, call = helper
+        name = function.name.value
+        chain = trace.chain
+        outside = next((i for i, s in enumerate(chain) if function not in self.fm.ancestors(s)
+                        and s is not call), None)
+        if outside is not None and self._in_order(trace, chain[:outside]):
+            step = chain[outside]
+            anchor: cst.CSTNode = step if isinstance(step, cst.Name) else call
+            self.plan.anchors[anchor] = _short(trace.source_name)
+            inner = chain[:outside]
+            if trace.source_name == _ZIP:
+                inner += [s for p in _zip_parts(trace.source)  # type: ignore[arg-type]
+                          for s in trace_dataset(self.fm, self.index, p, trace.source).chain]
+            self.plan.after_helper[anchor] = (name, any(_method(s) == "map" for s in inner))
+            for later in chain[outside + 1 :]:
+                if _method(later) == "take" and isinstance(later, cst.Call) and later.args and (
+                    not mentions_size(self.fm, later)
+                ):
+                    self.plan.takes.add(later)
+            return "converter"
+        self.note(
+            call,
+            f"training data not sharded: {name}() builds the training and the evaluation "
+            f"data; shard the training dataset it returns before its shuffle/batch (e.g. pass "
+            f"{self.sdp}.shard(x) for its arrays)",
+        )
+        return None
+
+    def _in_order(self, trace: DatasetTrace, steps: list[cst.CSTNode], depth: int = 0) -> bool:
+        """Whether the data up to ``steps`` is made of single samples in the same order on every
+        worker: no shuffle, batch or repeat, a source that reads in a fixed order (every input
+        of a zip too)."""
+        source = trace.source
+        if source is None or trace.problem is not None or depth > 3 or any(
+            _method(s) in ORDERING or _method(s) == "shard" or self._evened(s) for s in steps
+        ):
+            return False
+        if trace.source_name == _SINGLE_ELEMENT:
+            return False
+        if trace.source_name == _ZIP:
+            parts = _zip_parts(source)
+            return bool(parts) and all(
+                self._in_order(inner, inner.chain, depth + 1)
+                for inner in (trace_dataset(self.fm, self.index, p, source) for p in parts)
+            )
+        name = trace.source_name
+        if name.endswith("list_files"):
+            shuffle = arg_named(source, "shuffle", 1)
+            return arg_named(source, "seed", 2) is not None or (
+                shuffle is not None and code(shuffle.value) == "False")
+        if name == "tensorflow_datasets.load":
+            shuffle = arg_named(source, "shuffle_files")
+            return shuffle is None or code(shuffle.value) == "False" or self._seeded(source)
+        return True
 
     def _source_arguments(
         self, source: cst.Call, function: cst.FunctionDef, call: cst.Call
@@ -738,6 +793,17 @@ def lengths_of_split_data(fm: FileModel, call: cst.Call) -> list[tuple[str, cst.
             ):
                 found.append((node.value, binding.value))
     return found
+
+
+def _zip_parts(source: cst.Call) -> list[cst.BaseExpression]:
+    """The inputs of ``Dataset.zip((a, b))`` (a tuple, a list, a dict, or several arguments)."""
+    datasets = arg_named(source, "datasets", 0)
+    value = datasets.value if datasets is not None else None
+    if isinstance(value, (cst.Tuple, cst.List)):
+        return [e.value for e in value.elements]
+    if isinstance(value, cst.Dict):
+        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+    return [a.value for a in source.args if a.keyword is None and not a.star]
 
 
 def _names_under(expr: cst.CSTNode) -> list[cst.Name]:

@@ -305,6 +305,11 @@ class ShardTfDataset(Transform):
         where = "before shuffle/batch"
         if original in self.plan.batched:
             where = "by whole batches (it batches by itself, in the same order on every worker)"
+        elif original in self.plan.after_helper:
+            helper, mapped = self.plan.after_helper[original]
+            mapping = "; its map still runs on all the elements on every worker" if mapped else ""
+            where = (f"after {helper}() returns it (it builds the evaluation data too{mapping}), "
+                     "before shuffle/batch")
         elif original in self.plan.after_split:
             where = "after the split of the training data, before shuffle/batch"
         self.record(
