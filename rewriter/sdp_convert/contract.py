@@ -57,7 +57,7 @@ from .program.run import (
     Trace,
     _names_of_call,
 )
-from .program.scopes import referents, uses
+from .program.scopes import param_for_arg, referents, uses
 from .program.sharding import loader_problem
 from .program.tfshards import shards_at
 from .program.vocab import (
@@ -852,8 +852,14 @@ class _Entry:
                 # (Where the rules of ``program.tfshards`` allow a shard: not after a shuffle or
                 # batch, each input of a zip at its source.)
                 site = _shard_site(trace, made)
-                repair = self.repair("shard_dataset", site, self.where(at)) if tf_data and (
-                    not made.fm.info.training) and shards_at(site.fm, site.node) else None
+                shared = self._shared_builder(trace, made) if tf_data else None
+                if shared is not None:
+                    # A builder of the evaluation data too: its training call's arrays, or
+                    # nothing (never the evaluation data).
+                    repair = self._argument_repair(made, *shared)
+                else:
+                    repair = self.repair("shard_dataset", site, self.where(at)) if tf_data and (
+                        not made.fm.info.training) and shards_at(site.fm, site.node) else None
                 split = repair is not None
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "
@@ -866,6 +872,55 @@ class _Entry:
                     "the converter cannot tell whether it gives each rank its own part; "
                     f"{AUDIT}"))
         return split
+
+    def _shared_builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None] | None:
+        """The function (or method) of the run that makes the training data at ``made`` and is
+        called elsewhere too (for the evaluation data, by another entry point), with its call
+        on the training data's way (None where it is not seen); None for a function called
+        once, or no function."""
+        function = made.fm.enclosing_function(made.node)
+        if function is None:
+            return None
+        calls = self.run.callers(Ref(made.module, function))
+        if len(calls) < 2:
+            return None
+        call = next((r for r in trace.through if isinstance(r.node, cst.Call)
+                     and any(r.node is c.node for c in calls)), None)
+        return function, call
+
+    def _argument_repair(self, made: Ref, function: cst.FunctionDef,
+                         call: Ref | None) -> Repair | None:
+        """``from_tensor_slices((x, y))`` of ``function``'s parameters: the arrays its training
+        call passes are split there (``build(sdp.shard(x), sdp.shard(y))``), when they come
+        from no random draw (the same order on every rank)."""
+        node = made.node
+        if call is None or not isinstance(node, cst.Call) or not isinstance(
+            call.node, cst.Call
+        ) or not node.args or not any(
+            q.endswith("from_tensor_slices") for q in _names_of_call(made)
+        ):
+            return None
+        value = node.args[0].value
+        parts = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) \
+            else [value]
+        index = file_index(made.fm)
+        positions: list[int] = []
+        for part in parts:
+            binding = index.reaching(part.value, part) if isinstance(part, cst.Name) else None
+            if binding is None or binding.kind != "param" or binding.stmt is not function:
+                return None
+            position = next((i for i, a in enumerate(call.node.args)
+                             if (p := param_for_arg(function, call.node, a)) is not None
+                             and p.name.value == part.value), None)
+            if position is None:
+                return None
+            arg = call.node.args[position].value
+            if any(t.made is not None and any(".random" in q for q in _names_of_call(t.made))
+                   for t in self.run.trace(Ref(call.module, arg))):
+                return None
+            positions.append(position)
+        return self.repair("shard_arguments", call,
+                           f"{function.name.value}:{','.join(map(str, positions))}")
 
     # -- writes and downloads ------------------------------------------------------------------
 
@@ -918,8 +973,8 @@ class _Entry:
                     f"`with {self.sdp}.rank0_first():`"),
                     # In a module that trains nothing (a data module), ``order_downloads`` puts
                     # it there; a module that trains has had it decided by its own conversion.
-                    self.repair("fetch", Ref(module, call))
-                    if rewriting and not module.fm.info.training else None)
+                    self.repair("fetch", Ref(module, call)) if not module.fm.info.training
+                    else None)
 
     def guard_repairs(self, module: Module, call: cst.Call) -> tuple[Repair | None, list[Repair]]:
         """How to make a write run on rank 0 only: where it is, in a module that trains nothing
@@ -1282,7 +1337,8 @@ def _runs_its_arguments(module: Module, function: cst.FunctionDef) -> bool:
 def _in_train_step(ref: Ref) -> bool:
     """Inside the ``train_step`` of a class (a Keras model's own step, which ``fit`` runs)."""
     function = ref.fm.enclosing_function(ref.node)
-    return function is not None and function.name.value == "train_step"
+    return function is not None and function.name.value == "train_step" and isinstance(
+        ref.fm.parent(ref.fm.parent(function)), cst.ClassDef)
 
 
 def _frozen(made: Ref) -> bool:

@@ -204,6 +204,14 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
     # (``repair:shard_dataset``): sharded there by the same rules, or a note says why not.
     for repair, node in repairs_of(fm, "shard_dataset"):
         planner.repair(node, repair.detail)
+    # The call of another module's builder of the training and the evaluation data that makes
+    # the training data (``shard_arguments``: ``builder:0,1``): its arrays split here.
+    for repair, node in repairs_of(fm, "shard_arguments"):
+        helper, _, positions = repair.detail.partition(":")
+        args = node.args if isinstance(node, cst.Call) else ()
+        for position in (int(p) for p in positions.split(",") if p.isdigit()):
+            if position < len(args) and not split_already(fm, args[position]):
+                plan.arrays[args[position].value] = helper
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(fm):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")

@@ -94,9 +94,11 @@ def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> s
 class ShardTfDataset(Transform):
     DESCRIPTION = "Shard the training tf.data dataset by worker, right after its source."
     FRAMEWORKS = frozenset({"tensorflow"})
-    #: Project mode: a module that builds another module's training data (``data``), or whose
-    #: ``tf.data`` source the whole-program contract found unsplit (``repair:shard_dataset``).
-    PROJECT_ROLES = frozenset({"data", "repair:shard_dataset"})
+    #: Project mode: a module that builds another module's training data (``data``), whose
+    #: ``tf.data`` source the whole-program contract found unsplit (``repair:shard_dataset``), or
+    #: that calls another module's builder of the training and the evaluation data for training
+    #: (``repair:shard_arguments``: its arrays are split at that call).
+    PROJECT_ROLES = frozenset({"data", "repair:shard_dataset", "repair:shard_arguments"})
 
     def prepare(self, module: cst.Module) -> None:
         #: step counts of loops that pull batches with next(): range call or comparison -> the
