@@ -700,6 +700,112 @@ def test_a_shared_folder_helper_is_sharded_after_it_returns_the_training_data(tm
     assert fit.contract is not None and fit.contract["parts"]["data"]["state"] == "holds"
 
 
+# A builder class in a data module makes the tf.data pipeline from the arrays it is given;
+# the trainer entry calls it for training (the loop is a runner's method, with a nested
+# tf.function step), an evaluator entry for the test arrays; the data module also downloads
+# with keras on first use.
+BUILDER_TWO_ENTRIES = {
+    "pipeline.py": """\
+        import numpy as np
+        import tensorflow as tf
+
+
+        def load_arrays(train=True):
+            (x, y), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+            if not train:
+                x, y = x_test, y_test
+            return y.astype("int64"), (x / 255.0).astype("float32")
+
+
+        class Builder:
+            def __init__(self, seed=0):
+                self.seed = seed
+
+            def make(self, labels, images, batch_size, training=True):
+                ds = tf.data.Dataset.from_tensor_slices((labels, images))
+                if training:
+                    ds = ds.repeat().shuffle(1000, seed=self.seed)
+                return ds.batch(batch_size)
+        """,
+    "runner.py": """\
+        import tensorflow as tf
+
+
+        def build_optimizer(lr):
+            return tf.keras.optimizers.SGD(learning_rate=lr)
+
+
+        class Runner:
+            def __init__(self, model):
+                self.model = model
+
+            def train(self, dataset, optimizer, steps):
+                @tf.function
+                def train_step(labels, images):
+                    with tf.GradientTape() as tape:
+                        logits = self.model(images)
+                        loss = tf.reduce_mean(
+                            tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+                    grads = tape.gradient(loss, self.model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+                    return loss
+
+                for labels, images in dataset:
+                    train_step(labels, images)
+                    if optimizer.iterations >= steps:
+                        break
+        """,
+    "train_main.py": """\
+        import tensorflow as tf
+
+        from pipeline import Builder, load_arrays
+        from runner import Runner, build_optimizer
+
+
+        def main():
+            labels, images = load_arrays(train=True)
+            dataset = Builder().make(labels, images, 32, training=True)
+            model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+            Runner(model).train(dataset, build_optimizer(0.1), 100)
+            model.save_weights("model.weights.h5")
+
+
+        if __name__ == "__main__":
+            main()
+        """,
+    "eval_main.py": """\
+        import tensorflow as tf
+
+        from pipeline import Builder, load_arrays
+
+        if __name__ == "__main__":
+            labels, images = load_arrays(train=False)
+            dataset = Builder().make(labels, images, 1000, training=False)
+            model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+            model.load_weights("model.weights.h5")
+            for y, x in dataset:
+                print(float(tf.reduce_mean(tf.cast(tf.argmax(model(x), 1) == y, tf.float32))))
+        """,
+}
+
+
+def test_a_builder_shared_with_an_evaluator_gets_its_training_arrays_split(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, BUILDER_TWO_ENTRIES)}
+    pipeline, main = by["pipeline.py"].output.decode(), by["train_main.py"].output.decode()
+    # The training call's arrays are split; the builder (the evaluator's too) is left whole.
+    assert "Builder().make(sdp.shard(labels), sdp.shard(images), 32, training=True)" in main
+    assert "sdp.shard" not in pipeline and by["eval_main.py"].status == "unchanged"
+    # The download runs on local rank 0 first, where it is (pipeline.py trains nothing).
+    assert "with sdp.rank0_first():\n        (x, y), (x_test, y_test) = tf.keras" in pipeline
+    # Split, so the rate is scaled where the optimizer is made.
+    assert "SGD(learning_rate=lr * sdp.size())" in by["runner.py"].output.decode()
+    assert not [c for o in by.values() for c in o.changes if c.manual]
+    contract = by["train_main.py"].contract
+    assert contract is not None
+    assert {k: v["state"] for k, v in contract["parts"].items()} == dict.fromkeys(
+        ("init", "averaging", "data", "state", "writes"), "holds")
+
+
 # -- a Horovod script migrated to sdp: what its own code already does ----------------------
 
 HOROVOD_SCRIPT = """\
