@@ -24,7 +24,13 @@ The rules (docs/tf-sharding.md, "What is sharded where"):
   same on every worker (``shuffle=False``, or a ``seed``); unseeded shuffling gets a note.
 * A helper that builds the training and the test datasets from its arguments
   (``make_dataset(x_train, y_train)``, ``make_dataset(x_test, y_test)``): the training call's
-  arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``).
+  arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``); one that makes
+  its data itself (a folder it lists): what it returns for training, right after the call, when
+  nothing up to there reorders or batches it (``_after_helper``).
+* A pipeline the whole-program contract finds unsplit here, trained on in another module
+  (``repair:shard_dataset``): by the same rules (``_Planner.repair``; the contract asks
+  ``shards_at`` first), never after a shuffle or batch; the arrays a call of this module passes
+  to another module's builder of the training and other data (``repair:shard_arguments``).
 * ``fit`` given arrays (``fit(x, y)``, or ``fit(x)`` alone, or tuples/dicts of arrays) or a
   ``keras.utils.Sequence``/``PyDataset`` of the script's (every ``size()``-th batch): split by
   ``wrap_keras_fit`` with ``sdp.shard``.
