@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
-from .flow import origin
+from .flow import origin, returned_element
 from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .project import fed_returns
@@ -200,26 +200,18 @@ def _through_unpacked_call(
     stmt = binding.stmt if binding is not None else None
     value = binding.value if binding is not None else None
     if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1 and isinstance(
-        value, cst.Call) and isinstance(value.func, cst.Name)):
+        value, cst.Call) and isinstance(stmt.targets[0].target, (cst.Tuple, cst.List))):
         return False
     target = stmt.targets[0].target
-    if not isinstance(target, (cst.Tuple, cst.List)):
-        return False
     names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
-    function = index.reaching(value.func.value, value)
-    if names.count(name.value) != 1 or function is None or not isinstance(
-        function.stmt, cst.FunctionDef
-    ):
+    returned = returned_element(index, value, names.index(name.value), len(names)) if (
+        names.count(name.value) == 1) else None
+    if returned is None:
         return False
-    returns = [r for r in index.returns.get(id(function.stmt), []) if r.value is not None]
-    if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
-        return False
-    elements = returns[0].value.elements
-    if len(elements) != len(names) or any(isinstance(e, cst.StarredElement) for e in elements):
-        return False
+    function, element, ret = returned
     trace.steps.append(name)  # the training call's dataset, after the function returns it
-    trace.functions.append((function.stmt, value, len(callers(fm, function.stmt))))
-    _walk(fm, index, elements[names.index(name.value)].value, returns[0], trace, depth + 1)
+    trace.functions.append((function, value, len(callers(fm, function))))
+    _walk(fm, index, element, ret, trace, depth + 1)
     return True
 
 
