@@ -670,7 +670,7 @@ class _Entry:
                 # must not call it unsplit.
                 self.extra_repairs += [r for r in [self.repair("known_dataset", fit.fit)] if r]
         for tape_step in self.tapes:
-            if _in_train_step(tape_step.apply):
+            if _in_train_step(tape_step.apply, method=True):
                 continue  # fit's data (checked with the fit)
             loops = self.run.driving_loops(tape_step.apply)
             loop = _data_loop(loops)
@@ -1334,11 +1334,13 @@ def _runs_its_arguments(module: Module, function: cst.FunctionDef) -> bool:
     return False
 
 
-def _in_train_step(ref: Ref) -> bool:
-    """Inside the ``train_step`` of a class (a Keras model's own step, which ``fit`` runs)."""
+def _in_train_step(ref: Ref, method: bool = False) -> bool:
+    """Inside a function named ``train_step``; with ``method``, only the ``train_step`` of a
+    class (a Keras model's own step, which ``fit`` runs and feeds), not a step function a loop
+    of the program calls (a nested ``@tf.function def train_step``)."""
     function = ref.fm.enclosing_function(ref.node)
-    return function is not None and function.name.value == "train_step" and isinstance(
-        ref.fm.parent(ref.fm.parent(function)), cst.ClassDef)
+    return function is not None and function.name.value == "train_step" and (
+        not method or isinstance(ref.fm.parent(ref.fm.parent(function)), cst.ClassDef))
 
 
 def _frozen(made: Ref) -> bool:
