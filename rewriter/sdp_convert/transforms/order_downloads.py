@@ -79,7 +79,12 @@ class OrderDownloads(Transform):
         found = [call for qname, calls in self.state.info.calls.items()
                  if _downloads(qname) for call in calls if _fetches(qname, call)]
         if not self.state.info.training:
-            # A data module: only what the contract found downloading on every rank.
+            # A data module: only what the contract found downloading on every rank (a
+            # download -> extract sequence goes to rank 0 whole, first).
+            for call in file_fetches(self.fm):
+                if any(call is node for node in asked) and not self._rank0(call):
+                    self._rank0_then_barrier(call, done, units)
+            self._barriers(units)
             found = [call for call in [*found, *self._aliased_load_data()]
                      if any(call is node for node in asked)]
             for call in sorted(found, key=self._order):
@@ -87,10 +92,6 @@ class OrderDownloads(Transform):
                 if stmt is not None and stmt not in done:
                     done.add(stmt)
                     self._plan(call, stmt, stmt, None)
-            for call in file_fetches(self.fm):
-                if any(call is node for node in asked) and not self._rank0(call):
-                    self._rank0_then_barrier(call, done, units)
-            self._barriers(units)
             return
         for call in sorted([*found, *self._aliased_load_data()], key=self._order):
             stmt = self.enclosing_statement(call)
