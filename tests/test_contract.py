@@ -258,7 +258,11 @@ GOLDEN_FINDINGS = {
     "horovod/torch_elastic": ["input.py:36: no loop over training data was found around"],
     "smddp/mnist_eight_gpus": ["input.py:38: datasets.MNIST(...) downloads on every rank"],
     "smp/tf2_horovod_hybrid": ["input.py:10: tf.keras.datasets.mnist.load_data(...) downloads"],
-    "smp/tf2_subclass": ["input.py:58: nothing broadcasts rank 0's initial weights"],
+    # (SMP's TensorFlow scripts train data-parallel here; this one reads all of its data on
+    # every rank: its loop's step is a module-level tf.function, no Keras train_step.)
+    "smp/tf2_subclass": ["input.py:15: the data trained on at input.py:58 comes from here and "
+                         "is not split between ranks",
+                         "input.py:58: nothing broadcasts rank 0's initial weights"],
     "smp/torch_manual_partition_amp": ["input.py:62: no loop over training data was found"],
     "torch/optimizer_model_unknown": ["input.py:30: no sdp.DistributedDataParallel wrap or"],
     "torch/param_lists_resume": ["input.py:62: could not tell which model this optimizer"],
@@ -582,6 +586,228 @@ def test_a_schedule_counting_steps_of_data_split_in_another_module_is_noted(tmp_
     # A schedule object of another module's class is not multiplied (it is no number).
     assert "G_lr_scheduler * sdp.size()" not in train.output.decode()
     assert any("module.LinearDecay(...) is the learning rate" in m for m in said)
+
+
+# The zip of two inputs that a library module of the project shuffles and batches (and the
+# converter does not follow there): a shard of the zip would give each rank every size()-th
+# batch of its own order (overlapping parts), so neither it nor the learning rate is touched.
+ZIP_OF_SHUFFLED = {
+    "imglib/__init__.py": "from imglib.pipeline import *\n",
+    "imglib/pipeline.py": """\
+        import tensorflow as tf
+
+
+        def batched_images(paths, batch_size, shuffle=True, repeat=1):
+            ds = tf.data.Dataset.from_tensor_slices(paths)
+            if shuffle:
+                ds = ds.shuffle(1024)
+            return ds.map(tf.strings.length).batch(batch_size).repeat(repeat)
+        """,
+    "data.py": """\
+        import tensorflow as tf
+        import imglib as il
+
+
+        def make_pair_dataset(a_paths, b_paths, batch_size):
+            a = il.batched_images(a_paths, batch_size)
+            b = il.batched_images(b_paths, batch_size, repeat=None)
+            return tf.data.Dataset.zip((a, b)), len(a_paths) // batch_size
+        """,
+    "train.py": """\
+        import tensorflow as tf
+
+        import data
+
+        pairs, steps = data.make_pair_dataset(["a"] * 64, ["b"] * 48, 8)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        optimizer = tf.keras.optimizers.Adam(0.001)
+        for epoch in range(3):
+            for a, b in pairs:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(model(tf.cast(a[:, None], tf.float32)) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        """,
+}
+
+
+def test_a_zip_of_inputs_shuffled_elsewhere_is_not_sharded_and_says_why(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, ZIP_OF_SHUFFLED, "data.py", "train.py")}
+    data, train = by["data.py"], by["train.py"]
+    assert "sdp.shard" not in data.output.decode()
+    said = [c.message for c in data.changes]
+    assert not [m for m in said if "each worker reads its own part" in m], said
+    zipped = [c for c in data.changes if c.manual and "of Dataset.zip not sharded" in c.message]
+    assert len(zipped) == 2, said
+    assert all("the zip is not sharded either" in c.message
+               and "like the other inputs" not in c.message for c in zipped)
+    # Not split, so not scaled; the contract says the data part is missing.
+    assert "sdp.size()" not in train.output.decode().split("optimizer =")[1].split("\n")[0]
+    assert train.contract is not None and train.contract["parts"]["data"]["state"] == "missing"
+
+
+# A helper that lists a folder and zips images with labels, called for the training, the
+# validation and the test folders, its result unpacked with a count; the training side is
+# shuffled and batched in the module's own function, trained on in the entry.
+FOLDER_HELPER = {
+    "prepare.py": """\
+        import tensorflow as tf
+
+
+        def folder_dataset(folder):
+            names = [f"{folder}/{i}.png" for i in range(40)]
+            images = tf.data.Dataset.from_tensor_slices(names).map(tf.strings.length)
+            labels = tf.data.Dataset.from_tensor_slices([i % 2 for i in range(40)])
+            return tf.data.Dataset.zip((images, labels)), len(names)
+
+
+        def all_datasets(batch_size):
+            train, n_train = folder_dataset("train")
+            valid, n_valid = folder_dataset("valid")
+            train = train.shuffle(buffer_size=n_train).batch(batch_size)
+            return train, valid.batch(batch_size), n_train
+        """,
+    "fit.py": """\
+        import tensorflow as tf
+
+        from prepare import all_datasets
+
+        if __name__ == "__main__":
+            train, valid, count = all_datasets(8)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+            optimizer = tf.keras.optimizers.SGD(0.1)
+            for epoch in range(2):
+                for x, y in train:
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean(model(tf.cast(x[:, None], tf.float32)) ** 2)
+                    grads = tape.gradient(loss, model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                for x, y in valid:
+                    model(tf.cast(x[:, None], tf.float32))
+        """,
+}
+
+
+def test_a_shared_folder_helper_is_sharded_after_it_returns_the_training_data(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, FOLDER_HELPER)}
+    prepare = by["prepare.py"].output.decode()
+    # Split on the training side, after the helper (which builds the validation data too)
+    # and before the shuffle; the helper itself and the validation data are left whole.
+    assert "train = train.apply(sdp.shard).shuffle(buffer_size=n_train)" in prepare, prepare
+    assert prepare.count("sdp.shard") == 1
+    said = [c.message for c in by["prepare.py"].changes]
+    assert any("after folder_dataset() returns it" in m and "its map still runs" in m
+               for m in said), said
+    fit = by["fit.py"]
+    assert "SGD(0.1 * sdp.size())" in fit.output.decode()
+    assert not [c for o in by.values() for c in o.changes if c.manual], said
+    assert fit.contract is not None and fit.contract["parts"]["data"]["state"] == "holds"
+
+
+# A builder class in a data module makes the tf.data pipeline from the arrays it is given;
+# the trainer entry calls it for training (the loop is a runner's method, with a nested
+# tf.function step), an evaluator entry for the test arrays; the data module also downloads
+# with keras on first use.
+BUILDER_TWO_ENTRIES = {
+    "pipeline.py": """\
+        import numpy as np
+        import tensorflow as tf
+
+
+        def load_arrays(train=True):
+            (x, y), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+            if not train:
+                x, y = x_test, y_test
+            return y.astype("int64"), (x / 255.0).astype("float32")
+
+
+        class Builder:
+            def __init__(self, seed=0):
+                self.seed = seed
+
+            def make(self, labels, images, batch_size, training=True):
+                ds = tf.data.Dataset.from_tensor_slices((labels, images))
+                if training:
+                    ds = ds.repeat().shuffle(1000, seed=self.seed)
+                return ds.batch(batch_size)
+        """,
+    "runner.py": """\
+        import tensorflow as tf
+
+
+        def build_optimizer(lr):
+            return tf.keras.optimizers.SGD(learning_rate=lr)
+
+
+        class Runner:
+            def __init__(self, model):
+                self.model = model
+
+            def train(self, dataset, optimizer, steps):
+                @tf.function
+                def train_step(labels, images):
+                    with tf.GradientTape() as tape:
+                        logits = self.model(images)
+                        loss = tf.reduce_mean(
+                            tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+                    grads = tape.gradient(loss, self.model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+                    return loss
+
+                for labels, images in dataset:
+                    train_step(labels, images)
+                    if optimizer.iterations >= steps:
+                        break
+        """,
+    "train_main.py": """\
+        import tensorflow as tf
+
+        from pipeline import Builder, load_arrays
+        from runner import Runner, build_optimizer
+
+
+        def main():
+            labels, images = load_arrays(train=True)
+            dataset = Builder().make(labels, images, 32, training=True)
+            model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+            Runner(model).train(dataset, build_optimizer(0.1), 100)
+            model.save_weights("model.weights.h5")
+
+
+        if __name__ == "__main__":
+            main()
+        """,
+    "eval_main.py": """\
+        import tensorflow as tf
+
+        from pipeline import Builder, load_arrays
+
+        if __name__ == "__main__":
+            labels, images = load_arrays(train=False)
+            dataset = Builder().make(labels, images, 1000, training=False)
+            model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+            model.load_weights("model.weights.h5")
+            for y, x in dataset:
+                print(float(tf.reduce_mean(tf.cast(tf.argmax(model(x), 1) == y, tf.float32))))
+        """,
+}
+
+
+def test_a_builder_shared_with_an_evaluator_gets_its_training_arrays_split(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, BUILDER_TWO_ENTRIES)}
+    pipeline, main = by["pipeline.py"].output.decode(), by["train_main.py"].output.decode()
+    # The training call's arrays are split; the builder (the evaluator's too) is left whole.
+    assert "Builder().make(sdp.shard(labels), sdp.shard(images), 32, training=True)" in main
+    assert "sdp.shard" not in pipeline and by["eval_main.py"].status == "unchanged"
+    # The download runs on local rank 0 first, where it is (pipeline.py trains nothing).
+    assert "with sdp.rank0_first():\n        (x, y), (x_test, y_test) = tf.keras" in pipeline
+    # Split, so the rate is scaled where the optimizer is made.
+    assert "SGD(learning_rate=lr * sdp.size())" in by["runner.py"].output.decode()
+    assert not [c for o in by.values() for c in o.changes if c.manual]
+    contract = by["train_main.py"].contract
+    assert contract is not None
+    assert {k: v["state"] for k, v in contract["parts"].items()} == dict.fromkeys(
+        ("init", "averaging", "data", "state", "writes"), "holds")
 
 
 # -- a Horovod script migrated to sdp: what its own code already does ----------------------

@@ -60,6 +60,7 @@ from .program.run import (
 from .program.scopes import assigned_values, callee, param_for_arg, referents, uses
 from .program.sharding import loader_problem
 from .program.syntax import is_none
+from .program.tfshards import shards_at
 from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
@@ -671,7 +672,7 @@ class _Entry:
                 # must not call it unsplit.
                 self.extra_repairs += [r for r in [self.repair("known_dataset", fit.fit)] if r]
         for tape_step in self.tapes:
-            if _in_train_step(tape_step.apply):
+            if _in_train_step(tape_step.apply, method=True):
                 continue  # fit's data (checked with the fit)
             loops = self.run.driving_loops(tape_step.apply)
             loop = _data_loop(loops)
@@ -907,9 +908,17 @@ class _Entry:
             if tf_data or arrays:
                 # A source in a module that trains nothing itself: sharded there (a module that
                 # trains has had its data decided by its own conversion).
-                repair = self.repair("shard_dataset", _shard_site(trace, made),
-                                     self.where(at)) if tf_data and (
-                    not made.fm.info.training) else None
+                # (Where the rules of ``program.tfshards`` allow a shard: not after a shuffle or
+                # batch, each input of a zip at its source.)
+                site = _shard_site(trace, made)
+                shared = self._shared_builder(trace, made) if tf_data else None
+                if shared is not None:
+                    # A builder of the evaluation data too: its training call's arrays, or
+                    # nothing (never the evaluation data).
+                    repair = self._argument_repair(made, *shared)
+                else:
+                    repair = self.repair("shard_dataset", site, self.where(at)) if tf_data and (
+                        not made.fm.info.training) and shards_at(site.fm, site.node) else None
                 split = repair is not None
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "
@@ -922,6 +931,55 @@ class _Entry:
                     "the converter cannot tell whether it gives each rank its own part; "
                     f"{AUDIT}"))
         return split
+
+    def _shared_builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None] | None:
+        """The function (or method) of the run that makes the training data at ``made`` and is
+        called elsewhere too (for the evaluation data, by another entry point), with its call
+        on the training data's way (None where it is not seen); None for a function called
+        once, or no function."""
+        function = made.fm.enclosing_function(made.node)
+        if function is None:
+            return None
+        calls = self.run.callers(Ref(made.module, function))
+        if len(calls) < 2:
+            return None
+        call = next((r for r in trace.through if isinstance(r.node, cst.Call)
+                     and any(r.node is c.node for c in calls)), None)
+        return function, call
+
+    def _argument_repair(self, made: Ref, function: cst.FunctionDef,
+                         call: Ref | None) -> Repair | None:
+        """``from_tensor_slices((x, y))`` of ``function``'s parameters: the arrays its training
+        call passes are split there (``build(sdp.shard(x), sdp.shard(y))``), when they come
+        from no random draw (the same order on every rank)."""
+        node = made.node
+        if call is None or not isinstance(node, cst.Call) or not isinstance(
+            call.node, cst.Call
+        ) or not node.args or not any(
+            q.endswith("from_tensor_slices") for q in _names_of_call(made)
+        ):
+            return None
+        value = node.args[0].value
+        parts = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) \
+            else [value]
+        index = file_index(made.fm)
+        positions: list[int] = []
+        for part in parts:
+            binding = index.reaching(part.value, part) if isinstance(part, cst.Name) else None
+            if binding is None or binding.kind != "param" or binding.stmt is not function:
+                return None
+            position = next((i for i, a in enumerate(call.node.args)
+                             if (p := param_for_arg(function, call.node, a)) is not None
+                             and p.name.value == part.value), None)
+            if position is None:
+                return None
+            arg = call.node.args[position].value
+            if any(t.made is not None and any(".random" in q for q in _names_of_call(t.made))
+                   for t in self.run.trace(Ref(call.module, arg))):
+                return None
+            positions.append(position)
+        return self.repair("shard_arguments", call,
+                           f"{function.name.value}:{','.join(map(str, positions))}")
 
     # -- writes and downloads ------------------------------------------------------------------
 
@@ -980,8 +1038,8 @@ class _Entry:
                     if rewriting else f"{what}(...) downloads on every rank at once: {how}"),
                     # In a module that trains nothing (a data module), ``order_downloads`` puts
                     # it there; a module that trains has had it decided by its own conversion.
-                    self.repair("fetch", Ref(module, call))
-                    if rewriting and not module.fm.info.training else None)
+                    self.repair("fetch", Ref(module, call)) if not module.fm.info.training
+                    else None)
 
     def _before_init(self, module: Module, call: cst.Call) -> Ref | None:
         """The ``init()`` of the program that runs after ``call``, where ``call`` runs at import
@@ -1383,10 +1441,13 @@ def _runs_its_arguments(module: Module, function: cst.FunctionDef) -> bool:
     return False
 
 
-def _in_train_step(ref: Ref) -> bool:
-    """Inside the ``train_step`` of a class (a Keras model's own step, which ``fit`` runs)."""
+def _in_train_step(ref: Ref, method: bool = False) -> bool:
+    """Inside a function named ``train_step``; with ``method``, only the ``train_step`` of a
+    class (a Keras model's own step, which ``fit`` runs and feeds), not a step function a loop
+    of the program calls (a nested ``@tf.function def train_step``)."""
     function = ref.fm.enclosing_function(ref.node)
-    return function is not None and function.name.value == "train_step"
+    return function is not None and function.name.value == "train_step" and (
+        not method or isinstance(ref.fm.parent(ref.fm.parent(function)), cst.ClassDef))
 
 
 def _frozen(made: Ref) -> bool:

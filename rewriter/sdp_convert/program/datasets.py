@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
-from .flow import origin
+from .flow import origin, returned_element
 from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .project import fed_returns
@@ -151,7 +151,9 @@ def _walk(
         if found is not None:  # ``(train, test), info = tfds.load(...)``: the source itself
             trace.steps.append(expr)
             trace.source, trace.unpacked, trace.source_name = unpacked, True, found[0]
-        else:
+        elif not (isinstance(expr, cst.Name) and _through_unpacked_call(
+            fm, index, expr, at, trace, depth
+        )):
             trace.problem = back.problem
         return
     assert back.value is not None
@@ -181,6 +183,36 @@ def _through_function(
     value = returns[0].value
     assert value is not None
     _walk(fm, index, value, returns[0], trace, depth + 1)
+
+
+def _through_unpacked_call(
+    fm: FileModel,
+    index: FileIndex,
+    name: cst.Name,
+    at: cst.CSTNode,
+    trace: DatasetTrace,
+    depth: int,
+) -> bool:
+    """``train, n = make(train_dir)`` with ``make`` a function of this file returning one
+    ``dataset, count``: into it for this call (``trace.functions`` says how many calls it has:
+    a helper that builds the training and the test data); False when it is no such call."""
+    binding = index.reaching(name.value, at)
+    stmt = binding.stmt if binding is not None else None
+    value = binding.value if binding is not None else None
+    if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1 and isinstance(
+        value, cst.Call) and isinstance(stmt.targets[0].target, (cst.Tuple, cst.List))):
+        return False
+    target = stmt.targets[0].target
+    names = [e.value.value if isinstance(e.value, cst.Name) else None for e in target.elements]
+    returned = returned_element(index, value, names.index(name.value), len(names)) if (
+        names.count(name.value) == 1) else None
+    if returned is None:
+        return False
+    function, element, ret = returned
+    trace.steps.append(name)  # the training call's dataset, after the function returns it
+    trace.functions.append((function, value, len(callers(fm, function))))
+    _walk(fm, index, element, ret, trace, depth + 1)
+    return True
 
 
 def _through_entered_call(

@@ -23,7 +23,10 @@ class Repair:
     DistributedSampler; ``set_epoch``: call the sampler's ``set_epoch`` in the epoch loop around
     the loop at ``line``; ``scale_lr``: scale the learning rate of the optimizer made there;
     ``distributed_compile``: wrap the optimizer ``compile`` gets there; ``shard_dataset``: shard
-    the ``tf.data`` pipeline made there; ``broadcast_callback``: give that ``fit`` rank 0's
+    the ``tf.data`` pipeline made there (by ``program.tfshards``' rules); ``shard_arguments``:
+    split the arrays the call there passes to another module's builder of the training and
+    other data (``detail``: ``builder:0,1``, the builder's name and the arguments' positions);
+    ``broadcast_callback``: give that ``fit`` rank 0's
     weights; ``init``: initialise the runtime in this entry point). ``line`` is a line of the file
     as the user wrote it, ``code`` the code of the node there (both find it again);
     ``detail``: where the part is trained (``learner.py:18``), for the report."""

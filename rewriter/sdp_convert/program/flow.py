@@ -293,19 +293,31 @@ def _unpacked_element(
     if isinstance(value, (cst.Tuple, cst.List)):
         element = _element_for(value, position) if len(value.elements) == len(names) else None
         return (element, stmt) if element is not None else None
+    returned = returned_element(index, value, position, len(names))
+    if returned is None or len(callers(fm, returned[0])) > 1:
+        return None
+    return returned[1], returned[2]
+
+
+def returned_element(
+    index: FileIndex, value: cst.BaseExpression, position: int, size: int
+) -> tuple[cst.FunctionDef, cst.BaseExpression, cst.Return] | None:
+    """``a, b = make()`` with ``make`` a function of this file returning one tuple of ``size``
+    values: the function, the element at ``position`` and its return statement (whoever else
+    calls it)."""
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return None
     binding = index.reaching(value.func.value, value)
     function = binding.stmt if binding is not None else None
-    if not isinstance(function, cst.FunctionDef) or len(callers(fm, function)) > 1:
+    if not isinstance(function, cst.FunctionDef):
         return None
     returns = [r for r in index.returns.get(id(function), []) if r.value is not None]
     if len(returns) != 1 or not isinstance(returns[0].value, (cst.Tuple, cst.List)):
         return None
     elements = returns[0].value.elements
-    if len(elements) != len(names) or any(isinstance(e, cst.StarredElement) for e in elements):
+    if len(elements) != size or any(isinstance(e, cst.StarredElement) for e in elements):
         return None
-    return elements[position].value, returns[0]
+    return function, elements[position].value, returns[0]
 
 
 def _through_function(fm: FileModel, index: FileIndex, function: cst.FunctionDef) -> Origin:

@@ -24,7 +24,13 @@ The rules (docs/tf-sharding.md, "What is sharded where"):
   same on every worker (``shuffle=False``, or a ``seed``); unseeded shuffling gets a note.
 * A helper that builds the training and the test datasets from its arguments
   (``make_dataset(x_train, y_train)``, ``make_dataset(x_test, y_test)``): the training call's
-  arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``).
+  arrays are split (``make_dataset(sdp.shard(x_train), sdp.shard(y_train))``); one that makes
+  its data itself (a folder it lists): what it returns for training, right after the call, when
+  nothing up to there reorders or batches it (``_after_helper``).
+* A pipeline the whole-program contract finds unsplit here, trained on in another module
+  (``repair:shard_dataset``): by the same rules (``_Planner.repair``; the contract asks
+  ``shards_at`` first), never after a shuffle or batch; the arrays a call of this module passes
+  to another module's builder of the training and other data (``repair:shard_arguments``).
 * ``fit`` given arrays (``fit(x, y)``, or ``fit(x)`` alone, or tuples/dicts of arrays) or a
   ``keras.utils.Sequence``/``PyDataset`` of the script's (every ``size()``-th batch): split by
   ``wrap_keras_fit`` with ``sdp.shard``.
@@ -103,6 +109,9 @@ class TfShardPlan:
     batched: set[cst.CSTNode] = field(default_factory=set)
     #: anchors moved past the point the evaluation data branches off
     after_split: set[cst.CSTNode] = field(default_factory=set)
+    #: anchors on what a helper that builds the evaluation data too returns for training ->
+    #: the helper's name, and whether it maps every element before that point
+    after_helper: dict[cst.CSTNode, tuple[str, bool]] = field(default_factory=dict)
     #: ``take(n)`` calls after a shard: ``n`` counts per worker now
     takes: set[cst.CSTNode] = field(default_factory=set)
     #: helper-call arguments to wrap in ``sdp.shard(...)`` -> the helper's name
@@ -197,6 +206,18 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
                     trace.source, feed.function, feed.index, False,
                     plan.uses[-1].sharded_by == "script",
                 ))
+    # Data another module trains on, found unsplit here by the whole-program contract
+    # (``repair:shard_dataset``): sharded there by the same rules, or a note says why not.
+    for repair, node in repairs_of(fm, "shard_dataset"):
+        planner.repair(node, repair.detail)
+    # The call of another module's builder of the training and the evaluation data that makes
+    # the training data (``shard_arguments``: ``builder:0,1``): its arrays split here.
+    for repair, node in repairs_of(fm, "shard_arguments"):
+        helper, _, positions = repair.detail.partition(":")
+        args = node.args if isinstance(node, cst.Call) else ()
+        for position in (int(p) for p in positions.split(",") if p.isdigit()):
+            if position < len(args) and not split_already(fm, args[position]):
+                plan.arrays[args[position].value] = helper
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(fm):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
@@ -229,6 +250,14 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
         )
     facts.tf_shards = plan
     return plan
+
+
+def shards_at(fm: FileModel, node: cst.CSTNode) -> bool:
+    """Whether the training data another module trains on, built here and found unsplit at
+    ``node`` (by the whole-program contract), can be sharded there by the rules of this module
+    (``plan_tf_shards`` does it; the contract asks before it counts the data as split)."""
+    planner = _Planner(fm)
+    return planner.repair(node, "")
 
 
 def fit_inputs_to_split(fm: FileModel, fit: cst.Call) -> tuple[list[str], bool] | None:
@@ -286,6 +315,59 @@ class _Planner:
 
     # -- one pipeline ------------------------------------------------------------------------
 
+    def repair(self, node: cst.CSTNode, used_by: str) -> bool:
+        """The pipeline another module trains on (``used_by``), to be sharded at ``node`` (its
+        source, or the last step of its own chain before it is shuffled or batched): there if
+        nothing before it orders the data differently on each worker or batches it, by each
+        input of a ``Dataset.zip``; else a note. Whether it is sharded (by this or already)."""
+        if node in self.plan.anchors or self._sharded_after(node):
+            return True
+        if not isinstance(node, cst.BaseExpression):
+            return False
+        trace = trace_dataset(self.fm, self.index, node)
+        where = f" (trained on in {used_by})" if used_by else ""
+        tail = f", trained on in {used_by}" if used_by else ""
+        if trace.source is None:
+            self.note(node, f"training data{where} not sharded ({trace.problem}): "
+                            f".apply({self.sdp}.shard) it right after its source, before any "
+                            "shuffle or batch")
+            return False
+        if trace.source_name == _ZIP:
+            before = set(self.plan.anchors)
+            sharded = self.source(trace)
+            for anchor in set(self.plan.anchors) - before:
+                self.plan.anchors[anchor] += tail
+            return sharded is not None
+        if any(self._evened(s) or _method(s) == "shard" for s in trace.chain):
+            return True
+        source = _short(trace.source_name)
+        ordered = next((s for s in trace.chain if _method(s) in ORDERING), None)
+        if ordered is not None:
+            self.note(ordered, f"training data from {source}{where} not sharded: its "
+                               f"{_method(ordered)}() comes before the point where it would be "
+                               "split, so each worker's part would overlap the others' (or be "
+                               f"whole batches): .apply({self.sdp}.shard) it before this "
+                               f"{_method(ordered)}()")
+            return False
+        if trace.source_name == _SINGLE_ELEMENT or self._note_order(
+            trace.source, trace.source_name
+        ):
+            if trace.source_name == _SINGLE_ELEMENT:
+                self.note(trace.source, f"training data from {source} not sharded: it is one "
+                                        "element (the whole tensors), which only one worker's "
+                                        f"shard would hold; use from_tensor_slices (or "
+                                        f".unbatch()) and .apply({self.sdp}.shard)")
+            return False
+        if trace.problem is not None and not self._batched_in_order(trace):
+            self.note(trace.source, f"training data from {source} not sharded: {trace.problem}; "
+                                    "build it so that every worker sees the same order, then "
+                                    f".apply({self.sdp}.shard)")
+            return False
+        self.plan.anchors[node] = f"{_short(code(node).split('(')[0])}(...){tail}"
+        if trace.problem is not None:
+            self.plan.batched.add(node)
+        return True
+
     def _plan(self, trace: DatasetTrace) -> str | None:
         assert trace.source is not None
         source = _short(trace.source_name)
@@ -301,6 +383,9 @@ class _Planner:
                 )
             return "script"
         if trace.source_name == _ZIP:
+            shared_helper = self._shared_helper(trace, trace.source)
+            if shared_helper is not None:  # its inputs are the evaluation data's too
+                return self._after_helper(trace, shared_helper)
             return self._zip(trace)
         if trace.problem is not None and not self._batched_in_order(trace):
             self.note(
@@ -373,30 +458,29 @@ class _Planner:
     def _zip(self, trace: DatasetTrace) -> str | None:
         """``Dataset.zip((a, b))``: each input sharded at its own source, once."""
         assert trace.source is not None
-        datasets = arg_named(trace.source, "datasets", 0)
-        value = datasets.value if datasets is not None else None
-        if isinstance(value, (cst.Tuple, cst.List)):
-            parts = [e.value for e in value.elements]
-        elif isinstance(value, cst.Dict):
-            parts = [e.value for e in value.elements if isinstance(e, cst.DictElement)]
-        else:
-            parts = [a.value for a in trace.source.args if a.keyword is None and not a.star]
+        parts = _zip_parts(trace.source)
         if not parts:
             self.note(trace.source, f"training data from Dataset.zip not sharded: shard each of "
                                     f"its inputs (.apply({self.sdp}.shard) after its source)")
             return None
         found: list[str | None] = []
+        unfollowed: list[tuple[cst.BaseExpression, str | None]] = []
         for part in parts:
             inner = trace_dataset(self.fm, self.index, part, trace.source)
             if inner.source is None:
-                self.note(
-                    part,
-                    f"input {code(part)} of Dataset.zip not sharded ({inner.problem}): shard it "
-                    f"after its source, like the other inputs",
-                )
+                unfollowed.append((part, inner.problem))
                 found.append(None)
                 continue
             found.append(self.source(inner))
+        for part, problem in unfollowed:
+            if any(found):
+                advice = "shard it after its source, like the other inputs"
+            else:  # nothing is sharded: not the zip either (its inputs may come shuffled)
+                advice = (f"the zip is not sharded either (its inputs may come shuffled or "
+                          f"batched already, differently on each worker): .apply({self.sdp}"
+                          f".shard) each input right after its source, before its shuffle/batch")
+            self.note(part, f"input {code(part)} of Dataset.zip not sharded ({problem}): "
+                            f"{advice}")
         if all(f == "script" for f in found):
             return "script"
         if all(f is not None for f in found):
@@ -518,13 +602,7 @@ class _Planner:
         if trace.source_name != "tensorflow.data.Dataset.from_tensor_slices" or position >= 0 or (
             arrays is None or takes
         ):
-            self.note(
-                call,
-                f"training data not sharded: {name}() builds the training and the evaluation "
-                f"data; shard the training dataset it returns before its shuffle/batch (e.g. pass "
-                f"{self.sdp}.shard(x) for its arrays)",
-            )
-            return None
+            return self._after_helper(trace, helper)
         assert arrays is not None
         if all(split_already(self.fm, cst.Arg(a)) for a in arrays):
             return "script"  # make(sdp.shard(x), sdp.shard(y)) already
@@ -532,6 +610,68 @@ class _Planner:
             if not split_already(self.fm, cst.Arg(arg)):
                 self.plan.arrays[arg] = name
         return "converter"
+
+    def _after_helper(
+        self, trace: DatasetTrace, helper: tuple[cst.FunctionDef, cst.Call]
+    ) -> str | None:
+        """A helper called for the training and the evaluation data whose training call's
+        arguments cannot be split (a folder it lists, a zip it makes): the shard goes on what it
+        returns for training, right after the call, when nothing up to there reorders or batches
+        the data (the same elements in the same order on every worker); else a note."""
+        function, call = helper
+        name = function.name.value
+        chain = trace.chain
+        outside = next((i for i, s in enumerate(chain) if function not in self.fm.ancestors(s)
+                        and s is not call), None)
+        if outside is not None and self._in_order(trace, chain[:outside]):
+            step = chain[outside]
+            anchor: cst.CSTNode = step if isinstance(step, cst.Name) else call
+            self.plan.anchors[anchor] = _short(trace.source_name)
+            inner = chain[:outside]
+            if trace.source_name == _ZIP:
+                inner += [s for p in _zip_parts(trace.source)  # type: ignore[arg-type]
+                          for s in trace_dataset(self.fm, self.index, p, trace.source).chain]
+            self.plan.after_helper[anchor] = (name, any(_method(s) == "map" for s in inner))
+            for later in chain[outside + 1 :]:
+                if _method(later) == "take" and isinstance(later, cst.Call) and later.args and (
+                    not mentions_size(self.fm, later)
+                ):
+                    self.plan.takes.add(later)
+            return "converter"
+        self.note(
+            call,
+            f"training data not sharded: {name}() builds the training and the evaluation "
+            f"data; shard the training dataset it returns before its shuffle/batch (e.g. pass "
+            f"{self.sdp}.shard(x) for its arrays)",
+        )
+        return None
+
+    def _in_order(self, trace: DatasetTrace, steps: list[cst.CSTNode], depth: int = 0) -> bool:
+        """Whether the data up to ``steps`` is made of single samples in the same order on every
+        worker: no shuffle, batch or repeat, a source that reads in a fixed order (every input
+        of a zip too)."""
+        source = trace.source
+        if source is None or trace.problem is not None or depth > 3 or any(
+            _method(s) in ORDERING or _method(s) == "shard" or self._evened(s) for s in steps
+        ):
+            return False
+        if trace.source_name == _SINGLE_ELEMENT:
+            return False
+        if trace.source_name == _ZIP:
+            parts = _zip_parts(source)
+            return bool(parts) and all(
+                self._in_order(inner, inner.chain, depth + 1)
+                for inner in (trace_dataset(self.fm, self.index, p, source) for p in parts)
+            )
+        name = trace.source_name
+        if name.endswith("list_files"):
+            shuffle = arg_named(source, "shuffle", 1)
+            return arg_named(source, "seed", 2) is not None or (
+                shuffle is not None and code(shuffle.value) == "False")
+        if name == "tensorflow_datasets.load":
+            shuffle = arg_named(source, "shuffle_files")
+            return shuffle is None or code(shuffle.value) == "False" or self._seeded(source)
+        return True
 
     def _source_arguments(
         self, source: cst.Call, function: cst.FunctionDef, call: cst.Call
@@ -621,6 +761,14 @@ class _Planner:
             and not (isinstance(seed.value, cst.Name) and seed.value.value == "None")
         )
 
+    def _sharded_after(self, node: cst.CSTNode) -> bool:
+        """``node`` is followed by ``.apply(sdp.shard)`` or ``.shard(...)`` already."""
+        attribute = self.fm.parent(node)
+        call = self.fm.parent(attribute) if isinstance(attribute, cst.Attribute) else None
+        if not isinstance(call, cst.Call) or not isinstance(attribute, cst.Attribute):
+            return False
+        return attribute.attr.value == "shard" or self._evened(call)
+
     def _evened(self, step: cst.CSTNode) -> bool:
         """``.apply(sdp.shard)``: the runtime's shard."""
         return (
@@ -659,6 +807,17 @@ def lengths_of_split_data(fm: FileModel, call: cst.Call) -> list[tuple[str, cst.
             ):
                 found.append((node.value, binding.value))
     return found
+
+
+def _zip_parts(source: cst.Call) -> list[cst.BaseExpression]:
+    """The inputs of ``Dataset.zip((a, b))`` (a tuple, a list, a dict, or several arguments)."""
+    datasets = arg_named(source, "datasets", 0)
+    value = datasets.value if datasets is not None else None
+    if isinstance(value, (cst.Tuple, cst.List)):
+        return [e.value for e in value.elements]
+    if isinstance(value, cst.Dict):
+        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+    return [a.value for a in source.args if a.keyword is None and not a.star]
 
 
 def _names_under(expr: cst.CSTNode) -> list[cst.Name]:

@@ -78,22 +78,31 @@ from ..program.vocab import (
 class OrderDownloads(Transform):
     DESCRIPTION = "Run dataset downloads on each machine's local rank 0 first (sdp.rank0_first())."
     FRAMEWORKS = frozenset({"torch", "tensorflow"})
-    #: Project mode: a module that trains nothing (a data module) downloading into files that
-    #: every rank would write at once (the whole-program contract's repair).
+    #: Project mode: a module that trains nothing (a data module) downloading on every rank at
+    #: once (the whole-program contract's repair).
     PROJECT_ROLES = frozenset({"repair:fetch"})
 
     def prepare(self, module: cst.Module) -> None:
         done: set[cst.CSTNode] = set()
         asked = [node for _, node in repairs_of(self.fm, "fetch")]
         units: list[list[cst.BaseStatement]] = []
+        found = [call for qname, calls in self.state.info.calls.items()
+                 if _downloads(qname) for call in calls if _fetches(qname, call)]
         if not self.state.info.training:
+            # A data module: only what the contract found downloading on every rank (a
+            # download -> extract sequence goes to rank 0 whole, first).
             for call in file_fetches(self.fm):
                 if any(call is node for node in asked) and not self._rank0(call):
                     self._rank0_then_barrier(call, done, units)
             self._barriers(units)
+            found = [call for call in [*found, *self._aliased_load_data()]
+                     if any(call is node for node in asked)]
+            for call in sorted(found, key=self._order):
+                stmt = self.enclosing_statement(call)
+                if stmt is not None and stmt not in done:
+                    done.add(stmt)
+                    self._plan(call, stmt, stmt, None)
             return
-        found = [call for qname, calls in self.state.info.calls.items()
-                 if _downloads(qname) for call in calls if _fetches(qname, call)]
         for call in sorted([*found, *self._aliased_load_data()], key=self._order):
             stmt = self.enclosing_statement(call)
             # A dataset built inside a call that shard_dataloader moved into a statement of

@@ -60,7 +60,6 @@ from ..program.datasets import (
     dataset_length,
 )
 from ..program.index import file_index
-from ..program.model import FileModel
 from ..program.project import repairs_of
 from ..program.syntax import (
     _EQUAL,
@@ -85,20 +84,6 @@ _PLAIN_CALLS = (
 _CATCHES_STOP = ("builtins.StopIteration", "builtins.Exception", "builtins.BaseException")
 
 
-def _sharded_after(fm: FileModel, node: cst.CSTNode) -> bool:
-    """``node`` is followed by ``.apply(sdp.shard)`` or ``.shard(...)`` (this conversion's, or the
-    script's own)."""
-    attribute = fm.parent(node)
-    call = fm.parent(attribute) if isinstance(attribute, cst.Attribute) else None
-    if not isinstance(call, cst.Call) or not isinstance(attribute, cst.Attribute):
-        return False
-    if attribute.attr.value == "shard":
-        return True
-    return attribute.attr.value == "apply" and any(
-        q.startswith("sdp_runtime.") and q.endswith("shard")
-        for arg in call.args for q in fm.qualified_names(arg.value))
-
-
 def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> set[str]:
     """The variables that hold the dataset once it is sharded."""
     chain = trace.chain
@@ -109,9 +94,11 @@ def _per_worker_names(trace: DatasetTrace, anchors: dict[cst.CSTNode, str]) -> s
 class ShardTfDataset(Transform):
     DESCRIPTION = "Shard the training tf.data dataset by worker, right after its source."
     FRAMEWORKS = frozenset({"tensorflow"})
-    #: Project mode: a module that builds another module's training data (``data``), or whose
-    #: ``tf.data`` source the whole-program contract found unsplit (``repair:shard_dataset``).
-    PROJECT_ROLES = frozenset({"data", "repair:shard_dataset"})
+    #: Project mode: a module that builds another module's training data (``data``), whose
+    #: ``tf.data`` source the whole-program contract found unsplit (``repair:shard_dataset``), or
+    #: that calls another module's builder of the training and the evaluation data for training
+    #: (``repair:shard_arguments``: its arrays are split at that call).
+    PROJECT_ROLES = frozenset({"data", "repair:shard_dataset", "repair:shard_arguments"})
 
     def prepare(self, module: cst.Module) -> None:
         #: step counts of loops that pull batches with next(): range call or comparison -> the
@@ -120,10 +107,6 @@ class ShardTfDataset(Transform):
         self.index = file_index(self.fm)
         self.plan = plan = plan_tf_shards(self.fm)
         self.anchors, self.takes = plan.anchors, plan.takes
-        for repair, node in repairs_of(self.fm, "shard_dataset"):
-            if node not in self.anchors and not _sharded_after(self.fm, node):
-                self.anchors[node] = f"{self.module.code_for_node(node).split('(')[0]}(...), " \
-                    f"trained on in {repair.detail}"
         # Data another module builds and shards (the whole-program model followed it there:
         # ``known_dataset``): nothing to say about it here.
         known = {id(node) for _, node in repairs_of(self.fm, "known_dataset")}
@@ -324,6 +307,11 @@ class ShardTfDataset(Transform):
         where = "before shuffle/batch"
         if original in self.plan.batched:
             where = "by whole batches (it batches by itself, in the same order on every worker)"
+        elif original in self.plan.after_helper:
+            helper, mapped = self.plan.after_helper[original]
+            mapping = "; its map still runs on all the elements on every worker" if mapped else ""
+            where = (f"after {helper}() returns it (it builds the evaluation data too{mapping}), "
+                     "before shuffle/batch")
         elif original in self.plan.after_split:
             where = "after the split of the training data, before shuffle/batch"
         self.record(
