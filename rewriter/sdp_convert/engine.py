@@ -34,6 +34,7 @@ from .program.model import FileModel
 from .program.positions import node_positions
 from .program.project import Export, training_results
 from .program.sharding import input_optimisation
+from .program.syntax import walk
 
 __all__ = ["Options", "Result", "convert"]
 
@@ -72,7 +73,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
         try:
             # A vanilla script's conversion goes through the same transforms again, which must
             # find nothing to do (a user's later run leaves any sdp_runtime script alone).
-            again = _convert_once(
+            again = _check_once(
                 result.output, replace(options, recheck=result.info.origin == "vanilla")
             )
         except ConversionError as err:  # pragma: no cover - would be a bug in a transform
@@ -192,7 +193,50 @@ def _parse(data: bytes) -> cst.Module:
         raise ConversionError(f"cannot decode file: {err}") from err
 
 
-def _convert_once(data: bytes, options: Options) -> Result:
+class _Changed(Exception):
+    """Raised by ``_Probe`` at the first hook that returns a node other than the one given."""
+
+
+class _Probe:
+    """The fixed-point check's walk: every transform's hooks in the order and on the nodes of
+    ``_Traversal``, read-only (``program.syntax.walk``), each ``leave_*`` hook given the node
+    itself as its updated node. A hook that returns anything else (a new node, a removal, a
+    flattening) stops the walk: the check then runs the real traversal (``_check_once``)."""
+
+    def __init__(self, traversal: _Traversal) -> None:
+        self.visits = traversal.visits
+        self.leaves = traversal.leaves
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        for hook in self.visits.get(type(node).__name__, ()):
+            hook(node)
+        return True
+
+    def on_leave(self, node: cst.CSTNode) -> None:
+        for hook in self.leaves.get(type(node).__name__, ()):
+            if hook(node, node) is not node:
+                raise _Changed
+
+
+def _check_once(data: bytes, options: Options) -> Result:
+    """What ``_convert_once(data, options)`` says of ``data``, a conversion's output, for the
+    fixed-point check: whether it would change it (``changed``) and what it would report (the
+    transforms and kinds; the positions are not worked out, nothing reads them).
+
+    It first runs the pass with a read-only walk instead of libcst's rebuilding traversal. That
+    walk can answer "unchanged" only where the real pass's output is ``data`` byte for byte:
+    every hook returned the node it was given (so the real traversal's tree is a copy of the
+    parsed one, whose code is ``data``: libcst's round trip), no statement edit was planned, and
+    libcst's import adder, asked of the parsed tree, adds nothing. Anything else, and the real
+    pass runs and decides, as before (docs/how-it-works.md, "The fixed-point check")."""
+    try:
+        result = _convert_once(data, options, probe=True)
+    except _Changed:
+        return _convert_once(data, options)
+    return result
+
+
+def _convert_once(data: bytes, options: Options, *, probe: bool = False) -> Result:
     roles = options.project.roles if options.project is not None else frozenset()
     if not roles and not worth_parsing(data):
         # Cheap path: nothing here can be a training script, so it is left alone byte for byte;
@@ -265,15 +309,23 @@ def _convert_once(data: bytes, options: Options) -> Result:
         transform.prepare(module)
 
     skipped = _opted_out(wrapper, data)
-    new_module = module.visit(_Traversal(transforms, state, skipped))
+    traversal = _Traversal(transforms, state, skipped)
+    if probe:
+        walk(module, _Probe(traversal))
+        if state.edits or _add_imports(context, module, state.runtime_module) is not module:
+            raise _Changed
+        # Every hook kept its node, and the imports scheduled are there: the real pass's output
+        # is the input. Its report is what was recorded (the transforms and kinds the real pass
+        # gives; the lines are not needed).
+        if skipped:
+            inside = {id(n) for stmt in skipped for n in _subtree(stmt)}
+            state.records = [r for r in state.records if id(r[0]) not in inside]
+        changes = sorted({Change(1, 1, transform, message, manual)
+                          for _node, transform, message, manual in state.records})
+        return Result(data, data, info, changes)
+    new_module = module.visit(traversal)
     assert isinstance(new_module, cst.Module)
-    if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
-        # libcst's own import scheduling, without transform_module's deep copy of the tree.
-        # Its visit_Module walks the whole tree to read the leading imports only: give it those.
-        adder = _ImportAdder(context)
-        leading = _leading_imports(new_module) + _runtime_imports(new_module, state.runtime_module)
-        adder.visit_Module(new_module.with_changes(body=leading))
-        new_module = adder.leave_Module(new_module, new_module)
+    new_module = _add_imports(context, new_module, state.runtime_module)
 
     if skipped:
         # What was said about code the user opted out of is dropped with the edits; when no
@@ -291,6 +343,20 @@ def _convert_once(data: bytes, options: Options) -> Result:
         # Edits without a report would be a silent change; refuse rather than hide it.
         raise ConversionError("internal error: a transform changed code without reporting it")
     return Result(data, output, info, changes, exports)
+
+
+def _add_imports(context: CodemodContext, module: cst.Module, runtime_module: str) -> cst.Module:
+    """``module`` with the imports the transforms scheduled; ``module`` itself when there are
+    none, or all are there. libcst's own import scheduling, without transform_module's deep copy
+    of the tree; its visit_Module walks the whole tree to read the leading imports only: it gets
+    those. (What it decides depends on the statements' code, not on which node objects hold it:
+    the fixed-point check asks it of the parsed tree in place of the real pass's copy.)"""
+    if not context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+        return module
+    adder = _ImportAdder(context)
+    leading = _leading_imports(module) + _runtime_imports(module, runtime_module)
+    adder.visit_Module(module.with_changes(body=leading))
+    return adder.leave_Module(module, module)
 
 
 def _exports(module: cst.Module, state: FileState) -> list[Export]:
