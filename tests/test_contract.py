@@ -1170,3 +1170,21 @@ def test_a_config_factory_making_a_dataloader_subclass_is_named_with_what_to_do(
     assert "make the sampler it builds for training yield only this rank's part" in line
     [entry] = [o for o in outcomes if o.contract]
     assert entry.contract["parts"]["data"]["state"] == "unknown"
+
+
+def test_write_notes_in_a_migrated_horovod_script_name_the_runtime_as_it_is_bound(tmp_path: Path):
+    # After the migration the file binds the runtime as ``hvd``: advice spelled ``sdp.rank()``
+    # would raise NameError where the user pastes it.
+    source = HOROVOD_DOWNLOAD_AT_IMPORT.format(op="").replace(
+        'urllib.request.urlretrieve("https://example.com/train.csv", filename="train.csv")\n', ""
+    ).replace(
+        "            opt.step()\n",
+        "            opt.step()\n"
+        "        open('every.log', 'a').write('step')\n"
+        "        if hvd.local_rank() == 0:\n"
+        "            open('machine.log', 'a').write('step')\n",
+    )
+    [outcome] = check(tmp_path, {"train.py": source})
+    lines = notes([outcome], "writes")
+    assert len(lines) == 2, lines
+    assert all("hvd.rank() == 0" in line and "sdp." not in line for line in lines), lines

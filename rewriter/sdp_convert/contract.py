@@ -270,7 +270,8 @@ class _Entry:
         self.tapes = tapes
         self.findings: list[Finding] = []
         self.runtime = {q: c for m in reach for q, c in _runtime_calls(m).items()}
-        self.sdp = "sdp"
+        #: The name the entry binds the runtime as (``hvd`` after a Horovod migration).
+        self.sdp = _runtime_name(entry)
         #: Per torch step (by key): its gradients are averaged, or will be once the repairs
         #: asked for are made.
         self.averaged: dict[tuple[str, int], bool] = {}
@@ -1004,19 +1005,19 @@ class _Entry:
                     self.add("writes", "missing", Ref(module, call), (
                         f"{what}(...) writes on every rank a file that {name}() reads back (a "
                         "cache): let each machine's first process build it before the others "
-                        f"(`with {self.sdp}.rank0_first():` around the call of {name}()), which "
-                        "then read it whole instead of writing it again"))
+                        f"(`with {_runtime_name(module)}.rank0_first():` around the call of "
+                        f"{name}()), which then read it whole instead of writing it again"))
                     continue
                 if local_rank0_only(module.fm, call):
                     self.add("writes", "unknown", Ref(module, call), (
                         f"{what}(...) writes on the first process of each machine (a local "
                         "rank test): on one machine that is rank 0 alone; on several machines "
                         "that share a file system each writes the same file (test "
-                        f"`{self.sdp}.rank() == 0` to write it once)"))
+                        f"`{_runtime_name(module)}.rank() == 0` to write it once)"))
                     continue
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes on every rank: run it on rank 0 only "
-                    f"(`if {self.sdp}.rank() == 0:`)"))
+                    f"(`if {_runtime_name(module)}.rank() == 0:`)"))
                 self.findings[-1].repair, extra = self.guard_repairs(module, call)
                 self.extra_repairs += extra
             for call, what, rewriting in _downloads(module):
