@@ -1188,3 +1188,39 @@ def test_write_notes_in_a_migrated_horovod_script_name_the_runtime_as_it_is_boun
     lines = notes([outcome], "writes")
     assert len(lines) == 2, lines
     assert all("hvd.rank() == 0" in line and "sdp." not in line for line in lines), lines
+
+
+def test_a_set_epoch_left_to_the_user_by_the_shared_loader_edit_speaks_for_the_data(
+    tmp_path: Path,
+):
+    # shard_shared_loader splits the training loader but cannot put set_epoch where the loader
+    # may be unbound: its manual note says what is left, so the data part does not hold.
+    source = """\
+        import sys
+
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def get_loader(dataset, batch_size, shuffle=False):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+
+
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        valid_loader = get_loader(data, 8)
+        if len(sys.argv) > 1:
+            train_loader = get_loader(data, 8, shuffle=True)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            for x, y in train_loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            with torch.no_grad():
+                print(sum(float(model(x).sum()) for x, _ in valid_loader))
+        """
+    [outcome] = check(tmp_path, {"train.py": source})
+    assert any(c.transform == "shard_shared_loader" and c.manual for c in outcome.changes)
+    data = outcome.contract["parts"]["data"]
+    assert (data["state"], data["noted"]) == ("missing", True), data

@@ -89,7 +89,8 @@ NOTED_BY = {
     "init": frozenset({"add_runtime_init"}),
     "averaging": frozenset({"wrap_model_ddp", "wrap_keras_fit", "wrap_gradient_tape",
                             "flag_manual_steps", "migrate_horovod", "migrate_smddp"}),
-    "data": frozenset({"shard_dataloader", "shard_tf_dataset", "wrap_keras_fit"}),
+    "data": frozenset({"shard_dataloader", "shard_shared_loader", "shard_tf_dataset",
+                       "wrap_keras_fit"}),
     "state": frozenset({"broadcast_initial_state", "wrap_keras_fit", "wrap_gradient_tape"}),
     "writes": frozenset({"guard_rank0_writes", "order_downloads", "barrier_before_reads"}),
 }
