@@ -1019,15 +1019,41 @@ HOROVOD_DOWNLOAD_AT_IMPORT = """\
     """
 
 
-def test_a_download_at_import_before_a_migrated_init_is_told_to_move_after_it(tmp_path: Path):
-    # The rank test and barrier the note asks for raise NotInitializedError before init(): the
-    # download has to move after hvd.init() first; the runtime is named as the file binds it.
+def test_a_download_at_import_before_a_migrated_init_runs_after_an_earlier_init(tmp_path: Path):
+    # The rank test and barrier need init() first: the migration puts hvd.init() before the
+    # download (the script's own then does nothing, as in Horovod), the download on rank 0, then
+    # a barrier; the contract's writes part holds on the converted file, with no note.
     [outcome] = check(tmp_path, {"train.py": HOROVOD_DOWNLOAD_AT_IMPORT.format(op="")})
+    assert notes([outcome], "writes") == []
+    writes = outcome.contract["parts"]["writes"]
+    assert (writes["state"], writes["noted"]) == ("holds", False), writes
+    assert (
+        "hvd.init()\n\n"
+        "if hvd.rank() == 0:\n"
+        '    urllib.request.urlretrieve("https://example.com/train.csv", filename="train.csv")\n'
+        "hvd.barrier()\n") in outcome.output.decode()
+    assert outcome.output.decode().count("hvd.init()") == 2  # the script's own stays, in __main__
+    [change] = [c for c in outcome.changes if c.line == 7]
+    assert (change.transform, change.manual) == ("migrate_horovod", False)
+
+
+@pytest.mark.parametrize("before", [
+    'os.environ["NCCL_DEBUG"] = "INFO"', 'mp.set_start_method("spawn")'])
+def test_a_download_at_import_before_a_migrated_init_is_told_to_move_after_it(
+        tmp_path: Path, before: str):
+    # Where the __main__ block sets what init() reads before it, an earlier init() would run
+    # without it: nothing moves, and the note says what to do (the rank test and barrier it asks
+    # for raise NotInitializedError before init()); the runtime is named as the file binds it.
+    source = textwrap.dedent(HOROVOD_DOWNLOAD_AT_IMPORT.format(op="")).replace(
+        "import sys\n", "import os\nimport sys\n\nimport torch.multiprocessing as mp\n").replace(
+        "    hvd.init()\n", f"    {before}\n    hvd.init()\n")
+    [outcome] = check(tmp_path, {"train.py": source})
     assert notes([outcome], "writes") == [
-        "train.py:7: urllib.request.urlretrieve(...) writes the same files on every rank at "
-        "once: it runs at import, before hvd.init() (train.py:24): move it after hvd.init() "
+        "train.py:10: urllib.request.urlretrieve(...) writes the same files on every rank at "
+        "once: it runs at import, before hvd.init() (train.py:28): move it after hvd.init() "
         "(into the `if __name__ == \"__main__\":` block, before what reads its files), and "
         "there run it on rank 0 only (`if hvd.rank() == 0:`), then `hvd.barrier()` [writes]"]
+    assert outcome.output.decode().count("hvd.init()") == 1
 
 
 def test_a_missing_name_in_one_branch_of_a_conditional_leaves_averaging_unknown(tmp_path: Path):

@@ -14,6 +14,7 @@ from ..program.index import file_index
 from ..program.vocab import ONE_BRANCH_NOTE
 from .checks import MigrationChecks
 from .common import Target, _dotted, _parent_and_name
+from .downloads import order_import_downloads
 from .horovod import ADVICE
 from .smddp import FALLBACK_NAMES
 
@@ -66,6 +67,7 @@ class Migration(MigrationChecks):
                 self._check_broadcast()
                 self._check_saves()
                 self._check_lr_scaling()
+                order_import_downloads(self, module, self._first_init())
 
     def _unmapped_root_uses(self, module: cst.Module) -> list[cst.CSTNode]:
         """Uses of the name a bare ``import horovod`` binds that the migration leaves as they
