@@ -8,7 +8,9 @@ fixed-point check): it must not break the program it goes into.
   branch of an ``if``/``elif`` only: UnboundLocalError at the first epoch). Paths are followed
   through ``if``, loops (which may run no iteration; ``while True`` ends at its ``break``),
   ``try`` (a handler may run before anything of the body has), ``with``, ``match``, and end at
-  ``return``, ``raise``, ``break``, ``continue`` and ``sys.exit()``.
+  ``return``, ``raise``, ``break``, ``continue``, ``sys.exit()`` and at a read of a name they
+  do not bind (NameError there: past ``if __name__ == "__main__":`` that parses ``args``,
+  ``for epoch in range(args.epochs):`` runs only on the path that took the block).
 * **Collectives where the ranks do not all go**: ``barrier``, ``broadcast*``, ``allreduce*``,
   ``allgather*`` and ``rank0_first`` are entered by every rank or by none; under a condition that
   can differ between ranks (the rank itself, a value computed from it, a file-system test such as
@@ -238,7 +240,7 @@ def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]
                 for n in tree.body)
     if not stars:  # a star import binds names no one can list
         local = _scope_binds(tree) - _hoisted(tree)
-        _Paths("<module>", local, found).block(tree.body, frozenset())
+        _Paths("<module>", local, found).block(tree.body, _Names([frozenset()]))
     for scope, function in _functions(tree, ""):
         args = function.args
         params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
@@ -247,7 +249,7 @@ def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]
         declared = {n for s in _own_nodes(function) if isinstance(s, ast.Global | ast.Nonlocal)
                     for n in s.names}
         local = (_scope_binds(function) | params) - declared
-        _Paths(scope, local, found).block(function.body, frozenset(params))
+        _Paths(scope, local, found).block(function.body, _Names([frozenset(params)]))
     return found
 
 
@@ -335,11 +337,53 @@ def _scope_binds(function: ast.AST) -> set[str]:
     return names
 
 
-Bound = frozenset[str] | None  # None: no path gets here (after a return, a raise, a break)
+_MOST_PATHS = 8  # more kinds of path than this are merged into what all of them bind
+
+
+class _Names:
+    """The names bound along each kind of path that reaches a point (``if __name__ ==
+    "__main__":`` that binds ``args`` and the loaders, and the path past it that binds neither).
+    A read of a name that some kinds lack ends those (NameError there): after ``for epoch in
+    range(args.epochs):`` only the paths that bound ``args``, and with it the loaders, go on."""
+
+    __slots__ = ("paths",)
+
+    def __init__(self, paths: Iterable[frozenset[str]]) -> None:
+        kinds = frozenset(paths)
+        if len(kinds) > _MOST_PATHS:
+            kinds = frozenset({frozenset.intersection(*kinds)})
+        self.paths = kinds
+
+    def __or__(self, names: Iterable[str]) -> _Names:
+        names = frozenset(names)
+        return _Names(path | names for path in self.paths)
+
+    def __sub__(self, names: Iterable[str]) -> _Names:
+        names = frozenset(names)
+        return _Names(path - names for path in self.paths)
+
+    def __and__(self, other: _Names) -> _Names:
+        """The join: a point reached from either."""
+        return _Names(self.paths | other.paths)
+
+    def __contains__(self, name: object) -> bool:
+        """Bound on every path."""
+        return all(name in path for path in self.paths)
+
+    def common(self) -> frozenset[str]:
+        return frozenset.intersection(*self.paths)
+
+    def read(self, name: str) -> _Names:
+        """After a read of ``name``: the paths that had it (the others raised), unless none had."""
+        kept = [path for path in self.paths if name in path]
+        return _Names(kept) if kept else self
+
+
+Bound = _Names | None  # None: no path gets here (after a return, a raise, a break)
 
 
 def _join(*states: Bound) -> Bound:
-    """The names bound on every path that reaches a point from any of ``states``."""
+    """The names bound on the paths that reach a point from any of ``states``."""
     live = [s for s in states if s is not None]
     if not live:
         return None
@@ -365,7 +409,7 @@ class _Paths:
             bound = self.stmt(stmt, bound)
         return bound
 
-    def stmt(self, node: ast.stmt, bound: frozenset[str]) -> Bound:  # noqa: C901 - one per kind
+    def stmt(self, node: ast.stmt, bound: _Names) -> Bound:  # noqa: C901 - one per kind
         if isinstance(node, ast.If):
             bound = self.expr(node.test, bound)
             return _join(self.block(node.body, bound), self.block(node.orelse, bound))
@@ -391,7 +435,7 @@ class _Paths:
             final = self.block(node.finalbody, bound)
             if after is None or final is None:
                 return None
-            return after | (final - bound)
+            return after | (final.common() - bound.common())
         if isinstance(node, ast.Match):
             bound = self.expr(node.subject, bound)
             cases = [self.block(c.body, self.expr(c.guard, bound | _captures(c.pattern))
@@ -446,7 +490,7 @@ class _Paths:
             return None
         return bound
 
-    def loop(self, body: list[ast.stmt], orelse: list[ast.stmt], inside: frozenset[str],
+    def loop(self, body: list[ast.stmt], orelse: list[ast.stmt], inside: _Names,
              skipped: Bound) -> Bound:
         """A loop whose body starts with ``inside`` bound; ``skipped``: what is bound when the
         loop ends by its test (before any iteration too), None when it never does."""
@@ -456,7 +500,7 @@ class _Paths:
         normal = _join(skipped, end) if skipped is not None else None
         return _join(self.block(orelse, normal) if normal is not None else None, *breaks)
 
-    def target(self, target: ast.expr, bound: frozenset[str]) -> frozenset[str]:
+    def target(self, target: ast.expr, bound: _Names) -> _Names:
         for node in ast.walk(target):
             if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
                 bound = bound | {node.id}
@@ -466,8 +510,8 @@ class _Paths:
                     bound = self.expr(node.slice, bound)
         return bound
 
-    def expr(self, node: ast.AST | None, bound: frozenset[str],
-             hidden: frozenset[str] = frozenset()) -> frozenset[str]:
+    def expr(self, node: ast.AST | None, bound: _Names,
+             hidden: frozenset[str] = frozenset()) -> _Names:
         """Record the reads of ``node`` (an expression) that some path reaches unbound; the
         names a walrus in it binds are bound after it."""
         if node is None:
@@ -476,6 +520,7 @@ class _Paths:
             if isinstance(node.ctx, ast.Load):
                 if node.id in self.local and node.id not in bound and node.id not in hidden:
                     self.found.append(((self.scope, node.id), node.lineno))
+                    return bound.read(node.id)  # the paths without it raised here
                 return bound
             return bound | {node.id}
         if isinstance(node, ast.NamedExpr):

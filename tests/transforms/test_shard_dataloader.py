@@ -1096,3 +1096,34 @@ def test_a_helper_building_the_training_and_the_evaluation_loaders_is_not_sharde
     assert "data_sampler = torch.utils.data.distributed.DistributedSampler(" in (
         result.output.decode())
     assert not messages(result, ONLY, manual=True)
+
+
+def test_set_epoch_in_a_module_level_loop_past_the_main_guard_that_binds_the_loader():
+    """The loader and `args` bound under `if __name__ == "__main__":`, the epoch loop at module
+    level past it over `range(args.epochs)`: the loop runs only where the block ran (NameError on
+    `args` otherwise), so set_epoch goes in it and the inserted-code check lets it be."""
+    result = run("""\
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, default=2)
+
+        if __name__ == "__main__":
+            args = parser.parse_args()
+            data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+            loader = DataLoader(data, batch_size=8, shuffle=True)
+            net = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        for epoch in range(args.epochs):
+            for xb, yb in loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(net(xb), yb).backward()
+                opt.step()
+        """)
+    out = result.output.decode()
+    assert "    loader = DataLoader(data, batch_size=8, sampler=loader_sampler)\n" in out
+    assert "for epoch in range(args.epochs):\n    loader_sampler.set_epoch(epoch)\n" in out
+    assert not messages(result, manual=True)

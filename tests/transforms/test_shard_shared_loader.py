@@ -125,3 +125,27 @@ def test_a_shared_helper_with_its_own_random_sampler_keeps_it_for_evaluation():
     assert ("    for epoch in range(2):\n        fit_loader.sampler.set_epoch(epoch)\n"
             "        fit(epoch)\n") in result.output.decode()
     assert not messages(result, manual=True)
+
+
+def test_set_epoch_in_a_module_level_loop_that_reads_a_name_bound_only_under_the_guard():
+    """kisti-bert-nsmc: `args = parser.parse_args()` and the loaders are bound under
+    `if __name__ == "__main__":`, and the epoch loop past it reads `range(args.epochs)`. Where
+    the block has not run, that read raises before the first pass; where it ran, it ran whole,
+    so the loader is bound in the loop: set_epoch goes there, no note. A name that is also a
+    builtin, or read only under `or`, proves nothing: the note stays."""
+    source = SHARED_SAMPLER_HELPER.replace(
+        'if __name__ == "__main__":\n',
+        'if __name__ == "__main__":\n    epochs = 2\n').replace("range(2)", "range(0, epochs)")
+    result = run(source)
+    assert ("for epoch in range(0, epochs):\n    fit_loader.sampler.set_epoch(epoch)\n"
+            "    fit(epoch)\n") in result.output.decode()
+    assert not messages(result, manual=True)
+    # `2 or epochs` may not read `epochs`; `len`
+    # bound under the guard is a builtin elsewhere: neither proves the block ran.
+    for guard_binds, header in (("epochs = 2", "range(2 or epochs)"),
+                                ("len = 2", "range(len([1, 2]))")):
+        shape = source.replace("epochs = 2", guard_binds).replace("range(0, epochs)", header)
+        result = run(shape)
+        assert "    fit_loader.sampler.set_epoch(epoch)\n" not in result.output.decode()
+        [note] = messages(result, manual=True)
+        assert "the epoch loop can run where the loader is not bound" in note

@@ -73,7 +73,60 @@ def runs_whenever(fm: FileModel, first: cst.CSTNode, then: cst.CSTNode) -> bool:
     blocks = _blocks(fm, first)
     if index.scope(first) is not index.scope(then):
         return not blocks
-    return index.is_before(first, then) and blocks == _blocks(fm, then)[: len(blocks)]
+    if not index.is_before(first, then):
+        return False
+    return blocks == _blocks(fm, then)[: len(blocks)] or _after_its_guard(fm, first, then)
+
+
+#: Nodes through which a name read in a loop's header is read whenever the header is.
+_ALWAYS_READ = (cst.Attribute, cst.Call, cst.Arg, cst.Subscript, cst.SubscriptElement, cst.Index,
+                cst.BinaryOperation, cst.UnaryOperation, cst.Tuple, cst.List, cst.Element)
+
+
+def _after_its_guard(fm: FileModel, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+    """``then``, a loop at module level, runs only after ``first``, a statement of the body of
+    an ``if`` before it (``if __name__ == "__main__":`` that binds ``args`` and the loaders, then
+    ``for epoch in range(args.epochs):`` past it): the loop's header reads a name bound only in
+    that body (not a builtin, no star import), so where the body has not run the loop raises
+    NameError before its first pass; where it ran, it ran whole (an exception at module level
+    ends the program), ``first`` included."""
+    import builtins
+
+    body = next((a for a in fm.ancestors(first) if isinstance(a, cst.IndentedBlock)), None)
+    guard = fm.parent(body) if body is not None else None
+    if not (isinstance(guard, cst.If) and _blocks(fm, first) == [id(guard.body)]
+            and not _blocks(fm, guard) and not _blocks(fm, then)
+            and isinstance(fm.parent(guard), cst.Module)):
+        return False
+    header = then.iter if isinstance(then, cst.For) else (
+        then.test if isinstance(then, cst.While) else None)
+    if header is None or findall(fm.module, m.ImportStar()):
+        return False
+    index = file_index(fm)
+    for name in findall(header, m.Name()):
+        assert isinstance(name, cst.Name)
+        if name.value in dir(builtins) or not _always_read(fm, name, header):
+            continue
+        bindings = index.referents(name)
+        if bindings and all(any(a is guard.body for a in fm.ancestors(b.stmt))
+                            for b in bindings):
+            return True
+    return False
+
+
+def _always_read(fm: FileModel, name: cst.Name, header: cst.CSTNode) -> bool:
+    """Whether evaluating ``header`` always reads ``name`` (not under ``and``/``or``, a
+    conditional expression, a lambda or a comprehension; not an attribute's name)."""
+    child: cst.CSTNode = name
+    for parent in fm.ancestors(name):
+        if child is header:
+            return True
+        if not isinstance(parent, _ALWAYS_READ) or (
+            isinstance(parent, cst.Attribute) and parent.attr is child
+        ):
+            return False
+        child = parent
+    return child is header
 
 
 def _blocks(fm: FileModel, node: cst.CSTNode) -> list[int]:
