@@ -227,6 +227,34 @@ def test_a_module_level_entry_gets_init_and_the_rest_is_repaired(tmp_path: Path)
     assert not any(c.manual for c in by["engine.py"].changes)
 
 
+def test_a_sample_batch_pulled_after_the_step_is_not_the_data_trained_on(tmp_path: Path):
+    # A while loop pulls its training batch, steps, then pulls a test batch for a look: the
+    # data part checks the pipeline that reaches the step (split), not the test one.
+    [outcome] = check(tmp_path, {"train.py": """\
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        opt = tf.keras.optimizers.SGD(0.01)
+        train = tf.data.Dataset.from_tensor_slices((tf.zeros([64, 4]), tf.zeros([64, 1])))
+        test = tf.data.Dataset.from_tensor_slices((tf.zeros([16, 4]), tf.zeros([16, 1])))
+        train_it = iter(train.batch(8).repeat())
+        test_it = iter(test.batch(8).repeat())
+        step = 0
+        while step < 100:
+            x, y = next(train_it)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            step += 1
+            if step % 10 == 0:
+                test_x, test_y = next(test_it)
+                print(float(tf.reduce_mean(model(test_x) - test_y)))
+        """})
+    assert not notes([outcome])
+    assert outcome.contract["parts"]["data"]["state"] == "holds"
+
+
 def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
     tree = tmp_path / "p"
     shutil.copytree(PROJECTS / "torch_learner_kwargs" / "input", tree)

@@ -42,6 +42,7 @@ import libcst as cst
 from .changes import Change
 from .program.deletions import DELETIONS, path_deletions
 from .program.fetches import fetch_statements, file_fetches
+from .program.flow import reaches
 from .program.index import file_index, imported_names
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
@@ -61,6 +62,7 @@ from .program.scopes import assigned_values, callee, param_for_arg, referents, u
 from .program.sharding import loader_problem
 from .program.syntax import is_none
 from .program.tfshards import shards_at
+from .program.training import training_facts
 from .program.vocab import (
     CACHED_DOWNLOADS,
     DATA_PARALLEL_CHECKPOINTS,
@@ -686,8 +688,8 @@ class _Entry:
             if loop.key in done:
                 continue
             done.add(loop.key)
-            if self._tf_data(_iterable(loop), tape_step.apply) and self._data_elsewhere(
-                _iterable(loop)
+            if self._tf_data(_iterable(loop, tape_step.apply), tape_step.apply) and (
+                self._data_elsewhere(_iterable(loop, tape_step.apply))
             ):
                 # Split at its source in another module (``make_zip_dataset`` of data.py): the
                 # loop's module learns it (no "not sharded" note, its step counts per worker).
@@ -696,7 +698,7 @@ class _Entry:
     def _loop_data(self, loop: Ref, step: Ref) -> tuple[Ref | None, bool]:
         """Check the data one training loop reads: the loader it comes from (when one does),
         and whether it is split (or will be, by a repair)."""
-        iterable = _iterable(loop)
+        iterable = _iterable(loop, step)
         loader: Ref | None = None
         split = True
         for trace in self._iterable_traces(iterable):
@@ -1511,19 +1513,25 @@ def _data_loop(loops: Iterable[Ref]) -> Ref | None:
     return None
 
 
-def _next_call(loop: Ref) -> cst.Call | None:
-    for node in _walk_here(loop.node):
-        if isinstance(node, cst.Call) and loop.fm.refers_to(node.func, "builtins.next") and (
-            node.args
-        ):
-            return node
-    return None
+def _next_call(loop: Ref, step: Ref | None = None) -> cst.Call | None:
+    """A ``next(it)`` of the loop; with the step it drives, one whose value reaches the step
+    where the loop pulls others too (``A, B = next(test_iter)`` after the step for samples is
+    not what it trains on: ``program.flow.reaches``, as ``shard_tf_dataset`` decides)."""
+    calls = [node for node in _walk_here(loop.node) if isinstance(node, cst.Call)
+             and loop.fm.refers_to(node.func, "builtins.next") and node.args]
+    if step is not None and len(calls) > 1:
+        fm = loop.fm
+        steps = [s.statement for s in training_facts(fm).sites if loop.node in s.loops]
+        if step.fm is fm and loop.node in fm.ancestors(step.node):
+            steps += [s for s in [fm.enclosing_statement(step.node)] if s is not None]
+        calls = [c for c in calls if steps and reaches(fm, c, steps)] or calls
+    return calls[0] if calls else None
 
 
-def _iterable(loop: Ref) -> Ref:
+def _iterable(loop: Ref, step: Ref | None = None) -> Ref:
     node = loop.node
     if isinstance(node, cst.While):
-        call = _next_call(loop)
+        call = _next_call(loop, step)
         assert call is not None
         return Ref(loop.module, call.args[0].value)
     assert isinstance(node, (cst.For, cst.CompFor))

@@ -469,3 +469,36 @@ def test_an_optimizer_given_its_arguments_as_a_dict_needs_a_person():
             "0.001) by sdp.size()"),
     ]
     check_noop(result.output.decode(), only=ONLY)
+
+
+def test_a_schedule_object_on_data_left_unsplit_gets_exact_advice():
+    # The data is not split (the converter cannot follow load_pairs()): the rate stays, and the
+    # note says what to scale in a schedule object: the rate given to it, and its step counts
+    # made from the length of the data load_pairs() returns with it.
+    loop = """\
+for x in train:
+    with tf.GradientTape() as tape:
+        loss = model(x)
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+"""
+    source = ("import tensorflow as tf\nimport schedules\n\ntrain, n_batches = load_pairs()\n"
+              "sched = schedules.Warmup(args.lr, args.epochs * n_batches)\n"
+              "opt = tf.keras.optimizers.Adam(learning_rate=sched)\n" + loop)
+    assert notes(run(source, ONLY)) == [
+        (6, "Adam: sched left as it is: the training data is not split between the workers (see "
+            "the data's note); once each worker trains on its own part of the data, scale the "
+            "rate given to schedules.Warmup(...) (args.lr) by sdp.size(), and divide its step "
+            "counts made from n_batches by sdp.size() too if they still count all of the data "
+            "then (each worker runs 1/sdp.size() of an epoch's steps)")
+    ]
+    # A Keras schedule: its initial rate, named; no length of the data, no step counts to divide.
+    keras = source.replace("schedules.Warmup(args.lr, args.epochs * n_batches)",
+                           "tf.keras.optimizers.schedules.ExponentialDecay(0.1, 1000, 0.9)")
+    assert notes(run(keras, ONLY))[0][1].endswith(
+        "scale the rate given to tf.keras.optimizers.schedules.ExponentialDecay(...) (0.1) by "
+        "sdp.size()")
+    # A plain rate keeps the plain advice.
+    plain = source.replace("learning_rate=sched", "learning_rate=args.lr")
+    assert notes(run(plain, ONLY))[0][1].endswith(
+        "; scale it by sdp.size() once each worker trains on its own part of the data")

@@ -891,3 +891,36 @@ def test_arrays_made_from_an_unseeded_folder_reader_are_split_with_a_note():
         _, result = convert(seeded)
         assert not any("shuffles without a seed" in message
                        for _, message in reported(result, ONLY, manual=True))
+
+
+def test_next_of_another_pipeline_after_the_step_is_not_training_data():
+    # ``A, B = next(test_iter)`` after the step, for samples: the ``for`` rebinds A, B before
+    # every step, so that pipeline feeds no training and no note names it.
+    body = textwrap.dedent("""\
+        train, test = load_pairs()
+        test_iter = iter(test)
+        for step, (a, b) in enumerate(train):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(model(a), b)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            if step % 100 == 0:
+                a, b = next(test_iter)
+                fake = model(a)
+                pictures = tf.concat([a, fake, b], axis=0)
+                writer.write(pictures)
+        """)
+    out, result = convert(body)
+    assert out == body
+    assert notes(result) == [
+        (4, "training data not sharded (train is unpacked from load_pairs()): give each worker "
+            "its own part: .apply(sdp.shard) right after the source if it is a tf.data pipeline, "
+            "sdp.shard(...) if it is arrays")
+    ]
+    # Pulled before the step, or kept for the next step (no ``for`` rebinds it), it is.
+    extra = "    extra = next(test_iter)\n    a = tf.concat([a, extra], 0)\n"
+    before = body.replace("    with tf.GradientTape()", extra + "    with tf.GradientTape()", 1)
+    kept = body.replace("for step, (a, b) in enumerate(train):",
+                        "a, b = next(iter(train))\nfor step in range(1000):")
+    for source in (before, kept):
+        assert "test is unpacked from load_pairs()" in notes(convert(source)[1])[0][1]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
-from .flow import origin, returned_element
+from .flow import origin, reaches, returned_element
 from .index import FileIndex, file_index
 from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
 from .project import fed_returns
@@ -295,12 +295,16 @@ def training_dataset_uses(fm: FileModel) -> list[tuple[cst.CSTNode, list[Candida
         seen.add(id(site.loops[-1]))
         candidates: list[Candidate] = []
         found: set[int] = set()
+        # The steps of this loop: a ``next(it)`` in it whose value reaches none of them (``A, B
+        # = next(test_iter)`` for samples after the step, rebound by the ``for`` before the next
+        # one) pulls no training data.
+        steps = [s.statement for s in facts.sites if s.loops[-1] is site.loops[-1]]
         for loop in site.loops:
             if isinstance(loop, cst.For) and not _counter(fm, loop.iter):
                 candidates.append(Candidate(loop.iter))
             for call in findall(loop.body, m.Call(func=m.Name("next"))):
                 assert isinstance(call, cst.Call)
-                if call.args and id(call) not in found:  # innermost loop first
+                if call.args and id(call) not in found and reaches(fm, call, steps):
                     found.add(id(call))
                     candidates.append(Candidate(call.args[0].value, call, loop))
         uses.append((site.loops[0], candidates))

@@ -694,3 +694,62 @@ def _under_differing_test(
         if isinstance(parent, (cst.If, cst.While)) and _differs(fm, parent.test, seen, depth + 1):
             return True
     return False
+
+
+def reaches(fm: FileModel, value: cst.CSTNode, statements: list[cst.BaseStatement]) -> bool:
+    """Whether the value of ``value`` (``next(test_iter)``, say) may reach one of
+    ``statements`` (the steps of a training loop): held in one of them, or assigned to names
+    some read of which in them may see (through further plain assignments; the binding index
+    decides which reads see which binding, so ``A, B = next(it)`` after the step of a ``for A, B
+    in data`` loop reaches nothing there: the ``for`` rebinds them first). Policy: True wherever
+    the value goes somewhere not followed (stored into an attribute, subscript or another
+    object's method, returned, yielded, iterated, read in a nested function)."""
+    inside = {id(s) for s in statements}
+
+    def held(node: cst.CSTNode) -> bool:
+        return id(node) in inside or any(id(a) in inside for a in fm.ancestors(node))
+
+    index = file_index(fm)
+    seen: set[int] = set()
+
+    def flows(node: cst.CSTNode, depth: int) -> bool:
+        if held(node) or depth > 12:
+            return True
+        small = next((a for a in fm.ancestors(node)
+                      if isinstance(a, (cst.BaseSmallStatement, cst.BaseCompoundStatement))), None)
+        if isinstance(small, (cst.If, cst.While)):
+            return False  # read in a test: decides, carries nothing
+        if isinstance(small, cst.Expr):  # a value thrown away, unless an object keeps it
+            return isinstance(small.value, (cst.Yield, cst.Await)) or any(
+                isinstance(a, cst.Call) and isinstance(a.func, cst.Attribute)
+                and isinstance(a.func.value, cst.Name) and any(
+                    b.kind != "import" for b in index.referents(a.func.value))
+                for a in fm.ancestors(node) if a is not small and small in fm.ancestors(a)
+            )
+        if not isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            return True
+        targets = ([t.target for t in small.targets] if isinstance(small, cst.Assign)
+                   else [small.target])
+        names: list[cst.Name] = []
+        for target in targets:
+            parts = ([e.value for e in target.elements]
+                     if isinstance(target, (cst.Tuple, cst.List)) else [target])
+            for part in parts:
+                if isinstance(part, cst.StarredElement):
+                    part = part.value
+                if not isinstance(part, cst.Name):
+                    return True  # ``self.x = ...``, ``buf[i] = ...``
+                names.append(part)
+        for name in names:
+            binding = binding_of(fm, name)
+            if binding is None:
+                return True
+            if id(binding) in seen:
+                continue
+            seen.add(id(binding))
+            for read in index.uses(binding):
+                if index.scope_of.get(id(read)) is not binding.scope or flows(read, depth + 1):
+                    return True
+        return False
+
+    return flows(value, 0)

@@ -41,6 +41,7 @@ The rules (docs/tf-sharding.md, "What is sharded where"):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,8 +59,8 @@ from .datasets import (
     trace_dataset,
     training_dataset_uses,
 )
-from .index import FileIndex, file_index
-from .keras import fit_arg, keras_fit_calls
+from .index import FileIndex, file_index, reaching_values
+from .keras import _SCHEDULE_RATES, fit_arg, keras_fit_calls, schedule_class
 from .permutations import unseeded_orders
 from .project import fed_returns, imported_sites, repairs_of
 from .scopes import param_for_arg
@@ -785,7 +786,46 @@ def lengths_of_split_data(fm: FileModel, call: cst.Call) -> list[tuple[str, cst.
     returns with it (``A_B_dataset, len_dataset = data.make_zip_dataset(...)``), when that data
     is split between workers: a length of the whole data, while each worker now runs a part of
     it. With the call that made each."""
-    uses = [u for u in tf_training_data(fm) if u.sharded_by == "converter"]
+    return _lengths_of(fm, call, [u for u in tf_training_data(fm) if u.sharded_by == "converter"])
+
+
+def schedule_advice(
+    fm: FileModel, rate: cst.BaseExpression, factor: str, sdp: str
+) -> str | None:
+    """What to do with a learning rate left unscaled (the training data is not split) that is a
+    schedule object (``module.LinearDecay(args.lr, args.epochs * len_dataset, ...)``, a Keras
+    schedule, a class of the file) once each worker trains on its own part: scale the rate
+    given to it, and divide its step counts made from the length of the training data (a
+    length of all of it: each worker then runs 1/size of an epoch's steps). None for a rate
+    that is no such object."""
+    for value in reaching_values(file_index(fm), rate):
+        if not isinstance(value, cst.Call):
+            continue
+        name = code(value.func).rsplit(".", 1)[-1]
+        built_in = schedule_class(fm, value)
+        if built_in is None and not (name[:1].isupper() and not any(
+            q.startswith(("builtins.", "numpy.", "math.", "torch.", "tensorflow.", "keras."))
+            for q in fm.qualified_names(value.func)
+        )):
+            continue
+        first = arg_named(value, _SCHEDULE_RATES[built_in][0][0], 0) if built_in else (
+            value.args[0] if value.args and value.args[0].keyword is None else None)
+        given = code(first.value) if first is not None else ""
+        if not built_in and not re.search(r"lr|rate", given, re.IGNORECASE):
+            given = ""  # which argument of a class the converter cannot read is the rate: unknown
+        names = [n for n, _ in _lengths_of(fm, value, [u for u in tf_training_data(fm)
+                                                       if not u.sharded])]
+        steps = (f", and divide its step counts made from {', '.join(names)} by {sdp}.size() "
+                 f"too if they still count all of the data then (each worker "
+                 f"runs 1/{sdp}.size() of an epoch's steps)") if names else ""
+        return (f"; once each worker trains on its own part of the data, scale the rate given to "
+                f"{code(value.func)}(...){f' ({given})' if given else ''} by {factor}{steps}")
+    return None
+
+
+def _lengths_of(
+    fm: FileModel, call: cst.Call, uses: list[TrainingData]
+) -> list[tuple[str, cst.Call]]:
     if not uses:
         return []
     index = file_index(fm)

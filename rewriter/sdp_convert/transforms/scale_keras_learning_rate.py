@@ -72,7 +72,7 @@ from ..program.syntax import (
     size_factor,
     times_size,
 )
-from ..program.tfshards import data_sharded_for, lengths_of_split_data
+from ..program.tfshards import data_sharded_for, lengths_of_split_data, schedule_advice
 
 # -- the transform -------------------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ class ScaleKerasLearningRate(Transform):
         factor = size_factor(self.sdp, self.mode)
         why = UNSHARDED[kind]
         skip = set(map(id, besides))
-        found: list[tuple[cst.CSTNode, str]] = []
+        found: list[tuple[cst.CSTNode, str, str | None]] = []
         for qname, calls in self.state.info.calls.items():
             if keras_name(qname) is not None:
                 for call in calls:
@@ -206,19 +206,21 @@ class ScaleKerasLearningRate(Transform):
                     if cls is not None:
                         arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")
                         rate = code(arg.value) if arg else "its learning rate"
-                        found.append((call, f"{cls}: {rate}"))
+                        advice = arg and schedule_advice(self.fm, arg.value, factor, self.sdp)
+                        found.append((call, f"{cls}: {rate}", advice))
         for call in self.method_calls("compile"):
             arg = compile_optimizer_arg(call) if is_keras_compile(self.fm, call) else None
             if arg is not None and isinstance(arg.value, cst.SimpleString):
-                found.append((call, f"optimizer {arg.value.value}: its learning rate"))
-        for node, what in found:
+                found.append((call, f"optimizer {arg.value.value}: its learning rate", None))
+        for node, what, advice in found:
             if id(node) in skip or any(id(p) in skip for p in self.ancestors(node)):
                 continue
             at = lr_set_while_training(self.fm, node) if isinstance(node, cst.Call) else None
             then = f"; it is set anew while training ({at}): scale the rate set there" if at else (
                 "; scale it")
-            self.record(node, f"{what} left as it is: {why}{then} by {factor} once each worker "
-                        "trains on its own part of the data", manual=True)
+            tail = advice if advice and not at else (
+                f"{then} by {factor} once each worker trains on its own part of the data")
+            self.record(node, f"{what} left as it is: {why}{tail}", manual=True)
 
     def _plan_learning_rate(self, index: FileIndex, call: cst.Call, cls: str) -> None:
         arg = arg_named(call, "learning_rate", 0) or arg_named(call, "lr")
