@@ -1188,3 +1188,93 @@ def test_write_notes_in_a_migrated_horovod_script_name_the_runtime_as_it_is_boun
     lines = notes([outcome], "writes")
     assert len(lines) == 2, lines
     assert all("hvd.rank() == 0" in line and "sdp." not in line for line in lines), lines
+
+
+def test_writes_the_converter_cannot_see_or_that_race_never_hold(tmp_path: Path):
+    """pytorch-template: a settings object made by a classmethod (`cls(values)`) makes a run
+    folder with `exist_ok=fresh` (False unless the name is empty: every rank but the first raises
+    FileExistsError), writes through a star-imported helper's `path.open("w")` (now repaired there),
+    configures logging from a file (file handlers unseen) and makes a SummaryWriter of a module
+    picked at run time. Each is named at its line and the writes part is not 'holds' (it said
+    'holds', silently)."""
+    files = {
+        "tools/__init__.py": "from .files import *\n",
+        "tools/files.py": """\
+            from pathlib import Path
+
+
+            def save_text(text, fname):
+                fname = Path(fname)
+                with fname.open("w") as handle:
+                    handle.write(text)
+            """,
+        "tools/board.py": """\
+            import importlib
+            import logging.config
+
+
+            def make_board(log_dir, config):
+                logging.config.dictConfig(config)
+                for name in ["torch.utils.tensorboard", "tensorboardX"]:
+                    try:
+                        return importlib.import_module(name).SummaryWriter(log_dir)
+                    except ImportError:
+                        pass
+            """,
+        "settings.py": """\
+            import time
+            from pathlib import Path
+
+            from tools import save_text
+            from tools.board import make_board
+
+
+            class Settings(dict):
+                def __init__(self, values, run_id=None):
+                    super().__init__(values)
+                    if run_id is None:
+                        run_id = time.strftime("%H%M%S")
+                    self.out = Path(values["out"]) / run_id
+                    fresh = run_id == ""
+                    self.out.mkdir(parents=True, exist_ok=fresh)
+                    self.saved = save_text(str(values), self.out / "settings.txt")
+                    self.board = make_board(self.out, {"version": 1})
+
+                @classmethod
+                def from_values(cls, values):
+                    return cls(values)
+            """,
+        "train.py": """\
+            import torch
+            from settings import Settings
+
+
+            def main():
+                settings = Settings.from_values({"out": "runs"})
+                model = torch.nn.Linear(4, 1)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                loader = torch.utils.data.DataLoader(
+                    torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8)
+                for (x,) in loader:
+                    opt.zero_grad()
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+    }
+    outcomes = check(tmp_path, files)
+    found = notes(outcomes, "writes")
+    assert any(n.startswith("settings.py:15: self.out.mkdir(...) runs on every rank with "
+                            "exist_ok=fresh, which may be False") for n in found), found
+    # (Reached through `cls(values)` in the classmethod: before, a write nothing seemed to call.)
+    assert [c.message for o in outcomes if o.path.endswith("files.py") for c in o.changes] == [
+        "fname.open(...) runs on rank 0 only"]
+    assert any(n.startswith("tools/board.py:6: logging.config.dictConfig(...) may add file "
+                            "handlers") for n in found), found
+    assert any(n.startswith("tools/board.py:9: importlib.import_module(name).SummaryWriter(...) "
+                            "may make a SummaryWriter") for n in found), found
+    [entry] = [o for o in outcomes if o.contract]
+    assert entry.contract["parts"]["writes"]["state"] == "missing"

@@ -75,8 +75,12 @@ from .program.writes import (
     OPENERS,
     STREAM_WRITES,
     WRITES,
+    UNSEEN_WRITES,
     argument,
+    handle_names,
     in_memory,
+    is_mode,
+    module_function_call,
     open_mode,
     writes_in,
 )
@@ -1020,6 +1024,16 @@ class _Entry:
                     f"(`if {_runtime_name(module)}.rank() == 0:`)"))
                 self.findings[-1].repair, extra = self.guard_repairs(module, call)
                 self.extra_repairs += extra
+            mkdirs = _strict_mkdirs(module)
+            for call, why in (*_unseen_writes(module), *mkdirs):
+                if self._rank0(module, call) or self._script_only(module, call) or _per_rank(
+                    module, call
+                ) or ((call, why) in mkdirs and any(  # the script handles FileExistsError
+                    isinstance(p, cst.Try) for p in module.fm.ancestors(call))):
+                    continue
+                self.add("writes", "unknown" if why.startswith("may") else "missing",
+                         Ref(module, call), f"{fm_code(module, call)} {why}".replace(
+                             "{sdp}", _runtime_name(module)))
             for call, what, rewriting in _downloads(module):
                 if self._rank0(module, call) or one_process_at_a_time(module.fm, call) or _per_rank(
                     module, call
@@ -1681,9 +1695,67 @@ def _writes(module: Module, framework: str) -> list[tuple[cst.Call, str]]:
             if method == "save" and framework == "tensorflow" and not call.args:
                 continue  # ``manager.save()`` is the CheckpointManager's, guarded like others
             found.append((call, fm.code(func)))
+    # ``path.open("wt")`` (a ``pathlib.Path``; ``gzip.open`` and the like are the tables').
+    for call in fm.method_calls("open"):
+        mode = argument(call, 0, "mode")
+        if mode is None or not isinstance(mode.value, cst.SimpleString) or module_function_call(
+            fm, call
+        ):
+            continue
+        text = mode.value.evaluated_value
+        if isinstance(text, str) and is_mode(text) and writes_in(text):
+            found.append((call, fm.code(call.func)))
     # Deleting is writing: ``shutil.rmtree(d)`` on every rank while rank 0 alone fills ``d``.
     found += [(call, fm.code(call.func)) for call in (*fm.calls_to(*DELETIONS),
                                                       *path_deletions(fm))]
+    return found
+
+
+def fm_code(module: Module, call: cst.Call) -> str:
+    return f"{module.fm.code(call.func)}(...)"
+
+
+def _unseen_writes(module: Module) -> list[tuple[cst.Call, str]]:
+    """Calls that may write files the converter cannot see: a logging configuration (its file
+    handlers), a writer made from a module picked at run time
+    (``importlib.import_module(name).SummaryWriter(log_dir)``)."""
+    fm = module.fm
+    found = [(call, "may add file handlers (a logging configuration the converter cannot "
+                    "read): every rank would write the same log file; give the ranks other than "
+                    "0 no file handler (`if {sdp}.rank() == 0:`)")
+             for call in fm.calls_to(*UNSEEN_WRITES)]
+    names = handle_names()
+    for name in sorted(names):
+        for call in fm.method_calls(name):
+            known = fm.qualified_names(call.func)
+            if not isinstance(call.func.value, cst.Call) or any(  # type: ignore[attr-defined]
+                q.split(".")[0] != "importlib" for q in known
+            ):
+                continue  # a name the tables know, or an object's method
+            found.append((call, f"may make a {name} of a module picked at run time, which "
+                                "writes files on every rank: make it on rank 0 only "
+                                "(`if {sdp}.rank() == 0:`, the others none)"))
+    return found
+
+
+def _strict_mkdirs(module: Module) -> list[tuple[cst.Call, str]]:
+    """Directories made on every rank with an ``exist_ok`` that may be False
+    (``path.mkdir(parents=True, exist_ok=exist_ok)``): every rank but the first raises
+    ``FileExistsError``; where the name differs between ranks (a timestamp), each makes its own."""
+    fm = module.fm
+    calls = [*fm.calls_to("os.makedirs"), *(c for c in fm.method_calls("mkdir")
+                                            if not module_function_call(fm, c))]
+    found = []
+    for call in calls:
+        flag = argument(call, 2, "exist_ok")  # os.makedirs(name, mode, exist_ok), Path.mkdir's
+        if flag is None or (isinstance(flag.value, cst.Name) and flag.value.value == "True"):
+            continue
+        found.append((call, f"runs on every rank with exist_ok={fm.code(flag.value)}, which may "
+                            "be False: every rank but the first raises FileExistsError (and a "
+                            "name made from the time may differ between ranks, each making its "
+                            "own): make it on rank 0 only and pass its name to the others after "
+                            "`{sdp}.barrier()`, or pass exist_ok=True with a name every rank "
+                            "shares"))
     return found
 
 
