@@ -1278,3 +1278,54 @@ def test_writes_the_converter_cannot_see_or_that_race_never_hold(tmp_path: Path)
                             "may make a SummaryWriter") for n in found), found
     [entry] = [o for o in outcomes if o.contract]
     assert entry.contract["parts"]["writes"]["state"] == "missing"
+
+
+def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_ordered(
+    tmp_path: Path,
+):
+    """pytorch-template: `getattr(module, spec["type"])(...)` makes a DataLoader subclass of
+    `loaders/toy.py` (a folder without `__init__.py`, importing torchvision alone) whose
+    `__init__` downloads MNIST. Nothing calls that class by name; it is the program's all the
+    same: the module is among the contract's, and the download runs in `sdp.rank0_first()`."""
+    files = {
+        "settings.py": """\
+            def build(spec, module):
+                return getattr(module, spec["type"])(**spec["args"])
+            """,
+        "loaders/toy.py": """\
+            from torch.utils.data import DataLoader
+            from torchvision import datasets, transforms
+
+
+            class DigitsLoader(DataLoader):
+                def __init__(self, root, batch_size):
+                    data = datasets.MNIST(root, download=True, transform=transforms.ToTensor())
+                    super().__init__(data, batch_size=batch_size, shuffle=True)
+            """,
+        "train.py": """\
+            import torch
+            import loaders.toy as module_data
+            from settings import build
+
+
+            def main():
+                loader = build({"type": "DigitsLoader", "args": {"root": "d", "batch_size": 8}},
+                               module_data)
+                model = torch.nn.Linear(784, 10)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in loader:
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(x.flatten(1)), y).backward()
+                    opt.step()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+    }
+    outcomes = check(tmp_path, files)
+    [entry] = [o for o in outcomes if o.contract]
+    assert "loaders/toy.py" in entry.contract["modules"]
+    [toy] = [o for o in outcomes if o.path.endswith("toy.py")]
+    assert [(c.transform, c.line) for c in toy.changes] == [("order_downloads", 7)]
+    assert b"with sdp.rank0_first():" in toy.output

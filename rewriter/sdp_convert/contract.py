@@ -268,6 +268,9 @@ class _Entry:
         self.run = run
         self.entry = entry
         self.reach = reach
+        # Classes a configuration picks (``getattr(module, spec["type"])(...)``): made, though no
+        # call names them (``_rank0`` counts their methods as run, on every rank).
+        self.picked: set[tuple[str, int]] = set()
         self.context = context
         self.torch_steps = torch_steps
         self.fits = fits
@@ -739,6 +742,13 @@ class _Entry:
             found = self.run.loader_classes(module) if module is not None else []
             if not found:
                 continue
+            # Their modules are the program's too (``datasets.MNIST(..., download=True)`` in
+            # the class: the writes part reads them).
+            for cls, base in found:
+                self.picked.update((cls.key, base.key))
+                for reached in (cls.module, base.module):
+                    if all(m is not reached for m in self.reach):
+                        self.reach.append(reached)
             names = ", ".join(sorted({c.node.name.value for c, _ in found}))  # type: ignore[attr-defined]
             bases = sorted({(self.where(b), b.node.name.value) for _, b in found})  # type: ignore[attr-defined]
             base = ", ".join(f"{name} at {where}" for where, name in bases)
@@ -1053,8 +1063,18 @@ class _Entry:
                     if rewriting else f"{what}(...) downloads on every rank at once: {how}"),
                     # In a module that trains nothing (a data module), ``order_downloads`` puts
                     # it there; a module that trains has had it decided by its own conversion.
-                    self.repair("fetch", Ref(module, call)) if not module.fm.info.training
-                    else None)
+                    self._fetch_repair(module, call))
+
+    def _fetch_repair(self, module: Module, call: cst.Call) -> Repair | None:
+        """``fetch``, in a module that trains nothing (a data module: ``order_downloads`` puts
+        it there; a module that trains has had it decided by its own conversion), with the
+        program's framework where the module names none (``torchvision`` alone)."""
+        repair = (self.repair("fetch", Ref(module, call)) if not module.fm.info.training
+                  else None)
+        if repair is None or module.fm.info.framework is not None:
+            return repair
+        framework = "torch" if self.torch_steps else "tensorflow"
+        return replace(repair, framework=framework)
 
     def _before_init(self, module: Module, call: cst.Call) -> Ref | None:
         """The ``init()`` of the program that runs after ``call``, where ``call`` runs at import
@@ -1132,6 +1152,9 @@ class _Entry:
         if function is None or depth > 3:
             return False
         callers = self.run.callers(Ref(module, function))
+        owner = module.fm.parent(module.fm.parent(function))
+        if not callers and isinstance(owner, cst.ClassDef) and Ref(module, owner).key in self.picked:
+            return False  # a method of a class a configuration picks: run, by every rank
         if not callers:
             # Nothing calls it by name. Handed over as a value (``trainer.set_callback(
             # 'on_batch_end', batch_end_callback)``, ``callbacks=[save]``), whoever it was given
