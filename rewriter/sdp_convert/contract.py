@@ -1153,7 +1153,9 @@ class _Entry:
             return False
         callers = self.run.callers(Ref(module, function))
         owner = module.fm.parent(module.fm.parent(function))
-        if not callers and isinstance(owner, cst.ClassDef) and Ref(module, owner).key in self.picked:
+        if not callers and isinstance(owner, cst.ClassDef) and (
+            Ref(module, owner).key in self.picked
+        ):
             return False  # a method of a class a configuration picks: run, by every rank
         if not callers:
             # Nothing calls it by name. Handed over as a value (``trainer.set_callback(
