@@ -1280,13 +1280,16 @@ def test_writes_the_converter_cannot_see_or_that_race_never_hold(tmp_path: Path)
     assert entry.contract["parts"]["writes"]["state"] == "missing"
 
 
+@pytest.mark.parametrize("evaluator", [False, True])
 def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_ordered(
-    tmp_path: Path,
+    tmp_path: Path, evaluator: bool
 ):
     """pytorch-template: `getattr(module, spec["type"])(...)` makes a DataLoader subclass of
     `loaders/toy.py` (a folder without `__init__.py`, importing torchvision alone) whose
     `__init__` downloads MNIST. Nothing calls that class by name; it is the program's all the
-    same: the module is among the contract's, and the download runs in `sdp.rank0_first()`."""
+    same: the module is among the contract's, and the download runs in `sdp.rank0_first()`; unless
+    an evaluation script that never starts the runtime imports the module too (there
+    `rank0_first()` would raise): then it is named, not made."""
     files = {
         "settings.py": """\
             def build(spec, module):
@@ -1323,9 +1326,22 @@ def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_order
                 main()
             """,
     }
+    if evaluator:
+        files["evaluate.py"] = """\
+            import loaders.toy as module_data
+
+            if __name__ == "__main__":
+                print(len(module_data.DigitsLoader("d", 8)))
+            """
     outcomes = check(tmp_path, files)
     [entry] = [o for o in outcomes if o.contract]
     assert "loaders/toy.py" in entry.contract["modules"]
     [toy] = [o for o in outcomes if o.path.endswith("toy.py")]
+    if evaluator:
+        [note] = [c.message for c in toy.changes]
+        assert note.startswith("datasets.MNIST(...) downloads on every rank at once")
+        assert "(not made: evaluate.py imports loaders/toy.py too and runs without sdp.init())" in (
+            note)
+        return
     assert [(c.transform, c.line) for c in toy.changes] == [("order_downloads", 7)]
     assert b"with sdp.rank0_first():" in toy.output

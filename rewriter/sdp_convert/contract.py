@@ -1060,10 +1060,10 @@ class _Entry:
                            f"its files), and there {how}")
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes the same files on every rank at once: {how}"
-                    if rewriting else f"{what}(...) downloads on every rank at once: {how}"),
-                    # In a module that trains nothing (a data module), ``order_downloads`` puts
-                    # it there; a module that trains has had it decided by its own conversion.
-                    self._fetch_repair(module, call))
+                    if rewriting else f"{what}(...) downloads on every rank at once: {how}"))
+                # In a module that trains nothing (a data module), ``order_downloads`` puts it
+                # there; a module that trains has had it decided by its own conversion.
+                self.findings[-1].repair = self._fetch_repair(module, call)
 
     def _fetch_repair(self, module: Module, call: cst.Call) -> Repair | None:
         """``fetch``, in a module that trains nothing (a data module: ``order_downloads`` puts
@@ -1071,10 +1071,33 @@ class _Entry:
         program's framework where the module names none (``torchvision`` alone)."""
         repair = (self.repair("fetch", Ref(module, call)) if not module.fm.info.training
                   else None)
+        other = self._other_user(module)
+        if repair is not None and other is not None:
+            # ``rank0_first()`` there would raise NotInitializedError in that script: said, not
+            # made (``_other_user``).
+            self.findings[-1].message += (
+                f" (not made: {other.display} imports {module.display} too and runs without "
+                f"{_runtime_name(module)}.init())")
+            return None
         if repair is None or module.fm.info.framework is not None:
             return repair
         framework = "torch" if self.torch_steps else "tensorflow"
         return replace(repair, framework=framework)
+
+    def _other_user(self, module: Module) -> Module | None:
+        """Another script of the run (``test.py``) that imports ``module`` and never starts the
+        runtime: a runtime call added to ``module`` would raise there."""
+        for other in self.run.modules.values():
+            if other is self.entry or other is module or not is_entry(other):
+                continue
+            # (A folder without ``__init__.py`` next to the script: ``import
+            # data_loader.data_loaders``, which the import graph does not resolve.)
+            imported = module.path in self.context.imports.get(other.path, ()) or any(
+                other.path.parent.joinpath(*name.split(".")).with_suffix(".py") == module.path
+                for name in other.fm.info.imports)
+            if imported and not _runtime_calls(other):
+                return other
+        return None
 
     def _before_init(self, module: Module, call: cst.Call) -> Ref | None:
         """The ``init()`` of the program that runs after ``call``, where ``call`` runs at import
