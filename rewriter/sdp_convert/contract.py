@@ -76,9 +76,13 @@ from .program.writes import (
     METHOD_WRITES,
     OPENERS,
     STREAM_WRITES,
+    UNSEEN_WRITES,
     WRITES,
     argument,
+    handle_names,
     in_memory,
+    is_mode,
+    module_function_call,
     open_mode,
     writes_in,
 )
@@ -267,6 +271,9 @@ class _Entry:
         self.run = run
         self.entry = entry
         self.reach = reach
+        # Classes a configuration picks (``getattr(module, spec["type"])(...)``): made, though no
+        # call names them (``_rank0`` counts their methods as run, on every rank).
+        self.picked: set[tuple[str, int]] = set()
         self.context = context
         self.torch_steps = torch_steps
         self.fits = fits
@@ -738,6 +745,13 @@ class _Entry:
             found = self.run.loader_classes(module) if module is not None else []
             if not found:
                 continue
+            # Their modules are the program's too (``datasets.MNIST(..., download=True)`` in
+            # the class: the writes part reads them).
+            for cls, base in found:
+                self.picked.update((cls.key, base.key))
+                for reached in (cls.module, base.module):
+                    if all(m is not reached for m in self.reach):
+                        self.reach.append(reached)
             names = ", ".join(sorted({c.node.name.value for c, _ in found}))  # type: ignore[attr-defined]
             bases = sorted({(self.where(b), b.node.name.value) for _, b in found})  # type: ignore[attr-defined]
             base = ", ".join(f"{name} at {where}" for where, name in bases)
@@ -1023,6 +1037,16 @@ class _Entry:
                     f"(`if {_runtime_name(module)}.rank() == 0:`)"))
                 self.findings[-1].repair, extra = self.guard_repairs(module, call)
                 self.extra_repairs += extra
+            mkdirs = _strict_mkdirs(module)
+            for call, why in (*_unseen_writes(module), *mkdirs):
+                if self._rank0(module, call) or self._script_only(module, call) or _per_rank(
+                    module, call
+                ) or ((call, why) in mkdirs and any(  # the script handles FileExistsError
+                    isinstance(p, cst.Try) for p in module.fm.ancestors(call))):
+                    continue
+                self.add("writes", "unknown" if why.startswith("may") else "missing",
+                         Ref(module, call), f"{fm_code(module, call)} {why}".replace(
+                             "{sdp}", _runtime_name(module)))
             for call, what, rewriting in _downloads(module):
                 if self._rank0(module, call) or one_process_at_a_time(module.fm, call) or _per_rank(
                     module, call
@@ -1039,11 +1063,44 @@ class _Entry:
                            f"its files), and there {how}")
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes the same files on every rank at once: {how}"
-                    if rewriting else f"{what}(...) downloads on every rank at once: {how}"),
-                    # In a module that trains nothing (a data module), ``order_downloads`` puts
-                    # it there; a module that trains has had it decided by its own conversion.
-                    self.repair("fetch", Ref(module, call)) if not module.fm.info.training
-                    else None)
+                    if rewriting else f"{what}(...) downloads on every rank at once: {how}"))
+                # In a module that trains nothing (a data module), ``order_downloads`` puts it
+                # there; a module that trains has had it decided by its own conversion.
+                self.findings[-1].repair = self._fetch_repair(module, call)
+
+    def _fetch_repair(self, module: Module, call: cst.Call) -> Repair | None:
+        """``fetch``, in a module that trains nothing (a data module: ``order_downloads`` puts
+        it there; a module that trains has had it decided by its own conversion), with the
+        program's framework where the module names none (``torchvision`` alone)."""
+        repair = (self.repair("fetch", Ref(module, call)) if not module.fm.info.training
+                  else None)
+        other = self._other_user(module)
+        if repair is not None and other is not None:
+            # ``rank0_first()`` there would raise NotInitializedError in that script: said, not
+            # made (``_other_user``).
+            self.findings[-1].message += (
+                f" (not made: {other.display} imports {module.display} too and runs without "
+                f"{_runtime_name(module)}.init())")
+            return None
+        if repair is None or module.fm.info.framework is not None:
+            return repair
+        framework = "torch" if self.torch_steps else "tensorflow"
+        return replace(repair, framework=framework)
+
+    def _other_user(self, module: Module) -> Module | None:
+        """Another script of the run (``test.py``) that imports ``module`` and never starts the
+        runtime: a runtime call added to ``module`` would raise there."""
+        for other in self.run.modules.values():
+            if other is self.entry or other is module or not is_entry(other):
+                continue
+            # (A folder without ``__init__.py`` next to the script: ``import
+            # data_loader.data_loaders``, which the import graph does not resolve.)
+            imported = module.path in self.context.imports.get(other.path, ()) or any(
+                other.path.parent.joinpath(*name.split(".")).with_suffix(".py") == module.path
+                for name in other.fm.info.imports)
+            if imported and not _runtime_calls(other):
+                return other
+        return None
 
     def _before_init(self, module: Module, call: cst.Call) -> Ref | None:
         """The ``init()`` of the program that runs after ``call``, where ``call`` runs at import
@@ -1121,6 +1178,11 @@ class _Entry:
         if function is None or depth > 3:
             return False
         callers = self.run.callers(Ref(module, function))
+        owner = module.fm.parent(module.fm.parent(function))
+        if not callers and isinstance(owner, cst.ClassDef) and (
+            Ref(module, owner).key in self.picked
+        ):
+            return False  # a method of a class a configuration picks: run, by every rank
         if not callers:
             # Nothing calls it by name. Handed over as a value (``trainer.set_callback(
             # 'on_batch_end', batch_end_callback)``, ``callbacks=[save]``), whoever it was given
@@ -1690,9 +1752,67 @@ def _writes(module: Module, framework: str) -> list[tuple[cst.Call, str]]:
             if method == "save" and framework == "tensorflow" and not call.args:
                 continue  # ``manager.save()`` is the CheckpointManager's, guarded like others
             found.append((call, fm.code(func)))
+    # ``path.open("wt")`` (a ``pathlib.Path``; ``gzip.open`` and the like are the tables').
+    for call in fm.method_calls("open"):
+        mode = argument(call, 0, "mode")
+        if mode is None or not isinstance(mode.value, cst.SimpleString) or module_function_call(
+            fm, call
+        ):
+            continue
+        text = mode.value.evaluated_value
+        if isinstance(text, str) and is_mode(text) and writes_in(text):
+            found.append((call, fm.code(call.func)))
     # Deleting is writing: ``shutil.rmtree(d)`` on every rank while rank 0 alone fills ``d``.
     found += [(call, fm.code(call.func)) for call in (*fm.calls_to(*DELETIONS),
                                                       *path_deletions(fm))]
+    return found
+
+
+def fm_code(module: Module, call: cst.Call) -> str:
+    return f"{module.fm.code(call.func)}(...)"
+
+
+def _unseen_writes(module: Module) -> list[tuple[cst.Call, str]]:
+    """Calls that may write files the converter cannot see: a logging configuration (its file
+    handlers), a writer made from a module picked at run time
+    (``importlib.import_module(name).SummaryWriter(log_dir)``)."""
+    fm = module.fm
+    found = [(call, "may add file handlers (a logging configuration the converter cannot "
+                    "read): every rank would write the same log file; give the ranks other than "
+                    "0 no file handler (`if {sdp}.rank() == 0:`)")
+             for call in fm.calls_to(*UNSEEN_WRITES)]
+    names = handle_names()
+    for name in sorted(names):
+        for call in fm.method_calls(name):
+            known = fm.qualified_names(call.func)
+            if not isinstance(call.func.value, cst.Call) or any(  # type: ignore[attr-defined]
+                q.split(".")[0] != "importlib" for q in known
+            ):
+                continue  # a name the tables know, or an object's method
+            found.append((call, f"may make a {name} of a module picked at run time, which "
+                                "writes files on every rank: make it on rank 0 only "
+                                "(`if {sdp}.rank() == 0:`, the others none)"))
+    return found
+
+
+def _strict_mkdirs(module: Module) -> list[tuple[cst.Call, str]]:
+    """Directories made on every rank with an ``exist_ok`` that may be False
+    (``path.mkdir(parents=True, exist_ok=exist_ok)``): every rank but the first raises
+    ``FileExistsError``; where the name differs between ranks (a timestamp), each makes its own."""
+    fm = module.fm
+    calls = [*fm.calls_to("os.makedirs"), *(c for c in fm.method_calls("mkdir")
+                                            if not module_function_call(fm, c))]
+    found = []
+    for call in calls:
+        flag = argument(call, 2, "exist_ok")  # os.makedirs(name, mode, exist_ok), Path.mkdir's
+        if flag is None or (isinstance(flag.value, cst.Name) and flag.value.value == "True"):
+            continue
+        found.append((call, f"runs on every rank with exist_ok={fm.code(flag.value)}, which may "
+                            "be False: every rank but the first raises FileExistsError (and a "
+                            "name made from the time may differ between ranks, each making its "
+                            "own): make it on rank 0 only and pass its name to the others after "
+                            "`{sdp}.barrier()`, or pass exist_ok=True with a name every rank "
+                            "shares"))
     return found
 
 

@@ -250,6 +250,10 @@ def _convert_once(data: bytes, options: Options, *, probe: bool = False) -> Resu
     )
     if options.project is not None:
         steps_in_wrapper(info, options.project.optimizer_wrappers)
+        if info.framework is None and "repair:fetch" in roles:
+            # A data module naming no framework (``torchvision`` alone): the program's.
+            info.framework = next((r.framework for r in options.project.repairs
+                                   if r.kind == "fetch" and r.framework), None)  # type: ignore[assignment]
         if "repair:init" in roles:
             # The entry point of a program that trains in other modules (a notebook driving
             # them, a module-level script): the whole-program contract says so.

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..modules import Project
 from .index import Binding, FileIndex, file_index
@@ -40,7 +41,7 @@ from .model import FileModel
 from .models import model_given, no_grad_in_class
 from .scopes import callers as file_callers
 from .scopes import class_of, method_of, param_for_arg
-from .syntax import code, is_empty_list
+from .syntax import code, findall, is_empty_list
 
 #: How far a trace goes (steps through names, calls, parameters).
 MAX_DEPTH = 24
@@ -291,6 +292,15 @@ class Run:
             target = self._project_target(Ref(call.module, func))
             if target is not None:
                 return target
+            # ``Cls.method(...)`` on a class of the run (a classmethod: ``Config.from_args()``).
+            if isinstance(func.value, cst.Name):
+                binding = file_index(call.fm).reaching(func.value.value, call.node)
+                owner = (Ref(call.module, binding.stmt) if binding is not None
+                         and isinstance(binding.stmt, cst.ClassDef) else
+                         self._project_target(Ref(call.module, func.value))
+                         if binding is None or binding.kind == "import" else None)
+                if owner is not None and isinstance(owner.node, cst.ClassDef):
+                    return self.method(owner, func.attr.value)
             # ``obj.method(...)`` on an instance of a class of the run.
             for trace in self.trace(Ref(call.module, func.value), depth=MAX_DEPTH - 8):
                 cls = self.instance_class(trace)
@@ -507,7 +517,7 @@ class Run:
                     found.append(Ref(cls.module, parent))
         if isinstance(cls.fm.parent(cls.node), cst.Module):
             found += self._calls_index().get((str(cls.module.path), cls.node.name.value), [])
-        return found
+        return found + _classmethod_instantiations(cls)
 
     def _super_calls(self, sub: Ref, name: str, base: Ref) -> list[Ref]:
         """``super().<name>(...)`` and ``Base.<name>(self, ...)`` in the methods of ``sub``."""
@@ -1459,3 +1469,25 @@ def build_run(sources: Mapping[Path, tuple[str, bytes | str, bool]]) -> Run:
         modules.append(Module(path, display, fm, written))
     data = {p: (s.encode() if isinstance(s, str) else s) for p, (_, s, _) in sources.items()}
     return Run(modules, Project(data))
+
+
+def _classmethod_instantiations(cls: Ref) -> list[Ref]:
+    """``cls(...)`` in the class's own classmethods (``def from_args(cls, args): ...
+    return cls(config)``): each makes an instance of the class, as ``Cls(...)`` does."""
+    assert isinstance(cls.node, cst.ClassDef)
+    found = []
+    for method in cls.node.body.body:
+        if not isinstance(method, cst.FunctionDef) or not method.params.params or not any(
+            isinstance(d.decorator, cst.Name) and d.decorator.value == "classmethod"
+            for d in method.decorators
+        ):
+            continue
+        first = method.params.params[0].name.value
+        for node in _walk_calls(method.body):
+            if isinstance(node.func, cst.Name) and node.func.value == first:
+                found.append(Ref(cls.module, node))
+    return found
+
+
+def _walk_calls(node: cst.CSTNode) -> list[cst.Call]:
+    return [n for n in findall(node, m.Call()) if isinstance(n, cst.Call)]

@@ -143,6 +143,23 @@ FRAMEWORK_HANDLES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Calls whose files the converter cannot see: a logging configuration read at run time may add
+# file handlers (``RotatingFileHandler``, ``FileHandler``), on every rank that runs it.
+UNSEEN_WRITES = ("logging.config.dictConfig", "logging.config.fileConfig")
+
+
+def handle_names() -> frozenset[str]:
+    """The last names of the handles that write files (``SummaryWriter``): what a call of a
+    module picked at run time (``importlib.import_module(name).SummaryWriter(d)``) may make."""
+    names = (*HANDLES, *(h for hs in FRAMEWORK_HANDLES.values() for h in hs))
+    return frozenset(n.rsplit(".", 1)[-1] for n in names)
+
+
+def is_mode(text: str) -> bool:
+    """``"wt"``, ``"rb"``, ``"a+"``: a file mode, not a path (``Image.open("a.png")``)."""
+    return 0 < len(text) <= 4 and all(c in "rwaxbtU+" for c in text)
+
+
 # Handles whose library has a do-nothing twin with the same methods (given to the other ranks).
 NOOP_TWINS = {"tensorflow.summary.create_file_writer": "create_noop_writer"}
 
