@@ -27,6 +27,7 @@ from .transforms import (
     pin_tf_gpus,
     port_fit_generator,
     print_on_rank0,
+    save_model_in_place,
     scale_keras_learning_rate,
     scale_learning_rate,
     shard_dataloader,
@@ -53,6 +54,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     shard_dataloader.ShardDataLoader,
     shard_shared_loader.ShardSharedLoader,
     wrap_model_ddp.WrapModelDdp,
+    # Reads wrap_model_ddp's notes of moves off the device, and repairs those it can.
+    save_model_in_place.SaveModelInPlace,
     # TensorFlow / Keras. pin_tf_gpus inserts after add_runtime_init's init(), the same anchor;
     # scale_keras_learning_rate turns compile's string optimizer into an object (lr scaled) before
     # wrap_keras_fit wraps that object in DistributedOptimizer (both edit the same call).

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import QualifiedNameSource
 
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
@@ -597,10 +599,15 @@ def data_parallel_statement(fm: FileModel, call: cst.Call) -> cst.CSTNode | None
     ) else None
 
 
+#: What the note of ``move_off_device_note`` says after the call's code (save_model_in_place reads
+#: those notes).
+MOVES_OFF_DEVICE = " moves the parameters of "
+
+
 def move_off_device_note(call: cst.Call, target: str, sdp: str) -> str:
     """The note at a move of a wrapped model off its device (``moves_off_device``)."""
     return (
-        f"{code(call)} moves the parameters of {target}, a {sdp}.DistributedDataParallel from "
+        f"{code(call)}{MOVES_OFF_DEVICE}{target}, a {sdp}.DistributedDataParallel from "
         "here on, off its device: DistributedDataParallel must keep them where it was built "
         "(moved away and back, its gradients can silently stop being averaged). Save without "
         f"moving it: `torch.save({{k: v.cpu() for k, v in {target}.state_dict().items()}}, "
@@ -705,3 +712,105 @@ def data_parallel_checkpoints(fm: FileModel, call: cst.Call, sdp: str) -> str | 
             f"`{{'module.' + k: v for k, v in {target}.state_dict().items()}}` to keep the old "
             "format, or load them into the plain model")
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """A wrapped model moved off its device and back in one block (``round_trip``)."""
+
+    #: ``model.eval().cpu()`` and ``model.to(device).train()``: statements of the same block.
+    away: cst.SimpleStatementLine
+    back: cst.SimpleStatementLine
+    #: The last of ``eval``/``train`` the two make (the mode the model is left in), or None.
+    mode: str | None
+    #: ``model``: the receiver, as written.
+    model: str
+    #: The ``model.state_dict()`` calls between them, each inside a ``torch.save(...)``.
+    saves: tuple[cst.Call, ...]
+
+
+def _moves(fm: FileModel, stmt: cst.CSTNode, away: bool) -> tuple[str, list[str]] | None:
+    """``model.eval().cpu()`` (``away``) or ``model.to(device).train()`` as a statement of its
+    own: (the receiver, the methods in call order); None for anything else (a dtype cast, an
+    argument that may not name the device, a value kept)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)):
+        return None
+    node, methods = stmt.body[0].value, []
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        name, args = node.func.attr.value, node.args
+        target = code(args[0].value) if len(args) == 1 and args[0].keyword is None else None
+        if name in ("eval", "train") and not args:
+            methods.append(name)
+        elif (name == "cpu" and away and not args) or (name == "cuda" and not away) or (
+                name == "to" and target is not None and ("cpu" in target) is away
+                and (away or re.search(r"device|cuda", target))):
+            methods.append("move")
+        else:
+            return None
+        node = node.func.value
+    if not isinstance(node, (cst.Name, cst.Attribute)) or "move" not in methods:
+        return None
+    return code(node), methods[::-1]
+
+
+def round_trip(fm: FileModel, call: cst.Call) -> RoundTrip | None:
+    """The round trip ``call`` (a move of a wrapped model off its device, ``moves_off_device``)
+    starts, where dropping both moves provably changes nothing but where the parameters stay:
+    the move back is a later statement of the same block, and between them the model is read
+    only by ``model.state_dict()`` inside ``torch.save(...)``, nothing leaves the block (no
+    ``return``, ``break``, ``continue``, ``raise``, ``yield``), and every call is to an import or
+    a builtin (none that could run the model: a function of the file, a method of a local value).
+    None otherwise."""
+    away = fm.enclosing_statement(call)
+    block = fm.parent(away) if away is not None else None
+    there = _moves(fm, away, True) if away is not None else None
+    if there is None or not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None
+    model, first = there
+    body = list(block.body)
+    start = next(i for i, s in enumerate(body) if s is away)
+    for end in range(start + 1, len(body)):
+        back = _moves(fm, body[end], False)
+        if back is not None and back[0] == model:
+            break
+    else:
+        return None
+    between = body[start + 1:end]
+    leaves = m.Return() | m.Break() | m.Continue() | m.Raise() | m.Yield() | m.Await()
+    nested = m.FunctionDef() | m.ClassDef() | m.Lambda() | m.Global() | m.Nonlocal()
+    if any(findall(s, leaves | nested) for s in between):
+        return None
+    saves: list[cst.Call] = []
+    for stmt in between:
+        for node in findall(stmt, m.Name() | m.Attribute()):
+            if code(node) != model:
+                continue
+            attribute = fm.parent(node)
+            read = fm.parent(attribute) if attribute is not None else None
+            if not (isinstance(attribute, cst.Attribute) and attribute.value is node
+                    and attribute.attr.value == "state_dict" and isinstance(read, cst.Call)
+                    and read.func is attribute and not read.args
+                    and any(isinstance(a, cst.Call) and fm.refers_to(a.func, "torch.save")
+                            for a in fm.ancestors(read))):
+                return None
+            saves.append(read)
+        for each in findall(stmt, m.Call()):
+            if each in saves:
+                continue
+            root = each.func
+            while isinstance(root, (cst.Attribute, cst.Call, cst.Subscript)):
+                root = root.func if isinstance(root, cst.Call) else root.value
+            sources = {q.source for q in fm.raw_qualified_names(root)}
+            if not sources or not sources <= {QualifiedNameSource.IMPORT,
+                                               QualifiedNameSource.BUILTIN}:
+                return None
+    if any(isinstance(n, cst.Name) and n.value == model.split(".")[0] and not any(
+            code(a) == model for a in (n, fm.parent(n)) if a is not None)
+            for stmt in between for n in findall(stmt, m.Name())):
+        return None  # ``self`` read otherwise than as ``self.model``
+    if not saves:
+        return None  # nothing saved: the block would lose both statements, the note stays
+    mode = next((x for x in reversed(first + _moves(fm, body[end], False)[1])
+                 if x in ("eval", "train")), None)
+    return RoundTrip(away, body[end], mode, model, tuple(saves))
