@@ -1374,16 +1374,18 @@ def test_writes_the_converter_cannot_see_or_that_race_never_hold(tmp_path: Path)
     assert entry.contract["parts"]["writes"]["state"] == "missing"
 
 
-@pytest.mark.parametrize("evaluator", [False, True])
+@pytest.mark.parametrize("evaluator", ["", "runs", "reads"])
 def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_ordered(
-    tmp_path: Path, evaluator: bool
+    tmp_path: Path, evaluator: str
 ):
     """pytorch-template: `getattr(module, spec["type"])(...)` makes a DataLoader subclass of
     `loaders/toy.py` (a folder without `__init__.py`, importing torchvision alone) whose
     `__init__` downloads MNIST. Nothing calls that class by name; it is the program's all the
     same: the module is among the contract's, and the download runs in `sdp.rank0_first()`; unless
     an evaluation script that never starts the runtime imports the module too (there
-    `rank0_first()` would raise): then it is named, not made."""
+    `rank0_first()` would raise): then it is named, not made. A script that only reads the
+    class (`DigitsLoader.__name__`, deeplabv3plus's predict.py reading a static method) runs
+    no download: the repair is made."""
     files = {
         "settings.py": """\
             def build(spec, module):
@@ -1421,17 +1423,19 @@ def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_order
             """,
     }
     if evaluator:
-        files["evaluate.py"] = """\
+        use = ('len(module_data.DigitsLoader("d", 8))' if evaluator == "runs"
+               else "module_data.DigitsLoader.__name__")
+        files["evaluate.py"] = f"""\
             import loaders.toy as module_data
 
             if __name__ == "__main__":
-                print(len(module_data.DigitsLoader("d", 8)))
+                print({use})
             """
     outcomes = check(tmp_path, files)
     [entry] = [o for o in outcomes if o.contract]
     assert "loaders/toy.py" in entry.contract["modules"]
     [toy] = [o for o in outcomes if o.path.endswith("toy.py")]
-    if evaluator:
+    if evaluator == "runs":
         [note] = [c.message for c in toy.changes]
         assert note.startswith("datasets.MNIST(...) downloads on every rank at once")
         assert "(not made: evaluate.py imports loaders/toy.py too and runs without sdp.init())" in (

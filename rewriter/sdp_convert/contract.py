@@ -58,7 +58,14 @@ from .program.run import (
     Trace,
     _names_of_call,
 )
-from .program.scopes import assigned_values, callee, param_for_arg, referents, uses
+from .program.scopes import (
+    assigned_values,
+    callee,
+    class_of,
+    param_for_arg,
+    referents,
+    uses,
+)
 from .program.sharding import loader_problem
 from .program.syntax import is_none
 from .program.tfshards import shards_at
@@ -1074,7 +1081,7 @@ class _Entry:
         program's framework where the module names none (``torchvision`` alone)."""
         repair = (self.repair("fetch", Ref(module, call)) if not module.fm.info.training
                   else None)
-        other = self._other_user(module)
+        other = self._other_user(module, call)
         if repair is not None and other is not None:
             # ``rank0_first()`` there would raise NotInitializedError in that script: said, not
             # made (``_other_user``).
@@ -1087,9 +1094,9 @@ class _Entry:
         framework = "torch" if self.torch_steps else "tensorflow"
         return replace(repair, framework=framework)
 
-    def _other_user(self, module: Module) -> Module | None:
-        """Another script of the run (``test.py``) that imports ``module`` and never starts the
-        runtime: a runtime call added to ``module`` would raise there."""
+    def _other_user(self, module: Module, call: cst.Call) -> Module | None:
+        """Another script of the run (``test.py``) that imports ``module``, may run ``call``
+        (``_may_run``) and never starts the runtime: a runtime call added there would raise."""
         for other in self.run.modules.values():
             if other is self.entry or other is module or not is_entry(other):
                 continue
@@ -1098,9 +1105,46 @@ class _Entry:
             imported = module.path in self.context.imports.get(other.path, ()) or any(
                 other.path.parent.joinpath(*name.split(".")).with_suffix(".py") == module.path
                 for name in other.fm.info.imports)
-            if imported and not _runtime_calls(other):
+            if imported and not _runtime_calls(other) and self._may_run(other, module, call):
                 return other
         return None
+
+    def _may_run(self, other: Module, module: Module, call: cst.Call) -> bool:
+        """Whether ``other`` may run ``call`` of ``module``: the function around it is called,
+        through its callers, from ``other`` (a script that only reads a class's constant or
+        static method, ``VOCSegmentation.decode_target``, does not run its download). Unsure
+        (a call at import, callers too deep to follow) counts as may."""
+        imported: set[object] = set()
+        stack = [other.path]
+        while stack:  # the modules ``other`` imports, directly or not
+            for path in self.context.imports.get(stack.pop(), ()):
+                if path not in imported:
+                    imported.add(path)
+                    stack.append(path)
+        seen: set[tuple[str, int]] = set()
+        names: set[str] = set()  # the functions (and classes, for __init__) on the way
+        todo = [(module, module.fm.enclosing_function(call))]
+        while todo:
+            where, function = todo.pop()
+            if function is None:
+                if where is other or where.path in imported or where is module:
+                    return True  # runs at import of a module ``other`` imports
+                continue  # another script's own code
+            if len(seen) > 50:
+                return True  # too far to follow
+            ref = Ref(where, function)
+            if ref.key in seen:
+                continue
+            seen.add(ref.key)
+            names.add(function.name.value)
+            owner = class_of(where.fm, function)
+            if owner is not None and function.name.value == "__init__":
+                names.add(owner.name.value)
+            for caller in self.run.callers(ref):
+                if caller.module is other:
+                    return True
+                todo.append((caller.module, caller.module.fm.enclosing_function(caller.node)))
+        return _may_call(other, names)
 
     def _before_init(self, module: Module, call: cst.Call) -> Ref | None:
         """The ``init()`` of the program that runs after ``call``, where ``call`` runs at import
@@ -1386,6 +1430,32 @@ def _early_runtime(module: Module) -> list[cst.Call]:
                 for q in fm.qualified_names(c.func))
         ]
     return found
+
+
+def _may_call(other: Module, names: set[str]) -> bool:
+    """Whether ``other`` may call one of ``names`` where the run's callers do not show it:
+    a call by that last name of something ``other`` does not define itself (through an import
+    the graph does not resolve, a folder without ``__init__.py``), a ``getattr`` (a class
+    picked by name), or a module handed to another call (``config.init_obj("data", module)``)."""
+    body = other.fm.module.body
+    own = {s.name.value for s in body if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
+    if any(q.rsplit(".", 1)[-1] in names and q.split(".", 1)[0] not in own
+           for q in other.fm.info.calls):
+        return True
+    if "builtins.getattr" in other.fm.info.calls:
+        return True
+    nodes: list[cst.CSTNode] = []
+    todo: list[cst.CSTNode] = [other.fm.module]
+    while todo:
+        nodes.append(todo.pop())
+        todo.extend(nodes[-1].children)
+    aliases = {
+        (a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name)
+         else other.fm.code(a.name).split(".")[0])
+        for node in nodes if isinstance(node, cst.Import) for a in node.names
+    }
+    return any(isinstance(arg.value, cst.Name) and arg.value.value in aliases
+               for node in nodes if isinstance(node, cst.Call) for arg in node.args)
 
 
 def _runtime_name(module: Module) -> str:
