@@ -1114,20 +1114,14 @@ class _Entry:
         through its callers, from ``other`` (a script that only reads a class's constant or
         static method, ``VOCSegmentation.decode_target``, does not run its download). Unsure
         (a call at import, callers too deep to follow) counts as may."""
-        imported: set[object] = set()
-        stack = [other.path]
-        while stack:  # the modules ``other`` imports, directly or not
-            for path in self.context.imports.get(stack.pop(), ()):
-                if path not in imported:
-                    imported.add(path)
-                    stack.append(path)
+        imported = {m.path for m in reach_of(self.run, other, self.context.imports)}
         seen: set[tuple[str, int]] = set()
         names: set[str] = set()  # the functions (and classes, for __init__) on the way
         todo = [(module, module.fm.enclosing_function(call))]
         while todo:
             where, function = todo.pop()
             if function is None:
-                if where is other or where.path in imported or where is module:
+                if where.path in imported or where is module:
                     return True  # runs at import of a module ``other`` imports
                 continue  # another script's own code
             if len(seen) > 50:
@@ -1444,11 +1438,7 @@ def _may_call(other: Module, names: set[str]) -> bool:
         return True
     if "builtins.getattr" in other.fm.info.calls:
         return True
-    nodes: list[cst.CSTNode] = []
-    todo: list[cst.CSTNode] = [other.fm.module]
-    while todo:
-        nodes.append(todo.pop())
-        todo.extend(nodes[-1].children)
+    nodes = other.fm.parents  # every node of the file but the module
     aliases = {
         (a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name)
          else other.fm.code(a.name).split(".")[0])
