@@ -333,7 +333,7 @@ class Detector(Visitor):
                 self.optimizer_classes.add(node)
 
     def visit_If(self, node: cst.If) -> None:
-        if self._depth == 0 and _is_main_guard(node.test):
+        if self._depth == 0 and is_main_guard(node.test):
             self.main_guard = True
 
     def visit_Import(self, node: cst.Import) -> None:
@@ -424,7 +424,7 @@ def _is_test_name(name: str) -> bool:
     return name.startswith("test_") and name not in _MODEL_TEST_METHODS
 
 
-def _is_main_guard(test: cst.BaseExpression) -> bool:
+def is_main_guard(test: cst.BaseExpression) -> bool:
     """``__name__ == "__main__"`` (either way round)."""
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return False

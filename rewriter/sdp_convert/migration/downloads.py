@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from ..analysis import is_main_guard
 from ..program.deletions import next_statement
 from ..program.fetches import fetch_unit, file_fetches
 
@@ -101,16 +102,9 @@ def _at_import(t: MigrationChecks, call: cst.Call) -> bool:
 
 def _main_block(module: cst.Module) -> cst.If | None:
     for stmt in module.body:
-        if isinstance(stmt, cst.If) and _is_main_test(stmt.test):
+        if isinstance(stmt, cst.If) and is_main_guard(stmt.test):
             return stmt
     return None
-
-
-def _is_main_test(test: cst.BaseExpression) -> bool:
-    return (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name)
-            and test.left.value == "__name__" and len(test.comparisons) == 1
-            and isinstance(test.comparisons[0].comparator, cst.SimpleString)
-            and test.comparisons[0].comparator.evaluated_value == "__main__")
 
 
 def _before_init(t: MigrationChecks, stmt: cst.CSTNode) -> bool:
