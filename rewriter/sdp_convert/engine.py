@@ -27,6 +27,7 @@ from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
 from .compiles import check as _check_syntax  # CPython's own verdict, its message
 from .formatting import format_changed
+from .longparse import parse_module
 from .pipeline import PIPELINE
 from .program.builders import rank0_test
 from .program.index import FileIndex, index_module
@@ -182,7 +183,7 @@ def _parse(data: bytes) -> cst.Module:
     if b"\0" in data[:8192]:
         raise ConversionError("binary file (contains NUL bytes)")
     try:
-        return cst.parse_module(data)
+        return parse_module(data)  # libcst's parse, a piece at a time for a long file
     except cst.ParserSyntaxError as err:
         _check_syntax(data)  # CPython's message is clearer ("Missing parentheses in call...")
         message = err.message.split(": expected one of")[0]
