@@ -452,12 +452,27 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     if visitor.on_visit(node):
         for name in _fields(node):
             child = getattr(node, name)
-            if isinstance(child, cst.CSTNode):
+            kind = _KINDS.get(type(child)) or _kind(type(child))
+            if kind is _NODE:
                 walk(child, visitor)
-            elif isinstance(child, (tuple, list)):
+            elif kind is _SEQUENCE:
                 for item in child:
                     walk(item, visitor)
     visitor.on_leave(node)
+
+
+_NODE, _SEQUENCE, _OTHER = "node", "sequence", "other"
+#: Per class of a field's value, ``_NODE``, ``_SEQUENCE`` or ``_OTHER``: ``isinstance`` of
+#: libcst's abstract ``CSTNode`` goes through ``abc``'s check, about a fifth of a walk's time.
+_KINDS: dict[type, str] = {}
+
+
+def _kind(cls: type) -> str:
+    kind = _KINDS[cls] = (
+        _NODE if issubclass(cls, cst.CSTNode)
+        else _SEQUENCE if issubclass(cls, (tuple, list)) else _OTHER
+    )
+    return kind
 
 
 class _Finder(cst.CSTVisitor):
@@ -521,9 +536,10 @@ def _preorder(tree: cst.CSTNode) -> list[cst.CSTNode]:
         children: list[cst.CSTNode] = []
         for name in _fields(node):
             child = getattr(node, name)
-            if isinstance(child, cst.CSTNode):
+            kind = _KINDS.get(type(child)) or _kind(type(child))
+            if kind is _NODE:
                 children.append(child)
-            elif isinstance(child, (tuple, list)):
+            elif kind is _SEQUENCE:
                 children.extend(child)
         todo.extend(reversed(children))
     return found
