@@ -988,8 +988,8 @@ class _Entry:
             function, call, positions, shared = outer, up, handed, len(calls) > 1
         assert isinstance(call.node, cst.Call)
         outer = call.fm.enclosing_function(call.node)
-        traces = [t for p in positions for t in self.run.trace(Ref(call.module,
-                                                                    call.node.args[p].value))]
+        traces = [t for p in positions for t in self.run.trace(
+            Ref(call.module, call.node.args[p].value), branches=True)]
         for t in traces:
             names = _names_of_call(t.made) if t.made is not None else set()
             if any(".random" in q for q in names):
