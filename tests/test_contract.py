@@ -1443,3 +1443,122 @@ def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_order
         return
     assert [(c.transform, c.line) for c in toy.changes] == [("order_downloads", 7)]
     assert b"with sdp.rank0_first():" in toy.output
+
+
+# -- arrays handed to a library's pipeline builder, which shuffles and batches inside ----------
+
+LIBRARY_BUILDER = {
+    "lib/__init__.py": """\
+        from lib.data import *
+        """,
+    "lib/data/__init__.py": """\
+        from lib.data.dataset import *
+        """,
+    "lib/data/dataset.py": """\
+        import tensorflow as tf
+
+
+        def batch_dataset(dataset, batch_size, shuffle=True):
+            if shuffle:
+                dataset = dataset.shuffle(2048)
+            return dataset.batch(batch_size, drop_remainder=True)
+
+
+        def memory_data_batch_dataset(memory_data, batch_size, shuffle=True):
+            dataset = tf.data.Dataset.from_tensor_slices(memory_data)
+            return batch_dataset(dataset, batch_size, shuffle=shuffle)
+        """,
+    "data.py": """\
+        import tensorflow as tf
+        import lib as tl
+
+
+        def make_32x32_dataset(name, batch_size):
+            if name == 'mnist':
+                (train_images, _), (_, _) = tf.keras.datasets.mnist.load_data()
+            else:
+                (train_images, _), (_, _) = tf.keras.datasets.fashion_mnist.load_data()
+            dataset = tl.memory_data_batch_dataset(train_images, batch_size)
+            return dataset, len(train_images) // batch_size
+
+
+        def make_disk_dataset(img_paths, batch_size):
+            return tl.memory_data_batch_dataset(img_paths, batch_size).map(tf.io.read_file)
+        """,
+    "train.py": """\
+        import argparse
+        import glob
+
+        import tensorflow as tf
+
+        import data
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--dataset', default='mnist')
+        parser.add_argument('--lr', type=float, default=0.0002)
+        args = parser.parse_args()
+
+        if args.dataset in ['mnist', 'fashion_mnist']:
+            dataset, len_dataset = data.make_32x32_dataset(args.dataset, 32)
+        LISTED
+        model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+        optimizer = tf.keras.optimizers.Adam(learning_rate=args.lr)
+
+
+        @tf.function
+        def train_step(x):
+            with tf.GradientTape() as t:
+                loss = tf.reduce_mean(model(tf.cast(x, tf.float32)) ** 2)
+            grads = t.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+        for x in dataset:
+            train_step(x)
+        """,
+}
+
+LISTED = """\
+elif args.dataset == 'faces':
+            img_paths = LISTING
+            dataset = data.make_disk_dataset(img_paths, 32)"""
+
+
+def _library_builder(listing: str | None) -> dict[str, str]:
+    files = dict(LIBRARY_BUILDER)
+    files["train.py"] = files["train.py"].replace(
+        "LISTED", "" if listing is None else LISTED.replace("LISTING", listing))
+    return files
+
+
+@pytest.mark.parametrize("listing", [None, "sorted(glob.glob('faces/*.jpg'))"])
+def test_arrays_handed_to_a_library_pipeline_builder_are_split_where_handed_over(
+    tmp_path: Path, listing: str | None
+):
+    # The library's builder (called once, or by another helper too) shuffles and batches what
+    # it is given: the arrays (or the sorted paths) are split where they are handed to it, in
+    # every branch that makes the training data; the library is left whole.
+    by = {o.path: o for o in check(tmp_path, _library_builder(listing))}
+    data_py, train = by["data.py"].output.decode(), by["train.py"].output.decode()
+    assert "tl.memory_data_batch_dataset(sdp.shard(train_images), batch_size)" in data_py
+    assert by["lib/data/dataset.py"].status == "unchanged"
+    if listing is not None:
+        assert "data.make_disk_dataset(sdp.shard(img_paths), 32)" in train
+        assert "tl.memory_data_batch_dataset(img_paths, batch_size)" in data_py
+    assert "Adam(learning_rate=args.lr * sdp.size())" in train
+    assert not [c for o in by.values() for c in o.changes if c.manual]
+    contract = by["train.py"].contract
+    assert contract is not None and contract["parts"]["data"]["state"] == "holds"
+
+
+def test_a_branch_whose_paths_come_from_a_listing_is_not_split_and_says_why(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, _library_builder("glob.glob('faces/*.jpg')"))}
+    # The arrays' branch is split; the listed paths are not (their order may differ between
+    # ranks), and the note says so; the rate stays as it is, since not every branch is split.
+    assert "sdp.shard(train_images)" in by["data.py"].output.decode()
+    train = by["train.py"].output.decode()
+    assert "sdp.shard(img_paths)" not in train and "args.lr * sdp.size()" not in train
+    [note] = notes(list(by.values()), "data")
+    assert "come from glob.glob('faces/*.jpg') at train.py:16, a listing whose order may " \
+           "differ between ranks" in note
+    assert by["train.py"].contract["parts"]["data"]["state"] == "missing"

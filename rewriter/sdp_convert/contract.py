@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
@@ -93,6 +94,9 @@ from .program.writes import (
     open_mode,
     writes_in,
 )
+
+if TYPE_CHECKING:
+    from .program.model import FileModel
 
 PARTS = ("init", "averaging", "data", "state", "writes")
 AUDIT = "sdp-run --audit checks it at run time"
@@ -908,7 +912,7 @@ class _Entry:
         """Check the data a fit (or a tape's loop) trains on; whether it is split (or will be,
         by a repair)."""
         split = True
-        for trace in self.run.trace(data):
+        for trace in self.run.trace(data, branches=True):
             if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace) or (
                 self._splits_inside(trace)
             ):
@@ -936,18 +940,21 @@ class _Entry:
                 # (Where the rules of ``program.tfshards`` allow a shard: not after a shuffle or
                 # batch, each input of a zip at its source.)
                 site = _shard_site(trace, made)
-                shared = self._shared_builder(trace, made) if tf_data else None
-                if shared is not None:
-                    # A builder of the evaluation data too: its training call's arrays, or
-                    # nothing (never the evaluation data).
-                    repair = self._argument_repair(made, *shared)
-                else:
+                builder = self._builder(trace, made) if tf_data else None
+                # A builder of the evaluation data too (called twice or more): its training
+                # call's arrays, or nothing (never the evaluation data). A builder called once
+                # whose pipeline cannot be sharded inside (it shuffles or batches what it is
+                # given): the arrays (or paths) its call hands over, split at that call.
+                repair, why = None, ""
+                if builder is None or not builder[2]:
                     repair = self.repair("shard_dataset", site, self.where(at)) if tf_data and (
                         not made.fm.info.training) and shards_at(site.fm, site.node) else None
+                if repair is None and builder is not None:
+                    repair, why = self._argument_repair(trace, made, *builder)
                 split = repair is not None
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "
-                    "between ranks: shard it "
+                    f"between ranks{why}: shard it "
                     f"(`dataset.shard({self.sdp}.size(), {self.sdp}.rank())` before shuffle and "
                     f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"), repair)
             else:
@@ -957,54 +964,84 @@ class _Entry:
                     f"{AUDIT}"))
         return split
 
-    def _shared_builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None] | None:
-        """The function (or method) of the run that makes the training data at ``made`` and is
-        called elsewhere too (for the evaluation data, by another entry point), with its call
-        on the training data's way (None where it is not seen); None for a function called
-        once, or no function."""
+    def _builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None, bool] | None:
+        """The function (or method) of the run that makes the training data at ``made``, with
+        its call on the training data's way (None where it is not seen) and whether it is
+        called elsewhere too (for the evaluation data, by another entry point, say); None for
+        no function, or one nothing calls."""
         function = made.fm.enclosing_function(made.node)
         if function is None:
             return None
         calls = self.run.callers(Ref(made.module, function))
-        if len(calls) < 2:
+        if not calls:
             return None
         call = next((r for r in trace.through if isinstance(r.node, cst.Call)
                      and any(r.node is c.node for c in calls)), None)
-        return function, call
+        return function, call, len(calls) > 1
 
-    def _argument_repair(self, made: Ref, function: cst.FunctionDef,
-                         call: Ref | None) -> Repair | None:
-        """``from_tensor_slices((x, y))`` of ``function``'s parameters: the arrays its training
-        call passes are split there (``build(sdp.shard(x), sdp.shard(y))``), when they come
-        from no random draw (the same order on every rank)."""
+    def _argument_repair(self, trace: Trace, made: Ref, function: cst.FunctionDef,
+                         call: Ref | None, shared: bool) -> tuple[Repair | None, str]:
+        """``from_tensor_slices((x, y))`` of ``function``'s parameters: the arrays (or file
+        paths) its training call passes are split there (``build(sdp.shard(x),
+        sdp.shard(y))``), or where that call's function got them from its own caller on the
+        training data's way (the outermost call that hands them over), when they come from no
+        random draw and no listing of files (the same order on every rank). Else None, and
+        why not (said in the note; "" where the shape is not this one)."""
         node = made.node
         if call is None or not isinstance(node, cst.Call) or not isinstance(
             call.node, cst.Call
         ) or not node.args or not any(
             q.endswith("from_tensor_slices") for q in _names_of_call(made)
         ):
-            return None
-        value = node.args[0].value
-        parts = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) \
-            else [value]
-        index = file_index(made.fm)
-        positions: list[int] = []
-        for part in parts:
-            binding = index.reaching(part.value, part) if isinstance(part, cst.Name) else None
-            if binding is None or binding.kind != "param" or binding.stmt is not function:
-                return None
-            position = next((i for i, a in enumerate(call.node.args)
-                             if (p := param_for_arg(function, call.node, a)) is not None
-                             and p.name.value == part.value), None)
-            if position is None:
-                return None
-            arg = call.node.args[position].value
-            if any(t.made is not None and any(".random" in q for q in _names_of_call(t.made))
-                   for t in self.run.trace(Ref(call.module, arg))):
-                return None
-            positions.append(position)
-        return self.repair("shard_arguments", call,
-                           f"{function.name.value}:{','.join(map(str, positions))}")
+            return None, ""
+        positions = _param_positions(made.fm, node.args[0].value, function, call.node)
+        if positions is None:
+            return None, ""
+        # Handed over from further out: ``def make(paths): return build(paths)``.
+        inner: list[tuple[Ref, str]] = []
+        while (outer := call.fm.enclosing_function(call.node)) is not None:
+            calls = self.run.callers(Ref(call.module, outer))
+            up = next((r for r in trace.through if isinstance(r.node, cst.Call)
+                       and any(r.node is c.node for c in calls)), None)
+            handed = None if up is None else _param_positions(
+                call.fm, [call.node.args[p].value for p in positions], outer, up.node)
+            if handed is None:
+                break
+            inner.append((call, function.name.value))
+            function, call, positions, shared = outer, up, handed, len(calls) > 1
+        assert isinstance(call.node, cst.Call)
+        outer = call.fm.enclosing_function(call.node)
+        traces = [t for p in positions for t in self.run.trace(
+            Ref(call.module, call.node.args[p].value), branches=True)]
+        for t in traces:
+            names = _names_of_call(t.made) if t.made is not None else set()
+            if any(".random" in q for q in names):
+                return None, ""
+            # (A listing helper of the program's, ``py.glob(...)``, is on the way.)
+            listing = next((r for r in (t.made, *t.through) if r is not None and isinstance(
+                r.node, cst.Call) and any(q.rsplit(".", 1)[-1] in _LISTINGS
+                                          for q in _names_of_call(r))), None)
+            if listing is not None:
+                return None, (
+                    f" (the file paths handed to {function.name.value}() at {self.where(call)} "
+                    f"come from {_short(listing.code)} at {self.where(listing)}, a listing whose "
+                    "order may differ between ranks, so their parts would overlap: sort it, "
+                    "`sorted(...)`, before it is split)")
+        callers = [c.node for c in self.run.callers(Ref(call.module, outer))] if outer else []
+        for t in traces:
+            if t.made is not None and isinstance(t.made.node, (cst.Tuple, cst.List)) or any(
+                r.node is a.value for r in t.through for c in callers
+                if isinstance(c, cst.Call) for a in c.args
+            ):
+                # Packed here (not followed), or from the caller of the function that hands
+                # them over (which could not be followed out to it).
+                return None, ""
+        # The calls inside, which pass the split arrays on (their module learns that what they
+        # make is split: no note there), with no arrays of their own to split.
+        self.extra_repairs += [r for c, name in inner
+                               if (r := self.repair("shard_arguments", c, f"{name}:"))]
+        return self.repair("shard_arguments", call, f"{function.name.value}:"
+                           f"{','.join(map(str, positions))}{'' if shared else ':once'}"), ""
 
     # -- writes and downloads ------------------------------------------------------------------
 
@@ -2008,3 +2045,29 @@ def _holds_detail(part: str, check: _Entry) -> str:
         "state": "rank 0's initial state on every rank",
         "writes": "writes on rank 0",
     }[part]
+
+
+#: Calls that list files in the order the file system gives (not sorted).
+_LISTINGS = frozenset({"glob", "iglob", "listdir", "scandir", "walk", "iterdir", "rglob"})
+
+
+def _param_positions(fm: FileModel, value: cst.BaseExpression | list[cst.BaseExpression],
+                     function: cst.FunctionDef, call: cst.Call) -> list[int] | None:
+    """The positions in ``call`` (of ``function``) of the arguments given for the parameters
+    ``value`` names (a name, or a tuple, list or list of names of ``function``'s parameters);
+    None where one is not a parameter, or not given by position."""
+    parts = value if isinstance(value, list) else (
+        [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value])
+    index = file_index(fm)
+    positions: list[int] = []
+    for part in parts:
+        binding = index.reaching(part.value, part) if isinstance(part, cst.Name) else None
+        if binding is None or binding.kind != "param" or binding.stmt is not function:
+            return None
+        position = next((i for i, a in enumerate(call.args)
+                         if (p := param_for_arg(function, call, a)) is not None
+                         and p.name.value == part.value), None)
+        if position is None:
+            return None
+        positions.append(position)
+    return positions

@@ -380,15 +380,14 @@ class ShardTfDataset(Transform):
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         """An array handed to a helper that builds the training and the test datasets."""
-        helper = self.plan.arrays.get(original_node.value)
+        helper, others = self.plan.arrays.get(original_node.value, (None, ""))
         if helper is None:
             return updated_node
         array = code(original_node.value)
         self.record(
             original_node.value,
-            f"{array} -> {self.sdp}.shard({array}): {helper}() builds the training data from it "
-            f"(and the evaluation data from other arrays), so each worker gets every "
-            f"{self.sdp}.size()-th sample of it",
+            f"{array} -> {self.sdp}.shard({array}): {helper}() builds the training data from "
+            f"it{others}, so each worker gets every {self.sdp}.size()-th sample of it",
         )
         split = cst.Call(
             func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(updated_node.value)]
