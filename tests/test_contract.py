@@ -1562,3 +1562,25 @@ def test_a_branch_whose_paths_come_from_a_listing_is_not_split_and_says_why(tmp_
     assert "come from glob.glob('faces/*.jpg') at train.py:16, a listing whose order may " \
            "differ between ranks" in note
     assert by["train.py"].contract["parts"]["data"]["state"] == "missing"
+
+
+def test_data_split_on_some_paths_only_is_said_so_in_every_note(tmp_path: Path):
+    # dcgan-tf2's shape: the default branch's arrays are split where they are handed to the
+    # library's builder, the listed paths' branch is not. No note may say "not split" of the
+    # data as a whole (false on the default path), nor "split": each says which path is which,
+    # and the rate stays as it is (it would be N times too large on the unsplit path).
+    by = {o.path: o for o in check(tmp_path, _library_builder("glob.glob('faces/*.jpg')"))}
+    train = by["train.py"]
+    assert "sdp.shard(train_images)" in by["data.py"].output.decode()
+    assert "args.lr * sdp.size()" not in train.output.decode()
+    partly = ("partly split: split on the path through make_32x32_dataset() (data.py:11); "
+              "not split on the path through make_disk_dataset() (data.py:15)")
+    [loop] = [c.message for c in train.changes if c.transform == "shard_tf_dataset"]
+    assert loop.startswith(f"training data {partly}: "), loop
+    rates = [c.message for c in train.changes if c.transform == "scale_keras_learning_rate"]
+    assert rates and all("split on some of the paths that bind it only" in r
+                         and "not split between" not in r for r in rates), rates
+    assert train.contract["parts"]["data"]["state"] == "missing"
+    assert train.contract["parts"]["data"]["detail"].startswith(partly), train.contract
+    [note] = notes(list(by.values()), "data")
+    assert note.split(": ", 1)[1].startswith(partly), note

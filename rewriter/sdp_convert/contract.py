@@ -688,7 +688,7 @@ class _Entry:
             if data is None:
                 continue
             self.fit_data[fit.fit.key] = split = self._tf_data(Ref(fit.fit.module, data),
-                                                              fit.fit)
+                                                              fit.fit, fit.fit)
             if split and self._data_elsewhere(Ref(fit.fit.module, data)):
                 # What fit reads is split at its source in another module: the fit's module
                 # must not call it unsplit.
@@ -706,7 +706,7 @@ class _Entry:
             if loop.key in done:
                 continue
             done.add(loop.key)
-            if self._tf_data(_iterable(loop, tape_step.apply), tape_step.apply) and (
+            if self._tf_data(_iterable(loop, tape_step.apply), tape_step.apply, loop) and (
                 self._data_elsewhere(_iterable(loop, tape_step.apply))
             ):
                 # Split at its source in another module (``make_zip_dataset`` of data.py): the
@@ -908,18 +908,25 @@ class _Entry:
             f"rank={self.sdp}.rank())`"), repair)
         return repair is not None and loader_problem(loader.fm, node) is None
 
-    def _tf_data(self, data: Ref, at: Ref) -> bool:
-        """Check the data a fit (or a tape's loop) trains on; whether it is split (or will be,
-        by a repair)."""
-        split = True
+    def _tf_data(self, data: Ref, at: Ref, told: Ref | None = None) -> bool:
+        """Check the data a fit (or a tape's loop, ``told``) trains on; whether it is split (or
+        will be, by a repair) on every path that binds it. Where it is split on some paths
+        only (``if a: ds = f() else: ds = g()``), every data line says which, and ``told``'s
+        module learns it (``partly_split``: its notes say the same)."""
+        first = len(self.findings)
+        split_on: list[str] = []
+        not_split: list[str] = []
+        unknown: list[str] = []
         for trace in self.run.trace(data, branches=True):
             if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace) or (
                 self._splits_inside(trace)
             ):
+                split_on.append(self._path_of(trace, data))
                 continue
             made = trace.made
-            split = False
+            not_split.append(self._path_of(trace, data))
             if made is None:
+                unknown.append(not_split.pop())
                 self.add("data", "unknown", trace.at or data, (
                     f"the data trained on at {self.where(at)} could not be followed to where it "
                     f"is made ({trace.stop}): whether each rank reads its own part is not "
@@ -951,18 +958,42 @@ class _Entry:
                         not made.fm.info.training) and shards_at(site.fm, site.node) else None
                 if repair is None and builder is not None:
                     repair, why = self._argument_repair(trace, made, *builder)
-                split = repair is not None
+                if repair is not None:  # split by the repair on this path
+                    split_on.append(not_split.pop())
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "
                     f"between ranks{why}: shard it "
                     f"(`dataset.shard({self.sdp}.size(), {self.sdp}.rank())` before shuffle and "
                     f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"), repair)
             else:
+                unknown.append(not_split.pop())
                 self.add("data", "unknown", made, (
                     f"the data trained on at {self.where(at)} comes from {_short(made.code)}, and "
                     "the converter cannot tell whether it gives each rank its own part; "
                     f"{AUDIT}"))
-        return split
+        if split_on and (not_split or unknown):
+            partly = "partly split: " + "; ".join(
+                f"{how} on the path{'s' * (len(paths) > 1)} {', '.join(paths)}"
+                for how, paths in (("split", list(dict.fromkeys(split_on))),
+                                   ("not split", list(dict.fromkeys(not_split))),
+                                   ("not known whether split", list(dict.fromkeys(unknown))))
+                if paths)
+            for finding in self.findings[first:]:
+                if finding.part == "data":
+                    finding.message = f"{partly}: {finding.message}"
+            self.extra_repairs += [r for r in [self.repair("partly_split", told, partly)] if r]
+        return not not_split and not unknown
+
+    def _path_of(self, trace: Trace, data: Ref) -> str:
+        """The way one path of the training data takes, for a reader: the function of another
+        module it comes out of (``through make_32x32_dataset() (data.py:37)``), or where it
+        stops."""
+        out = next((r for r in trace.through if r.module is not data.module), trace.made)
+        if out is None:
+            return f"where {_short(trace.stop)} (not followed)"
+        function = out.fm.enclosing_function(out.node)
+        return f"through {function.name.value}() ({self.where(out)})" if function else (
+            f"through {self.where(out)}")
 
     def _builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None, bool] | None:
         """The function (or method) of the run that makes the training data at ``made``, with

@@ -94,6 +94,8 @@ class TrainingData:
     trace: DatasetTrace | None = None
     #: The expressions found there that hold a dataset, with their traces.
     candidates: list[tuple[Candidate, DatasetTrace]] = field(default_factory=list)
+    #: Split on some of the paths that bind it only: which (``partly split: split on ...``).
+    partly: str = ""
 
     @property
     def sharded(self) -> bool:
@@ -164,9 +166,19 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
     # contract followed it there: ``known_dataset``).
     split_elsewhere = [node for _, node in repairs_of(fm, "known_dataset")]
     argument_repairs = repairs_of(fm, "shard_arguments")
+    # Data bound on several paths, split on some of them only (``partly_split``: the contract
+    # followed each): what it says of each path.
+    partly = repairs_of(fm, "partly_split")
     for where, candidates in training_dataset_uses(fm):
         if any(node is where or where in fm.ancestors(node) for node in split_elsewhere):
             plan.uses.append(TrainingData(where, "converter"))
+            continue
+        paths = next((r.detail for r, node in partly
+                      if node is where or where in fm.ancestors(node)), None)
+        if paths is not None:
+            planner.note(where, f"training data {paths}: give each worker its own part on the "
+                         "paths where it is not split (see the data's note there)")
+            plan.uses.append(TrainingData(where, None, partly=paths))
             continue
         traces = [(c, trace_dataset(fm, planner.index, c.expr)) for c in candidates]
         usable = [(c, t) for c, t in traces if t.source is not None]
