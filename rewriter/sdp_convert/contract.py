@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from .changes import Change
 from .program.deletions import DELETIONS, path_deletions
@@ -68,7 +69,7 @@ from .program.scopes import (
     uses,
 )
 from .program.sharding import loader_problem
-from .program.syntax import is_none
+from .program.syntax import findall, is_none
 from .program.tfshards import shards_at
 from .program.training import training_facts
 from .program.vocab import (
@@ -96,6 +97,7 @@ from .program.writes import (
 )
 
 if TYPE_CHECKING:
+    from .program.index import FileIndex
     from .program.model import FileModel
 
 PARTS = ("init", "averaging", "data", "state", "writes")
@@ -917,7 +919,7 @@ class _Entry:
         split_on: list[str] = []
         not_split: list[str] = []
         unknown: list[str] = []
-        for trace in self.run.trace(data, branches=True):
+        for trace in self._zip_inputs(self.run.trace(data, branches=True)):
             if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace) or (
                 self._splits_inside(trace)
             ):
@@ -984,6 +986,26 @@ class _Entry:
             self.extra_repairs += [r for r in [self.repair("partly_split", told, partly)] if r]
         return not not_split and not unknown
 
+    def _zip_inputs(self, traces: list[Trace]) -> list[Trace]:
+        """``traces``, with a ``tf.data.Dataset.zip((a, b))`` (unsplit itself) replaced by the
+        traces of its inputs, each on the way through the zip: each input is split at its
+        own source, or not."""
+        found: list[Trace] = []
+        for trace in traces:
+            made = trace.made
+            value = made.node.args[0].value if made is not None and isinstance(
+                made.node, cst.Call) and made.node.args else None
+            if not isinstance(value, (cst.Tuple, cst.List)) or not any(
+                q.endswith("Dataset.zip") for q in _names_of_call(made)
+            ) or _sharded(trace):
+                found.append(trace)
+                continue
+            assert made is not None
+            for element in value.elements:
+                found += [replace(t, through=(*trace.through, *t.through)) for t in
+                          self.run.trace(Ref(made.module, element.value), branches=True)]
+        return found
+
     def _path_of(self, trace: Trace, data: Ref) -> str:
         """The way one path of the training data takes, for a reader: the function of another
         module it comes out of (``through make_32x32_dataset() (data.py:37)``), or where it
@@ -1044,22 +1066,39 @@ class _Entry:
         outer = call.fm.enclosing_function(call.node)
         traces = [t for p in positions for t in self.run.trace(
             Ref(call.module, call.node.args[p].value), branches=True)]
+        listed: list[tuple[Trace, Ref]] = []
         for t in traces:
             names = _names_of_call(t.made) if t.made is not None else set()
             if any(".random" in q for q in names):
                 return None, ""
-            # (A listing helper of the program's, ``py.glob(...)``, is on the way.)
-            listing = next((r for r in (t.made, *t.through) if r is not None and isinstance(
+            # (A listing helper of the program's, ``py.glob(...)``, is on the way: the one
+            # nearest the split.)
+            listing = next((r for r in (*t.through, t.made) if r is not None and isinstance(
                 r.node, cst.Call) and any(q.rsplit(".", 1)[-1] in _LISTINGS
                                           for q in _names_of_call(r))), None)
-            if listing is not None:
+            # A listing inside what makes them (``[join(d, f) for f in os.listdir(d)]``,
+            # ``list(os.scandir(d))``), but ``sorted(...)``: not sorted here (its items may not
+            # sort), so not split.
+            within = None if t.made is None or listing is not None or any(
+                q.rsplit(".", 1)[-1] == "sorted" for q in names) else next((
+                ref for ref in (Ref(t.made.module, c) for c in findall(t.made.node, m.Call()))
+                if any(q.rsplit(".", 1)[-1] in _LISTINGS for q in _names_of_call(ref))), None)
+            if listing is None and within is None:
+                continue
+            last = {q.rsplit(".", 1)[-1] for q in _names_of_call(listing)} if listing else set()
+            listing = listing or within
+            assert listing is not None
+            if not last & _SORTABLE or not self.repairable(listing.module, "sort_listing"):
                 return None, (
                     f" (the file paths handed to {function.name.value}() at {self.where(call)} "
                     f"come from {_short(listing.code)} at {self.where(listing)}, a listing whose "
                     "order may differ between ranks, so their parts would overlap: sort it, "
                     "`sorted(...)`, before it is split)")
+            listed.append((t, listing))
         callers = [c.node for c in self.run.callers(Ref(call.module, outer))] if outer else []
         for t in traces:
+            if any(t is seen for seen, _ in listed):
+                continue  # a list of paths, whole, sorted where it is listed (below)
             if t.made is not None and isinstance(t.made.node, (cst.Tuple, cst.List)) or any(
                 r.node is a.value for r in t.through for c in callers
                 if isinstance(c, cst.Call) for a in c.args
@@ -1071,6 +1110,11 @@ class _Entry:
         # make is split: no note there), with no arrays of their own to split.
         self.extra_repairs += [r for c, name in inner
                                if (r := self.repair("shard_arguments", c, f"{name}:"))]
+        # Paths listed in the file system's order, which may differ between ranks: sorted
+        # where they are listed, so that every rank splits the same list (and whatever the
+        # program derives from them follows the same order).
+        self.extra_repairs += [r for _, listing in listed
+                               if (r := self.repair("sort_listing", listing, self.where(call)))]
         return self.repair("shard_arguments", call, f"{function.name.value}:"
                            f"{','.join(map(str, positions))}{'' if shared else ':once'}"), ""
 
@@ -2080,6 +2124,9 @@ def _holds_detail(part: str, check: _Entry) -> str:
 
 #: Calls that list files in the order the file system gives (not sorted).
 _LISTINGS = frozenset({"glob", "iglob", "listdir", "scandir", "walk", "iterdir", "rglob"})
+#: Those whose items are the paths (or names) themselves, which ``sorted(...)`` puts in one
+#: order (not ``os.walk``'s tuples of lists, nor ``os.scandir``'s entries).
+_SORTABLE = frozenset({"glob", "iglob", "listdir", "iterdir", "rglob"})
 
 
 def _param_positions(fm: FileModel, value: cst.BaseExpression | list[cst.BaseExpression],
@@ -2092,13 +2139,48 @@ def _param_positions(fm: FileModel, value: cst.BaseExpression | list[cst.BaseExp
     index = file_index(fm)
     positions: list[int] = []
     for part in parts:
-        binding = index.reaching(part.value, part) if isinstance(part, cst.Name) else None
-        if binding is None or binding.kind != "param" or binding.stmt is not function:
+        names = _params_behind(index, part, function)
+        if names is None:
             return None
-        position = next((i for i, a in enumerate(call.args)
-                         if (p := param_for_arg(function, call, a)) is not None
-                         and p.name.value == part.value), None)
-        if position is None:
+        for name in names:
+            position = next((i for i, a in enumerate(call.args)
+                             if (p := param_for_arg(function, call, a)) is not None
+                             and p.name.value == name), None)
+            if position is None and not _defaults_to_none(function, name):
+                return None
+            if position is not None and position not in positions:
+                positions.append(position)
+    return positions or None
+
+
+def _params_behind(index: FileIndex, part: cst.BaseExpression,
+                   function: cst.FunctionDef) -> list[str] | None:
+    """The parameters of ``function`` the name ``part`` holds: itself, where it is one, or
+    those a local name is assigned from in every branch (``memory_data = img_paths``, ``else:
+    memory_data = (img_paths, labels)``); None where it holds anything else."""
+    if not isinstance(part, cst.Name):
+        return None
+    binding = index.reaching(part.value, part)
+    if binding is not None and binding.kind == "param":
+        return [part.value] if binding.stmt is function else None
+    seen = index.referents(part)
+    names: list[str] = []
+    for b in seen:
+        if b.kind != "assign" or b.unpacked or b.value is None:
             return None
-        positions.append(position)
-    return positions
+        values = [e.value for e in b.value.elements] if isinstance(
+            b.value, (cst.Tuple, cst.List)) else [b.value]
+        for value in values:
+            held = _params_behind(index, value, function) if isinstance(value, cst.Name) and (
+                value.value != part.value) else None
+            if held is None:
+                return None
+            names += [n for n in held if n not in names]
+    return names or None
+
+
+def _defaults_to_none(function: cst.FunctionDef, name: str) -> bool:
+    """``def f(..., name=None)``: a parameter left out of a call holds None there."""
+    params = (*function.params.params, *function.params.kwonly_params)
+    return any(p.name.value == name and p.default is not None and is_none(p.default)
+               for p in params)

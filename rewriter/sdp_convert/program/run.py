@@ -619,8 +619,8 @@ class Run:
         def stop(why: str) -> None:
             found.append(Trace(None, why, ref, wraps, through))
 
-        def go(next_ref: Ref, more_wraps: tuple[Ref, ...] = ()) -> None:
-            self._trace(next_ref, through, (*wraps, *more_wraps), depth + 1, seen, found)
+        def go(next_ref: Ref, more_wraps: tuple[Ref, ...] = (), via: tuple[Ref, ...] = ()) -> None:
+            self._trace(next_ref, (*through, *via), (*wraps, *more_wraps), depth + 1, seen, found)
 
         if depth > MAX_DEPTH:
             stop(f"{ref.code} is followed through too many steps")
@@ -687,8 +687,12 @@ class Run:
                 return
             element = self._unpacked(ref.module, binding)
             if element:
+                # (The call unpacked, ``a, n = make(x)``, is on the way: who asks where ``x``
+                # was handed over finds it.)
+                via = (Ref(ref.module, binding.value),) if isinstance(
+                    binding.value, cst.Call) else ()
                 for item in element:
-                    go(item)
+                    go(item, via=via)
                 return
             stop(f"{name} is unpacked from {code(binding.value)}")
             return

@@ -120,6 +120,9 @@ class TfShardPlan:
     #: helper-call arguments to wrap in ``sdp.shard(...)`` -> the helper's name, and what its
     #: other calls do, for the report (" (and the evaluation data from other arrays)", or "")
     arrays: dict[cst.CSTNode, tuple[str, str]] = field(default_factory=dict)
+    #: listing calls whose file paths are split (``sort_listing``) -> where they are split;
+    #: wrapped in ``sorted(...)``, the same order on every worker
+    listings: dict[cst.CSTNode, str] = field(default_factory=dict)
     #: (node, message, manual)
     reports: list[tuple[cst.CSTNode, str, bool]] = field(default_factory=list)
     uses: list[TrainingData] = field(default_factory=list)
@@ -246,6 +249,11 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
             if position < len(args) and not split_already(fm, args[position]):
                 plan.arrays[args[position].value] = (
                     helper, "" if once == "once" else " (its other calls keep their data whole)")
+    for repair, node in repairs_of(fm, "sort_listing"):
+        parent = fm.parent(fm.parent(node))
+        if not (isinstance(parent, cst.Call) and isinstance(parent.func, cst.Name)
+                and parent.func.value == "sorted"):  # (sorted already)
+            plan.listings[node] = repair.detail
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(fm):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
@@ -519,6 +527,11 @@ class _Planner:
         unfollowed: list[tuple[cst.BaseExpression, str | None]] = []
         for part in parts:
             inner = trace_dataset(self.fm, self.index, part, trace.source)
+            if inner.source is None and _handed_split(
+                self.index, part, repairs_of(self.fm, "shard_arguments")
+            ):  # made by a builder call whose arrays are split (in the module that calls it)
+                found.append("converter")
+                continue
             if inner.source is None:
                 unfollowed.append((part, inner.problem))
                 found.append(None)
@@ -837,7 +850,12 @@ def lengths_of_split_data(fm: FileModel, call: cst.Call) -> list[tuple[str, cst.
     returns with it (``A_B_dataset, len_dataset = data.make_zip_dataset(...)``), when that data
     is split between workers: a length of the whole data, while each worker now runs a part of
     it. With the call that made each."""
-    return _lengths_of(fm, call, [u for u in tf_training_data(fm) if u.sharded_by == "converter"])
+    # (A builder handed split arrays or paths, ``make_zip_dataset(sdp.shard(a), ...)``,
+    # returns the length of what it was given: each worker's.)
+    handed = set(plan_tf_shards(fm).arrays)
+    return [(name, made) for name, made in _lengths_of(
+        fm, call, [u for u in tf_training_data(fm) if u.sharded_by == "converter"]
+    ) if not any(a.value in handed for a in made.args)]
 
 
 def schedule_advice(
