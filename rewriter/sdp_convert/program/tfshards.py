@@ -180,7 +180,7 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
                       if node is where or where in fm.ancestors(node)), None)
         if paths is not None:
             planner.note(where, f"training data {paths}: give each worker its own part on the "
-                         "paths where it is not split (see the data's note there)")
+                         "other paths too (the rate is scaled only when it is split on all)")
             plan.uses.append(TrainingData(where, None, partly=paths))
             continue
         traces = [(c, trace_dataset(fm, planner.index, c.expr)) for c in candidates]
