@@ -659,19 +659,22 @@ ZIP_OF_SHUFFLED = {
 }
 
 
-def test_a_zip_of_inputs_shuffled_elsewhere_is_not_sharded_and_says_why(tmp_path: Path):
+def test_a_zip_of_inputs_shuffled_elsewhere_is_split_where_their_paths_are_handed_over(
+    tmp_path: Path
+):
+    # Each input of the zip is a library pipeline that shuffles and batches inside, so neither
+    # the zip nor its inputs can be sharded (data.py stays as it is, with no note: nothing is
+    # left unsplit); the path lists are split where the training call hands them over, the
+    # count returned with them is each worker's, and the rate is scaled.
     by = {o.path: o for o in check(tmp_path, ZIP_OF_SHUFFLED, "data.py", "train.py")}
     data, train = by["data.py"], by["train.py"]
     assert "sdp.shard" not in data.output.decode()
-    said = [c.message for c in data.changes]
-    assert not [m for m in said if "each worker reads its own part" in m], said
-    zipped = [c for c in data.changes if c.manual and "of Dataset.zip not sharded" in c.message]
-    assert len(zipped) == 2, said
-    assert all("the zip is not sharded either" in c.message
-               and "like the other inputs" not in c.message for c in zipped)
-    # Not split, so not scaled; the contract says the data part is missing.
-    assert "sdp.size()" not in train.output.decode().split("optimizer =")[1].split("\n")[0]
-    assert train.contract is not None and train.contract["parts"]["data"]["state"] == "missing"
+    assert not [c.message for c in data.changes if c.manual]
+    assert 'data.make_pair_dataset(sdp.shard(["a"] * 64), sdp.shard(["b"] * 48), 8)' in (
+        train.output.decode())
+    assert "Adam(0.001 * sdp.size())" in train.output.decode()
+    assert not [c.message for c in train.changes if c.manual]
+    assert train.contract is not None and train.contract["parts"]["data"]["state"] == "holds"
 
 
 # A helper that lists a folder and zips images with labels, called for the training, the
@@ -1443,3 +1446,238 @@ def test_a_download_in_a_class_a_configuration_picks_is_in_the_program_and_order
         return
     assert [(c.transform, c.line) for c in toy.changes] == [("order_downloads", 7)]
     assert b"with sdp.rank0_first():" in toy.output
+
+
+# -- arrays handed to a library's pipeline builder, which shuffles and batches inside ----------
+
+LIBRARY_BUILDER = {
+    "lib/__init__.py": """\
+        from lib.data import *
+        """,
+    "lib/data/__init__.py": """\
+        from lib.data.dataset import *
+        """,
+    "lib/data/dataset.py": """\
+        import tensorflow as tf
+
+
+        def batch_dataset(dataset, batch_size, shuffle=True):
+            if shuffle:
+                dataset = dataset.shuffle(2048)
+            return dataset.batch(batch_size, drop_remainder=True)
+
+
+        def memory_data_batch_dataset(memory_data, batch_size, shuffle=True):
+            dataset = tf.data.Dataset.from_tensor_slices(memory_data)
+            return batch_dataset(dataset, batch_size, shuffle=shuffle)
+        """,
+    "data.py": """\
+        import tensorflow as tf
+        import lib as tl
+
+
+        def make_32x32_dataset(name, batch_size):
+            if name == 'mnist':
+                (train_images, _), (_, _) = tf.keras.datasets.mnist.load_data()
+            else:
+                (train_images, _), (_, _) = tf.keras.datasets.fashion_mnist.load_data()
+            dataset = tl.memory_data_batch_dataset(train_images, batch_size)
+            return dataset, len(train_images) // batch_size
+
+
+        def make_disk_dataset(img_paths, batch_size):
+            return tl.memory_data_batch_dataset(img_paths, batch_size).map(tf.io.read_file)
+        """,
+    "train.py": """\
+        import argparse
+        import glob
+
+        import tensorflow as tf
+
+        import data
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--dataset', default='mnist')
+        parser.add_argument('--lr', type=float, default=0.0002)
+        args = parser.parse_args()
+
+        if args.dataset in ['mnist', 'fashion_mnist']:
+            dataset, len_dataset = data.make_32x32_dataset(args.dataset, 32)
+        LISTED
+        model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+        optimizer = tf.keras.optimizers.Adam(learning_rate=args.lr)
+
+
+        @tf.function
+        def train_step(x):
+            with tf.GradientTape() as t:
+                loss = tf.reduce_mean(model(tf.cast(x, tf.float32)) ** 2)
+            grads = t.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+        for x in dataset:
+            train_step(x)
+        """,
+}
+
+LISTED = """\
+elif args.dataset == 'faces':
+            img_paths = LISTING
+            dataset = data.make_disk_dataset(img_paths, 32)"""
+
+
+#: Paths from a listing, in a list the converter does not sort (a listing call alone it does).
+UNSORTED = "[p for p in glob.glob('faces/*.jpg')]"
+
+
+def _library_builder(listing: str | None) -> dict[str, str]:
+    files = dict(LIBRARY_BUILDER)
+    files["train.py"] = files["train.py"].replace(
+        "LISTED", "" if listing is None else LISTED.replace("LISTING", listing))
+    return files
+
+
+@pytest.mark.parametrize("listing", [None, "sorted(glob.glob('faces/*.jpg'))"])
+def test_arrays_handed_to_a_library_pipeline_builder_are_split_where_handed_over(
+    tmp_path: Path, listing: str | None
+):
+    # The library's builder (called once, or by another helper too) shuffles and batches what
+    # it is given: the arrays (or the sorted paths) are split where they are handed to it, in
+    # every branch that makes the training data; the library is left whole.
+    by = {o.path: o for o in check(tmp_path, _library_builder(listing))}
+    data_py, train = by["data.py"].output.decode(), by["train.py"].output.decode()
+    assert "tl.memory_data_batch_dataset(sdp.shard(train_images), batch_size)" in data_py
+    assert by["lib/data/dataset.py"].status == "unchanged"
+    if listing is not None:
+        assert "data.make_disk_dataset(sdp.shard(img_paths), 32)" in train
+        assert "tl.memory_data_batch_dataset(img_paths, batch_size)" in data_py
+    assert "Adam(learning_rate=args.lr * sdp.size())" in train
+    assert not [c for o in by.values() for c in o.changes if c.manual]
+    contract = by["train.py"].contract
+    assert contract is not None and contract["parts"]["data"]["state"] == "holds"
+
+
+def test_a_branch_whose_paths_come_from_a_listing_is_not_split_and_says_why(tmp_path: Path):
+    by = {o.path: o for o in check(tmp_path, _library_builder(UNSORTED))}
+    # The arrays' branch is split; the listed paths are not (their order may differ between
+    # ranks, and a list made from a listing is not sorted by the converter: its items may not
+    # sort), and the note says so; the rate stays as it is, since not every branch is split.
+    assert "sdp.shard(train_images)" in by["data.py"].output.decode()
+    train = by["train.py"].output.decode()
+    assert "sdp.shard(img_paths)" not in train and "args.lr * sdp.size()" not in train
+    [note] = notes(list(by.values()), "data")
+    assert "come from glob.glob('faces/*.jpg') at train.py:16, a listing whose order may " \
+           "differ between ranks" in note
+    assert by["train.py"].contract["parts"]["data"]["state"] == "missing"
+
+
+def test_data_split_on_some_paths_only_is_said_so_in_every_note(tmp_path: Path):
+    # dcgan-tf2's shape: the default branch's arrays are split where they are handed to the
+    # library's builder, the listed paths' branch is not. No note may say "not split" of the
+    # data as a whole (false on the default path), nor "split": each says which path is which,
+    # and the rate stays as it is (it would be N times too large on the unsplit path).
+    by = {o.path: o for o in check(tmp_path, _library_builder(UNSORTED))}
+    train = by["train.py"]
+    assert "sdp.shard(train_images)" in by["data.py"].output.decode()
+    assert "args.lr * sdp.size()" not in train.output.decode()
+    partly = ("partly split: split on the path through make_32x32_dataset() (data.py:11); "
+              "not split on the path through make_disk_dataset() (data.py:15)")
+    [loop] = [c.message for c in train.changes if c.transform == "shard_tf_dataset"]
+    assert loop.startswith(f"training data {partly}: "), loop
+    rates = [c.message for c in train.changes if c.transform == "scale_keras_learning_rate"]
+    assert rates and all("split on some of the paths that bind it only" in r
+                         and "not split between" not in r for r in rates), rates
+    assert train.contract["parts"]["data"]["state"] == "missing"
+    assert train.contract["parts"]["data"]["detail"].startswith(partly), train.contract
+    [note] = notes(list(by.values()), "data")
+    assert note.split(": ", 1)[1].startswith(partly), note
+
+
+def test_paths_listed_in_the_file_systems_order_are_sorted_where_listed_then_split(
+    tmp_path: Path
+):
+    # cyclegan-tf2's shape: two path lists from a listing helper, handed to a builder of a zip
+    # of two library pipelines (each shuffles and batches inside; a local packs the paths and
+    # optional labels) that returns the zip and a length computed from the lists. Each list is
+    # sorted where it is listed (every rank splits the same list) and split where the training
+    # call hands it over; the evaluation call and the library stay whole; the length, made
+    # from the split lists, counts each worker's steps: no note asks to divide it.
+    files = {
+        "lib/__init__.py": LIBRARY_BUILDER["lib/__init__.py"],
+        "lib/data/__init__.py": LIBRARY_BUILDER["lib/data/__init__.py"],
+        "lib/data/dataset.py": textwrap.dedent(LIBRARY_BUILDER["lib/data/dataset.py"])
+        + textwrap.dedent("""\
+
+        def disk_image_batch_dataset(img_paths, batch_size, labels=None, shuffle=True):
+            if labels is None:
+                memory_data = img_paths
+            else:
+                memory_data = (img_paths, labels)
+            return memory_data_batch_dataset(memory_data, batch_size, shuffle=shuffle)
+        """),
+        "tools.py": """\
+        import glob as _glob
+        import os
+
+
+        def glob(folder, pattern):
+            return _glob.glob(os.path.join(folder, pattern))
+        """,
+        "data.py": """\
+        import tensorflow as tf
+        import lib as tl
+
+
+        def make_dataset(img_paths, batch_size, training):
+            return tl.disk_image_batch_dataset(img_paths, batch_size, shuffle=training)
+
+
+        def make_zip_dataset(a_paths, b_paths, batch_size, training=True):
+            a = make_dataset(a_paths, batch_size, training)
+            b = make_dataset(b_paths, batch_size, training)
+            return tf.data.Dataset.zip((a, b)), max(len(a_paths), len(b_paths)) // batch_size
+        """,
+        "train.py": """\
+        import tensorflow as tf
+
+        import data
+        import tools
+
+        a_paths = tools.glob('data/trainA', '*.jpg')
+        b_paths = tools.glob('data/trainB', '*.jpg')
+        dataset, len_dataset = data.make_zip_dataset(a_paths, b_paths, 4)
+        test_a = tools.glob('data/testA', '*.jpg')
+        test_dataset, _ = data.make_zip_dataset(test_a, test_a, 4, training=False)
+        schedule = tf.keras.optimizers.schedules.PolynomialDecay(0.001, 10 * len_dataset)
+        model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+        optimizer = tf.keras.optimizers.Adam(learning_rate=schedule)
+
+
+        @tf.function
+        def train_step(a, b):
+            with tf.GradientTape() as t:
+                loss = tf.reduce_mean((model(a) - model(b)) ** 2)
+            grads = t.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+        for epoch in range(10):
+            for a, b in dataset:
+                train_step(a, b)
+        """,
+    }
+    import re
+
+    by = {o.path: o for o in check(tmp_path, files)}
+    train = by["train.py"].output.decode()
+    assert "a_paths = sorted(tools.glob('data/trainA', '*.jpg'))" in train, train
+    assert "b_paths = sorted(tools.glob('data/trainB', '*.jpg'))" in train
+    assert "data.make_zip_dataset(sdp.shard(a_paths), sdp.shard(b_paths), 4)" in train
+    assert "test_a = tools.glob('data/testA', '*.jpg')" in train
+    assert "data.make_zip_dataset(test_a, test_a, 4, training=False)" in train
+    assert re.search(r"PolynomialDecay\(\s*0\.001 \* sdp\.size\(\), 10 \* len_dataset,", train)
+    for unchanged in ("data.py", "tools.py", "lib/data/dataset.py"):
+        assert by[unchanged].status == "unchanged", by[unchanged].output.decode()
+    assert not [(o.path, c.message) for o in by.values() for c in o.changes if c.manual]
+    assert by["train.py"].contract["parts"]["data"]["state"] == "holds"

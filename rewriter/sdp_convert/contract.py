@@ -36,8 +36,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from .changes import Change
 from .program.deletions import DELETIONS, path_deletions
@@ -67,7 +69,7 @@ from .program.scopes import (
     uses,
 )
 from .program.sharding import loader_problem
-from .program.syntax import is_none
+from .program.syntax import findall, is_none
 from .program.tfshards import shards_at
 from .program.training import training_facts
 from .program.vocab import (
@@ -93,6 +95,10 @@ from .program.writes import (
     open_mode,
     writes_in,
 )
+
+if TYPE_CHECKING:
+    from .program.index import FileIndex
+    from .program.model import FileModel
 
 PARTS = ("init", "averaging", "data", "state", "writes")
 AUDIT = "sdp-run --audit checks it at run time"
@@ -684,7 +690,7 @@ class _Entry:
             if data is None:
                 continue
             self.fit_data[fit.fit.key] = split = self._tf_data(Ref(fit.fit.module, data),
-                                                              fit.fit)
+                                                              fit.fit, fit.fit)
             if split and self._data_elsewhere(Ref(fit.fit.module, data)):
                 # What fit reads is split at its source in another module: the fit's module
                 # must not call it unsplit.
@@ -702,7 +708,7 @@ class _Entry:
             if loop.key in done:
                 continue
             done.add(loop.key)
-            if self._tf_data(_iterable(loop, tape_step.apply), tape_step.apply) and (
+            if self._tf_data(_iterable(loop, tape_step.apply), tape_step.apply, loop) and (
                 self._data_elsewhere(_iterable(loop, tape_step.apply))
             ):
                 # Split at its source in another module (``make_zip_dataset`` of data.py): the
@@ -904,18 +910,25 @@ class _Entry:
             f"rank={self.sdp}.rank())`"), repair)
         return repair is not None and loader_problem(loader.fm, node) is None
 
-    def _tf_data(self, data: Ref, at: Ref) -> bool:
-        """Check the data a fit (or a tape's loop) trains on; whether it is split (or will be,
-        by a repair)."""
-        split = True
-        for trace in self.run.trace(data):
+    def _tf_data(self, data: Ref, at: Ref, told: Ref | None = None) -> bool:
+        """Check the data a fit (or a tape's loop, ``told``) trains on; whether it is split (or
+        will be, by a repair) on every path that binds it. Where it is split on some paths
+        only (``if a: ds = f() else: ds = g()``), every data line says which, and ``told``'s
+        module learns it (``partly_split``: its notes say the same)."""
+        first = len(self.findings)
+        split_on: list[str] = []
+        not_split: list[str] = []
+        unknown: list[str] = []
+        for trace in self._zip_inputs(self.run.trace(data, branches=True)):
             if _split_by_rank(trace) or _sharded(trace) or self._split_arguments(trace) or (
                 self._splits_inside(trace)
             ):
+                split_on.append(self._path_of(trace, data))
                 continue
             made = trace.made
-            split = False
+            not_split.append(self._path_of(trace, data))
             if made is None:
+                unknown.append(not_split.pop())
                 self.add("data", "unknown", trace.at or data, (
                     f"the data trained on at {self.where(at)} could not be followed to where it "
                     f"is made ({trace.stop}): whether each rank reads its own part is not "
@@ -936,75 +949,174 @@ class _Entry:
                 # (Where the rules of ``program.tfshards`` allow a shard: not after a shuffle or
                 # batch, each input of a zip at its source.)
                 site = _shard_site(trace, made)
-                shared = self._shared_builder(trace, made) if tf_data else None
-                if shared is not None:
-                    # A builder of the evaluation data too: its training call's arrays, or
-                    # nothing (never the evaluation data).
-                    repair = self._argument_repair(made, *shared)
-                else:
+                builder = self._builder(trace, made) if tf_data else None
+                # A builder of the evaluation data too (called twice or more): its training
+                # call's arrays, or nothing (never the evaluation data). A builder called once
+                # whose pipeline cannot be sharded inside (it shuffles or batches what it is
+                # given): the arrays (or paths) its call hands over, split at that call.
+                repair, why = None, ""
+                if builder is None or not builder[2]:
                     repair = self.repair("shard_dataset", site, self.where(at)) if tf_data and (
                         not made.fm.info.training) and shards_at(site.fm, site.node) else None
-                split = repair is not None
+                if repair is None and builder is not None:
+                    repair, why = self._argument_repair(trace, made, *builder)
+                if repair is not None:  # split by the repair on this path
+                    split_on.append(not_split.pop())
                 self.add("data", "missing", made, (
                     f"the data trained on at {self.where(at)} comes from here and is not split "
-                    "between ranks: shard it "
+                    f"between ranks{why}: shard it "
                     f"(`dataset.shard({self.sdp}.size(), {self.sdp}.rank())` before shuffle and "
                     f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"), repair)
             else:
+                unknown.append(not_split.pop())
                 self.add("data", "unknown", made, (
                     f"the data trained on at {self.where(at)} comes from {_short(made.code)}, and "
                     "the converter cannot tell whether it gives each rank its own part; "
                     f"{AUDIT}"))
-        return split
+        if split_on and (not_split or unknown):
+            partly = "partly split: " + "; ".join(
+                f"{how} on the path{'s' * (len(paths) > 1)} {', '.join(paths)}"
+                for how, paths in (("split", list(dict.fromkeys(split_on))),
+                                   ("not split", list(dict.fromkeys(not_split))),
+                                   ("not known whether split", list(dict.fromkeys(unknown))))
+                if paths)
+            for finding in self.findings[first:]:
+                if finding.part == "data":
+                    finding.message = f"{partly}: {finding.message}"
+            self.extra_repairs += [r for r in [self.repair("partly_split", told, partly)] if r]
+        return not not_split and not unknown
 
-    def _shared_builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None] | None:
-        """The function (or method) of the run that makes the training data at ``made`` and is
-        called elsewhere too (for the evaluation data, by another entry point), with its call
-        on the training data's way (None where it is not seen); None for a function called
-        once, or no function."""
+    def _zip_inputs(self, traces: list[Trace]) -> list[Trace]:
+        """``traces``, with a ``tf.data.Dataset.zip((a, b))`` (unsplit itself) replaced by the
+        traces of its inputs, each on the way through the zip: each input is split at its
+        own source, or not."""
+        found: list[Trace] = []
+        for trace in traces:
+            made = trace.made
+            value = made.node.args[0].value if made is not None and isinstance(
+                made.node, cst.Call) and made.node.args else None
+            if not isinstance(value, (cst.Tuple, cst.List)) or not any(
+                q.endswith("Dataset.zip") for q in _names_of_call(made)
+            ) or _sharded(trace):
+                found.append(trace)
+                continue
+            assert made is not None
+            for element in value.elements:
+                found += [replace(t, through=(*trace.through, *t.through)) for t in
+                          self.run.trace(Ref(made.module, element.value), branches=True)]
+        return found
+
+    def _path_of(self, trace: Trace, data: Ref) -> str:
+        """The way one path of the training data takes, for a reader: the function of another
+        module it comes out of (``through make_32x32_dataset() (data.py:37)``), or where it
+        stops."""
+        out = next((r for r in trace.through if r.module is not data.module), trace.made)
+        if out is None:
+            return f"where {_short(trace.stop)} (not followed)"
+        function = out.fm.enclosing_function(out.node)
+        return f"through {function.name.value}() ({self.where(out)})" if function else (
+            f"through {self.where(out)}")
+
+    def _builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None, bool] | None:
+        """The function (or method) of the run that makes the training data at ``made``, with
+        its call on the training data's way (None where it is not seen) and whether it is
+        called elsewhere too (for the evaluation data, by another entry point, say); None for
+        no function, or one nothing calls."""
         function = made.fm.enclosing_function(made.node)
         if function is None:
             return None
         calls = self.run.callers(Ref(made.module, function))
-        if len(calls) < 2:
+        if not calls:
             return None
         call = next((r for r in trace.through if isinstance(r.node, cst.Call)
                      and any(r.node is c.node for c in calls)), None)
-        return function, call
+        return function, call, len(calls) > 1
 
-    def _argument_repair(self, made: Ref, function: cst.FunctionDef,
-                         call: Ref | None) -> Repair | None:
-        """``from_tensor_slices((x, y))`` of ``function``'s parameters: the arrays its training
-        call passes are split there (``build(sdp.shard(x), sdp.shard(y))``), when they come
-        from no random draw (the same order on every rank)."""
+    def _argument_repair(self, trace: Trace, made: Ref, function: cst.FunctionDef,
+                         call: Ref | None, shared: bool) -> tuple[Repair | None, str]:
+        """``from_tensor_slices((x, y))`` of ``function``'s parameters: the arrays (or file
+        paths) its training call passes are split there (``build(sdp.shard(x),
+        sdp.shard(y))``), or where that call's function got them from its own caller on the
+        training data's way (the outermost call that hands them over), when they come from no
+        random draw and no listing of files (the same order on every rank). Else None, and
+        why not (said in the note; "" where the shape is not this one)."""
         node = made.node
         if call is None or not isinstance(node, cst.Call) or not isinstance(
             call.node, cst.Call
         ) or not node.args or not any(
             q.endswith("from_tensor_slices") for q in _names_of_call(made)
         ):
-            return None
-        value = node.args[0].value
-        parts = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) \
-            else [value]
-        index = file_index(made.fm)
-        positions: list[int] = []
-        for part in parts:
-            binding = index.reaching(part.value, part) if isinstance(part, cst.Name) else None
-            if binding is None or binding.kind != "param" or binding.stmt is not function:
-                return None
-            position = next((i for i, a in enumerate(call.node.args)
-                             if (p := param_for_arg(function, call.node, a)) is not None
-                             and p.name.value == part.value), None)
-            if position is None:
-                return None
-            arg = call.node.args[position].value
-            if any(t.made is not None and any(".random" in q for q in _names_of_call(t.made))
-                   for t in self.run.trace(Ref(call.module, arg))):
-                return None
-            positions.append(position)
-        return self.repair("shard_arguments", call,
-                           f"{function.name.value}:{','.join(map(str, positions))}")
+            return None, ""
+        positions = _param_positions(made.fm, node.args[0].value, function, call.node)
+        if positions is None:
+            return None, ""
+        # Handed over from further out: ``def make(paths): return build(paths)``.
+        inner: list[tuple[Ref, str]] = []
+        while (outer := call.fm.enclosing_function(call.node)) is not None:
+            calls = self.run.callers(Ref(call.module, outer))
+            up = next((r for r in trace.through if isinstance(r.node, cst.Call)
+                       and any(r.node is c.node for c in calls)), None)
+            handed = None if up is None else _param_positions(
+                call.fm, [call.node.args[p].value for p in positions], outer, up.node)
+            if handed is None:
+                break
+            inner.append((call, function.name.value))
+            function, call, positions, shared = outer, up, handed, len(calls) > 1
+        assert isinstance(call.node, cst.Call)
+        outer = call.fm.enclosing_function(call.node)
+        traces = [t for p in positions for t in self.run.trace(
+            Ref(call.module, call.node.args[p].value), branches=True)]
+        listed: list[tuple[Trace, Ref]] = []
+        for t in traces:
+            names = _names_of_call(t.made) if t.made is not None else set()
+            if any(".random" in q for q in names):
+                return None, ""
+            # (A listing helper of the program's, ``py.glob(...)``, is on the way: the one
+            # nearest the split.)
+            listing = next((r for r in (*t.through, t.made) if r is not None and isinstance(
+                r.node, cst.Call) and any(q.rsplit(".", 1)[-1] in _LISTINGS
+                                          for q in _names_of_call(r))), None)
+            # A listing inside what makes them (``[join(d, f) for f in os.listdir(d)]``,
+            # ``list(os.scandir(d))``), but ``sorted(...)``: not sorted here (its items may not
+            # sort), so not split.
+            within = None if t.made is None or listing is not None or any(
+                q.rsplit(".", 1)[-1] == "sorted" for q in names) else next((
+                ref for ref in (Ref(t.made.module, c) for c in findall(t.made.node, m.Call()))
+                if any(q.rsplit(".", 1)[-1] in _LISTINGS for q in _names_of_call(ref))), None)
+            if listing is None and within is None:
+                continue
+            last = {q.rsplit(".", 1)[-1] for q in _names_of_call(listing)} if listing else set()
+            listing = listing or within
+            assert listing is not None
+            if not last & _SORTABLE or not self.repairable(listing.module, "sort_listing"):
+                return None, (
+                    f" (the file paths handed to {function.name.value}() at {self.where(call)} "
+                    f"come from {_short(listing.code)} at {self.where(listing)}, a listing whose "
+                    "order may differ between ranks, so their parts would overlap: sort it, "
+                    "`sorted(...)`, before it is split)")
+            listed.append((t, listing))
+        callers = [c.node for c in self.run.callers(Ref(call.module, outer))] if outer else []
+        for t in traces:
+            if any(t is seen for seen, _ in listed):
+                continue  # a list of paths, whole, sorted where it is listed (below)
+            if t.made is not None and isinstance(t.made.node, (cst.Tuple, cst.List)) or any(
+                r.node is a.value for r in t.through for c in callers
+                if isinstance(c, cst.Call) for a in c.args
+            ):
+                # Packed here (not followed), or from the caller of the function that hands
+                # them over (which could not be followed out to it).
+                return None, ""
+        # The calls inside, which pass the split arrays on (their module learns that what they
+        # make is split: no note there), with no arrays of their own to split.
+        self.extra_repairs += [r for c, name in inner
+                               if (r := self.repair("shard_arguments", c, f"{name}:"))]
+        # Paths listed in the file system's order, which may differ between ranks: sorted
+        # where they are listed, so that every rank splits the same list (and whatever the
+        # program derives from them follows the same order).
+        self.extra_repairs += [r for _, listing in listed
+                               if (r := self.repair("sort_listing", listing, self.where(call)))]
+        return self.repair("shard_arguments", call, f"{function.name.value}:"
+                           f"{','.join(map(str, positions))}{'' if shared else ':once'}"), ""
 
     # -- writes and downloads ------------------------------------------------------------------
 
@@ -2008,3 +2120,67 @@ def _holds_detail(part: str, check: _Entry) -> str:
         "state": "rank 0's initial state on every rank",
         "writes": "writes on rank 0",
     }[part]
+
+
+#: Calls that list files in the order the file system gives (not sorted).
+_LISTINGS = frozenset({"glob", "iglob", "listdir", "scandir", "walk", "iterdir", "rglob"})
+#: Those whose items are the paths (or names) themselves, which ``sorted(...)`` puts in one
+#: order (not ``os.walk``'s tuples of lists, nor ``os.scandir``'s entries).
+_SORTABLE = frozenset({"glob", "iglob", "listdir", "iterdir", "rglob"})
+
+
+def _param_positions(fm: FileModel, value: cst.BaseExpression | list[cst.BaseExpression],
+                     function: cst.FunctionDef, call: cst.Call) -> list[int] | None:
+    """The positions in ``call`` (of ``function``) of the arguments given for the parameters
+    ``value`` names (a name, or a tuple, list or list of names of ``function``'s parameters);
+    None where one is not a parameter, or not given by position."""
+    parts = value if isinstance(value, list) else (
+        [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value])
+    index = file_index(fm)
+    positions: list[int] = []
+    for part in parts:
+        names = _params_behind(index, part, function)
+        if names is None:
+            return None
+        for name in names:
+            position = next((i for i, a in enumerate(call.args)
+                             if (p := param_for_arg(function, call, a)) is not None
+                             and p.name.value == name), None)
+            if position is None and not _defaults_to_none(function, name):
+                return None
+            if position is not None and position not in positions:
+                positions.append(position)
+    return positions or None
+
+
+def _params_behind(index: FileIndex, part: cst.BaseExpression,
+                   function: cst.FunctionDef) -> list[str] | None:
+    """The parameters of ``function`` the name ``part`` holds: itself, where it is one, or
+    those a local name is assigned from in every branch (``memory_data = img_paths``, ``else:
+    memory_data = (img_paths, labels)``); None where it holds anything else."""
+    if not isinstance(part, cst.Name):
+        return None
+    binding = index.reaching(part.value, part)
+    if binding is not None and binding.kind == "param":
+        return [part.value] if binding.stmt is function else None
+    seen = index.referents(part)
+    names: list[str] = []
+    for b in seen:
+        if b.kind != "assign" or b.unpacked or b.value is None:
+            return None
+        values = [e.value for e in b.value.elements] if isinstance(
+            b.value, (cst.Tuple, cst.List)) else [b.value]
+        for value in values:
+            held = _params_behind(index, value, function) if isinstance(value, cst.Name) and (
+                value.value != part.value) else None
+            if held is None:
+                return None
+            names += [n for n in held if n not in names]
+    return names or None
+
+
+def _defaults_to_none(function: cst.FunctionDef, name: str) -> bool:
+    """``def f(..., name=None)``: a parameter left out of a call holds None there."""
+    params = (*function.params.params, *function.params.kwonly_params)
+    return any(p.name.value == name and p.default is not None and is_none(p.default)
+               for p in params)

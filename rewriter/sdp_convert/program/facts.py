@@ -26,6 +26,9 @@ class Repair:
     the ``tf.data`` pipeline made there (by ``program.tfshards``' rules); ``shard_arguments``:
     split the arrays the call there passes to another module's builder of the training and
     other data (``detail``: ``builder:0,1``, the builder's name and the arguments' positions);
+    ``sort_listing``: sort the file paths listed by the call there (they are split, at
+    ``detail``); ``partly_split``: the data of the loop (or ``fit``) there is split on some of
+    the paths that bind it only (``detail``: which, for its notes);
     ``broadcast_callback``: give that ``fit`` rank 0's
     weights; ``init``: initialise the runtime in this entry point). ``line`` is a line of the file
     as the user wrote it, ``code`` the code of the node there (both find it again);

@@ -181,6 +181,7 @@ class Run:
         #: answered with what is known so far) and how deep the questions nest.
         self._active: set[tuple[str, tuple[str, int]]] = set()
         self._nesting = 0
+        self._branches = False  # trace(branches=True) under way
 
     # -- names across modules -----------------------------------------------------------------
 
@@ -578,19 +579,23 @@ class Run:
 
     # -- tracing values -----------------------------------------------------------------------
 
-    def trace(self, ref: Ref, depth: int = 0) -> list[Trace]:
-        """Where the value of ``ref`` (an expression) is made: one ``Trace`` per origin."""
+    def trace(self, ref: Ref, depth: int = 0, branches: bool = False) -> list[Trace]:
+        """Where the value of ``ref`` (an expression) is made: one ``Trace`` per origin. A name
+        read where it is bound by assignments in several branches (``if a: ds = f() else:
+        ds = g()``) is followed into each with ``branches``, else into the last one."""
         key = ("trace", ref.key)
         if key in self._active or self._nesting > 6:
             return [Trace(None, f"{ref.code} depends on itself", ref)]
         self._active.add(key)
         self._nesting += 1
         found: list[Trace] = []
+        outer, self._branches = self._branches, branches
         try:
             self._trace(ref, (), (), depth, set(), found)
         finally:
             self._active.discard(key)
             self._nesting -= 1
+            self._branches = outer
         return found[:MAX_ORIGINS]
 
     def made(self, ref: Ref) -> list[Ref]:
@@ -614,8 +619,8 @@ class Run:
         def stop(why: str) -> None:
             found.append(Trace(None, why, ref, wraps, through))
 
-        def go(next_ref: Ref, more_wraps: tuple[Ref, ...] = ()) -> None:
-            self._trace(next_ref, through, (*wraps, *more_wraps), depth + 1, seen, found)
+        def go(next_ref: Ref, more_wraps: tuple[Ref, ...] = (), via: tuple[Ref, ...] = ()) -> None:
+            self._trace(next_ref, (*through, *via), (*wraps, *more_wraps), depth + 1, seen, found)
 
         if depth > MAX_DEPTH:
             stop(f"{ref.code} is followed through too many steps")
@@ -637,7 +642,9 @@ class Run:
                 else:
                     stop(f"{node.value} is not assigned in the program")
                 return
-            self._trace_binding(ref, binding, go, stop, found, wraps, through)
+            for seen_here in (_branch_bindings(index, node, binding) if self._branches
+                              else [binding]):
+                self._trace_binding(ref, seen_here, go, stop, found, wraps, through)
             return
         if isinstance(node, cst.Attribute):
             self._trace_attribute(ref, go, stop, found, wraps, through, depth)
@@ -680,8 +687,12 @@ class Run:
                 return
             element = self._unpacked(ref.module, binding)
             if element:
+                # (The call unpacked, ``a, n = make(x)``, is on the way: who asks where ``x``
+                # was handed over finds it.)
+                via = (Ref(ref.module, binding.value),) if isinstance(
+                    binding.value, cst.Call) else ()
                 for item in element:
-                    go(item)
+                    go(item, via=via)
                 return
             stop(f"{name} is unpacked from {code(binding.value)}")
             return
@@ -1491,3 +1502,15 @@ def _classmethod_instantiations(cls: Ref) -> list[Ref]:
 
 def _walk_calls(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in findall(node, m.Call()) if isinstance(n, cst.Call)]
+
+
+def _branch_bindings(index: FileIndex, name: cst.Name, binding: Binding) -> list[Binding]:
+    """The assignments a read of ``name`` may see, in the order they come, where there are
+    several (``if a: ds = f() elif b: ds = g()``, each branch its own); ``[binding]`` (the
+    one that reaches it last) otherwise."""
+    seen = index.referents(name)
+    if len(seen) < 2 or not any(b is binding for b in seen) or any(
+        b.kind != "assign" for b in seen
+    ):
+        return [binding]
+    return seen

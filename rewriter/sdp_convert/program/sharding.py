@@ -67,7 +67,8 @@ class DataSharding:
     """What feeds training in one file, and whether each rank gets its own part of it."""
 
     sharded: bool
-    #: "sharded", "not sharded", "environment", "input", "full batch", "not found" or
+    #: "sharded", "not sharded", "partly sharded" (on some of the paths that bind it),
+    #: "environment", "input", "full batch", "not found" or
     #: "unaveraged" (an optimizer whose model is not wrapped: ``unaveraged_optimizers``).
     kind: str
     #: Where it was seen (an environment call, a training loop), for a report line.
@@ -586,6 +587,8 @@ def _tensorflow(fm: FileModel) -> DataSharding:
     fits = {id(f) for f in keras_fit_calls(fm)}
     for use in tf_training_data(fm):
         is_fit = id(use.where) in fits
+        if use.partly:
+            return DataSharding(False, "partly sharded", use.where)
         if use.sharded_by is None:
             if use.trace is None and not use.candidates and not is_fit:
                 empty.append(use.where)  # a loop no dataset of the file feeds

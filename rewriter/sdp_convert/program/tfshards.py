@@ -94,6 +94,8 @@ class TrainingData:
     trace: DatasetTrace | None = None
     #: The expressions found there that hold a dataset, with their traces.
     candidates: list[tuple[Candidate, DatasetTrace]] = field(default_factory=list)
+    #: Split on some of the paths that bind it only: which (``partly split: split on ...``).
+    partly: str = ""
 
     @property
     def sharded(self) -> bool:
@@ -115,8 +117,12 @@ class TfShardPlan:
     after_helper: dict[cst.CSTNode, tuple[str, bool]] = field(default_factory=dict)
     #: ``take(n)`` calls after a shard: ``n`` counts per worker now
     takes: set[cst.CSTNode] = field(default_factory=set)
-    #: helper-call arguments to wrap in ``sdp.shard(...)`` -> the helper's name
-    arrays: dict[cst.CSTNode, str] = field(default_factory=dict)
+    #: helper-call arguments to wrap in ``sdp.shard(...)`` -> the helper's name, and what its
+    #: other calls do, for the report (" (and the evaluation data from other arrays)", or "")
+    arrays: dict[cst.CSTNode, tuple[str, str]] = field(default_factory=dict)
+    #: listing calls whose file paths are split (``sort_listing``) -> where they are split;
+    #: wrapped in ``sorted(...)``, the same order on every worker
+    listings: dict[cst.CSTNode, str] = field(default_factory=dict)
     #: (node, message, manual)
     reports: list[tuple[cst.CSTNode, str, bool]] = field(default_factory=list)
     uses: list[TrainingData] = field(default_factory=list)
@@ -162,9 +168,20 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
     # Loops whose data another module of the run builds and splits (the whole-program
     # contract followed it there: ``known_dataset``).
     split_elsewhere = [node for _, node in repairs_of(fm, "known_dataset")]
+    argument_repairs = repairs_of(fm, "shard_arguments")
+    # Data bound on several paths, split on some of them only (``partly_split``: the contract
+    # followed each): what it says of each path.
+    partly = repairs_of(fm, "partly_split")
     for where, candidates in training_dataset_uses(fm):
         if any(node is where or where in fm.ancestors(node) for node in split_elsewhere):
             plan.uses.append(TrainingData(where, "converter"))
+            continue
+        paths = next((r.detail for r, node in partly
+                      if node is where or where in fm.ancestors(node)), None)
+        if paths is not None:
+            planner.note(where, f"training data {paths}: give each worker its own part on the "
+                         "other paths too (the rate is scaled only when it is split on all)")
+            plan.uses.append(TrainingData(where, None, partly=paths))
             continue
         traces = [(c, trace_dataset(fm, planner.index, c.expr)) for c in candidates]
         usable = [(c, t) for c, t in traces if t.source is not None]
@@ -176,6 +193,11 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
                 planner.note(where, f"training data from {source.callee}(), built in "
                              f"{source.at}: it is sharded only if that module is converted in "
                              "the same run: convert both together (or the directory)")
+            continue
+        if not usable and any(_handed_split(planner.index, c.expr, argument_repairs)
+                              for c in candidates):
+            # Made by a builder call whose arrays are split (``shard_arguments``, below).
+            plan.uses.append(TrainingData(where, "converter"))
             continue
         if not usable:
             shard = next((s for c in candidates
@@ -191,6 +213,11 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
             drawn = None if candidates else drawn_batches(fm, where, planner.sdp)
             if drawn is not None:
                 advice, known = drawn, True
+            branches = max((_values_here(planner.index, c.expr) for c in candidates), default=0)
+            if branches and not known:
+                # ``if a: ds = f() elif b: ds = g()``: the trace above follows the last one.
+                why += (f", one of the {branches} values it may have here (the whole-program "
+                        "check follows each)")
             planner.note(where, f"training data not sharded{'' if known else f' ({why})'}: "
                          f"{advice}")
             plan.uses.append(TrainingData(where, None, traces[0][1] if traces else None))
@@ -213,12 +240,20 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
         planner.repair(node, repair.detail)
     # The call of another module's builder of the training and the evaluation data that makes
     # the training data (``shard_arguments``: ``builder:0,1``): its arrays split here.
-    for repair, node in repairs_of(fm, "shard_arguments"):
-        helper, _, positions = repair.detail.partition(":")
+    # (``builder:0:once``: a builder called only here, which shuffles or batches inside.)
+    for repair, node in argument_repairs:
+        helper, _, rest = repair.detail.partition(":")
+        positions, _, once = rest.partition(":")
         args = node.args if isinstance(node, cst.Call) else ()
         for position in (int(p) for p in positions.split(",") if p.isdigit()):
             if position < len(args) and not split_already(fm, args[position]):
-                plan.arrays[args[position].value] = helper
+                plan.arrays[args[position].value] = (
+                    helper, "" if once == "once" else " (its other calls keep their data whole)")
+    for repair, node in repairs_of(fm, "sort_listing"):
+        parent = fm.parent(fm.parent(node))
+        if not (isinstance(parent, cst.Call) and isinstance(parent.func, cst.Name)
+                and parent.func.value == "sorted"):  # (sorted already)
+            plan.listings[node] = repair.detail
     split: list[cst.BaseExpression] = list(plan.arrays)  # type: ignore[arg-type]
     for fit in keras_fit_calls(fm):
         x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
@@ -251,6 +286,30 @@ def plan_tf_shards(fm: FileModel) -> TfShardPlan:
         )
     facts.tf_shards = plan
     return plan
+
+
+def _values_here(index: FileIndex, expr: cst.BaseExpression) -> int:
+    """How many assignments the name ``expr`` (or the first argument of a wrapper call around
+    it, ``tqdm(ds)``) may have at its read, where there are several (``if a: ds = f() else:
+    ds = g()``); 0 otherwise."""
+    while isinstance(expr, cst.Call) and expr.args:
+        expr = expr.args[0].value
+    seen = index.referents(expr) if isinstance(expr, cst.Name) else []
+    return len(seen) if len(seen) > 1 and all(b.kind == "assign" for b in seen) else 0
+
+
+def _handed_split(index: FileIndex, expr: cst.BaseExpression, repairs: list) -> bool:
+    """``expr`` (or the value of the name ``expr``) is a builder call whose arrays the
+    whole-program contract has split (``shard_arguments``), or a chain of methods on one
+    (``build(x).map(f)``)."""
+    binding = index.reaching(expr.value, expr) if isinstance(expr, cst.Name) else None
+    value = binding.value if binding is not None else expr
+    while value is not None:
+        if any(value is node for _, node in repairs):
+            return True
+        value = value.func.value if isinstance(value, cst.Call) and isinstance(
+            value.func, cst.Attribute) else None
+    return False
 
 
 def shards_at(fm: FileModel, node: cst.CSTNode) -> bool:
@@ -468,6 +527,11 @@ class _Planner:
         unfollowed: list[tuple[cst.BaseExpression, str | None]] = []
         for part in parts:
             inner = trace_dataset(self.fm, self.index, part, trace.source)
+            if inner.source is None and _handed_split(
+                self.index, part, repairs_of(self.fm, "shard_arguments")
+            ):  # made by a builder call whose arrays are split (in the module that calls it)
+                found.append("converter")
+                continue
             if inner.source is None:
                 unfollowed.append((part, inner.problem))
                 found.append(None)
@@ -609,7 +673,7 @@ class _Planner:
             return "script"  # make(sdp.shard(x), sdp.shard(y)) already
         for arg in arrays:
             if not split_already(self.fm, cst.Arg(arg)):
-                self.plan.arrays[arg] = name
+                self.plan.arrays[arg] = (name, " (and the evaluation data from other arrays)")
         return "converter"
 
     def _after_helper(
@@ -786,7 +850,12 @@ def lengths_of_split_data(fm: FileModel, call: cst.Call) -> list[tuple[str, cst.
     returns with it (``A_B_dataset, len_dataset = data.make_zip_dataset(...)``), when that data
     is split between workers: a length of the whole data, while each worker now runs a part of
     it. With the call that made each."""
-    return _lengths_of(fm, call, [u for u in tf_training_data(fm) if u.sharded_by == "converter"])
+    # (A builder handed split arrays or paths, ``make_zip_dataset(sdp.shard(a), ...)``,
+    # returns the length of what it was given: each worker's.)
+    handed = set(plan_tf_shards(fm).arrays)
+    return [(name, made) for name, made in _lengths_of(
+        fm, call, [u for u in tf_training_data(fm) if u.sharded_by == "converter"]
+    ) if not any(a.value in handed for a in made.args)]
 
 
 def schedule_advice(

@@ -80,6 +80,8 @@ _RUNTIME_LR_ATTRS = ("learning_rate", "lr")
 #: Why the learning rate stays, by ``DataSharding.kind``.
 UNSHARDED = {
     "not sharded": "the training data is not split between the workers (see the data's note)",
+    "partly sharded": "the training data is split on some of the paths that bind it only (see "
+    "the data's note)",
     "environment": "the data comes from an environment, not a dataset the workers can split",
     "input": "it optimises an input tensor, not a model: not data-parallel as written",
     "full batch": "full-batch training, every worker sees the same data",

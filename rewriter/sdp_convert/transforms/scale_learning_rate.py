@@ -79,6 +79,8 @@ _ABSOLUTE_RATES: dict[str, tuple[tuple[str, int], ...]] = {
 #: Why the learning rate stays, by ``DataSharding.kind``.
 UNSHARDED = {
     "not sharded": "the training data is not split between the ranks (see the data's note)",
+    "partly sharded": "the training data is split on some of the paths that bind it only (see "
+    "the data's note)",
     "environment": "the data comes from an environment, not a dataset the ranks can split",
     "input": "it optimises an input tensor, not a model's parameters: not data-parallel as "
     "written",

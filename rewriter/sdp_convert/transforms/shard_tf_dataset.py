@@ -98,7 +98,8 @@ class ShardTfDataset(Transform):
     #: ``tf.data`` source the whole-program contract found unsplit (``repair:shard_dataset``), or
     #: that calls another module's builder of the training and the evaluation data for training
     #: (``repair:shard_arguments``: its arrays are split at that call).
-    PROJECT_ROLES = frozenset({"data", "repair:shard_dataset", "repair:shard_arguments"})
+    PROJECT_ROLES = frozenset({"data", "repair:shard_dataset", "repair:shard_arguments",
+                               "repair:sort_listing"})
 
     def prepare(self, module: cst.Module) -> None:
         #: step counts of loops that pull batches with next(): range call or comparison -> the
@@ -326,6 +327,13 @@ class ShardTfDataset(Transform):
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        split_at = self.plan.listings.get(original_node)
+        if split_at is not None:  # the file paths split at ``split_at`` come from this listing
+            self.record(original_node, (
+                f"{code(original_node)} -> sorted(...): the file paths split between the workers "
+                f"at {split_at} are listed here in the file system's order, which may differ "
+                f"between workers; sorted, every worker splits the same list"))
+            return cst.Call(func=cst.Name("sorted"), args=[cst.Arg(updated_node)])
         planned = self.bounds.get(original_node)
         if planned is not None:
             bound, iterator = planned
@@ -380,15 +388,14 @@ class ShardTfDataset(Transform):
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         """An array handed to a helper that builds the training and the test datasets."""
-        helper = self.plan.arrays.get(original_node.value)
+        helper, others = self.plan.arrays.get(original_node.value, (None, ""))
         if helper is None:
             return updated_node
         array = code(original_node.value)
         self.record(
             original_node.value,
-            f"{array} -> {self.sdp}.shard({array}): {helper}() builds the training data from it "
-            f"(and the evaluation data from other arrays), so each worker gets every "
-            f"{self.sdp}.size()-th sample of it",
+            f"{array} -> {self.sdp}.shard({array}): {helper}() builds the training data from "
+            f"it{others}, so each worker gets every {self.sdp}.size()-th sample of it",
         )
         split = cst.Call(
             func=cst.parse_expression(f"{self.sdp}.shard"), args=[cst.Arg(updated_node.value)]
