@@ -287,6 +287,47 @@ def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
     return None
 
 
+#: ``ImageDataGenerator`` methods that make an iterator of batches (a Keras ``PyDataset``, a
+#: ``Sequence`` in tf_keras) over files, with the positions of their ``shuffle`` and ``seed``.
+IMAGE_ITERATORS = {"flow_from_directory": (6, 7), "flow_from_dataframe": (10, 11)}
+
+
+def image_iterator(fm: FileModel, fit: cst.Call) -> cst.Call | None:
+    """The ``ImageDataGenerator(...).flow_from_directory(...)`` (or ``flow_from_dataframe``)
+    call whose iterator ``fit`` trains on as its ``x`` (``train_gen = gen.flow_from_directory(
+    ...)``; ``fit(train_gen)``), followed through the bindings that reach ``fit``; else None."""
+    x = fit_arg(fit, "x")
+    if x is None or fit_arg(fit, "y") is not None:
+        return None
+    index = file_index(fm)
+    value = list(reaching_values(index, x.value, fit))[-1]  # one reaching binding each step
+    if not (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in IMAGE_ITERATORS
+    ):
+        return None
+    for receiver in reaching_values(index, value.func.value, value):
+        if isinstance(receiver, cst.Call) and any(
+            k.endswith(".ImageDataGenerator") for k in keras_names(fm, receiver.func)
+        ):
+            return value
+    return None
+
+
+def iterator_seeded(call: cst.Call) -> bool | None:
+    """Whether the ``flow_from_*`` ``call`` gives its order a seed (or does not shuffle): True,
+    False, or None when positional arguments reach past ``shuffle`` (not read)."""
+    shuffle_at, seed_at = IMAGE_ITERATORS[call.func.attr.value]  # type: ignore[attr-defined]
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args) or len(positional) > shuffle_at:
+        return None
+    shuffle = arg_named(call, "shuffle")
+    if shuffle is not None and code(shuffle.value) == "False":
+        return True
+    return arg_named(call, "seed", seed_at) is not None
+
+
 def keras_own_train_step(
     fm: FileModel, index: FileIndex, receiver: cst.BaseExpression, call: cst.Call,
     custom: Container[str] = (), depth: int = 0,

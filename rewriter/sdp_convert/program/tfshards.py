@@ -60,7 +60,14 @@ from .datasets import (
     training_dataset_uses,
 )
 from .index import FileIndex, file_index, reaching_values
-from .keras import _SCHEDULE_RATES, fit_arg, keras_fit_calls, schedule_class
+from .keras import (
+    _SCHEDULE_RATES,
+    fit_arg,
+    image_iterator,
+    iterator_seeded,
+    keras_fit_calls,
+    schedule_class,
+)
 from .permutations import unseeded_orders
 from .project import fed_returns, imported_sites, repairs_of
 from .scopes import param_for_arg
@@ -269,7 +276,10 @@ def fit_inputs_to_split(fm: FileModel, fit: cst.Call) -> tuple[list[str], bool] 
     x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
     if x is None:
         return None
-    if y is None and keras_sequence(fm, x.value, fit) is not None:
+    iterator = image_iterator(fm, fit)
+    if iterator is not None and iterator_seeded(iterator) is None:
+        return None  # its order may differ on each worker (port_fit_generator seeds the others)
+    if y is None and (keras_sequence(fm, x.value, fit) is not None or iterator is not None):
         return None if split_already(fm, x) else (["x"], True)
     if y is None and not holds_arrays(fm, x.value, fit):
         return None
@@ -709,11 +719,22 @@ class _Planner:
         return found
 
     def sequence_order(self, cls: cst.ClassDef) -> None:
-        """A Sequence that shuffles its indices without a seed: the workers' batches overlap."""
+        """A Sequence that shuffles its indices without a seed: the workers' batches overlap.
+
+        Not a shuffle in its ``on_epoch_end``/``on_epoch_begin`` that nothing else of the class
+        calls: ``sdp.shard`` calls those with the global generators seeded alike."""
+        hooks = ("on_epoch_end", "on_epoch_begin")
+        called = {
+            c.func.attr.value for c in findall(cls, m.Call(func=m.Attribute(attr=m.Name())))
+            if isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute)
+        }
         for call in findall(cls, m.Call()):
             assert isinstance(call, cst.Call)
             if self.fm.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
                                 "random.shuffle"):
+                method = self._method_of(cls, call)
+                if method in hooks and method not in called:
+                    continue  # seeded alike by sdp.shard
                 self.note(
                     call,
                     f"{cls.name.value} reorders its batches without a seed, differently on each "
@@ -721,6 +742,19 @@ class _Planner:
                     f"(e.g. np.random.default_rng(seed + epoch))",
                 )
                 return
+
+    def _method_of(self, cls: cst.ClassDef, node: cst.CSTNode) -> str | None:
+        """The name of the method of ``cls`` whose body holds ``node`` directly (not in a nested
+        function)."""
+        parent = self.fm.parent(node)
+        while parent is not None and parent is not cls:
+            if isinstance(parent, (cst.FunctionDef, cst.Lambda)):
+                body_of = self.fm.parent(parent)
+                if isinstance(parent, cst.FunctionDef) and isinstance(body_of, cst.IndentedBlock):
+                    return parent.name.value if self.fm.parent(body_of) is cls else None
+                return None
+            parent = self.fm.parent(parent)
+        return None
 
     # -- reports -------------------------------------------------------------------------------
 
