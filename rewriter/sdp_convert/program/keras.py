@@ -268,23 +268,7 @@ def fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
 
 def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
     """The ``ImageDataGenerator(...).flow(x, y, ...)`` call whose batches ``fit`` trains on."""
-    x = fit_arg(fit, "x")
-    if x is None:
-        return None
-    index = file_index(fm)
-    for value in reaching_values(index, x.value, fit):
-        if not (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value == "flow"
-        ):
-            continue
-        for receiver in reaching_values(index, value.func.value, value):
-            if isinstance(receiver, cst.Call) and any(
-                k.endswith(".ImageDataGenerator") for k in keras_names(fm, receiver.func)
-            ):
-                return value
-    return None
+    return _generator_call(fm, fit, ("flow",))
 
 
 #: ``ImageDataGenerator`` methods that make an iterator of batches (a Keras ``PyDataset``, a
@@ -296,22 +280,29 @@ def image_iterator(fm: FileModel, fit: cst.Call) -> cst.Call | None:
     """The ``ImageDataGenerator(...).flow_from_directory(...)`` (or ``flow_from_dataframe``)
     call whose iterator ``fit`` trains on as its ``x`` (``train_gen = gen.flow_from_directory(
     ...)``; ``fit(train_gen)``), followed through the bindings that reach ``fit``; else None."""
+    if fit_arg(fit, "y") is not None:
+        return None
+    return _generator_call(fm, fit, tuple(IMAGE_ITERATORS))
+
+
+def _generator_call(fm: FileModel, fit: cst.Call, methods: tuple[str, ...]) -> cst.Call | None:
+    """The ``<ImageDataGenerator>.<method>(...)`` call that ``fit``'s ``x`` is."""
     x = fit_arg(fit, "x")
-    if x is None or fit_arg(fit, "y") is not None:
+    if x is None:
         return None
     index = file_index(fm)
-    value = list(reaching_values(index, x.value, fit))[-1]  # one reaching binding each step
-    if not (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in IMAGE_ITERATORS
-    ):
-        return None
-    for receiver in reaching_values(index, value.func.value, value):
-        if isinstance(receiver, cst.Call) and any(
-            k.endswith(".ImageDataGenerator") for k in keras_names(fm, receiver.func)
+    for value in reaching_values(index, x.value, fit):
+        if not (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in methods
         ):
-            return value
+            continue
+        for receiver in reaching_values(index, value.func.value, value):
+            if isinstance(receiver, cst.Call) and any(
+                k.endswith(".ImageDataGenerator") for k in keras_names(fm, receiver.func)
+            ):
+                return value
     return None
 
 

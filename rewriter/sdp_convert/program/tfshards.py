@@ -70,7 +70,7 @@ from .keras import (
 )
 from .permutations import unseeded_orders
 from .project import fed_returns, imported_sites, repairs_of
-from .scopes import param_for_arg
+from .scopes import method_of, param_for_arg
 from .syntax import arg_named, code, findall, mentions_size
 
 if TYPE_CHECKING:
@@ -732,8 +732,13 @@ class _Planner:
             assert isinstance(call, cst.Call)
             if self.fm.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
                                 "random.shuffle"):
-                method = self._method_of(cls, call)
-                if method in hooks and method not in called:
+                function = self.fm.enclosing_function(call)
+                if (
+                    function is not None
+                    and function.name.value in hooks
+                    and function.name.value not in called
+                    and method_of(cls, function.name.value) is function
+                ):
                     continue  # seeded alike by sdp.shard
                 self.note(
                     call,
@@ -742,19 +747,6 @@ class _Planner:
                     f"(e.g. np.random.default_rng(seed + epoch))",
                 )
                 return
-
-    def _method_of(self, cls: cst.ClassDef, node: cst.CSTNode) -> str | None:
-        """The name of the method of ``cls`` whose body holds ``node`` directly (not in a nested
-        function)."""
-        parent = self.fm.parent(node)
-        while parent is not None and parent is not cls:
-            if isinstance(parent, (cst.FunctionDef, cst.Lambda)):
-                body_of = self.fm.parent(parent)
-                if isinstance(parent, cst.FunctionDef) and isinstance(body_of, cst.IndentedBlock):
-                    return parent.name.value if self.fm.parent(body_of) is cls else None
-                return None
-            parent = self.fm.parent(parent)
-        return None
 
     # -- reports -------------------------------------------------------------------------------
 
