@@ -40,6 +40,7 @@ COLLECTIVE_CHECKS = [
     "tape_training_matches_union_batch",
     "tape_analytic_none_nested_and_sparse",
     "distributed_optimizer_custom_loop",
+    "sharded_sequence_reshuffles_alike",
 ]
 
 

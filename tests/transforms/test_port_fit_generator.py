@@ -67,3 +67,64 @@ def test_a_converted_flow_is_left_alone():
         + "model.fit(datagen.flow(sdp.shard(x_train), sdp.shard(y_train)), epochs=3)\n",
         only=ONLY,
     )
+
+
+# -- ImageDataGenerator iterators of files: sharded at the fit, seeded alike (whole pipeline) ----
+
+FILES = """\
+import tensorflow as tf
+from tensorflow.keras.preprocessing.image import ImageDataGenerator
+
+def make():
+    m = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    m.compile(optimizer=tf.keras.optimizers.Adam(0.001), loss="mse")
+    return m
+
+plain = ImageDataGenerator(rescale=1 / 255.0)
+flips = ImageDataGenerator(rescale=1 / 255.0, horizontal_flip=True)
+{first}
+{second}
+first_model = make()
+first_model.fit(first, validation_data=plain.flow_from_directory("val"), epochs=2)
+second_model = make()
+second_model.fit(second, epochs=2)
+"""
+
+
+def _whole(first: str, second: str):
+    from .helpers import run
+
+    return run(FILES.format(first=first, second=second), recheck=False)
+
+
+def test_two_fits_on_file_iterators_each_sharded_and_ordered_alike():
+    result = _whole(
+        'first = plain.flow_from_dataframe(frame, "images", batch_size=8)',
+        'second = flips.flow_from_directory("train", batch_size=8, seed=2020)',
+    )
+    out = result.output.decode()
+    # The unseeded one gets rank 0's seed; the seeded one is the same on every worker already.
+    assert 'first = plain.flow_from_dataframe(frame, "images", batch_size=8, ' \
+        "seed=sdp.shared_seed())" in out
+    assert 'second = flips.flow_from_directory("train", batch_size=8, seed=2020)\n' in out
+    assert "first_model.fit(sdp.shard(first), " in out
+    assert "second_model.fit(sdp.shard(second), " in out
+    # Validation data stays whole, unseeded.
+    assert 'validation_data=plain.flow_from_directory("val")' in out
+    assert "Adam(0.001 * sdp.size())" in out
+    assert not messages(result, manual=True)
+
+
+def test_an_iterator_whose_shuffle_and_seed_are_positional_is_left_whole_with_a_note():
+    result = _whole(
+        'first = plain.flow_from_directory("train", (32, 32), "rgb", None, "binary", 8, True)',
+        'second = flips.flow_from_directory("train", shuffle=False)',
+    )
+    out = result.output.decode()
+    assert "shared_seed" not in out
+    assert "first_model.fit(first, " in out
+    assert "second_model.fit(sdp.shard(second), " in out  # unshuffled: the same order anywhere
+    (note,) = messages(result, "shard_tf_dataset", manual=True)
+    assert note.startswith("training data not sharded (built by ImageDataGenerator())")
+    # One compile for both fits: its rate is left as it is, with a note.
+    assert "Adam(0.001)" in out

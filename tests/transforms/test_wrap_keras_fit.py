@@ -677,3 +677,45 @@ def test_models_of_factories_and_subclasses_without_train_step_are_plain_ones():
     assert [line for line, _ in noted] == [CUSTOM_STEP.count("\n") + 11], noted
     assert "CustomModel.train_step averages its gradients already: if this model is one" in (
         noted[0][1])
+
+
+SEQUENCE = """\
+import numpy as np
+from tensorflow import keras
+
+class Batches(keras.utils.Sequence):
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+        self.indices = np.arange(len(x))
+{init}
+    def __len__(self):
+        return len(self.x) // 8
+
+    def __getitem__(self, i):
+        return self.x[self.indices[8 * i : 8 * i + 8]], self.y[self.indices[8 * i : 8 * i + 8]]
+
+    def on_epoch_end(self):
+        np.random.shuffle(self.indices)
+
+model = keras.Sequential([keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+model.fit(Batches(x, y), epochs=3)
+"""
+
+
+def test_a_sequence_reshuffled_at_each_epoch_end_is_sharded_without_a_note():
+    # sdp.shard calls on_epoch_end with numpy's generator seeded alike on every worker.
+    result = run(SEQUENCE.format(init=""), recheck=False)
+    out = result.output.decode()
+    assert "model.fit(sdp.shard(Batches(x, y))" in out
+    assert "SGD(0.1 * sdp.size())" in out
+    assert not messages(result, manual=True)
+
+
+def test_a_sequence_shuffled_when_made_keeps_its_note():
+    for init in ("        np.random.shuffle(self.indices)\n", "        self.on_epoch_end()\n"):
+        result = run(SEQUENCE.format(init=init), recheck=False)
+        assert [m.split(",")[0] for m in messages(result, manual=True)] == [
+            "Batches reorders its batches without a seed"
+        ], init

@@ -15,7 +15,14 @@ import libcst.matchers as m
 
 from .flow import origin, reaches, returned_element
 from .index import FileIndex, file_index
-from .keras import fit_arg, generator_flow, keras_fit_calls, keras_name
+from .keras import (
+    fit_arg,
+    generator_flow,
+    image_iterator,
+    iterator_seeded,
+    keras_fit_calls,
+    keras_name,
+)
 from .project import fed_returns
 from .scopes import callers, param_for_arg, referents
 from .syntax import _EQUAL, append_arg, arg_named, code, findall
@@ -316,6 +323,10 @@ def training_dataset_uses(fm: FileModel) -> list[tuple[cst.CSTNode, list[Candida
             and generator_flow(fm, fit) is None
             and not holds_arrays(fm, x.value, fit)
             and keras_sequence(fm, x.value, fit) is None
+            and not (  # shuffled alike on every worker: sharded by wrap_keras_fit
+                (iterator := image_iterator(fm, fit)) is not None
+                and iterator_seeded(iterator) is not None
+            )
             and not (  # sdp.shard(x): split already
                 isinstance(x.value, cst.Call)
                 and fm.refers_to(x.value.func, f"{fm.runtime_module}.shard")

@@ -268,6 +268,25 @@ def fit_arg(call: cst.Call, name: str) -> cst.Arg | None:
 
 def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
     """The ``ImageDataGenerator(...).flow(x, y, ...)`` call whose batches ``fit`` trains on."""
+    return _generator_call(fm, fit, ("flow",))
+
+
+#: ``ImageDataGenerator`` methods that make an iterator of batches (a Keras ``PyDataset``, a
+#: ``Sequence`` in tf_keras) over files, with the positions of their ``shuffle`` and ``seed``.
+IMAGE_ITERATORS = {"flow_from_directory": (6, 7), "flow_from_dataframe": (10, 11)}
+
+
+def image_iterator(fm: FileModel, fit: cst.Call) -> cst.Call | None:
+    """The ``ImageDataGenerator(...).flow_from_directory(...)`` (or ``flow_from_dataframe``)
+    call whose iterator ``fit`` trains on as its ``x`` (``train_gen = gen.flow_from_directory(
+    ...)``; ``fit(train_gen)``), followed through the bindings that reach ``fit``; else None."""
+    if fit_arg(fit, "y") is not None:
+        return None
+    return _generator_call(fm, fit, tuple(IMAGE_ITERATORS))
+
+
+def _generator_call(fm: FileModel, fit: cst.Call, methods: tuple[str, ...]) -> cst.Call | None:
+    """The ``<ImageDataGenerator>.<method>(...)`` call that ``fit``'s ``x`` is."""
     x = fit_arg(fit, "x")
     if x is None:
         return None
@@ -276,7 +295,7 @@ def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
         if not (
             isinstance(value, cst.Call)
             and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value == "flow"
+            and value.func.attr.value in methods
         ):
             continue
         for receiver in reaching_values(index, value.func.value, value):
@@ -285,6 +304,19 @@ def generator_flow(fm: FileModel, fit: cst.Call) -> cst.Call | None:
             ):
                 return value
     return None
+
+
+def iterator_seeded(call: cst.Call) -> bool | None:
+    """Whether the ``flow_from_*`` ``call`` gives its order a seed (or does not shuffle): True,
+    False, or None when positional arguments reach past ``shuffle`` (not read)."""
+    shuffle_at, seed_at = IMAGE_ITERATORS[call.func.attr.value]  # type: ignore[attr-defined]
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args) or len(positional) > shuffle_at:
+        return None
+    shuffle = arg_named(call, "shuffle")
+    if shuffle is not None and code(shuffle.value) == "False":
+        return True
+    return arg_named(call, "seed", seed_at) is not None
 
 
 def keras_own_train_step(

@@ -60,10 +60,17 @@ from .datasets import (
     training_dataset_uses,
 )
 from .index import FileIndex, file_index, reaching_values
-from .keras import _SCHEDULE_RATES, fit_arg, keras_fit_calls, schedule_class
+from .keras import (
+    _SCHEDULE_RATES,
+    fit_arg,
+    image_iterator,
+    iterator_seeded,
+    keras_fit_calls,
+    schedule_class,
+)
 from .permutations import unseeded_orders
 from .project import fed_returns, imported_sites, repairs_of
-from .scopes import param_for_arg
+from .scopes import method_of, param_for_arg
 from .syntax import arg_named, code, findall, mentions_size
 
 if TYPE_CHECKING:
@@ -328,7 +335,10 @@ def fit_inputs_to_split(fm: FileModel, fit: cst.Call) -> tuple[list[str], bool] 
     x, y = fit_arg(fit, "x"), fit_arg(fit, "y")
     if x is None:
         return None
-    if y is None and keras_sequence(fm, x.value, fit) is not None:
+    iterator = image_iterator(fm, fit)
+    if iterator is not None and iterator_seeded(iterator) is None:
+        return None  # its order may differ on each worker (port_fit_generator seeds the others)
+    if y is None and (keras_sequence(fm, x.value, fit) is not None or iterator is not None):
         return None if split_already(fm, x) else (["x"], True)
     if y is None and not holds_arrays(fm, x.value, fit):
         return None
@@ -773,11 +783,27 @@ class _Planner:
         return found
 
     def sequence_order(self, cls: cst.ClassDef) -> None:
-        """A Sequence that shuffles its indices without a seed: the workers' batches overlap."""
+        """A Sequence that shuffles its indices without a seed: the workers' batches overlap.
+
+        Not a shuffle in its ``on_epoch_end``/``on_epoch_begin`` that nothing else of the class
+        calls: ``sdp.shard`` calls those with the global generators seeded alike."""
+        hooks = ("on_epoch_end", "on_epoch_begin")
+        called = {
+            c.func.attr.value for c in findall(cls, m.Call(func=m.Attribute(attr=m.Name())))
+            if isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute)
+        }
         for call in findall(cls, m.Call()):
             assert isinstance(call, cst.Call)
             if self.fm.refers_to(call.func, "numpy.random.shuffle", "numpy.random.permutation",
                                 "random.shuffle"):
+                function = self.fm.enclosing_function(call)
+                if (
+                    function is not None
+                    and function.name.value in hooks
+                    and function.name.value not in called
+                    and method_of(cls, function.name.value) is function
+                ):
+                    continue  # seeded alike by sdp.shard
                 self.note(
                     call,
                     f"{cls.name.value} reorders its batches without a seed, differently on each "

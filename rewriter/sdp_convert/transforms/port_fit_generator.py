@@ -24,6 +24,13 @@ flows into training are sharded with ``sdp.shard`` (every ``size()``-th sample f
 padded to the same length on every worker), as ``fit(x, y)`` arrays are; a flow the converter
 cannot read (a list of arrays, no labels) is reported.
 
+The iterator of files an ``ImageDataGenerator`` makes (``flow_from_directory``,
+``flow_from_dataframe``) that ``fit`` trains on is sharded at the fit by ``wrap_keras_fit``
+(``sdp.shard(train_gen)``: every ``size()``-th batch from ``rank()`` on); its order must then be
+the same on every worker, so one that shuffles (the default) without a ``seed=`` gets
+``seed=sdp.shared_seed()`` here (rank 0's seed, new each run; ``sdp.shard`` seeds its
+``on_epoch_end`` reshuffles alike as well).
+
 A Horovod or SMDDP Keras script being migrated gets the port too (Keras 3 lacks
 ``fit_generator`` there as well), but not the sharding: how such a script splits its data is its
 own, and the migration's checks speak about it.
@@ -38,11 +45,14 @@ from ..base import Transform
 from ..program.keras import (
     FIT_GENERATOR_PARAMETERS,
     generator_flow,
+    image_iterator,
     is_fit_generator,
+    iterator_seeded,
     keras_fit_calls,
 )
 from ..program.sharding import fit_arrays, flow_arg
-from ..program.syntax import code, replace_arg
+from ..program.syntax import add_keyword, code, replace_arg
+from ..program.tfshards import fit_inputs_to_split
 
 #: ``fit_generator`` arguments Keras 3's ``fit`` does not take.
 _DROPPED = ("max_queue_size", "workers", "use_multiprocessing")
@@ -63,12 +73,19 @@ class PortFitGenerator(Transform):
     def prepare(self, module: cst.Module) -> None:
         self.ports: set[cst.Call] = set()
         self.flows: dict[cst.Call, list[str]] = {}  # flow call -> keywords of arrays to shard
+        self.seeds: set[cst.Call] = set()  # flow_from_* calls to give the workers' shared seed
         migrated = not self.state.info.convertible
         for fit in keras_fit_calls(self.fm):
             if is_fit_generator(fit):
                 self.ports.add(fit)
             if migrated:
                 continue
+            iterator = image_iterator(self.fm, fit)
+            if iterator is not None and iterator_seeded(iterator) is False and (
+                fit_inputs_to_split(self.fm, fit) is not None
+            ):
+                self.seeds.add(iterator)
+                self.add_runtime_import()
             flow = generator_flow(self.fm, fit)
             if flow is None or flow in self.flows:
                 continue
@@ -89,6 +106,15 @@ class PortFitGenerator(Transform):
                 )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.seeds:
+            self.record(
+                original_node,
+                f"seed={self.sdp}.shared_seed(): the iterator shuffles its files, and each worker "
+                f"reads every {self.sdp}.size()-th batch of it, so its order must be the same on "
+                "every worker (rank 0's seed, new each run)",
+            )
+            seed = cst.parse_expression(f"{self.sdp}.shared_seed()")
+            return add_keyword(updated_node, "seed", seed, first=False)
         if original_node in self.flows:
             return self._shard(original_node, updated_node)
         if original_node in self.ports:

@@ -64,7 +64,7 @@ from sdp_runtime.tensorflow.compression import (
     ReduceOp,
     Sum,
 )
-from sdp_runtime.tensorflow.data import shard
+from sdp_runtime.tensorflow.data import shard, shared_seed
 from sdp_runtime.tensorflow.exchange import (
     alltoall,
     grouped_allgather,
@@ -135,6 +135,7 @@ __all__ = [
     "reducescatter",
     "rocm_built",
     "shard",
+    "shared_seed",
     "shutdown",
     "size",
     "size_op",

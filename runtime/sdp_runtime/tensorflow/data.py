@@ -21,8 +21,13 @@ as a hang at the end of the first epoch). torch's ``DistributedSampler`` avoids 
   decides.
 - **A ``keras.utils.PyDataset`` / ``Sequence``** (an object of batches by index): rank ``r`` gets
   batches ``r, r + size, ...``, padded with the first batches to ``ceil(len / size)`` on every
-  rank; ``on_epoch_end`` is passed on. Its order must be the same on every rank (a shuffle of its
-  indices seeded alike), or the ranks' batches overlap.
+  rank; ``on_epoch_begin``/``on_epoch_end`` are passed on, with numpy's and ``random``'s global
+  generators seeded alike on every rank for the call (from a seed rank 0 draws when ``shard`` is
+  called, plus the epoch) and given back their own state after it, so a Sequence that reshuffles
+  its indices there with ``np.random`` or ``random`` (Keras's ``ImageDataGenerator`` iterators
+  do) gets the same order on every rank. Its first order must be the same on every rank too (a
+  shuffle of its indices seeded alike, e.g. ``flow_from_directory(..., seed=sdp.shared_seed())``),
+  or the ranks' batches overlap.
 
 Equal element counts at the shard give equal batch counts as long as what follows does not drop
 elements differently on each rank (a ``filter`` after the shard, or sharding a list of files whose
@@ -36,6 +41,7 @@ With one process ``shard`` returns its argument unchanged.
 from __future__ import annotations
 
 import itertools
+import random
 import sys
 import time
 from collections.abc import Mapping
@@ -47,7 +53,7 @@ import tensorflow as tf
 from sdp_runtime import _comm, _exit
 from sdp_runtime._types import CommunicationError
 
-__all__ = ["shard"]
+__all__ = ["shard", "shared_seed"]
 
 DEFAULT_SYNC_EVERY = 32
 _calls = itertools.count(1)  # one agreement namespace per shard() call, the same on every rank
@@ -83,6 +89,22 @@ def shard(data: Any, *, sync_every: int = DEFAULT_SYNC_EVERY) -> Any:
         return _shard_sequence(data, n, r)
     rows = _rows_of(data, n, r)
     return _take_rows(data, rows)
+
+
+def shared_seed() -> int:
+    """A seed drawn on rank 0 and sent to every rank: the same on every rank, new each run.
+
+    Call it on every rank at the same point (it is a broadcast). Without ``init()``, or with
+    one process, a seed drawn here.
+
+    Example:
+        >>> train = gen.flow_from_directory("train/", seed=sdp.shared_seed())  # one order
+        >>> model.fit(sdp.shard(train), epochs=5)
+    """
+    seed = random.SystemRandom().randrange(2**31)
+    if not _comm.is_initialized() or _comm.size() == 1:
+        return seed
+    return int(_comm.broadcast_object(seed, 0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,8 +166,12 @@ def _is_keras_sequence(data: Any) -> bool:
 def _shard_sequence(data: Any, n: int, r: int) -> Any:
     base = next(c for c in type(data).__mro__ if c.__name__ in ("PyDataset", "Sequence"))
 
+    seed = shared_seed()
+
     class ShardedSequence(base):  # type: ignore[misc, valid-type]
         """Batches ``r, r + n, ...`` of ``data`` (padded to the same count on every rank)."""
+
+        epochs = 0
 
         def __init__(self) -> None:
             options = {
@@ -167,11 +193,30 @@ def _shard_sequence(data: Any, n: int, r: int) -> Any:
                 raise IndexError(index)
             return data[(index * n + r) % len(data)]
 
+        def on_epoch_begin(self) -> None:
+            if hasattr(data, "on_epoch_begin"):
+                _seeded_alike(data.on_epoch_begin, seed, 2 * self.epochs)
+
         def on_epoch_end(self) -> None:
             if hasattr(data, "on_epoch_end"):
-                data.on_epoch_end()
+                _seeded_alike(data.on_epoch_end, seed, 2 * self.epochs + 1)
+            self.epochs += 1
 
     return ShardedSequence()
+
+
+def _seeded_alike(hook: Any, seed: int, call: int) -> None:
+    """``hook()`` with numpy's and ``random``'s global generators seeded the same on every rank
+    (``seed`` is rank 0's), then given back the state each had: what the Sequence draws elsewhere
+    (augmentations) stays this rank's own."""
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    np.random.seed((seed + call) % 2**32)
+    random.seed(seed + call)
+    try:
+        hook()
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
 
 
 # --------------------------------------------------------------------------------------------

@@ -404,6 +404,60 @@ def main(out_dir: Path) -> None:
         legacy.minimize(lambda: 2.0 * (r + 1) * legacy_v[0], var_list=[legacy_v])
         equal(legacy_v, [-(n + 1)], "tf.compat.v1 optimizer")
 
+    @check
+    def sharded_sequence_reshuffles_alike():
+        # A Sequence that reshuffles with the unseeded global generators, which differ per rank:
+        # sdp.shard seeds them alike for on_epoch_end, and gives each rank its own state back.
+        import random
+
+        class Reshuffled(keras.utils.PyDataset):
+            def __init__(self):
+                super().__init__()
+                self.order = np.arange(12)
+
+            def __len__(self):
+                return 6
+
+            def __getitem__(self, i):
+                return self.order[2 * i : 2 * i + 2], self.order[2 * i : 2 * i + 2]
+
+            def on_epoch_end(self):
+                np.random.shuffle(self.order)
+                random.shuffle(self.order)
+
+        np.random.seed(100 + r)
+        random.seed(100 + r)
+        own = sdp.allgather_object(float(np.random.random()))
+        assert len(set(own)) == n, "the ranks' generators should differ here"
+        seed = sdp.shared_seed()
+        assert sdp.allgather_object(seed) == [seed] * n
+        sharded = sdp.shard(Reshuffled())
+        mine = []
+        for _ in range(2):
+            sharded.on_epoch_end()
+            mine += [sharded[i][0].tolist() for i in range(len(sharded))]
+        every = sdp.allgather_object(mine)
+        batches = [b for rank_batches in every for b in rank_batches]
+        assert sorted(x for b in batches for x in b) == sorted(list(range(12)) * 2), batches
+        after = sdp.allgather_object(float(np.random.random()))
+        assert len(set(after)) == n, "the ranks' own generator states were not given back"
+        # Keras's ImageDataGenerator iterators (flow_from_directory's class shares this code):
+        # seeded with sdp.shared_seed(), they shuffle alike on every epoch.
+        from tensorflow.keras.preprocessing.image import ImageDataGenerator
+
+        images = np.arange(24, dtype="float32").reshape(24, 1, 1, 1)
+        flow = ImageDataGenerator().flow(
+            images, np.arange(24), batch_size=3, seed=sdp.shared_seed()
+        )
+        sharded, mine = sdp.shard(flow), []
+        for _ in range(3):  # every sample in each epoch (the first batch again as padding)
+            mine.append([x for i in range(len(sharded)) for x in sharded[i][1].tolist()])
+            sharded.on_epoch_end()
+        every = sdp.allgather_object(mine)
+        for epoch in range(3):
+            seen = {x for rank_epochs in every for x in rank_epochs[epoch]}
+            assert seen == set(range(24)), (epoch, sorted(seen))
+
     result = {"rank": r, "size": n, "passed": passed}
     (out_dir / f"rank{r}.json").write_text(json.dumps(result))
     sdp.shutdown()
