@@ -1151,9 +1151,12 @@ class _Entry:
                     f"{what}(...) writes on every rank: run it on rank 0 only "
                     f"(`if {_runtime_name(module)}.rank() == 0:`)"))
                 other = self._other_user(module, call) if module is not self.entry else None
-                if other is not None and not self._may_run(self.entry, module, call):
-                    # A helper only other scripts run (``detect_image`` of utils.py): no write
-                    # of this program.
+                helper = module.fm.enclosing_function(call)
+                if other is not None and helper is not None and module.fm.parent(
+                    helper) is module.fm.module and not self._may_run(self.entry, module, call):
+                    # A module-level function only other scripts run (``detect_image`` of
+                    # utils.py): no write of this program. (A method may be run through a class
+                    # a configuration picks by its name: kept.)
                     self.findings.pop()
                     continue
                 if other is not None:
@@ -1321,6 +1324,9 @@ class _Entry:
         function = module.fm.enclosing_function(call)
         if function is None or depth > 3:
             return False
+        owner = module.fm.parent(module.fm.parent(function))
+        if isinstance(owner, cst.ClassDef) and Ref(module, owner).key in self.picked:
+            return False  # a method of a class a configuration picks: this program runs it
         callers = self.run.callers(Ref(module, function))
         return bool(callers) and all(
             isinstance(c.node, cst.Call) and self._script_only(c.module, c.node, depth + 1)
