@@ -60,6 +60,7 @@ from .program.run import (
     Trace,
     _names_of_call,
 )
+from .program.sample_lists import drawn_loaders, list_split
 from .program.scopes import (
     assigned_values,
     callee,
@@ -303,6 +304,8 @@ class _Entry:
         self.step_data: dict[tuple[str, int], tuple[Ref, Ref | None, bool]] = {}
         #: Repairs no finding carries (a write guarded at the calls of its helper).
         self.extra_repairs: list[Repair] = []
+        #: Data made by a project batch-iterator class whose sample list a repair splits.
+        self.list_splits: set[tuple[str, int]] = set()
         #: Per Keras fit: its data is split (or will be, by a repair).
         self.fit_data: dict[tuple[str, int], bool] = {}
 
@@ -673,6 +676,10 @@ class _Entry:
         seen: dict[tuple[str, int], tuple[Ref | None, bool]] = {}
         for step in self.torch_steps:
             loop = _data_loop(step.loops)
+            drawn = self._drawn_data(step.loops) if loop is None else None
+            if drawn is not None:
+                self.step_data[step.step.key] = drawn
+                continue
             if loop is None:
                 self.add("data", "unknown", step.step, (
                     f"no loop over training data was found around {self.where(step.step)}: "
@@ -710,10 +717,75 @@ class _Entry:
             done.add(loop.key)
             if self._tf_data(_iterable(loop, tape_step.apply), tape_step.apply, loop) and (
                 self._data_elsewhere(_iterable(loop, tape_step.apply))
+                or self._split_in_class(_iterable(loop, tape_step.apply))
             ):
                 # Split at its source in another module (``make_zip_dataset`` of data.py): the
                 # loop's module learns it (no "not sharded" note, its step counts per worker).
                 self.extra_repairs += [r for r in [self.repair("known_dataset", loop)] if r]
+
+    def _drawn_data(self, loops: Iterable[Ref]) -> tuple[Ref, Ref | None, bool] | None:
+        """A ``while`` loop around the step that draws its batches with a method of a class of
+        the run (``train_dataset.get_batch()``, ``next()`` over DataLoaders the class builds:
+        ``program.sample_lists.drawn_loaders``): the loaders get their DistributedSampler where
+        they are built, and a new pass's ``iter(...)`` its ``set_epoch``, when the class is made
+        once (for training only); the loop, the loader and whether it is (or will be) split."""
+        for loop in loops:
+            if not isinstance(loop.node, cst.While):
+                continue
+            for call in _walk_here(loop.node):
+                if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+                    continue
+                method = self.run.callee(Ref(loop.module, call))
+                owner = class_of(method.fm, method.node) if method is not None and isinstance(
+                    method.node, cst.FunctionDef) else None
+                found = drawn_loaders(method.fm, owner, method.node) if (  # type: ignore[union-attr, arg-type]
+                    owner is not None) else None
+                if found is None:
+                    continue
+                assert method is not None and owner is not None
+                init = self.run.method(Ref(method.module, owner), "__init__")
+                made = self.run.callers(init) if init is not None else []
+                first = Ref(method.module, found.loaders[0])
+                if len(made) != 1:
+                    self.add("data", "unknown", first, (
+                        f"the loop at {self.where(loop)} draws its batches from the DataLoaders "
+                        f"{owner.name.value} builds here, and {owner.name.value} is made "
+                        f"{len(made)} times: give the training one's loaders a "
+                        "DistributedSampler by hand (the others may be evaluation data); "
+                        f"{AUDIT}"))
+                    return loop, None, False
+                split = True
+                for loader in found.loaders:
+                    ref = Ref(method.module, loader)
+                    sampler = _keyword(loader, "sampler") or _keyword(loader, "batch_sampler")
+                    if sampler is not None:
+                        split = split and all(
+                            t.made is not None and any(q.endswith("DistributedSampler")
+                                                       for q in _names_of_call(t.made))
+                            for t in self.run.trace(Ref(method.module, sampler)))
+                        if not split:
+                            self.add("data", "unknown", ref, (
+                                f"the DataLoader built here feeds the training loop at "
+                                f"{self.where(loop)} with a sampler of its own: whether it "
+                                f"splits the data is not verified; {AUDIT}"))
+                        continue
+                    repair = self.repair("shard_loader", ref, self.where(loop))
+                    self.add("data", "missing", ref, (
+                        f"the DataLoader built here feeds the training loop at "
+                        f"{self.where(loop)} through {owner.name.value}.{method.node.name.value}() "
+                        "and has no DistributedSampler: every rank reads all of the data"),
+                        repair)
+                    split = split and repair is not None and loader_problem(
+                        method.fm, loader) is None
+                if split:
+                    for restart, _ in found.restarts:
+                        self.extra_repairs += [r for r in [self.repair(
+                            "restart_epoch", Ref(method.module, restart))] if r]
+                    if method.module is not loop.module:
+                        self.extra_repairs += [r for r in [self.repair(
+                            "known_data", Ref(loop.module, call), self.where(first))] if r]
+                return loop, first, split
+        return None
 
     def _loop_data(self, loop: Ref, step: Ref) -> tuple[Ref | None, bool]:
         """Check the data one training loop reads: the loader it comes from (when one does),
@@ -824,6 +896,17 @@ class _Entry:
                        if t.made is None or all(t.made.key != k.made.key
                                                 for k in traces if k.made is not None)]
         return traces
+
+    def _split_in_class(self, data: Ref) -> bool:
+        """The data is an instance of a project class whose sample list is split inside it
+        (by a repair asked now, or already: ``Dataset(..., shard=True)``)."""
+        for t in self.run.trace(data):
+            if t.made is not None and t.made.key in self.list_splits:
+                return True
+            cls = self.run.instance_class(t)
+            if cls is not None and cls.module is not data.module and self._splits_inside(t):
+                return True
+        return False
 
     def _data_elsewhere(self, data: Ref) -> bool:
         return any(t.made is not None and t.made.module is not data.module
@@ -967,6 +1050,9 @@ class _Entry:
                     f"between ranks{why}: shard it "
                     f"(`dataset.shard({self.sdp}.size(), {self.sdp}.rank())` before shuffle and "
                     f"batch, or `x[{self.sdp}.rank()::{self.sdp}.size()]`)"), repair)
+            elif (repaired := self._list_repair(trace, made, at)) is not None:
+                if repaired:  # split by the repair on this path
+                    split_on.append(not_split.pop())
             else:
                 unknown.append(not_split.pop())
                 self.add("data", "unknown", made, (
@@ -1016,6 +1102,29 @@ class _Entry:
         function = out.fm.enclosing_function(out.node)
         return f"through {function.name.value}() ({self.where(out)})" if function else (
             f"through {self.where(out)}")
+
+    def _list_repair(self, trace: Trace, made: Ref, at: Ref) -> bool | None:
+        """Data made by a batch-iterator class of the run whose sample list can be split where it
+        is read (``program.sample_lists``): ask for that split (in the class's module) and for
+        the flag at this construction; whether it will be split. None: no such class."""
+        cls = self.run.instance_class(trace)
+        found = list_split(cls.fm, cls.node) if cls is not None else None  # type: ignore[arg-type]
+        if cls is None or found is None:
+            return None
+        repair = self.repair("shard_list", Ref(cls.module, found.call), found.flag)
+        flag = self.repair("shard_list_call", made, found.flag)
+        done = repair is not None and flag is not None
+        self.add("data", "missing", made, (
+            f"the data trained on at {self.where(at)} comes from {_short(made.code)}, a "
+            f"{found.cls.name.value} of {self.where(cls)} that reads all of its sample list "
+            f"(self.{found.attr}) on every rank: split that list by rank where "
+            f"{found.method.name.value}() reads it, before it is shuffled"),
+            repair if done else None)
+        if done:
+            assert flag is not None
+            self.extra_repairs.append(flag)
+            self.list_splits.add(made.key)
+        return done
 
     def _builder(self, trace: Trace, made: Ref) -> tuple[cst.FunctionDef, Ref | None, bool] | None:
         """The function (or method) of the run that makes the training data at ``made``, with
@@ -1154,6 +1263,22 @@ class _Entry:
                 self.add("writes", "missing", Ref(module, call), (
                     f"{what}(...) writes on every rank: run it on rank 0 only "
                     f"(`if {_runtime_name(module)}.rank() == 0:`)"))
+                other = self._other_user(module, call) if module is not self.entry else None
+                helper = module.fm.enclosing_function(call)
+                if other is not None and helper is not None and module.fm.parent(
+                    helper) is module.fm.module and not self._may_run(self.entry, module, call):
+                    # A module-level function only other scripts run (``detect_image`` of
+                    # utils.py): no write of this program. (A method may be run through a class
+                    # a configuration picks by its name: kept.)
+                    self.findings.pop()
+                    continue
+                if other is not None:
+                    # ``if rank() == 0:`` there would raise NotInitializedError in that script:
+                    # said, not made (as for downloads).
+                    self.findings[-1].message += (
+                        f" (not made: {other.display} imports {module.display} too and runs "
+                        f"without {_runtime_name(module)}.init())")
+                    continue
                 self.findings[-1].repair, extra = self.guard_repairs(module, call)
                 self.extra_repairs += extra
             mkdirs = _strict_mkdirs(module)
@@ -1312,6 +1437,9 @@ class _Entry:
         function = module.fm.enclosing_function(call)
         if function is None or depth > 3:
             return False
+        owner = module.fm.parent(module.fm.parent(function))
+        if isinstance(owner, cst.ClassDef) and Ref(module, owner).key in self.picked:
+            return False  # a method of a class a configuration picks: this program runs it
         callers = self.run.callers(Ref(module, function))
         return bool(callers) and all(
             isinstance(c.node, cst.Call) and self._script_only(c.module, c.node, depth + 1)

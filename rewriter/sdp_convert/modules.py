@@ -12,6 +12,7 @@ answers every file from the cache and loads no libcst.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,14 @@ class Project:
             seen.setdefault(name, []).append(path)
         # Two files that would be the same module (two scripts' folders): neither is resolved.
         self._modules = {name: paths[0] for name, paths in seen.items() if len(paths) == 1}
+        # Folders without ``__init__.py`` are namespace packages to a script run above them
+        # (``from core.dataset import Dataset`` in train.py next to core/): a file is also its
+        # dotted path below the run's top folder, where no real module has that name.
+        aliases: dict[str, list[Path]] = {}
+        for path, name in namespace_names(self.files):
+            if name not in seen:
+                aliases.setdefault(name, []).append(path)
+        self._modules.update({n: ps[0] for n, ps in aliases.items() if len(ps) == 1})
 
     def name_of(self, path: Path) -> str:
         return self._names[path]
@@ -411,6 +420,24 @@ def module_name(path: Path) -> str:
         parts.insert(0, folder.name)
         folder = folder.parent
     return ".".join(parts) or path.parent.name
+
+
+def namespace_names(files: Iterable[Path]) -> Iterator[tuple[Path, str]]:
+    """Each file's names as a module of namespace packages: ``core/dataset.py`` below the
+    run's top folder is ``core.dataset`` (and ``a/b/c.py`` both ``b.c`` and ``a.b.c``)."""
+    paths = [p for p in files if p.suffix == ".py" and p.name != "__init__.py"]
+    if len(paths) < 2:
+        return
+    top = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    for path in paths:
+        try:
+            parts = [*path.parent.relative_to(top).parts, path.stem]
+        except ValueError:
+            continue
+        if not all(p.isidentifier() for p in parts):
+            continue
+        for start in range(len(parts) - 1):
+            yield path, ".".join(parts[start:])
 
 
 def imported_modules(project: Project, path: Path) -> list[Path]:

@@ -160,7 +160,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("the file in its project", frozenset({"project"})),
     # Whether the data that feeds training is split between the ranks: builds on the file's
     # facts and on what the project says about its loaders.
-    ("training data", frozenset({"datasets", "batch_iterators", "tfshards", "sharding"})),
+    ("training data", frozenset({"datasets", "batch_iterators", "sample_lists", "tfshards",
+                                 "sharding"})),
     # The program model of one file: at run time it holds the binding index only; its cache of
     # answers (``Facts``) is typed with the answers of the layers below.
     ("the file's model", frozenset({"model"})),

@@ -12,7 +12,8 @@ below only (``LAYERS`` in tests/program/test_layering.py, the table in docs/how-
    ``rank_splits``, ``guards``, ``readback``, ``smp_saves``, ``deletions``, ``fetches``,
    ``launch``, ``permutations``, ``keras2``, ``keras_reads``;
 6. the file in its project: ``project`` (what the other modules of the run say about it);
-7. training data: ``datasets``, ``batch_iterators``, ``tfshards``, ``sharding``;
+7. training data: ``datasets``, ``batch_iterators``, ``sample_lists``, ``tfshards``,
+   ``sharding``;
 8. the file's model: ``model`` (``FileModel``, named by every layer for types only);
 9. the run: ``run`` (several modules, one program).
 

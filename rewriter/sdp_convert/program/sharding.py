@@ -447,8 +447,14 @@ def optimizer_data(fm: FileModel, call: cst.Call) -> DataSharding:
     if id(call) in unaveraged_optimizers(fm):
         return DataSharding(False, "unaveraged", call)
     loops = stepping_loops(fm, call)
+    # Batches the training loop draws from loaders a class of another module builds and splits
+    # there (``known_data`` at ``train_dataset.get_batch()``: the whole-program contract
+    # followed it): no loader of this file is missing, the data is split.
+    drawn = [node for _, node in repairs_of(fm, "known_data")]
     if loops is None:
-        return whole
+        return DataSharding(True, "sharded") if drawn and whole.kind == "not found" else whole
+    if any(loop in fm.ancestors(node) for node in drawn for loop in loops):
+        return DataSharding(True, "sharded")
     loaders = loaders_iterated_in(fm, loops)
     # Loaders another module of the project builds for these loops (sharded there, or not).
     imported = imported_data(fm, set(loops))
