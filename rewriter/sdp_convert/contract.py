@@ -730,7 +730,10 @@ class _Entry:
             if any(q.endswith("DataLoader") for q in names):
                 loader = made
                 split = self._loader(made, loop, trace) and split
-            elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names):
+            elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names) or (
+                isinstance(made.node, cst.Call)  # ``BucketIterator(sdp.shard(train), ...)``
+                and any(_is_shard_arg(made, a.value) for a in made.node.args)
+            ):
                 continue
             else:
                 split = False

@@ -33,6 +33,7 @@ from .transforms import (
     shard_dataloader,
     shard_shared_loader,
     shard_tf_dataset,
+    shard_torchtext_iterator,
     sync_loop_exits,
     update_keras2_calls,
     wrap_gradient_tape,
@@ -53,6 +54,7 @@ PIPELINE: tuple[type[Transform], ...] = (
     scale_learning_rate.ScaleLearningRate,
     shard_dataloader.ShardDataLoader,
     shard_shared_loader.ShardSharedLoader,
+    shard_torchtext_iterator.ShardTorchtextIterator,
     wrap_model_ddp.WrapModelDdp,
     # Reads wrap_model_ddp's notes of moves off the device, and repairs those it can.
     save_model_in_place.SaveModelInPlace,
