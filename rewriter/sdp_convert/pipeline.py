@@ -33,6 +33,7 @@ from .transforms import (
     shard_dataloader,
     shard_shared_loader,
     shard_tf_dataset,
+    shard_token_stream,
     shard_torchtext_iterator,
     sync_loop_exits,
     update_keras2_calls,
@@ -55,6 +56,7 @@ PIPELINE: tuple[type[Transform], ...] = (
     shard_dataloader.ShardDataLoader,
     shard_shared_loader.ShardSharedLoader,
     shard_torchtext_iterator.ShardTorchtextIterator,
+    shard_token_stream.ShardTokenStream,
     wrap_model_ddp.WrapModelDdp,
     # Reads wrap_model_ddp's notes of moves off the device, and repairs those it can.
     save_model_in_place.SaveModelInPlace,
