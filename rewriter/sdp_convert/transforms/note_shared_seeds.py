@@ -116,6 +116,7 @@ class NoteSharedSeeds(Transform):
             return draws, seeds
         again = f"{code(reseed.seed.func)}({code(reseed.argument)} + {self.sdp}.rank())"
         self.insert_before(reseed.loop, cst.parse_statement(again + "\n"))
+        self.add_runtime_import()
         self.record(reseed.loop, (
             f"{again} before the training loop: the models' weights were made before it with "
             f"the shared seed (the same on every rank), and {code(tf_draws[0].func)}(...) in the "

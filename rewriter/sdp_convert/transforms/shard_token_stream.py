@@ -53,6 +53,7 @@ class ShardTokenStream(Transform):
             if split.done:
                 continue
             x, sdp = split.name, self.sdp
+            self.add_runtime_import()
             width = f"{x}.size(1) // {sdp}.size()"
             line = f"{x} = {x}.narrow(1, {sdp}.rank() * ({width}), {width})"
             self.insert_after(split.statement, cst.parse_statement(line + "\n"))

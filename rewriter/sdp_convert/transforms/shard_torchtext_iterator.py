@@ -55,6 +55,7 @@ class ShardTorchtextIterator(Transform):
             split.iterator: split for split in example_splits(self.fm) if not split.done
         }
         for call, split in self._splits.items():
+            self.add_runtime_import()
             name = code(split.dataset.value)
             self.record(call, (
                 f"{code(call.func)}({self.sdp}.shard({name}), ...): each rank batches its own "
