@@ -123,6 +123,8 @@ _SHARDED_HERE = re.compile(
     r"|\[shard_tf_dataset\] \S+ -> sdp\.shard\(.*each worker gets every sdp\.size\(\)-th sample"
     r"|\[wrap_keras_fit\] .*each worker reads every sdp\.size\(\)-th batch"
     r"|\[shard_tf_dataset\] .* -> sdp\.shard\(.*each worker takes its own part of the indices"
+    r"|\[shard_torchtext_iterator\] .*\(sdp\.shard\(.*each rank batches its own part"
+    r"|\[shard_token_stream\] .*narrow\(1, sdp\.rank\(\).*each rank trains on its own"
 )
 #: Data the script splits between the ranks itself.
 _SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")

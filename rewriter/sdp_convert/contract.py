@@ -70,6 +70,7 @@ from .program.scopes import (
     uses,
 )
 from .program.sharding import loader_problem
+from .program.stream_splits import stream_splits
 from .program.syntax import findall, is_none
 from .program.tfshards import shards_at
 from .program.training import training_facts
@@ -680,6 +681,8 @@ class _Entry:
             if drawn is not None:
                 self.step_data[step.step.key] = drawn
                 continue
+            if loop is None and _reads_split_stream(step.loops):
+                continue  # this rank's columns of a token-id tensor (``shard_token_stream``)
             if loop is None:
                 self.add("data", "unknown", step.step, (
                     f"no loop over training data was found around {self.where(step.step)}: "
@@ -808,7 +811,10 @@ class _Entry:
             if any(q.endswith("DataLoader") for q in names):
                 loader = made
                 split = self._loader(made, loop, trace) and split
-            elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names):
+            elif any(q.endswith(("distributed.DistributedSampler", "shard")) for q in names) or (
+                isinstance(made.node, cst.Call)  # ``BucketIterator(sdp.shard(train), ...)``
+                and any(_is_shard_arg(made, a.value) for a in made.node.args)
+            ):
                 continue
             else:
                 split = False
@@ -1855,6 +1861,15 @@ def _receivers(ref: Ref) -> list[Ref]:
 _COUNTING = ("builtins.range", "tqdm.trange", "tqdm.auto.trange", "itertools.count")
 _UNWRAP = ("builtins.enumerate", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm",
            "builtins.iter", "builtins.zip")
+
+
+def _reads_split_stream(loops: Iterable[Ref]) -> bool:
+    """One of ``loops`` slices this rank's columns of a tensor of token ids
+    (``program.stream_splits``, split already: ``ids = ids.narrow(1, sdp.rank() * w, w)``)."""
+    return any(
+        loop.node is fed for loop in loops for split in stream_splits(loop.fm) if split.done
+        for fed in split.loops
+    )
 
 
 def _data_loop(loops: Iterable[Ref]) -> Ref | None:

@@ -34,6 +34,8 @@ from .transforms import (
     shard_sample_list,
     shard_shared_loader,
     shard_tf_dataset,
+    shard_token_stream,
+    shard_torchtext_iterator,
     sync_loop_exits,
     update_keras2_calls,
     wrap_gradient_tape,
@@ -54,6 +56,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     scale_learning_rate.ScaleLearningRate,
     shard_dataloader.ShardDataLoader,
     shard_shared_loader.ShardSharedLoader,
+    shard_torchtext_iterator.ShardTorchtextIterator,
+    shard_token_stream.ShardTokenStream,
     wrap_model_ddp.WrapModelDdp,
     # Reads wrap_model_ddp's notes of moves off the device, and repairs those it can.
     save_model_in_place.SaveModelInPlace,

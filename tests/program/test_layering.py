@@ -153,7 +153,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("per-file facts", frozenset({
         "training", "steps", "models", "model_setup", "ranks", "rank_splits", "readback",
         "smp_saves", "guards", "deletions", "fetches", "launch", "keras2", "keras_reads",
-        "permutations",
+        "permutations", "example_lists", "seeds",
+        "stream_splits",
     })),
     # What the other modules of the run say about this one (``ModuleFacts`` given to the file):
     # loaders built elsewhere that it iterates, loaders it builds for another module, repairs.

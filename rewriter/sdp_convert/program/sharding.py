@@ -31,6 +31,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from .builders import runs_right_before
+from .example_lists import split_example_loops
 from .flow import Site, counted_pass, epoch_loop, holds_only, loader_sites
 from .index import Binding, file_index, reaching_values
 from .keras import fit_arg, generator_flow, keras_fit_calls
@@ -48,6 +49,7 @@ from .project import imported_data, repairs_of
 from .rank_splits import made_for_rank, split_by_rank
 from .scopes import callee, callers, referents, runs_whenever, training_loops, uses
 from .steps import stepping_loops
+from .stream_splits import stream_splits
 from .syntax import arg_named, code, findall, is_none, is_simple_reference
 from .tfshards import split_already, tf_training_data
 
@@ -461,6 +463,8 @@ def optimizer_data(fm: FileModel, call: cst.Call) -> DataSharding:
     if isinstance(imported, cst.Call):
         return DataSharding(False, "not sharded", imported)
     if not loaders and not imported:
+        if reads_split_data(fm, loops):
+            return DataSharding(True, "sharded")
         return _without_source(fm, [lp for lp in loops if isinstance(lp, (cst.For, cst.While))])
     will = enabled(fm, "shard_dataloader")
     for loader in loaders:
@@ -578,7 +582,27 @@ def _torch(fm: FileModel) -> DataSharding:
     if loops and all(isinstance(loop, cst.For) and made_for_rank(fm, loop.iter)
                      for loop in loops):
         return DataSharding(True, "sharded")  # a loader factory given the rank
+    if reads_split_data(fm, loops):
+        return DataSharding(True, "sharded")
     return _without_source(fm, loops)
+
+
+def reads_split_data(fm: FileModel, loops: Iterable[cst.CSTNode] | None = None) -> bool:
+    """Whether the training loops read a legacy torchtext iterator over this rank's examples
+    (``program.example_lists``: split already, or by ``shard_torchtext_iterator``) or this rank's
+    columns of a tensor of token ids (``program.stream_splits``, ``shard_token_stream``), and
+    the others only count (``for epoch in range(...)`` around them, fetching no batch of its
+    own)."""
+    fed = split_example_loops(fm, enabled(fm, "shard_torchtext_iterator"))
+    will = enabled(fm, "shard_token_stream")
+    fed |= {id(loop) for split in stream_splits(fm) if split.done or will for loop in split.loops}
+    loops = list(training_loops(fm) if loops is None else loops)
+    return bool(fed) and any(id(loop) in fed for loop in loops) and all(
+        id(loop) in fed or (
+            isinstance(loop, cst.For) and _counts(fm, loop)
+            and not findall(loop.body, m.Call(func=m.Name("next")))
+            and not _fetches_batches(fm, loop))
+        for loop in loops)
 
 
 def _tensorflow(fm: FileModel) -> DataSharding:

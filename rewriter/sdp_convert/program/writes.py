@@ -224,9 +224,11 @@ def writes_in(mode: str) -> bool:
     return any(c in mode for c in "wax+")
 
 
-#: Calls making an object whose ``save(path)`` writes a file: a PIL image, a Hugging Face
-#: ``tokenizers`` tokenizer (``Tokenizer(BPE())``, ``Tokenizer.from_file(p)``).
-SAVING_OBJECTS = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image", "tokenizers.")
+#: Calls making an object whose ``save(path)`` writes a file: a PIL image (``Image.fromarray``,
+#: ``to_pil_image``, SciPy's old ``scipy.misc.toimage``), a Hugging Face ``tokenizers`` tokenizer
+#: (``Tokenizer(BPE())``, ``Tokenizer.from_file(p)``).
+SAVING_OBJECTS = ("PIL.Image.", "torchvision.transforms.functional.to_pil_image",
+                  "scipy.misc.toimage", "scipy.misc.pilutil.toimage", "tokenizers.")
 
 
 def object_saves(fm: FileModel) -> list[cst.Call]:

@@ -14,9 +14,21 @@ the model is built, if the draws should differ).
 Why: a seed set once is the same on every rank. That is right for the model's initial weights
 (they must match; DDP and the broadcast make sure anyway), but the numbers drawn in the training
 loop (a GAN's noise, augmentation in the main process, dropout masks drawn by hand) are then the
-same on every rank too, so N ranks do the work of one on that part. Not changed automatically: the
-same seed may drive both. The note names the draw and the fix: seed again after the model is
-built, with ``seed + sdp.rank()``. A seed that already depends on the rank gets no note.
+same on every rank too, so N ranks do the work of one on that part. Not changed automatically
+in general: the same seed may drive both. The note names the draw and the fix: seed again after
+the model is built, with ``seed + sdp.rank()``. A seed that already depends on the rank gets no
+note.
+
+TensorFlow, where it is safe (``program.seeds.tf_reseed``): ``tf.random.set_seed(22)`` as a
+statement of the block whose later training loop draws with ``tf.random`` (``batch_z =
+tf.random.uniform(...)``), every model the loop's steps apply gradients to built or called
+between the two (``generator.build(...)``), gets ``tf.random.set_seed(22 + sdp.rank())`` right
+before that loop: the weights were made with the shared seed (the same everywhere; the broadcast
+after the first step makes sure), the draws from then on differ between ranks. A forward pass in
+TensorFlow is no collective, so no rank waits on another's draws. A model built lazily by its
+first call in the loop, draws outside that one loop statement (in a step function), a second
+``set_seed`` or a seed computed by a call keep the note. Draws of other libraries in the loop
+(``np.random.uniform`` after ``np.random.seed(22)``) keep theirs.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import libcst as cst
 
 from ..base import Transform
 from ..program.scopes import training_loops
+from ..program.seeds import TF_SEED, tf_draws_in_training, tf_reseed
 from ..program.syntax import code
 from ..program.training import training_facts
 
@@ -69,6 +82,10 @@ class NoteSharedSeeds(Transform):
         ]
         if not draws:
             return
+        if self.state.info.framework == "tensorflow":
+            draws, seeds = self._reseed_tf(draws, seeds)
+            if not draws or not seeds:
+                return
         first = draws[0]
         seed = seeds[0]
         what = code(first.func)
@@ -80,3 +97,28 @@ class NoteSharedSeeds(Transform):
             f"with seed + {self.sdp}.rank()",
             manual=True,
         )
+
+    def _reseed_tf(
+        self, draws: list[cst.Call], seeds: list[cst.Call]
+    ) -> tuple[list[cst.Call], list[cst.Call]]:
+        """Set ``tf.random.set_seed`` again with ``+ rank()`` before the training loop where
+        that is safe (``program.seeds.tf_reseed``): the draws and seeds left for the note."""
+        tf_draws = tf_draws_in_training(self.fm, draws)
+        if not tf_draws:
+            return draws, seeds
+        rest = [d for d in draws if d not in tf_draws]
+        if any("rank" in code(c) for c in self.calls_to(TF_SEED)):
+            return rest, [s for s in seeds if not self.fm.refers_to(s.func, TF_SEED)]
+        reseed = next(
+            (r for r in (tf_reseed(self.fm, s, tf_draws) for s in seeds) if r is not None), None
+        )
+        if reseed is None:
+            return draws, seeds
+        again = f"{code(reseed.seed.func)}({code(reseed.argument)} + {self.sdp}.rank())"
+        self.insert_before(reseed.loop, cst.parse_statement(again + "\n"))
+        self.add_runtime_import()
+        self.record(reseed.loop, (
+            f"{again} before the training loop: the models' weights were made before it with "
+            f"the shared seed (the same on every rank), and {code(tf_draws[0].func)}(...) in the "
+            "loop now draws different numbers on each rank"))
+        return rest, [s for s in seeds if s is not reseed.seed]

@@ -91,6 +91,7 @@ from ..program.sharding import (
     loader_problem,
     no_loader_note,
     plain_sampler,
+    reads_split_data,
     set_epoch_site,
 )
 from ..program.syntax import append_arg, fix_last_comma, is_simple_reference
@@ -136,7 +137,7 @@ class ShardDataLoader(Transform):
         # split there (the whole-program model followed it: ``known_data``).
         handled = bool(repairs_of(self.fm, "known_data")) or handled
         backward = self.method_calls("backward")
-        if not handled and backward:
+        if not handled and backward and not reads_split_data(self.fm):
             self.record(*no_loader_note(self.fm, backward[0], loaders), manual=True)
 
     def _imported(self) -> bool:

@@ -76,6 +76,7 @@ from .collectives import (
     synchronize,
 )
 from .compression import Compression, Compressor
+from .data import shard
 from .ddp import DistributedDataParallel
 from .functions import (
     allgather_object,
@@ -157,6 +158,7 @@ __all__ = [
     "reducescatter",
     "reducescatter_async",
     "rocm_built",
+    "shard",
     "shutdown",
     "size",
     "sparse_allreduce_async",
