@@ -123,6 +123,7 @@ _SHARDED_HERE = re.compile(
     r"|\[shard_tf_dataset\] \S+ -> sdp\.shard\(.*each worker gets every sdp\.size\(\)-th sample"
     r"|\[wrap_keras_fit\] .*each worker reads every sdp\.size\(\)-th batch"
     r"|\[shard_tf_dataset\] .* -> sdp\.shard\(.*each worker takes its own part of the indices"
+    r"|\[seed_samplers_by_rank\] the sampler draws with replacement: each rank draws from its own"
 )
 #: Data the script splits between the ranks itself.
 _SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")
