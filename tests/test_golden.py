@@ -125,6 +125,7 @@ _SHARDED_HERE = re.compile(
     r"|\[shard_tf_dataset\] .* -> sdp\.shard\(.*each worker takes its own part of the indices"
     r"|\[shard_torchtext_iterator\] .*\(sdp\.shard\(.*each rank batches its own part"
     r"|\[shard_token_stream\] .*narrow\(1, sdp\.rank\(\).*each rank trains on its own"
+    r"|\[seed_samplers_by_rank\] the sampler draws with replacement: each rank draws from its own"
 )
 #: Data the script splits between the ranks itself.
 _SHARDED_BEFORE = re.compile(r"DistributedSampler\(|\.shard\(|\.apply\(sdp\.shard\)|sdp\.shard\(")

@@ -46,6 +46,7 @@ from .program.deletions import DELETIONS, path_deletions
 from .program.fetches import fetch_statements, file_fetches
 from .program.flow import reaches
 from .program.index import file_index, imported_names
+from .program.models import moved_attribute
 from .program.project import Repair, repair_code
 from .program.rank_splits import split_by_rank
 from .program.ranks import local_rank0_only, one_process_at_a_time, rank0_only
@@ -71,7 +72,7 @@ from .program.scopes import (
 )
 from .program.sharding import loader_problem
 from .program.stream_splits import stream_splits
-from .program.syntax import findall, is_none
+from .program.syntax import assigned_target, findall, is_none
 from .program.tfshards import shards_at
 from .program.training import training_facts
 from .program.vocab import (
@@ -502,18 +503,38 @@ class _Entry:
         """Where a model is made as far as the program names it: the first assignment of it on
         the way from the call that makes it to where it is trained, outside a factory that makes
         other things too (``config.init_obj("arch", module)``: the wrap goes after
-        ``model = config.init_obj(...)``, not into the factory's ``return cls(**spec)``)."""
-        for ref in reversed(trace.through):
-            parent = ref.fm.parent(ref.node)
-            if not (isinstance(parent, cst.Assign) and parent.value is ref.node
-                    and len(parent.targets) == 1
-                    and isinstance(parent.targets[0].target, (cst.Name, cst.Attribute))):
+        ``model = config.init_obj(...)``, not into the factory's ``return cls(**spec)``).
+
+        A model moved to its device on the way (``self.model = self.model.to(self.device)`` in
+        a trainer's ``__init__``) is wrapped after the move (a wrap before it would make DDP
+        of a model still on the CPU), at the first local name it is then bound to
+        (``model, config = self.model, self.config`` in the function of the loop): the object's
+        attribute stays the plain model for whatever else reads it (callbacks that sample from
+        it or save it on rank 0 alone, where a forward of the wrapper would wait for the other
+        ranks), and only the loop calls the wrapper. Without such a name, the assignment after
+        the move."""
+        way = list(reversed(trace.through))  # from where it is made to where it is trained
+        moved = max((i for i, ref in enumerate(way) if moved_attribute(ref.fm, ref.node)),
+                    default=-1)
+        candidates: list[tuple[Ref, cst.BaseExpression]] = []
+        for ref in way if moved < 0 else way[moved:]:
+            target = assigned_target(ref.fm, ref.node)
+            if not isinstance(target, (cst.Name, cst.Attribute)):
+                continue
+            if moved < 0 and not isinstance(ref.fm.parent(ref.node), cst.Assign):
                 continue
             function = ref.fm.enclosing_function(ref.node)
-            if function is not None and len(self.run.callers(Ref(ref.module, function))) > 1:
-                continue  # a factory called for several objects
-            return ref
-        return None
+            trains = moved >= 0 and function is not None and (
+                function is way[-1].fm.enclosing_function(way[-1].node))
+            if function is not None and not trains and len(
+                self.run.callers(Ref(ref.module, function))
+            ) > 1:
+                continue  # a factory called for several objects (not the function that trains)
+            if moved < 0:
+                return ref
+            candidates.append((ref, target))
+        local = next((ref for ref, target in candidates if isinstance(target, cst.Name)), None)
+        return local or next((ref for ref, _ in candidates), None)
 
     def _wrapped_models(self) -> set[tuple[str, int]]:
         """Made sites of the models some DDP wrap (anywhere in the program) wraps."""

@@ -30,6 +30,7 @@ from .transforms import (
     save_model_in_place,
     scale_keras_learning_rate,
     scale_learning_rate,
+    seed_samplers_by_rank,
     shard_dataloader,
     shard_sample_list,
     shard_shared_loader,
@@ -55,6 +56,8 @@ PIPELINE: tuple[type[Transform], ...] = (
     pin_gpu_device.PinGpuDevice,
     scale_learning_rate.ScaleLearningRate,
     shard_dataloader.ShardDataLoader,
+    # A sampler with replacement: its own stream per rank (shard_dataloader leaves it alone).
+    seed_samplers_by_rank.SeedSamplersByRank,
     shard_shared_loader.ShardSharedLoader,
     shard_torchtext_iterator.ShardTorchtextIterator,
     shard_token_stream.ShardTokenStream,

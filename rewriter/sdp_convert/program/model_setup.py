@@ -37,6 +37,7 @@ from .models import (
     SETUP_METHODS,
     freezes,
     is_wrapper,
+    makes_stepped_optimizer,
     without_grad,
 )
 from .scopes import callee, training_calls
@@ -297,7 +298,11 @@ def wrap_anchor(fm: FileModel, first: cst.BaseStatement, same: list[Binding],
             and parent.attr.value in SETUP_METHODS
             and isinstance(call, cst.Call) and call.func is parent
         ) or (isinstance(call, cst.Call) and isinstance(parent, cst.Arg)
-              and sets_weights(fm, call)):  # ``initialize_weights(model)``
+              and sets_weights(fm, call)) or (  # ``initialize_weights(model)``
+            isinstance(parent, cst.Attribute) and parent.value is use
+            and isinstance(call, cst.Call) and call.func is parent
+            and makes_stepped_optimizer(fm, call)
+        ):  # ``self.optimizer = model.configure_optimizers(config)``: the plain model's method
             setup.extend(filter(None, [level(call)]))
         else:
             stmt = level(use)
@@ -307,3 +312,4 @@ def wrap_anchor(fm: FileModel, first: cst.BaseStatement, same: list[Binding],
                 setup.append(stmt)
     candidates = [s for s in setup if start <= order(s) < end]
     return max(candidates, key=order) if candidates else first
+

@@ -15,8 +15,8 @@ from libcst.metadata import QualifiedNameSource
 from .index import Binding, FileIndex, Scope, file_index
 from .optimizers import optimizer_class
 from .positions import node_positions
-from .scopes import arguments_for, training_loops, uses
-from .syntax import arg_named, code, findall, is_empty_list
+from .scopes import arguments_for, class_of, training_loops, uses
+from .syntax import arg_named, assigned_target, code, findall, is_empty_list
 from .vocab import DATA_PARALLEL_CHECKPOINTS, GROWN_FOR_DATA_PARALLEL
 
 T = TypeVar("T")
@@ -52,6 +52,30 @@ SETUP_METHODS = frozenset({
     "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "to_empty", "apply",
     "load_state_dict", "requires_grad_",
 })
+
+#: The methods of a module that move it to a device (and return it): a DDP wrap must come
+#: after them, since DDP takes the devices of the parameters it finds when it wraps.
+DEVICE_MOVES = frozenset({"to", "cuda"})
+
+
+def moved_attribute(fm: FileModel, node: cst.CSTNode) -> bool:
+    """Whether ``node``, a ``self.<attr>`` read in a method, is moved to a device by its class
+    (``self.model = self.model.to(self.device)`` or ``self.model.cuda()`` in any method): a
+    model kept by a trainer object that places it on the device itself."""
+    if not (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
+            and node.value.value == "self"):
+        return False
+    function = fm.enclosing_function(node)
+    cls = class_of(fm, function) if function is not None else None
+    if cls is None:
+        return False
+    spelled = code(node)
+    return any(
+        isinstance(call.func, cst.Attribute) and call.func.attr.value in DEVICE_MOVES
+        and code(call.func.value) == spelled
+        for call in findall(cls, m.Call())
+    )
+
 
 #: Context managers and decorators under which no gradient is recorded.
 NO_GRAD = ("torch.no_grad", "torch.inference_mode")
@@ -472,6 +496,7 @@ def user_methods_in_training(
             and isinstance(call, cst.Call) and call.func is parent
             and id(fm.enclosing_function(call)) in trains
             and not without_grad(fm, call)
+            and not makes_stepped_optimizer(fm, call)
         ):
             yield call, parent, use
 
@@ -814,3 +839,18 @@ def round_trip(fm: FileModel, call: cst.Call) -> RoundTrip | None:
     mode = next((x for x in reversed(first + _moves(fm, body[end], False)[1])
                  if x in ("eval", "train")), None)
     return RoundTrip(away, body[end], mode, model, tuple(saves))
+
+
+def makes_stepped_optimizer(fm: FileModel, call: cst.Call) -> bool:
+    """``self.optimizer = model.configure_optimizers(config)``: a method of the model whose
+    result this file steps (``self.optimizer.step()``), so the optimizer of that model, built
+    by the model's own class. The wrap goes after it: the method is the plain model's, and
+    the optimizer it makes holds the same parameters the wrapper averages."""
+    target = assigned_target(fm, call)
+    if target is None:
+        return False
+    spelled = code(target)
+    return any(
+        isinstance(step.func, cst.Attribute) and code(step.func.value) == spelled
+        for step in fm.method_calls("step")
+    )

@@ -40,7 +40,7 @@ from .index import file_index
 from .loaders import sets_epoch
 from .positions import node_positions
 from .scopes import arguments_for, assigned_binding, binding_of, training_loops, uses
-from .syntax import findall
+from .syntax import assigned_target, findall
 from .training import training_facts
 
 if TYPE_CHECKING:
@@ -292,9 +292,16 @@ def _repair_node(fm: FileModel, by_type: dict, repair: Repair) -> cst.CSTNode | 
     """The node a repair names: of its kind (a loop, a call), on its line, with its code, or
     (an earlier transform of the run rewrote it: ``tqdm(loader, disable=...)``) with the same
     head (the loop's target, the call's callee)."""
-    kinds = (cst.For, cst.CompFor) if repair.code.startswith("for ") else (cst.Call,)
-    nodes = [n for kind in kinds for n in by_type.get(kind, [])]
     text = " ".join(repair.code.split())
+    # A name or attribute (``self.model`` of ``model, config = self.model, self.config``, where
+    # a model is bound to the loop's local name): the value of an assignment on its line.
+    dotted = all(part.isidentifier() for part in text.split("."))
+    kinds: tuple[type, ...] = (
+        (cst.For, cst.CompFor) if repair.code.startswith("for ")
+        else (cst.Attribute, cst.Name) if dotted else (cst.Call,))
+    nodes = [n for kind in kinds for n in by_type.get(kind, [])]
+    if dotted:
+        nodes = [n for n in nodes if assigned_target(fm, n) is not None]
     same = [n for n in nodes if " ".join(repair_code(fm, n).split()) == text]
     if len(same) == 1:
         return same[0]

@@ -1103,6 +1103,7 @@ class Run:
         for ref in values:
             receivers += _parameter_receivers(ref)
             receivers += self._appended_parameters(ref)
+            receivers += self._instance_parameters(ref)
         arg = params.fm.parent(params.node)
         call = params.fm.parent(arg) if isinstance(arg, cst.Arg) else None
         if not receivers and isinstance(call, cst.Call):
@@ -1123,6 +1124,29 @@ class Run:
                 seen.add(key)
                 traces.append(trace)
         return traces, ""
+
+    def _instance_parameters(self, ref: Ref) -> list[Ref]:
+        """``self.parameters()`` / ``self.named_parameters()`` in a method of a model's class
+        (``model.configure_optimizers(config)`` building the optimizer from the model's own
+        parameter groups): the object each call of the method is made on, in any module of the
+        run (``model`` of ``model.configure_optimizers(config)``). A call on ``self`` again
+        (another method of the class) gives nothing."""
+        if not any(
+            isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in ("parameters", "named_parameters")
+            and isinstance(node.func.value, cst.Name) and node.func.value.value == "self"
+            for node in _walk(ref.node)
+        ):
+            return []
+        function = ref.fm.enclosing_function(ref.node)
+        if function is None or class_of(ref.fm, function) is None:
+            return []
+        found = []
+        for call in self.callers(Ref(ref.module, function)):
+            func = call.node.func if isinstance(call.node, cst.Call) else None
+            if isinstance(func, cst.Attribute) and not _is_self(func.value):
+                found.append(Ref(call.module, func.value))
+        return found
 
     def _appended_parameters(self, ref: Ref) -> list[Ref]:
         """``biases = []`` filled in a loop over ``model.named_parameters()``: that model."""

@@ -104,6 +104,35 @@ def has_distributed_sampler(fm: FileModel, call: cst.Call) -> bool:
     return sampler is not None and is_distributed_sampler(fm, sampler.value)
 
 
+def resampling_sampler(fm: FileModel, loader: cst.Call) -> tuple[cst.Call, bool] | None:
+    """The ``sampler=RandomSampler(ds, replacement=True, ...)`` written in the call of
+    ``loader``, and whether it already draws from a stream of its own rank (a ``generator=``
+    that mentions the rank: ``torch.Generator().manual_seed(torch.initial_seed() +
+    sdp.rank())``). Sampling with replacement splits between the ranks by giving each its own
+    random stream: N ranks drawing independently are N times the draws of one (the samples of
+    one batch of N times the size, each drawn uniformly, with replacement, as before), where a
+    DistributedSampler would draw without replacement, one pass over a part. None for any other
+    sampler, or one with a generator of its own."""
+    sampler = loader_arg(loader, loader_args(loader), "sampler")
+    value = sampler.value if sampler is not None else None
+    if not (isinstance(value, cst.Call) and fm.refers_to(
+            value.func, *(q for q, shuffle in PLAIN_SAMPLERS.items() if shuffle == "True"))):
+        return None
+    if any(a.star for a in value.args):
+        return None  # ``**kwargs`` may hold a generator
+    replacement = arg_named(value, "replacement", 1)
+    if replacement is None or not (isinstance(replacement.value, cst.Name)
+                                   and replacement.value.value == "True"):
+        return None
+    generator = arg_named(value, "generator", 3)
+    if generator is None:
+        return value, False
+    mentions = any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+        and n.func.attr.value == "rank" for n in findall(generator.value, m.Call()))
+    return (value, True) if mentions else None
+
+
 #: Samplers that only order the whole dataset: -> the ``shuffle=`` of the DistributedSampler
 #: that does the same on each rank's part.
 PLAIN_SAMPLERS = {
@@ -165,7 +194,8 @@ def unfollowed_loaders(fm: FileModel, loaders: list[cst.Call]) -> str:
 
 def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
     """Why a DistributedSampler cannot be added to this loader (None: it can, or it has one)."""
-    if has_distributed_sampler(fm, call):
+    resampling = resampling_sampler(fm, call)
+    if has_distributed_sampler(fm, call) or (resampling is not None and resampling[1]):
         return None
     unaveraged = unaveraged_loops(fm)
     loops = [s.loop for s in loader_sites(fm, call)[0] if s.loop in training_loops(fm)]
@@ -176,6 +206,8 @@ def loader_problem(fm: FileModel, call: cst.Call) -> str | None:
             "gradients and each rank would train its own copy on its part of the data; give it "
             f"a DistributedSampler once that model is wrapped in {fm.sdp}.DistributedDataParallel"
         )
+    if resampling is not None and enabled(fm, "seed_samplers_by_rank"):
+        return None  # with replacement: seed_samplers_by_rank gives each rank its own stream
     args = loader_args(call)
     sdp = fm.sdp
     if any(a.star == "*" for a in call.args) or len(args.get("positional", ())) > 3:

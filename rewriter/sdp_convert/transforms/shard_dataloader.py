@@ -92,6 +92,7 @@ from ..program.sharding import (
     no_loader_note,
     plain_sampler,
     reads_split_data,
+    resampling_sampler,
     set_epoch_site,
 )
 from ..program.syntax import append_arg, fix_last_comma, is_simple_reference
@@ -190,6 +191,8 @@ class ShardDataLoader(Transform):
             return True  # its dataset is this rank's part already (``.select(rank)``)
         if factory_split(self.fm, call) is not None:  # shared with evaluation:
             return True  # shard_shared_loader's flag splits it
+        if resampling_sampler(self.fm, call) and loader_problem(self.fm, call) is None:
+            return True  # with replacement: seed_samplers_by_rank gives each rank its stream
         if has_distributed_sampler(self.fm, call):
             feed = returned_feed(self.fm, call)
             if feed is not None:
