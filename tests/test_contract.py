@@ -255,6 +255,44 @@ def test_a_sample_batch_pulled_after_the_step_is_not_the_data_trained_on(tmp_pat
     assert outcome.contract["parts"]["data"]["state"] == "holds"
 
 
+def test_a_counted_loop_that_draws_with_next_reads_the_data_it_draws(tmp_path: Path):
+    # `for step in range(n): x = next(it)`: the loop's draw is the data trained on (split
+    # here), and a draw for samples only in the same kind of loop is not taken for it.
+    [outcome] = check(tmp_path, {"train.py": """\
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        opt = tf.keras.optimizers.SGD(0.01)
+        train = tf.data.Dataset.from_tensor_slices((tf.zeros([64, 4]), tf.zeros([64, 1])))
+        train_it = iter(train.shuffle(64).batch(8).repeat())
+        for step in range(100):
+            x, y = next(train_it)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        """})
+    assert not notes([outcome])
+    assert outcome.contract["parts"]["data"]["state"] == "holds"
+    [noise] = check(tmp_path / "noise", {"train.py": """\
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        opt = tf.keras.optimizers.SGD(0.01)
+        samples = iter(tf.data.Dataset.from_tensor_slices(tf.zeros([16, 4])).batch(4).repeat())
+        for step in range(100):
+            z = tf.random.normal([8, 4])
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(z) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            if step % 10 == 0:
+                print(float(tf.reduce_mean(model(next(samples)))))
+        """})
+    data = noise.contract["parts"]["data"]
+    assert data["state"] == "unknown" and "no loop over training data" in data["detail"]
+
+
 def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
     tree = tmp_path / "p"
     shutil.copytree(PROJECTS / "torch_learner_kwargs" / "input", tree)

@@ -697,7 +697,7 @@ class _Entry:
     def data(self) -> None:
         seen: dict[tuple[str, int], tuple[Ref | None, bool]] = {}
         for step in self.torch_steps:
-            loop = _data_loop(step.loops)
+            loop = _data_loop(step.loops, step.step)
             drawn = self._drawn_data(step.loops) if loop is None else None
             if drawn is not None:
                 self.step_data[step.step.key] = drawn
@@ -730,7 +730,7 @@ class _Entry:
             if _in_train_step(tape_step.apply, method=True):
                 continue  # fit's data (checked with the fit)
             loops = self.run.driving_loops(tape_step.apply)
-            loop = _data_loop(loops)
+            loop = _data_loop(loops, tape_step.apply)
             if loop is None:
                 self.add("data", "unknown", tape_step.apply, (
                     f"no loop over training data was found around {self.where(tape_step.apply)}:"
@@ -1893,43 +1893,69 @@ def _reads_split_stream(loops: Iterable[Ref]) -> bool:
     )
 
 
-def _data_loop(loops: Iterable[Ref]) -> Ref | None:
-    """The innermost loop that reads data (not ``for epoch in range(...)``)."""
+def _data_loop(loops: Iterable[Ref], step: Ref | None = None) -> Ref | None:
+    """The innermost loop that reads data (not ``for epoch in range(...)``); with the step it
+    drives, also a counting loop whose ``next(it)`` reaches the step (``for epoch in
+    range(n): batch = next(db_iter)``)."""
     for loop in loops:
         node = loop.node
         if isinstance(node, (cst.For, cst.CompFor)):
-            it = node.iter
-            if isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_COUNTING):
+            if _counting(loop):
+                if step is not None and _drawn_next(loop, step) is not None:
+                    return loop
                 continue
-            if isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_UNWRAP) and it.args:
-                inner = it.args[0].value
-                if isinstance(inner, cst.Call) and loop.fm.refers_to(inner.func, *_COUNTING):
-                    continue
             return loop
         if isinstance(node, cst.While) and _next_call(loop) is not None:
             return loop
     return None
 
 
+def _counting(loop: Ref) -> bool:
+    """A ``for`` loop over ``range(...)`` (or ``enumerate``/``tqdm`` of it)."""
+    it = loop.node.iter  # type: ignore[attr-defined]
+    if isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_UNWRAP) and it.args:
+        it = it.args[0].value
+    return isinstance(it, cst.Call) and loop.fm.refers_to(it.func, *_COUNTING)
+
+
+def _drawn_next(loop: Ref, step: Ref) -> cst.Call | None:
+    """The ``next(it)`` of a counting loop whose value reaches the training step it drives
+    (``program.flow.reaches``); None where none does (a draw for samples only)."""
+    steps = _step_statements(loop, step)
+    return next((c for c in _nexts(loop) if steps and reaches(loop.fm, c, steps)), None)
+
+
 def _next_call(loop: Ref, step: Ref | None = None) -> cst.Call | None:
     """A ``next(it)`` of the loop; with the step it drives, one whose value reaches the step
     where the loop pulls others too (``A, B = next(test_iter)`` after the step for samples is
     not what it trains on: ``program.flow.reaches``, as ``shard_tf_dataset`` decides)."""
-    calls = [node for node in _walk_here(loop.node) if isinstance(node, cst.Call)
-             and loop.fm.refers_to(node.func, "builtins.next") and node.args]
+    calls = _nexts(loop)
     if step is not None and len(calls) > 1:
-        fm = loop.fm
-        steps = [s.statement for s in training_facts(fm).sites if loop.node in s.loops]
-        if step.fm is fm and loop.node in fm.ancestors(step.node):
-            steps += [s for s in [fm.enclosing_statement(step.node)] if s is not None]
-        calls = [c for c in calls if steps and reaches(fm, c, steps)] or calls
+        steps = _step_statements(loop, step)
+        calls = [c for c in calls if steps and reaches(loop.fm, c, steps)] or calls
     return calls[0] if calls else None
+
+
+def _nexts(loop: Ref) -> list[cst.Call]:
+    return [node for node in _walk_here(loop.node) if isinstance(node, cst.Call)
+            and loop.fm.refers_to(node.func, "builtins.next") and node.args]
+
+
+def _step_statements(loop: Ref, step: Ref) -> list[cst.CSTNode]:
+    """The training steps' statements inside ``loop``, ``step``'s among them."""
+    fm = loop.fm
+    steps: list[cst.CSTNode] = [s.statement for s in training_facts(fm).sites
+                                if loop.node in s.loops]
+    if step.fm is fm and loop.node in fm.ancestors(step.node):
+        steps += [s for s in [fm.enclosing_statement(step.node)] if s is not None]
+    return steps
 
 
 def _iterable(loop: Ref, step: Ref | None = None) -> Ref:
     node = loop.node
-    if isinstance(node, cst.While):
-        call = _next_call(loop, step)
+    if isinstance(node, cst.While) or (isinstance(node, cst.For) and _counting(loop)):
+        call = _next_call(loop, step) if isinstance(node, cst.While) else (
+            _drawn_next(loop, step) if step is not None else None)
         assert call is not None
         return Ref(loop.module, call.args[0].value)
     assert isinstance(node, (cst.For, cst.CompFor))
