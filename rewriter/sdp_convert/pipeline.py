@@ -32,7 +32,6 @@ from .transforms import (
     scale_learning_rate,
     seed_samplers_by_rank,
     shard_dataloader,
-    shard_sample_list,
     shard_shared_loader,
     shard_tf_dataset,
     shard_token_stream,
@@ -70,7 +69,6 @@ PIPELINE: tuple[type[Transform], ...] = (
     pin_tf_gpus.PinTfGpus,
     scale_keras_learning_rate.ScaleKerasLearningRate,
     shard_tf_dataset.ShardTfDataset,
-    shard_sample_list.ShardSampleList,
     wrap_gradient_tape.WrapGradientTape,
     # Edits only the jit_compile= argument of the tf.function around the step wrapped above.
     disable_step_xla.DisableStepXla,

@@ -55,6 +55,20 @@ Decisions:
 * ``<loader>.sampler.set_epoch(epoch)`` goes first in the ``for epoch in range(...)`` around each
   training loop, on the caller's variable (``program.sharding.set_epoch_site``); a manual note
   where there is none.
+
+The same flag for a project's own batch-iterator class, asked by the whole-program contract
+(``program.sample_lists``): a class whose ``__next__`` indexes ``self.annotations``, read from a
+file in order and shuffled without a seed (``np.random.shuffle(annotations)``), serving training
+and evaluation (``Dataset("train")``, ``Dataset("test")``), gets ``shard=False`` on ``__init__``
+(stored first, ``self.shard = shard``) and, right before the shuffle, ``if self.shard:
+annotations = sdp.shard(annotations)`` (``repair:shard_list``): every rank ``ceil(n / size)``
+samples, the first ones repeated to fill, as ``DistributedSampler`` pads, so the samples and
+batches per epoch the class counts are the same on every rank; only the training construction
+passes ``shard=True`` (``repair:shard_list_call``). A class that draws batches with ``next()``
+from DataLoaders it builds gets their sampler from ``shard_dataloader`` (``repair:shard_loader``)
+and, where it restarts an iterator that ran out (``except StopIteration: self.iters[i] =
+iter(self.loaders[i])``), ``self.loaders[i].sampler.set_epoch(self.loaders[i].sampler.epoch +
+1)`` first (``repair:restart_epoch``): a new order each pass, the same on every rank.
 """
 
 from __future__ import annotations
@@ -65,6 +79,8 @@ from ..base import Transform
 from ..program.builders import conditional_statement, fresh_name, torch_spelling
 from ..program.flow import epoch_loop, loader_sites
 from ..program.loaders import LOADERS, loader_base_name, sets_epoch
+from ..program.project import repairs_of
+from ..program.sample_lists import ListSplit, list_split
 from ..program.scopes import assigned_binding, runs_whenever, training_loops
 from ..program.sharding import FactorySplit, factory_split, set_epoch_site
 from ..program.syntax import append_arg
@@ -83,9 +99,12 @@ def _keyword(name: str, value: str) -> cst.Arg:
 class ShardSharedLoader(Transform):
     DESCRIPTION = (
         "Give a loader factory shared by training and evaluation a flag that only the training "
-        "calls set, adding a DistributedSampler (and set_epoch each epoch)."
+        "calls set, adding a DistributedSampler (and set_epoch each epoch); the same for a "
+        "project's batch-iterator class, whose sample list the flag splits before its shuffle."
     )
-    FRAMEWORKS = frozenset({"torch"})
+    FRAMEWORKS = frozenset({"torch", "tensorflow"})
+    PROJECT_ROLES = frozenset({"repair:shard_list", "repair:shard_list_call",
+                               "repair:restart_epoch"})
 
     def prepare(self, module: cst.Module) -> None:
         self._taken: dict[cst.CSTNode, set[str]] = {}
@@ -95,8 +114,13 @@ class ShardSharedLoader(Transform):
         self._callers: dict[cst.Call, str] = {}  # training call -> the flag it sets
         self._epochs: set[tuple[int, str]] = set()
         self._strip: set[cst.CSTNode] = set()  # statements whose leading lines moved up
+        self._lists: dict[cst.FunctionDef, ListSplit] = {}  # __init__ -> its list's split
+        self._list_calls: dict[cst.Call, str] = {}  # training construction -> flag
         if "shard_dataloader" in self.fm.skip:
             return  # the user splits the data by hand (``--skip shard_dataloader``)
+        self._sample_lists()
+        if self.fm.info.framework != "torch":
+            return
         for call in self.calls_to(*LOADERS):
             split = factory_split(self.fm, call)
             if split is not None:
@@ -134,6 +158,61 @@ class ShardSharedLoader(Transform):
             f"({', '.join(split.shared.train_names)}); the loaders for "
             f"{split.shared.others} stay whole"))
         self._set_epochs(call, split, own, sampler, stmt)
+
+    def _sample_lists(self) -> None:
+        """The whole-program contract's repairs of a batch-iterator class's sample list (and of
+        the loaders a class draws from): the flag, the split, the training construction."""
+        for repair, node in repairs_of(self.fm, "shard_list"):
+            cls = next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+            split = list_split(self.fm, cls) if cls is not None else None
+            if split is None or split.call is not node or split.flag != repair.detail:
+                continue
+            self._plan_list(split)
+        for repair, node in repairs_of(self.fm, "shard_list_call"):
+            if isinstance(node, cst.Call) and not any(
+                a.keyword is not None and a.keyword.value == repair.detail for a in node.args
+            ):
+                self._list_calls[node] = repair.detail
+                self.record(node, (
+                    f"pass {repair.detail}=True: this construction feeds the training loop, so "
+                    f"its sample list is split by rank (the other constructions stay whole)"))
+        for _, node in repairs_of(self.fm, "restart_epoch"):
+            self._restart(node)
+
+    def _restart(self, node: cst.CSTNode) -> None:
+        """``iter(loader)`` that starts a new pass where ``next()`` ran out (a class drawing
+        batches from loaders the contract gave a DistributedSampler): the sampler's own epoch
+        count goes up first, so each pass has a new order, the same on every rank."""
+        stmt = self.enclosing_statement(node)
+        if not (isinstance(node, cst.Call) and len(node.args) == 1 and isinstance(
+                stmt, cst.SimpleStatementLine)) or "set_epoch" in self.module.code_for_node(
+                self.parent(stmt) or stmt):
+            return
+        sampler = f"{self.module.code_for_node(node.args[0].value)}.sampler"
+        call = f"{sampler}.set_epoch({sampler}.epoch + 1)"
+        self.insert_before(stmt, cst.parse_statement(call + "\n"))
+        self.record(node, f"call {call} before a new pass over the loader starts, so that each "
+                    "pass draws a new order (the same on every rank)")
+
+    def _plan_list(self, split: ListSplit) -> None:
+        self._lists[split.init] = split
+        self.add_runtime_import()
+        body = split.init.body.body
+        first = body[0]
+        if (len(body) > 1 and isinstance(first, cst.SimpleStatementLine)
+                and isinstance(first.body[0], cst.Expr)
+                and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))):
+            first = body[1]  # after the docstring
+        self.insert_before(first, cst.parse_statement(f"self.{split.flag} = {split.flag}\n"))
+        name = split.name
+        self.insert_before(split.before, cst.parse_statement(
+            f"if self.{split.flag}:\n    {name} = {self.sdp}.shard({name})\n"))
+        self.record(split.call, (
+            f"split {name}, the sample list {split.cls.name.value} reads (self.{split.attr}), by "
+            f"rank in {split.method.name.value}() when the new {split.flag}= flag is set: "
+            f"{self.sdp}.shard gives each worker its own ceil(n / size) samples (the first ones "
+            f"repeated to fill, as DistributedSampler pads), before the shuffle, so the samples "
+            f"and batches per epoch it counts are the same on every worker"))
 
     def _set_epochs(self, call: cst.Call, split: FactorySplit, own: object, sampler: str,
                     stmt: cst.BaseStatement) -> None:
@@ -173,7 +252,7 @@ class ShardSharedLoader(Transform):
     # -- the rewrite ----------------------------------------------------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        flag = self._callers.get(original_node)
+        flag = self._callers.get(original_node) or self._list_calls.get(original_node)
         if flag is not None:
             args = append_arg(list(updated_node.args), _keyword(flag, "True"), updated_node)
             return updated_node.with_changes(args=args)
@@ -198,6 +277,8 @@ class ShardSharedLoader(Transform):
     ) -> cst.Parameters:
         function = self.parent(original_node)
         flag = self._functions.get(function) if isinstance(function, cst.FunctionDef) else None
+        listed = self._lists.get(function) if isinstance(function, cst.FunctionDef) else None
+        flag = listed.flag if listed is not None else flag
         if flag is None:
             return updated_node
         param = cst.Param(name=cst.Name(flag), default=cst.Name("False"),

@@ -1,4 +1,4 @@
-"""shard_sample_list: a project's own batch-iterator class (``__next__`` over ``self.samples``,
+"""shard_shared_loader for a project's own batch-iterator class (``__next__`` over ``self.samples``,
 read from a file and shuffled without a seed) gets its list split by rank before the shuffle,
 behind a constructor flag that only the training construction sets; a class that draws batches
 from DataLoaders it builds gets their samplers (``shard_dataloader``) and a new epoch per pass."""
