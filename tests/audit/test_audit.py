@@ -104,6 +104,10 @@ DEFECTS = [
         "100% of the samples of the first epoch (64 of 64) were seen by more than one rank "
         "(every rank read the whole data set, each in its own order) through loader `loader` "
         "(made at own_order.py:18, RandomSampler, not split by rank)",), audit_report.FIX_DATA),
+    # a sampler drawing with replacement: identical draws are the defect; the chance overlap
+    # of independent draws (--right) is not
+    ("draw_with_replacement.py", "same-data", (
+        "computed identical gradients at steps 1-5",), audit_report.FIX_DATA),
     ("stale_checkpoint.py", "weights-differ", (
         "parameters of `model` differ across ranks at the end (max |diff|",
         ": rank 1 read latest.pt (stale_checkpoint.py:29) ", " s before rank 0 wrote it "

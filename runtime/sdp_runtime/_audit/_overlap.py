@@ -10,6 +10,8 @@ TensorDataset's tensors, a data set's ``data``/``targets``/``samples``), or, wit
 same hash at every index two ranks both hashed (at least one). A pass cut short by the end of
 the job counts the indices its sampler would read when the sampler says so without being run
 (SequentialSampler, RandomSampler without replacement, SubsetRandomSampler), else the part read.
+A sampler that draws with replacement overlaps by chance: its overlap is not a defect (identical
+draws are, and give identical gradients).
 
 Otherwise (an IterableDataset, data sets that differ per rank, random augmentation, tf.data
 under Keras ``fit``), the hashes of the samples of the first K batches are compared, up to the
@@ -45,13 +47,21 @@ def measure(by_rank: Mapping[int, list[dict[str, Any]]],
         >>> measure(by_rank, script.loaders).fraction
         1.0
     """
-    found = [_group(group) for group in _groups(loaders)]
-    best = [o for o in found if o is not None]
+    found = [o for o in (_group(group) for group in _groups(loaders)) if o is not None]
+    # A loader drawing with replacement overlaps by chance: another loader's overlap first.
+    best = [o for o in found if not drawn_with_replacement(o)] or found
     if best:
         return max(best, key=lambda o: (o.fraction, o.shared))
     steps = {r: sorted((int(x["step"]), x.get("samples", [])) for x in recs
                        if x.get("kind") == "inputs") for r, recs in by_rank.items()}
     return window({r: s for r, s in steps.items() if s}, None)
+
+
+def drawn_with_replacement(overlap: Overlap) -> bool:
+    """Whether the overlap is that of a sampler drawing with replacement on every rank: ranks
+    drawing independently meet some of the same samples by chance (only identical draws, which
+    give identical gradients, are a defect)."""
+    return bool(overlap.loader and overlap.loader.get("replacement"))
 
 
 def _groups(loaders: Mapping[int, list[dict[str, Any]]]) -> list[dict[int, dict[str, Any]]]:

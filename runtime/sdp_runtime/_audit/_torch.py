@@ -520,7 +520,10 @@ class _Loader:
                      "split": isinstance(replicas, int) and replicas > 1,
                      "replicas": replicas if isinstance(replicas, int) else None,
                      "replica": replica if isinstance(replica, int) else None,
-                     "dataset": type(ds).__name__, "len": length, "content": _content(ds)}
+                     "dataset": type(ds).__name__, "len": length, "content": _content(ds),
+                     # drawing with replacement (RandomSampler(replacement=True), a
+                     # WeightedRandomSampler): independent draws meet by chance
+                     "replacement": getattr(sampler, "replacement", False) is True}
         self.plan = _plan(loader, sampler, custom)
 
     def take(self, index: Any) -> None:

@@ -217,6 +217,8 @@ def _same_data(report: Report, by_rank: Mapping[int, list[dict[str, Any]]],
         return
     if overlap is None:
         return
+    if _overlap.drawn_with_replacement(overlap):
+        return  # chance meetings of independent draws (identical ones are caught above)
     if overlap.fraction >= OVERLAP_LIMIT and overlap.shared >= report.size:
         details = {"overlap": overlap.fraction, "shared": overlap.shared,
                    "samples": overlap.total, "scope": overlap.scope}
