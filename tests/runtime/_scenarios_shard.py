@@ -17,6 +17,11 @@ class Examples:
     def __len__(self) -> int:
         return len(self.examples)
 
+    def __getattr__(self, attr: str):  # torchtext's: a generator for any missing attribute
+        if attr in self.fields:
+            for x in self.examples:
+                yield getattr(x, attr)
+
 
 def shard_examples() -> dict[str, Any]:
     before = sdp.shard([0, 1, 2, 3, 4])  # no init(): a one-process program reads all of it

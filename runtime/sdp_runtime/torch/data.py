@@ -10,7 +10,6 @@ in the same order on every rank (read from files or a pickle in order, not shuff
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +37,10 @@ def shard(data: Any) -> Any:
     if not _comm.is_initialized() or _comm.size() == 1:
         return data
     if hasattr(data, "examples") and not isinstance(data, Sequence):
-        part = copy.copy(data)
+        # A shallow copy made by hand: torchtext's Dataset answers any missing attribute
+        # (``__setstate__`` too) with a generator, which ``copy.copy`` would call.
+        part = object.__new__(type(data))
+        part.__dict__.update(vars(data))
         part.examples = _part(list(data.examples), _comm.size(), _comm.rank())
         return part
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
