@@ -293,6 +293,37 @@ def test_a_counted_loop_that_draws_with_next_reads_the_data_it_draws(tmp_path: P
     assert data["state"] == "unknown" and "no loop over training data" in data["detail"]
 
 
+def test_a_write_every_call_of_this_program_switches_off_is_not_its_write(tmp_path: Path):
+    # save_preview writes only when given a path; the training passes '' (another script,
+    # which never starts the runtime, passes one): not a write of this program. Given a path by
+    # the training too, it is one, and the writes part says so.
+    utils = """\
+        def save_preview(values, output_path, show=False):
+            if output_path != "":
+                with open(output_path, "w") as f:
+                    f.write(str(values))
+            return values
+        """
+    preview = """\
+        from utils import save_preview
+
+        if __name__ == "__main__":
+            save_preview([1, 2], "preview.txt")
+        """
+    train = TORCH_SCRIPT.replace('torch.save(model.state_dict(), "m.pt")',
+                                 'save_preview(model.weight.tolist(), "")').replace(
+        "import torch\n", "import torch\n    from utils import save_preview\n", 1)
+    files = {"train.py": train, "utils.py": utils, "preview.py": preview}
+    outcomes = check(tmp_path, files, "train.py", "utils.py", "preview.py")
+    [entry] = [o for o in outcomes if o.path.endswith("train.py")]
+    assert entry.contract["parts"]["writes"]["state"] == "holds"
+    assert not notes(outcomes, "writes")
+    files["train.py"] = train.replace('weight.tolist(), "")', 'weight.tolist(), "w.txt")')
+    outcomes = check(tmp_path / "given", files, "train.py", "utils.py", "preview.py")
+    [entry] = [o for o in outcomes if o.path.endswith("train.py")]
+    assert entry.contract["parts"]["writes"]["state"] == "missing"
+
+
 def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
     tree = tmp_path / "p"
     shutil.copytree(PROJECTS / "torch_learner_kwargs" / "input", tree)

@@ -1268,7 +1268,7 @@ class _Entry:
                 if any(p in fetched for p in module.fm.ancestors(call)):
                     continue
                 if self._rank0(module, call) or _per_process(module, call, framework) or (
-                    self._script_only(module, call)
+                    self._script_only(module, call) or self._switched_off(module, call)
                 ):
                     continue
                 function = module.fm.enclosing_function(call)
@@ -1452,6 +1452,35 @@ class _Entry:
         if module.fm.info.training:
             return None, []
         return self.repair("guard_write", Ref(module, call)), []
+
+    def _switched_off(self, module: Module, call: cst.Call) -> bool:
+        """Whether ``call`` sits under a test of a parameter of its function (``if output_path
+        != '':``, ``if path:``, ``if path is not None:``) that every call of the function in
+        this program answers no (``detect_image(yolo, image_path, '', ...)``): it never runs
+        here. (Calls from other scripts, which are not this program, do not count.)"""
+        fm = module.fm
+        function = fm.enclosing_function(call)
+        if function is None:
+            return False
+        params = [p.name.value for p in (*function.params.posonly_params,
+                                         *function.params.params)]
+        ancestors = list(fm.ancestors(call))
+        for node in ancestors:
+            if node is function:
+                return False
+            if not (isinstance(node, cst.If) and node.body in ancestors):
+                continue
+            name = _tested_name(node.test)
+            if name is None or name not in params:
+                continue
+            reach = {id(m) for m in self.reach}
+            callers = [c for c in self.run.callers(Ref(module, function))
+                       if id(c.module) in reach and isinstance(c.node, cst.Call)]
+            offset = 1 if params and params[0] in ("self", "cls") else 0
+            if callers and all(_falsy(_argument(c.node, params.index(name) - offset, name))
+                               for c in callers):
+                return True
+        return False
 
     def _script_only(self, module: Module, call: cst.Call, depth: int = 0) -> bool:
         """Whether ``call`` runs only when a module other than the entry is run as a script: in
@@ -1891,6 +1920,40 @@ def _reads_split_stream(loops: Iterable[Ref]) -> bool:
         loop.node is fed for loop in loops for split in stream_splits(loop.fm) if split.done
         for fed in split.loops
     )
+
+
+def _tested_name(test: cst.BaseExpression) -> str | None:
+    """The name a test asks to be set: ``x``, ``x != ''``, ``x != None``, ``x is not None``."""
+    if isinstance(test, cst.Name):
+        return test.value
+    if isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and len(
+        test.comparisons) == 1:
+        target = test.comparisons[0]
+        if isinstance(target.operator, (cst.NotEqual, cst.IsNot)) and _falsy(
+            target.comparator):
+            return test.left.value
+    return None
+
+
+def _argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
+    """The value ``call`` passes for the parameter at ``index`` named ``name`` (None: not
+    passed, or not readable past a ``*``/``**`` argument)."""
+    if any(a.star for a in call.args):
+        return None
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None]
+    return positional[index].value if 0 <= index < len(positional) else None
+
+
+def _falsy(value: cst.BaseExpression | None) -> bool:
+    """An empty string, ``None``, ``False`` or ``0`` written out."""
+    if isinstance(value, cst.SimpleString):
+        return value.evaluated_value in ("", b"")
+    if isinstance(value, cst.Name):
+        return value.value in ("None", "False")
+    return isinstance(value, cst.Integer) and value.evaluated_value == 0
 
 
 def _data_loop(loops: Iterable[Ref], step: Ref | None = None) -> Ref | None:
