@@ -467,6 +467,25 @@ def test_cuda_visible_devices_set_by_the_script_needs_a_person():
     assert notes(result) == []
 
 
+def test_one_constant_cuda_visible_devices_nothing_else_reads_is_removed():
+    # Every worker would see GPU 0 only, and a worker past the first no GPU of its own at
+    # gpus[sdp.local_rank()]: the one constant choice goes, and the report says so.
+    result = check_transformed(
+        'import os\nimport tensorflow as tf\n\nos.environ["CUDA_VISIBLE_DEVICES"] = "0"\n' + FIT,
+        "import os\nimport tensorflow as tf\n\n"
+        "import sdp_runtime.tensorflow as sdp\n\nsdp.init()\n" + PIN + "\n" + FIT,
+        only=ONLY,
+    )
+    assert notes(result) == []
+    assert messages(result, ONLY)[1] == (
+        'removed CUDA_VISIBLE_DEVICES = "0": every worker would see only that GPU; each worker '
+        "keeps GPU sdp.local_rank() instead (one process: GPU 0, as before)")
+    # Read again later (or set from a variable): a person decides.
+    source = ('import os\nimport tensorflow as tf\n\nos.environ["CUDA_VISIBLE_DEVICES"] = "0"\n'
+              'print(os.environ["CUDA_VISIBLE_DEVICES"])\n' + FIT)
+    assert [line for line, _ in notes(run(source, ONLY))] == [4]
+
+
 def test_converting_the_output_again_changes_nothing():
     result = run("import tensorflow as tf\n" + FIT, ONLY)
     assert result.output.decode() == (

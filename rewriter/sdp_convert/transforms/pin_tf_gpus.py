@@ -26,8 +26,10 @@ local rank, with memory growth so that nothing is reserved on the others before 
 machine without GPUs ``gpus`` is empty and nothing changes. A script that chooses its devices
 itself
 (``set_visible_devices(gpus[0], "GPU")``) gets its index replaced by the local rank instead;
-``CUDA_VISIBLE_DEVICES`` set in the script, or a device choice the converter cannot read, is
-reported for a person.
+``CUDA_VISIBLE_DEVICES`` set once in the script to a constant that nothing else reads
+(``os.environ["CUDA_VISIBLE_DEVICES"] = "0"``) is removed (every worker would see that one GPU,
+and a worker past the first none at ``gpus[sdp.local_rank()]``); set otherwise, or a device
+choice the converter cannot read, it is reported for a person.
 
 A script that sets memory growth itself (``for gpu in gpus:
 tf.config.experimental.set_memory_growth(gpu, True)``, ``gpus`` from ``list_physical_devices``)
@@ -334,7 +336,23 @@ class PinTfGpus(Transform):
         )
 
     def _environment_notes(self) -> None:
-        for binding in self._environ_writes():
+        writes = self._environ_writes()
+        for binding in writes:
+            stmt = self.enclosing_statement(binding)
+            block = self.fm.parent(stmt)
+            if (len(writes) == 1 and isinstance(binding, cst.AssignTarget)
+                    and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                    and isinstance(value := getattr(stmt.body[0], "value", None), cst.SimpleString)
+                    and len(getattr(block, "body", ())) > 1
+                    and code(self.module).count("CUDA_VISIBLE_DEVICES") == 1):
+                # A constant choice nothing else reads (``os.environ[...] = "0"``): every worker
+                # but the first would see no GPU of its own (gpus[local_rank()] out of range).
+                self.replace_statement(stmt, [])
+                self.record(binding, (
+                    f"removed CUDA_VISIBLE_DEVICES = {value.value}: every worker would see only "
+                    f"that GPU; each worker keeps GPU {self.sdp}.local_rank() instead (one "
+                    "process: GPU 0, as before)"))
+                continue
             self.record(
                 binding,
                 f"CUDA_VISIBLE_DEVICES set by the script: every worker would use the same GPU; "
