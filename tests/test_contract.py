@@ -324,6 +324,52 @@ def test_a_write_every_call_of_this_program_switches_off_is_not_its_write(tmp_pa
     assert entry.contract["parts"]["writes"]["state"] == "missing"
 
 
+def test_an_entry_that_starts_tensorflow_before_importing_the_init_gets_its_own(tmp_path: Path):
+    # train.py initialises and pins at import; run.py (a notebook's cells, say) uses TensorFlow
+    # first: the pin at import would raise RuntimeError on a GPU, so run.py is pinned first (the
+    # module's own pin then changes nothing, which TensorFlow allows).
+    train = """\
+        import tensorflow as tf
+
+        gpus = tf.config.experimental.list_physical_devices("GPU")
+        if len(gpus) > 0:
+            tf.config.experimental.set_memory_growth(gpus[0], True)
+
+
+        def main():
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            opt = tf.keras.optimizers.SGD(0.01)
+            data = tf.data.Dataset.from_tensor_slices((tf.zeros([64, 4]), tf.zeros([64, 1])))
+            for x, y in data.batch(8):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(x) - y) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+
+
+        if __name__ == "__main__":
+            main()
+        """
+    run = """\
+        import tensorflow as tf
+
+        print(tf.reduce_sum(tf.ones([2])))
+        from train import *  # noqa: E402,F403
+
+        main()  # noqa: F405
+        """
+    outcomes = check(tmp_path, {"train.py": train, "run.py": run})
+    [entry] = [o for o in outcomes if o.path.endswith("run.py")]
+    assert {c.transform for c in entry.changes} >= {"add_runtime_init", "pin_tf_gpus"}
+    assert entry.contract["parts"]["init"]["state"] == "holds"
+    # Imported first, before any TensorFlow of its own: nothing to add.
+    outcomes = check(tmp_path / "first", {"train.py": train, "run.py": run.replace(
+        "print(tf.reduce_sum(tf.ones([2])))\n        from train import *  # noqa: E402,F403",
+        "from train import *  # noqa: E402,F403\n        print(tf.reduce_sum(tf.ones([2])))")})
+    [entry] = [o for o in outcomes if o.path.endswith("run.py")]
+    assert not entry.changes and entry.contract["parts"]["init"]["state"] == "holds"
+
+
 def test_the_json_report_carries_each_entry_points_parts(tmp_path: Path):
     tree = tmp_path / "p"
     shutil.copytree(PROJECTS / "torch_learner_kwargs" / "input", tree)

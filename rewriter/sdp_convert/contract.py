@@ -369,6 +369,16 @@ class _Entry:
                 f"in {train_at}: call it first thing in {self.entry.display} (`import "
                 "sdp_runtime.torch as sdp; sdp.init()`, or sdp_runtime.tensorflow)"),
                 self._init_repair())
+        started = self._tf_started_before_init() if at_import and not (
+            entry_init or self.torch_steps) else None
+        if started is not None:
+            # (Pinned first here, the module's own pin is a no-op: TensorFlow returns early
+            # from a setting that does not change.)
+            self.add("init", "missing", None, (
+                f"TensorFlow starts in {self.entry.display} at {started} before the sdp.init() "
+                "and GPU pin of the module it imports later run (setting memory growth or the "
+                "visible GPUs then raises RuntimeError): call sdp.init() and pin the GPU first "
+                f"thing in {self.entry.display}"), self._init_repair())
         for module in self.reach:
             for call in _early_runtime(module):
                 where = ("before its sdp.init()" if module is self.entry else
@@ -377,6 +387,27 @@ class _Entry:
                 self.add("init", "missing", Ref(module, call), (
                     f"{text}() runs {where} (NotInitializedError): move it after init(), "
                     "into the code that runs once the program has started"))
+
+    def _tf_started_before_init(self) -> str | None:
+        """Where the entry's own code calls TensorFlow (or Keras) at its top level before the
+        statement importing a module that initialises the runtime at import (a notebook's
+        cells that build a model, then ``from train import *``); None where it does not."""
+        fm = self.entry.fm
+        initialising = {m.path.stem for m in self.reach
+                        if m is not self.entry and self._init_at_import(m)}
+        for stmt in fm.module.body:
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            small = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else []
+            names = [n.name for x in small if isinstance(x, cst.Import) for n in x.names] + [
+                x.module for x in small if isinstance(x, cst.ImportFrom) and x.module]
+            if any(fm.code(n).split(".")[-1] in initialising for n in names):
+                return None
+            for call in findall(stmt, m.Call()):
+                if any(q.startswith(("tensorflow.", "keras.")) for q in fm.qualified_names(
+                        call.func)):  # type: ignore[attr-defined]
+                    return self.where(Ref(self.entry, call))
+        return None
 
     def _init_repair(self) -> Repair | None:
         if not self.repairable(self.entry, "init"):
