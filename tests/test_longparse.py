@@ -5,24 +5,15 @@ kind of boundary they have is crossed."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import libcst as cst
 import pytest
 from sdp_convert import longparse
 
+from .test_scale import _scale_inputs
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _scale_inputs():
-    spec = importlib.util.spec_from_file_location(
-        "scale_inputs", ROOT / "benchmarks" / "scale_inputs.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _sources() -> list[tuple[str, bytes]]:
