@@ -525,7 +525,7 @@ OWN_SAMPLERS = {
     # loaders made in if/elif branches, one of them with a sampler no DistributedSampler replaces
     "branches": """\
         if mode == "random":
-            loader = DataLoader(ds, batch_size=8, sampler=RandomSampler(ds, replacement=True))
+            loader = DataLoader(ds, batch_size=8, sampler=WeightedRandomSampler(torch.ones(64), 64))
         elif mode == "seq":
             loader = DataLoader(ds, batch_size=8, sampler=SequentialSampler(ds))
         """,
@@ -544,7 +544,9 @@ def test_the_rate_is_not_scaled_when_the_loop_reads_a_loader_that_stays_whole(tm
 
     source = textwrap.dedent("""\
         import torch
-        from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
+        from torch.utils.data import (
+            DataLoader, RandomSampler, SequentialSampler, TensorDataset, WeightedRandomSampler
+        )
 
         mode = "random"
         ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
