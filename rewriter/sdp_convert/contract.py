@@ -1505,11 +1505,9 @@ class _Entry:
             if name is None or name not in params:
                 continue
             reach = {id(m) for m in self.reach}
-            callers = [c for c in self.run.callers(Ref(module, function))
+            callers = [c.node for c in self.run.callers(Ref(module, function))
                        if id(c.module) in reach and isinstance(c.node, cst.Call)]
-            offset = 1 if params and params[0] in ("self", "cls") else 0
-            if callers and all(_falsy(_argument(c.node, params.index(name) - offset, name))
-                               for c in callers):
+            if callers and all(_passes_falsy(function, call, name) for call in callers):
                 return True
         return False
 
@@ -1966,16 +1964,13 @@ def _tested_name(test: cst.BaseExpression) -> str | None:
     return None
 
 
-def _argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
-    """The value ``call`` passes for the parameter at ``index`` named ``name`` (None: not
-    passed, or not readable past a ``*``/``**`` argument)."""
-    if any(a.star for a in call.args):
-        return None
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == name:
-            return arg.value
-    positional = [a for a in call.args if a.keyword is None]
-    return positional[index].value if 0 <= index < len(positional) else None
+def _passes_falsy(function: cst.FunctionDef, call: cst.Call, name: str) -> bool:
+    """Whether ``call`` passes an empty string, ``None``, ``False`` or ``0`` for the parameter
+    ``name`` of ``function`` (not passed, or past a ``*`` argument: no)."""
+    passed = [arg.value for arg in call.args
+              if (param := param_for_arg(function, call, arg)) is not None
+              and param.name.value == name]
+    return len(passed) == 1 and _falsy(passed[0])
 
 
 def _falsy(value: cst.BaseExpression | None) -> bool:
