@@ -22,7 +22,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.codemod.visitors._add_imports import _GatherTopImportsBeforeStatements
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from . import inserted
+from . import inserted, rebuild
 from .analysis import Detector, FileInfo, detect, steps_in_wrapper, worth_parsing
 from .base import FileState, Options, Transform
 from .changes import Change, ConversionError
@@ -329,7 +329,7 @@ def _convert_once(data: bytes, options: Options, *, probe: bool = False) -> Resu
         changes = sorted({Change(1, 1, transform, message, manual)
                           for _node, transform, message, manual in state.records})
         return Result(data, data, info, changes)
-    new_module = module.visit(traversal)
+    new_module = rebuild.visit(module, traversal)
     assert isinstance(new_module, cst.Module)
     new_module = _add_imports(context, new_module, state.runtime_module)
 
