@@ -14,6 +14,7 @@ from ..analysis import Visitor
 from ..base import Transform
 from ..program.ranks import is_rank_exit
 from ..program.readback import private_write
+from ..program.syntax import walk
 from ..program.vocab import UNSCALED_LR_NOTE
 from .common import (
     _BROADCASTS,
@@ -86,7 +87,7 @@ class MigrationChecks(Transform):
 
     def _note_sagemaker(self, module: cst.Module) -> None:
         finder = _SageMakerFinder()
-        module.visit(finder)
+        walk(module, finder)
         if finder.variables:
             first, names_ = finder.variables[0][0], sorted({v for _, v, _ in finder.variables})
             required = any(req for _, _, req in finder.variables)
@@ -110,7 +111,7 @@ class MigrationChecks(Transform):
     def _find_rank_flags(self, module: cst.Module) -> set[str]:
         """Names (and attributes) assigned from a rank test: ``verbose = hvd.rank() == 0``."""
         finder = _AssignFinder()
-        module.visit(finder)
+        walk(module, finder)
         self._assignments = finder.assignments
         flags: set[str] = set()
         for targets, value in self._assignments:
@@ -129,7 +130,7 @@ class MigrationChecks(Transform):
         strings: tuple[str, ...] = (),
     ) -> bool:
         finder = _MentionFinder(self.module, is_call, flags, strings)
-        expr.visit(finder)
+        walk(expr, finder)
         return finder.found
 
     def is_rank_call(self, node: cst.Call) -> bool:
@@ -325,7 +326,7 @@ def _named_parameters_owner(call: cst.Call) -> cst.BaseExpression | None:
 
 def _contains(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
     finder = _Finder(node)
-    tree.visit(finder)
+    walk(tree, finder)
     return finder.found
 
 

@@ -63,7 +63,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 from .. import migration as hvd
 from ..analysis import FileInfo, Visitor
 from ..program.smp_saves import ROOT, SAVE, SmpSaves, partial
-from ..program.syntax import findall
+from ..program.syntax import findall, walk
 
 _ROOT = ROOT
 
@@ -329,7 +329,7 @@ class MigrateSmp(hvd.Migration):
     def _step_functions(self) -> set[int]:
         """The functions decorated with SMP's ``step`` (``@smp.step``, ``@smp.step()``)."""
         finder = _StepFinder(self)
-        self.module.visit(finder)
+        walk(self.module, finder)
         return finder.found
 
     # -- TensorFlow: no FSDP ---------------------------------------------------------------------
