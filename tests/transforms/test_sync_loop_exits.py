@@ -1,5 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import libcst as cst
+from sdp_convert.program.index import nodes_of
+from sdp_convert.program.model import FileModel
+from sdp_convert.transforms.sync_loop_exits import LoopExits
+
 from .helpers import check_noop, check_transformed, reported, run
 
 ONLY = "sync_loop_exits"
@@ -89,8 +96,6 @@ def test_loops_inside_a_tf_function_are_reported_not_rewritten():
 def _exits_by_walk(loop):
     """The exits of ``loop`` found by walking its body (libcst's ``children``): what
     ``LoopExits`` answers from the file's index."""
-    import libcst as cst
-
     found = []
 
     def walk(node, nested):
@@ -106,14 +111,6 @@ def _exits_by_walk(loop):
 
 
 def test_loop_exits_from_the_index_are_those_of_a_walk_of_each_loop_on_every_fixture():
-    from pathlib import Path
-
-    import libcst as cst
-
-    from sdp_convert.program.index import nodes_of
-    from sdp_convert.program.model import FileModel
-    from sdp_convert.transforms.sync_loop_exits import LoopExits
-
     edges = (
         "def f(xs):\n"
         "    for x in xs:\n"

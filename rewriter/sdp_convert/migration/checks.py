@@ -12,6 +12,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..analysis import Visitor
 from ..base import Transform
+from ..program.index import file_index, nodes_of
 from ..program.ranks import is_rank_exit
 from ..program.readback import private_write
 from ..program.syntax import walk
@@ -109,9 +110,15 @@ class MigrationChecks(Transform):
         self.state.facts.sagemaker_host_checks = finder.host_checks
 
     def _find_rank_flags(self, module: cst.Module) -> set[str]:
-        """Names (and attributes) assigned from a rank test: ``verbose = hvd.rank() == 0``."""
+        """Names (and attributes) assigned from a rank test: ``verbose = hvd.rank() == 0``.
+
+        The assignments in file order (each may read a flag found before it), from the file's
+        index (``nodes_of``), not a walk of the file."""
+        order = file_index(self.fm).order
         finder = _AssignFinder()
-        walk(module, finder)
+        for node in sorted([*nodes_of(self.fm, cst.Assign), *nodes_of(self.fm, cst.AnnAssign)],
+                           key=lambda node: order[id(node)]):
+            finder.on_visit(node)
         self._assignments = finder.assignments
         flags: set[str] = set()
         for targets, value in self._assignments:

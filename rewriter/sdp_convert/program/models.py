@@ -542,6 +542,8 @@ def no_grad_submodule(fm: FileModel, value: cst.BaseExpression | None) -> cst.Ca
     are not frozen: they never get a gradient, and DDP, which waits for one from every parameter
     that requires it, fails at the next step unless told to look for unused ones."""
     names = [c.func.value for c in findall(value, m.Call(func=m.Name()))] if value else []
+    if not names:
+        return None  # no call of a plain name: no class of the file is built (no module scan)
     classes = {s.name.value: s for s in fm.module.body if isinstance(s, cst.ClassDef)}
     cls = next((classes[n] for n in names if n in classes), None)
     return no_grad_in_class(fm, cls) if cls is not None else None
