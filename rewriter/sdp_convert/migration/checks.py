@@ -87,8 +87,14 @@ class MigrationChecks(Transform):
             self.record(inits[0], self.LAUNCH)
 
     def _note_sagemaker(self, module: cst.Module) -> None:
+        # The strings, subscripts and comparisons the finder looks at, in walk order, from the
+        # file's index (``nodes_of``): no walk of the file.
+        order = file_index(self.fm).order
         finder = _SageMakerFinder()
-        walk(module, finder)
+        kinds = (cst.SimpleString, cst.Subscript, cst.Comparison)
+        for node in sorted([n for kind in kinds for n in nodes_of(self.fm, kind)],
+                           key=lambda node: order[id(node)]):
+            finder.on_visit(node)
         if finder.variables:
             first, names_ = finder.variables[0][0], sorted({v for _, v, _ in finder.variables})
             required = any(req for _, _, req in finder.variables)
