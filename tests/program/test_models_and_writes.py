@@ -3,9 +3,12 @@ questions), each on its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 import libcst.matchers as m
 from sdp_convert.program.index import file_index
+from sdp_convert.program.model import FileModel
 from sdp_convert.program.models import (
     data_parallel_checkpoints,
     data_parallel_notes,
@@ -15,8 +18,11 @@ from sdp_convert.program.models import (
     is_plain_object,
     model_expression,
     models_from_backward,
+    names_held_by,
     trained_models,
 )
+from sdp_convert.program.syntax import code as text
+from sdp_convert.program.syntax import findall
 from sdp_convert.program.writes import argument, in_memory, open_mode
 
 from .helpers import code, find, probe
@@ -174,3 +180,32 @@ def test_removing_data_parallel_names_what_the_gpu_count_grew():
     assert noted == ["opt.batch_size * opt.num_gpu", "workers *= torch.cuda.device_count()"]
     # Once a file: the second DataParallel adds nothing.
     assert data_parallel_notes(t, find(t, m.Call(), "nn.DataParallel(Head())"), "sdp") == []
+
+
+def test_names_held_by_answers_for_the_wanted_names_what_reading_every_name_answers():
+    """``names_held_by`` makes the text only of names and attributes that can be wanted: for
+    every name or attribute assigned in the fixtures (and spellings with parentheses and
+    comments), the objects it gives are those of reading every name and attribute's code."""
+    edges = (
+        "import torch\n"
+        "enc = Enc()\n(enc2) = Enc()\nself.a.b = X()\n"
+        "dec = Dec(enc, (enc2), self . a . b, (self.a  # c\n  ).b, f(enc).enc)\n"
+        "other = Dec(encoder, self.a, enc2x)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    sources = [edges] + [p.read_text() for p in sorted((root / "fixtures").rglob("input.py"))]
+    checked = 0
+    for source in sources:
+        fm = FileModel.from_source(source)
+        assigns = [n for n in findall(fm.module, m.Assign()) if isinstance(n, cst.Assign)]
+        creations = [(i, fm.index.scope(a), a.value) for i, a in enumerate(assigns)]
+        wanted = {text(t.target) for a in assigns for t in a.targets
+                  if isinstance(t.target, (cst.Name, cst.Attribute))}
+        every: dict[tuple[int, str], list[int]] = {}
+        for obj, scope, value in creations:
+            for name in {text(n) for n in findall(value, m.Name() | m.Attribute())}:
+                every.setdefault((id(scope), name), []).append(obj)
+        expected = {k: v for k, v in every.items() if k[1] in wanted}
+        assert names_held_by(creations, wanted) == expected
+        checked += len(expected)
+    assert checked > 1000

@@ -1,5 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import libcst as cst
+from sdp_convert.program.index import nodes_of
+from sdp_convert.program.model import FileModel
+from sdp_convert.transforms.sync_loop_exits import LoopExits
+
 from .helpers import check_noop, check_transformed, reported, run
 
 ONLY = "sync_loop_exits"
@@ -84,3 +91,50 @@ def test_loops_inside_a_tf_function_are_reported_not_rewritten():
     assert b"broadcast_object" not in result.output
     ((line, message),) = reported(result, ONLY, manual=True)
     assert line == 10 and "inside a tf.function" in message
+
+
+def _exits_by_walk(loop):
+    """The exits of ``loop`` found by walking its body (libcst's ``children``): what
+    ``LoopExits`` answers from the file's index."""
+    found = []
+
+    def walk(node, nested):
+        for child in node.children:
+            if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                continue
+            if (isinstance(child, cst.Break) and not nested) or isinstance(child, cst.Return):
+                found.append(child)
+            walk(child, nested or (isinstance(child, (cst.For, cst.While)) and child is not loop))
+
+    walk(loop.body, False)
+    return found
+
+
+def test_loop_exits_from_the_index_are_those_of_a_walk_of_each_loop_on_every_fixture():
+    edges = (
+        "def f(xs):\n"
+        "    for x in xs:\n"
+        "        while x:\n            break\n        else:\n            break\n"
+        "        if x:\n            return x\n"
+        "        g = lambda: x\n"
+        "        def h():\n            return 1\n"
+        "        class C:\n            for y in xs:\n                break\n"
+        "        for z in xs:\n            return z\n        else:\n            break\n"
+        "    else:\n        break\n"
+        "    while True: break\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    sources = [edges] + [p.read_text() for p in sorted((root / "fixtures").rglob("*.py"))]
+    loops = exits = 0
+    for source in sources:
+        fm = FileModel.from_source(source)
+        find = LoopExits(fm)
+        for loop in [*nodes_of(fm, cst.For), *nodes_of(fm, cst.While)]:
+            expected = _exits_by_walk(loop)
+            assert [id(n) for n in find(loop)] == [id(n) for n in expected], code_of(fm, loop)
+            loops, exits = loops + 1, exits + len(expected)
+    assert loops > 600 and exits > 25
+
+
+def code_of(fm, node):
+    return fm.module.code_for_node(node)[:200]

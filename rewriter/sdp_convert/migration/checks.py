@@ -12,8 +12,10 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from ..analysis import Visitor
 from ..base import Transform
+from ..program.index import file_index, nodes_of
 from ..program.ranks import is_rank_exit
 from ..program.readback import private_write
+from ..program.syntax import walk
 from ..program.vocab import UNSCALED_LR_NOTE
 from .common import (
     _BROADCASTS,
@@ -85,8 +87,14 @@ class MigrationChecks(Transform):
             self.record(inits[0], self.LAUNCH)
 
     def _note_sagemaker(self, module: cst.Module) -> None:
+        # The strings, subscripts and comparisons the finder looks at, in walk order, from the
+        # file's index (``nodes_of``): no walk of the file.
+        order = file_index(self.fm).order
         finder = _SageMakerFinder()
-        module.visit(finder)
+        kinds = (cst.SimpleString, cst.Subscript, cst.Comparison)
+        for node in sorted([n for kind in kinds for n in nodes_of(self.fm, kind)],
+                           key=lambda node: order[id(node)]):
+            finder.on_visit(node)
         if finder.variables:
             first, names_ = finder.variables[0][0], sorted({v for _, v, _ in finder.variables})
             required = any(req for _, _, req in finder.variables)
@@ -108,9 +116,15 @@ class MigrationChecks(Transform):
         self.state.facts.sagemaker_host_checks = finder.host_checks
 
     def _find_rank_flags(self, module: cst.Module) -> set[str]:
-        """Names (and attributes) assigned from a rank test: ``verbose = hvd.rank() == 0``."""
+        """Names (and attributes) assigned from a rank test: ``verbose = hvd.rank() == 0``.
+
+        The assignments in file order (each may read a flag found before it), from the file's
+        index (``nodes_of``), not a walk of the file."""
+        order = file_index(self.fm).order
         finder = _AssignFinder()
-        module.visit(finder)
+        for node in sorted([*nodes_of(self.fm, cst.Assign), *nodes_of(self.fm, cst.AnnAssign)],
+                           key=lambda node: order[id(node)]):
+            finder.on_visit(node)
         self._assignments = finder.assignments
         flags: set[str] = set()
         for targets, value in self._assignments:
@@ -129,7 +143,7 @@ class MigrationChecks(Transform):
         strings: tuple[str, ...] = (),
     ) -> bool:
         finder = _MentionFinder(self.module, is_call, flags, strings)
-        expr.visit(finder)
+        walk(expr, finder)
         return finder.found
 
     def is_rank_call(self, node: cst.Call) -> bool:
@@ -325,7 +339,7 @@ def _named_parameters_owner(call: cst.Call) -> cst.BaseExpression | None:
 
 def _contains(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
     finder = _Finder(node)
-    tree.visit(finder)
+    walk(tree, finder)
     return finder.found
 
 

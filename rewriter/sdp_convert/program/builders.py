@@ -116,5 +116,8 @@ def fresh_name(
         candidate, n = f"{name}_{n}", n + 1
     names.add(candidate)
     if scope is not fm.module:
-        taken.setdefault(fm.module, names_in(fm, fm.module)).add(candidate)
+        module_names = taken.get(fm.module)
+        if module_names is None:  # the file's names copied once per transform, not per name
+            module_names = taken[fm.module] = names_in(fm, fm.module)
+        module_names.add(candidate)
     return candidate

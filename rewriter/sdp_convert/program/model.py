@@ -108,6 +108,8 @@ class FileModel:
         #: Transforms this run leaves off (``--skip``).
         self.skip = skip
         self.facts = Facts(index=index)
+        #: ``calls_to``'s answers: (names, prefix) -> the calls.
+        self._calls_to: dict[tuple[tuple[str, ...], bool], list[cst.Call]] = {}
         self._names = index.names
         #: The parent of every node (``analysis.FileInfo.parents``).
         self.parents = info.parents
@@ -174,13 +176,19 @@ class FileModel:
 
     def calls_to(self, *names: str, prefix: bool = False) -> list[cst.Call]:
         """``Call`` nodes whose callee refers to one of ``names``, in file order (from the index
-        detection builds: no walk of its own)."""
-        found: dict[int, cst.Call] = {}
-        for qname, calls in self.info.calls.items():
-            if qname in names or (prefix and any(qname.startswith(n + ".") for n in names)):
-                for call in calls:
-                    found[id(call)] = call
-        return sorted(found.values(), key=self.order)
+        detection builds: no walk of its own). The transforms ask the same questions over and
+        over (twice per conversion, and per model, loader, write); each answer is kept for the
+        file (``info.calls`` does not change once detection built it), a new list each time."""
+        key = (names, prefix)
+        cached = self._calls_to.get(key)
+        if cached is None:
+            found: dict[int, cst.Call] = {}
+            for qname, calls in self.info.calls.items():
+                if qname in names or (prefix and any(qname.startswith(n + ".") for n in names)):
+                    for call in calls:
+                        found[id(call)] = call
+            cached = self._calls_to[key] = sorted(found.values(), key=self.order)
+        return list(cached)
 
     def method_calls(self, method: str) -> list[cst.Call]:
         """Calls of the form ``<anything>.<method>(...)``, in file order."""

@@ -542,6 +542,8 @@ def no_grad_submodule(fm: FileModel, value: cst.BaseExpression | None) -> cst.Ca
     are not frozen: they never get a gradient, and DDP, which waits for one from every parameter
     that requires it, fails at the next step unless told to look for unused ones."""
     names = [c.func.value for c in findall(value, m.Call(func=m.Name()))] if value else []
+    if not names:
+        return None  # no call of a plain name: no class of the file is built (no module scan)
     classes = {s.name.value: s for s in fm.module.body if isinstance(s, cst.ClassDef)}
     cls = next((classes[n] for n in names if n in classes), None)
     return no_grad_in_class(fm, cls) if cls is not None else None
@@ -641,15 +643,31 @@ def move_off_device_note(call: cst.Call, target: str, sdp: str) -> str:
 
 
 def names_held_by(
-    creations: list[tuple[T, object, cst.BaseExpression | None]],
+    creations: list[tuple[T, object, cst.BaseExpression | None]], wanted: set[str],
 ) -> dict[tuple[int, str], list[T]]:
     """``(id(scope), name or attribute)`` -> the objects whose creation (``(object, scope,
-    value)``) reads that name, in the order given: each creation read once."""
+    value)``) reads that name, in the order given: each creation read once. Only the names and
+    attributes spelled as one of ``wanted`` are keys.
+
+    The names and the attributes are found by two searches of one node class each (``findall``'s
+    class test, not libcst's matcher on every node as a ``Name() | Attribute()`` would), and a
+    node's text is made only where it can be one of ``wanted``: in a name's or an attribute's
+    text its identifier (``value``, ``attr``) stands between dots, parentheses, white space,
+    comments' ``#`` or the ends, so one that is no such word of ``wanted`` is passed over; a bare
+    name's text is its value."""
+    words = {word for name in wanted for word in re.split(r"[\s.()\\#]+", name)}
     held: dict[tuple[int, str], list[T]] = {}
     for obj, scope, value in creations:
         if value is None:
             continue
-        for name in {code(n) for n in findall(value, m.Name() | m.Attribute())}:
+        texts = {
+            n.value if not n.lpar and not n.rpar else code(n)
+            for n in findall(value, m.Name()) if isinstance(n, cst.Name) and n.value in words
+        } | {
+            code(a) for a in findall(value, m.Attribute())
+            if isinstance(a, cst.Attribute) and a.attr.value in words
+        }
+        for name in texts & wanted:
             held.setdefault((id(scope), name), []).append(obj)
     return held
 

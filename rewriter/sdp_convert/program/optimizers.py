@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
-from .index import file_index, reaching_values
+from .index import file_index, nodes_of, reaching_values
 from .syntax import arg_named, findall
 
 if TYPE_CHECKING:
@@ -97,7 +97,12 @@ def lr_set_while_training(fm: FileModel, call: cst.Call) -> str | None:
         return (isinstance(expr, cst.Attribute) and expr.attr.value == "param_groups"
                 and is_this(expr.value, at))
 
-    for node in findall(fm.module, m.Call() | m.Assign()):
+    # The calls and assignments in file order, from the file's index (``nodes_of``), not a walk
+    # asking libcst's ``Call() | Assign()`` matcher of every node.
+    order = index.order
+    nodes = sorted([*nodes_of(fm, cst.Call), *nodes_of(fm, cst.Assign)],
+                   key=lambda node: order[id(node)])
+    for node in nodes:
         if isinstance(node, cst.Call):
             func = node.func
             found = (

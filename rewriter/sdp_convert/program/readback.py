@@ -221,10 +221,16 @@ def private_write(fm: FileModel, call: cst.Call, framework: str) -> str | None:
 def names_the_process(fm: FileModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
     """Whether ``expr`` (a path) is built from the rank or the process id: a rank call, a name
     holding one (``rank = dist.get_rank()``, through assignments), ``os.getpid()``, ``RANK`` /
-    ``LOCAL_RANK`` read from the environment, ``args.local_rank``."""
+    ``LOCAL_RANK`` read from the environment, ``args.local_rank``.
+
+    The nodes are looked at kind by kind (``findall``'s class test for each, not libcst's
+    matcher of ``Call() | Name() | ...`` on every node), names last: the answer is whether any
+    of them says so, whatever the order."""
     if depth > 3:
         return False
-    for node in findall(expr, m.Call() | m.Name() | m.Attribute() | m.SimpleString()):
+    nodes = [*findall(expr, m.Call()), *findall(expr, m.SimpleString()),
+             *findall(expr, m.Attribute()), *findall(expr, m.Name())]
+    for node in nodes:
         if isinstance(node, cst.Call) and (
             is_rank_call(fm, node) or fm.refers_to(node.func, "os.getpid")
             or fm.refers_to(node.func, *_LOCAL_RANKS)

@@ -62,6 +62,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from .. import migration as hvd
 from ..analysis import FileInfo, Visitor
+from ..program.index import nodes_of
 from ..program.smp_saves import ROOT, SAVE, SmpSaves, partial
 from ..program.syntax import findall
 
@@ -327,9 +328,11 @@ class MigrateSmp(hvd.Migration):
         return updated.with_changes(func=hvd._dotted(f"{alias}.get_gradients"))
 
     def _step_functions(self) -> set[int]:
-        """The functions decorated with SMP's ``step`` (``@smp.step``, ``@smp.step()``)."""
+        """The functions decorated with SMP's ``step`` (``@smp.step``, ``@smp.step()``): of the
+        file's functions (its index, ``nodes_of``: no walk of the file)."""
         finder = _StepFinder(self)
-        self.module.visit(finder)
+        for function in nodes_of(self.fm, cst.FunctionDef):
+            finder.visit_FunctionDef(function)
         return finder.found
 
     # -- TensorFlow: no FSDP ---------------------------------------------------------------------

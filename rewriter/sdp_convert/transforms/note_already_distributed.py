@@ -40,6 +40,7 @@ import libcst as cst
 from ..analysis import FileInfo, Visitor
 from ..base import Transform
 from ..program.launch import distribution_condition, distribution_switch
+from ..program.syntax import walk
 
 #: What each library is called in the note, by the calls and the imports that show it.
 _CALLS = {
@@ -84,7 +85,7 @@ class NoteAlreadyDistributed(Transform):
             if qname.endswith("Strategy"):
                 found.append(("tf" + qname[len("tensorflow"):], self.calls_to(qname)[0]))
         finder = _ImportFinder(tuple(_IMPORTS))
-        module.visit(finder)
+        walk(module, finder)
         found += [(_IMPORTS[package], node) for package, node in finder.found]
         if info.reason not in {label for label, _ in found}:
             # Set up by the script's own code (a torch.distributed call, a launcher's

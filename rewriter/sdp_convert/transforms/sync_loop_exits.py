@@ -32,11 +32,15 @@ averaged (``wrap_keras_fit`` puts it first), so every worker stops at the same e
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 import libcst as cst
 
 from ..base import Transform
 from ..program.datasets import in_keras_train_step
 from ..program.flow import decided_per_rank
+from ..program.index import file_index, nodes_of
+from ..program.model import FileModel
 from ..program.syntax import code
 from ..program.training import is_tf_function, training_facts
 
@@ -49,6 +53,7 @@ class SyncLoopExits(Transform):
         self.tests: set[cst.BaseExpression] = set()
         broadcast = f"{self.state.runtime_module}.broadcast_object"
         done: set[int] = set()
+        exits = LoopExits(self.fm)
         for site in training_facts(self.fm).sites:
             for loop in site.loops:
                 if id(loop) in done or in_keras_train_step(self.fm, loop):
@@ -65,7 +70,7 @@ class SyncLoopExits(Transform):
                         f"bool(...), root_rank=0)) or run a fixed number of steps",
                         manual=True,
                     )
-                for exit_stmt in self._exits(loop):
+                for exit_stmt in exits(loop):
                     for test in self._tests(exit_stmt, loop):
                         if isinstance(test, cst.Call) and self.refers_to(test.func, broadcast):
                             continue  # rank 0's already
@@ -83,22 +88,6 @@ class SyncLoopExits(Transform):
                         self.tests.add(test)
         if self.tests:
             self.add_runtime_import()
-
-    def _exits(self, loop: cst.For | cst.While) -> list[cst.CSTNode]:
-        """``break`` statements that leave ``loop``, and ``return`` statements inside it."""
-        found: list[cst.CSTNode] = []
-
-        def walk(node: cst.CSTNode, nested: bool) -> None:
-            for child in node.children:
-                if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                    continue
-                if (isinstance(child, cst.Break) and not nested) or isinstance(child, cst.Return):
-                    found.append(child)
-                inner = nested or (isinstance(child, (cst.For, cst.While)) and child is not loop)
-                walk(child, inner)
-
-        walk(loop.body, False)
-        return found
 
     def _tests(self, node: cst.CSTNode, loop: cst.CSTNode) -> list[cst.BaseExpression]:
         """The ``if`` tests between ``node`` and ``loop`` (innermost first)."""
@@ -128,3 +117,45 @@ class SyncLoopExits(Transform):
             f"collective",
         )
         return updated_node.with_changes(test=wrapped)
+
+
+class LoopExits:
+    """``break`` statements that leave a loop, and ``return`` statements inside it: those in its
+    body, not inside a function, class or lambda, the ``break`` statements not inside another
+    loop either; in file order.
+
+    Found among the file's ``break`` and ``return`` statements (its index, ``nodes_of``) in the
+    loop's walk span (``loop_spans``), by their ancestors: not by a walk of the loop with
+    libcst's ``children`` (which rebuilds each node it lists). The same statements as that walk
+    (``tests/transforms/test_sync_loop_exits.py`` compares them on every loop of the fixtures).
+    """
+
+    def __init__(self, fm: FileModel) -> None:
+        index = file_index(fm)
+        self.fm = fm
+        self.order = index.order
+        #: Walk position of each loop's start -> of its end.
+        self.ends = {first: last for first, last, _ in index.loop_spans}
+        #: The file's ``break`` and ``return`` statements, with their walk positions.
+        self.exits = [
+            (kind, nodes, [index.order[id(n)] for n in nodes])
+            for kind in (cst.Break, cst.Return) for nodes in [nodes_of(fm, kind)]
+        ]
+
+    def __call__(self, loop: cst.For | cst.While) -> list[cst.CSTNode]:
+        start = self.order[id(loop)]
+        end = self.ends[start]
+        found: list[cst.CSTNode] = []
+        for kind, nodes, positions in self.exits:
+            for node in nodes[bisect_right(positions, start):bisect_left(positions, end)]:
+                nested, parent = False, None
+                for parent in self.fm.ancestors(node):
+                    if parent is loop.body or parent is loop:
+                        break
+                    if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                        parent = loop
+                        break
+                    nested = nested or isinstance(parent, (cst.For, cst.While))
+                if parent is loop.body and (kind is cst.Return or not nested):
+                    found.append(node)
+        return sorted(found, key=lambda node: self.order[id(node)])

@@ -305,8 +305,8 @@ class WrapModelDdp(Transform):
     def _held_names(self) -> dict[tuple[int, str], list[_Model]]:
         """The models whose creation names ``(id(scope), name or attribute)``, in the order of
         ``self.models``: each creation read once, not once per pair of models."""
-        return names_held_by(
-            [(m_, m_.scope, m_.creation.value) for m_ in self.models.values()])
+        return names_held_by([(m_, m_.scope, m_.creation.value) for m_ in self.models.values()],
+                             {m_.target for m_ in self.models.values()})
 
     # -- where the wrap goes ------------------------------------------------------------------
 
