@@ -5,7 +5,6 @@ from the index, the qualified names and detection, on every fixture."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -15,9 +14,12 @@ from sdp_convert.program import index as index_module
 from sdp_convert.program import syntax
 from sdp_convert.program.syntax import LAYOUT, walk, walk_code
 
-from .test_walk import EDGES
+from .test_walk import parsed_fixtures
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+@pytest.fixture(scope="module")
+def modules() -> list[tuple[str, cst.Module]]:
+    return parsed_fixtures()
 
 
 class _Record(Visitor):
@@ -39,14 +41,6 @@ class _Record(Visitor):
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
         self.calls.append(("leave", id(original_node)))
-
-
-@pytest.fixture(scope="module")
-def modules() -> list[tuple[str, cst.Module]]:
-    files = sorted(FIXTURES.rglob("*.py"))
-    assert len(files) > 300
-    sources = [("edges", EDGES)] + [(str(p.relative_to(FIXTURES)), p.read_text()) for p in files]
-    return [(name, cst.parse_module(source)) for name, source in sources]
 
 
 def test_walk_code_is_walk_without_the_layout_nodes(modules):
@@ -116,6 +110,7 @@ def test_the_index_names_and_detection_answer_as_with_every_node_walked(modules,
 
         assert all(code.order[id(n)] == rank(full.order[id(n)]) for n in kept), name
         assert {k: v for k, v in full.scope_of.items() if k not in layout} == code.scope_of
+        assert all(code.scope(n) is full.scope(n) for n in kept), name
         assert {t: v for t, v in full.by_type.items() if t not in LAYOUT} == code.by_type, name
         for table in ("bindings", "augmented", "attribute_bindings"):
             assert {k: [_binding(b, rank) for b in v]

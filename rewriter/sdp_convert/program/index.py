@@ -93,6 +93,8 @@ class FileIndex:
     """Where every name of the file is bound and read, in one walk of the original tree."""
 
     order: dict[int, int] = field(default_factory=dict)
+    #: The function or class each node is in, by id; a module-level node is not here (its
+    #: scope is None, what ``scope_of.get`` answers): most nodes of a long script.
     scope_of: dict[int, Scope] = field(default_factory=dict)
     parent_scope: dict[int, Scope] = field(default_factory=dict)
     #: Bindings by (id(scope), name), in file order (augmented assignments apart, in ``augmented``).
@@ -276,6 +278,8 @@ class _Indexer(Visitor):
         self.shadows: list[dict[str, Binding]] = []
         #: Blocks open inside each scope being visited (a new list per function/class).
         self.blocks: list[list[int]] = [[]]
+        #: ``tuple(self.blocks[-1])`` as last made: the reads in the same blocks share it.
+        self.around: tuple[int, ...] | None = None
         self.path: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -283,7 +287,9 @@ class _Indexer(Visitor):
         order = index.order
         key = id(node)
         order[key] = len(order)
-        index.scope_of[key] = self.stack[-1]
+        scope = self.stack[-1]
+        if scope is not None:
+            index.scope_of[key] = scope
         cls = type(node)
         same = index.by_type.get(cls)
         if same is None:
@@ -291,7 +297,7 @@ class _Indexer(Visitor):
         else:
             same.append(node)
         path = self.path
-        self.names.visit(node, path[-1] if path else None)
+        self.names.visit(node, path[-1] if path else None, key)
         path.append(node)
         for rider in self.riders:
             rider.on_visit(node)
@@ -571,7 +577,12 @@ class _Indexer(Visitor):
                 self.index.shadowed_reads[id(node)] = node
                 return
         self.index._load_ids.add(id(node))
-        self.index.read_blocks[id(node)] = tuple(self.blocks[-1])
+        blocks = self.blocks[-1]
+        if self.around is None or len(self.around) != len(blocks) or (
+            blocks and self.around[-1] != blocks[-1]
+        ):
+            self.around = tuple(blocks)
+        self.index.read_blocks[id(node)] = self.around
         self.index.loads.setdefault((id(self.stack[-1]), node.value), []).append(node)
 
     def finish(self) -> FileIndex:
