@@ -157,8 +157,9 @@ class FileInfo:
     calls: dict[str, list[cst.Call]] = field(default_factory=dict, repr=False)
     method_calls: dict[str, list[cst.Call]] = field(default_factory=dict, repr=False)
     call_order: dict[int, int] = field(default_factory=dict, repr=False)
-    #: The parent of every node of the original tree (libcst's ParentNodeProvider costs 3.5x a
-    #: parse; this map comes almost free with the detection pass that visits every node anyway).
+    #: The parent of every node of the original tree but the layout ones (whitespace, comments,
+    #: punctuation: ``program.syntax.LAYOUT``, which nobody asks about); libcst's
+    #: ParentNodeProvider costs 3.5x a parse, this map comes almost free with the detection pass.
     parents: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict, repr=False)
 
     #: Where the file shows the distribution it does itself (origin ``distributed``), when that is
@@ -251,6 +252,11 @@ class Visitor(cst.CSTVisitor):
         pass
 
 
+#: The nodes whose body is a function, class or lambda body (``Detector._depth``): exact
+#: classes, a set lookup where ``isinstance`` of libcst's classes goes through ``abc``.
+_BODIES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+
+
 class Detector(Visitor):
     """What ``detect`` reads of a file, in one walk: the syntax as it goes; what needs qualified
     names (callees, class bases, ``os.environ[...]``) is noted in walk order and resolved after
@@ -286,18 +292,24 @@ class Detector(Visitor):
         self._named: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if self._stack:
-            self.parents[node] = self._stack[-1]
-        self._stack.append(node)
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        stack = self._stack
+        if stack:
+            self.parents[node] = stack[-1]
+        stack.append(node)
+        cls = type(node)
+        if cls in _BODIES:
             self._depth += 1
-        return super().on_visit(node)
+        name = _hook(type(self), cls, "visit_")
+        return name is None or getattr(self, name)(node) is not False
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self._stack.pop()
-        if isinstance(original_node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        cls = type(original_node)
+        if cls in _BODIES:
             self._depth -= 1
-        super().on_leave(original_node)
+        name = _hook(type(self), cls, "leave_")
+        if name is not None:
+            getattr(self, name)(original_node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         name = node.name.value

@@ -72,6 +72,11 @@ class _Record(Visitor):
 
 @pytest.fixture(scope="module")
 def modules() -> list[tuple[str, cst.Module]]:
+    return parsed_fixtures()
+
+
+def parsed_fixtures() -> list[tuple[str, cst.Module]]:
+    """``EDGES`` and every fixture's Python file, parsed: ``(name, module)``."""
     files = sorted(FIXTURES.rglob("*.py"))
     assert len(files) > 300
     sources = [("edges", EDGES)] + [(str(p.relative_to(FIXTURES)), p.read_text()) for p in files]

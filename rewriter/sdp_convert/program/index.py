@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import libcst as cst
 
-from ..analysis import Visitor
+from ..analysis import Visitor, _hook
 from .names import Collector, QualifiedNames
-from .syntax import code, walk
+from .syntax import LAYOUT, code, walk_code
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -93,6 +93,8 @@ class FileIndex:
     """Where every name of the file is bound and read, in one walk of the original tree."""
 
     order: dict[int, int] = field(default_factory=dict)
+    #: The function or class each node is in, by id; a module-level node is not here (its
+    #: scope is None, what ``scope_of.get`` answers): most nodes of a long script.
     scope_of: dict[int, Scope] = field(default_factory=dict)
     parent_scope: dict[int, Scope] = field(default_factory=dict)
     #: Bindings by (id(scope), name), in file order (augmented assignments apart, in ``augmented``).
@@ -124,7 +126,8 @@ class FileIndex:
     _load_ids: set[int] = field(default_factory=set)
     #: id(read) -> the blocks around it inside its scope.
     read_blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    #: Every node of the tree by its type, in walk order (``nodes_of``): a file-wide search for
+    #: Every node of the tree but the layout ones (``syntax.LAYOUT``: whitespace, punctuation)
+    #: by its type, in walk order (``nodes_of``): a file-wide search for
     #: one kind of node without another walk (``m.findall`` over a module costs about a parse).
     by_type: dict[type, list[cst.CSTNode]] = field(default_factory=dict)
     #: The qualified names of the file's nodes (what ``QualifiedNameProvider`` would give).
@@ -267,35 +270,56 @@ class _Indexer(Visitor):
         self.stack: list[Scope] = [None]
         self.not_loads: set[int] = set()
         self.pending: list[tuple[Binding, cst.CSTNode, str]] = []  # (binding, anchor, start|end)
+        #: Where the walk left the nodes in ``ends`` (the anchors of bindings made at the end of
+        #: a node, the loops): the position of the next node.
         self.end: dict[int, int] = {}
+        self.ends: set[int] = set()
         #: Names bound by the comprehensions/lambdas being visited, innermost last.
         self.shadows: list[dict[str, Binding]] = []
         #: Blocks open inside each scope being visited (a new list per function/class).
         self.blocks: list[list[int]] = [[]]
+        #: ``tuple(self.blocks[-1])`` as last made: the reads in the same blocks share it.
+        self.around: tuple[int, ...] | None = None
         self.path: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        self.index.order[id(node)] = len(self.index.order)
-        self.index.scope_of[id(node)] = self.stack[-1]
-        self.index.by_type.setdefault(type(node), []).append(node)
-        self.path.append(node)
-        self.names.visit(node, self.path[-2] if len(self.path) > 1 else None)
+        index = self.index
+        order = index.order
+        key = id(node)
+        order[key] = len(order)
+        scope = self.stack[-1]
+        if scope is not None:
+            index.scope_of[key] = scope
+        cls = type(node)
+        same = index.by_type.get(cls)
+        if same is None:
+            index.by_type[cls] = [node]
+        else:
+            same.append(node)
+        path = self.path
+        self.names.visit(node, path[-1] if path else None, key)
+        path.append(node)
         for rider in self.riders:
             rider.on_visit(node)
-        if super().on_visit(node):
+        hook = _hook(type(self), cls, "visit_")
+        if hook is None or getattr(self, hook)(node) is not False:
             return True
         for rider in self.riders:  # an import's names: the index skips them, the riders do not
             for child in node.children:
-                walk(child, rider)
+                if type(child) not in LAYOUT:
+                    walk_code(child, rider)
         return False
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         for rider in self.riders:
             rider.on_leave(original_node)
-        super().on_leave(original_node)
+        hook = _hook(type(self), type(original_node), "leave_")
+        if hook is not None:
+            getattr(self, hook)(original_node)
         self.names.leave(original_node)
         self.path.pop()
-        self.end[id(original_node)] = len(self.index.order)
+        if id(original_node) in self.ends:
+            self.end[id(original_node)] = len(self.index.order)
 
     def _binding_scope(self, name: str) -> Scope:
         scope = self.stack[-1]
@@ -309,13 +333,20 @@ class _Indexer(Visitor):
             return outer
         return scope
 
+    def _pend(self, binding: Binding, anchor: cst.CSTNode, when: str) -> None:
+        """``binding``'s order: where the walk enters (``start``) or leaves (``end``) ``anchor``,
+        set once the walk is over (``finish``)."""
+        self.pending.append((binding, anchor, when))
+        if when == "end":
+            self.ends.add(id(anchor))
+
     def bind(self, name: str, kind: str, stmt: cst.CSTNode, anchor: cst.CSTNode, when: str,
              value: cst.BaseExpression | None = None, unpacked: bool = False,
              target: cst.CSTNode | None = None) -> Binding:
         scope = self._binding_scope(name)
         binding = Binding(name, scope, kind, stmt, value, unpacked, target=target)
         binding.blocks = tuple(self.blocks[-1]) if scope is self.stack[-1] else ()
-        self.pending.append((binding, anchor, when))
+        self._pend(binding, anchor, when)
         table = self.index.augmented if kind == "augassign" else self.index.bindings
         table.setdefault((id(scope), name), []).append(binding)
         if target is not None:
@@ -335,7 +366,7 @@ class _Indexer(Visitor):
             self.bind_target(target.value, kind, stmt, anchor, when, value, True)
         elif isinstance(target, cst.Attribute) and not unpacked:
             binding = Binding(code(target), self.stack[-1], kind, stmt, value, target=target)
-            self.pending.append((binding, anchor, when))
+            self._pend(binding, anchor, when)
             self.index.attribute_bindings.setdefault(code(target), []).append(binding)
 
     # scopes
@@ -502,10 +533,12 @@ class _Indexer(Visitor):
 
     def visit_For(self, node: cst.For) -> None:
         self.index.loops.append(node)
+        self.ends.add(id(node))
         self.bind_target(node.target, "for", node, node.body, "start", None)
 
     def visit_While(self, node: cst.While) -> None:
         self.index.loops.append(node)
+        self.ends.add(id(node))
 
     def visit_With(self, node: cst.With) -> None:
         self.index.withs.append(node)
@@ -544,7 +577,12 @@ class _Indexer(Visitor):
                 self.index.shadowed_reads[id(node)] = node
                 return
         self.index._load_ids.add(id(node))
-        self.index.read_blocks[id(node)] = tuple(self.blocks[-1])
+        blocks = self.blocks[-1]
+        if self.around is None or len(self.around) != len(blocks) or (
+            blocks and self.around[-1] != blocks[-1]
+        ):
+            self.around = tuple(blocks)
+        self.index.read_blocks[id(node)] = self.around
         self.index.loads.setdefault((id(self.stack[-1]), node.value), []).append(node)
 
     def finish(self) -> FileIndex:
@@ -582,9 +620,11 @@ def _target_names(target: cst.BaseExpression) -> Iterator[cst.Name]:
 def index_module(module: cst.Module, *riders: cst.CSTVisitor) -> FileIndex:
     """Walk ``module`` once: its ``FileIndex``, qualified names included. ``riders``: read-only
     visitors that walk along (``analysis.Detector``), each seeing every node in walk order, as
-    its own ``module.visit`` would (their ``on_visit`` must not prune: the walk is shared)."""
+    its own ``module.visit`` would (their ``on_visit`` must not prune: the walk is shared).
+    Layout nodes (whitespace, comments, punctuation: ``syntax.LAYOUT``) are not walked: the index
+    knows nothing of them (no order, scope, type list), nor do the names or the riders."""
     indexer = _Indexer(module, riders)
-    walk(module, indexer)
+    walk_code(module, indexer)
     return indexer.finish()
 
 

@@ -261,7 +261,8 @@ class Collector:
 
     # -- the walk -----------------------------------------------------------------------------
 
-    def visit(self, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:
+    def visit(self, node: cst.CSTNode, parent: cst.CSTNode | None, key: int) -> None:
+        """Enter ``node`` (``key``: its id, the index's own key object, shared)."""
         if parent is None:
             scope: _Scope | None = self.globals
             role, opened, bump = _LOAD, None, None
@@ -270,7 +271,7 @@ class Collector:
         if scope is None:
             self.frames.append((None, role, None, None))
             return
-        self.scope_of[id(node)] = scope
+        self.scope_of[key] = scope
         kind = type(node)
         if kind is cst.Name:
             if role == _LOAD:
