@@ -96,6 +96,8 @@ def format_changed(source: bytes, output: bytes, line_length: int) -> bytes:
         new = _black(black, lines[first - 1 : last], line_length, targets, mine)
         if new is not None:
             lines[first - 1 : last] = new
+    if lines == after:
+        return output  # black changed nothing (``_statements`` parsed this text)
     result = "".join(lines)
     try:
         ast.parse(result)
@@ -118,12 +120,10 @@ def _statements(text: str, long: list[int]) -> set[tuple[int, int]]:
     lines = text.splitlines()
     wanted = set(long)
     spans: set[tuple[int, int]] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt) or isinstance(node, _COMPOUND):
+    for node in _statements_over(tree, wanted):
+        if isinstance(node, _COMPOUND):
             continue
         first, last = node.lineno, node.end_lineno or node.lineno
-        if not wanted & set(range(first, last + 1)):
-            continue
         head, tail = lines[first - 1], lines[last - 1]
         indent = head[: len(head) - len(head.lstrip())]
         if node.col_offset != len(indent) or tail[node.end_col_offset :].strip()[:1] not in (
@@ -132,6 +132,31 @@ def _statements(text: str, long: list[int]) -> set[tuple[int, int]]:
             continue  # shares its line with another statement (``a = 1; b = 2``)
         spans.add((first, last))
     return spans
+
+
+def _statements_over(tree: ast.Module, wanted: set[int]) -> list[ast.stmt]:
+    """The statements of ``tree`` whose lines hold one of ``wanted``: those of ``ast.walk`` that
+    do, found by going down only into the statements that do (a statement's lines hold those
+    of the statements in it; statements are only in the bodies of others, never in
+    expressions)."""
+    found: list[ast.stmt] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        for field in _BODIES:
+            for child in getattr(node, field, ()):
+                if isinstance(child, ast.stmt):
+                    last = child.end_lineno or child.lineno
+                    if any(child.lineno <= line <= last for line in wanted):
+                        found.append(child)
+                        todo.append(child)
+                elif isinstance(child, ast.ExceptHandler | ast.match_case):
+                    todo.append(child)  # their bodies hold statements
+    return found
+
+
+#: The fields that hold statements (``Try.handlers`` and ``Match.cases``: through their parts).
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 _COMPOUND = (

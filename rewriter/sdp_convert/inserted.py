@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
@@ -76,9 +77,11 @@ def problems(
         found.append((line, f"the inserted code uses `{name}` at module level before anything "
                             "binds it (NameError)"))
     # The same name read unbound on some path in the same scope of the input is the user's.
-    paths = {key for key, _ in _unbound_on_some_path(before)}
+    # Only the scopes the conversion changed are followed (``_changed_functions``).
+    only = _changed_functions(before, after, original, output)
+    paths = {key for key, _ in _unbound_on_some_path(before, only)}
     paths |= {("<module>", name) for name in known}
-    for (scope, name), line in _unbound_on_some_path(after):
+    for (scope, name), line in _unbound_on_some_path(after, only):
         if (scope, name) in paths or name in noted:
             continue
         paths.add((scope, name))
@@ -231,10 +234,13 @@ def _binds(stmt: ast.AST) -> set[str]:
 _ENDS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 
 
-def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]:
+def _unbound_on_some_path(
+    tree: ast.Module, only: set[str] | None = None
+) -> list[tuple[tuple[str, str], int]]:
     """``((scope, name), line)`` of each read of a local name (of a function, or of the module)
     that some path reaches before any statement binds it: ``UnboundLocalError`` (``NameError`` at
-    module level) when that path runs. ``scope`` is the function's dotted name, ``<module>``."""
+    module level) when that path runs. ``scope`` is the function's dotted name, ``<module>``.
+    ``only``: the dotted names of the functions to follow (``None``: all); the module always."""
     found: list[tuple[tuple[str, str], int]] = []
     stars = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
                 for n in tree.body)
@@ -242,6 +248,8 @@ def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]
         local = _scope_binds(tree) - _hoisted(tree)
         _Paths("<module>", local, found).block(tree.body, _Names([frozenset()]))
     for scope, function in _functions(tree, ""):
+        if only is not None and scope not in only:
+            continue
         args = function.args
         params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
                                   *([args.vararg] if args.vararg else []),
@@ -253,16 +261,69 @@ def _unbound_on_some_path(tree: ast.Module) -> list[tuple[tuple[str, str], int]]
     return found
 
 
-def _children(node: ast.AST) -> Iterator[ast.AST]:
-    """``ast.iter_child_nodes``, in its order, without its ``iter_fields`` generator."""
-    for field in node._fields:
+def _changed_functions(before: ast.Module, after: ast.Module, original: bytes,
+                       output: bytes) -> set[str] | None:
+    """The dotted names of the output's functions that are not, letter for letter, a function
+    of the input of the same dotted name (``None``: all of them, when the two files' encodings
+    differ). What ``_unbound_on_some_path`` finds in a function depends only on that function's
+    own text (its decorators, parameters and body) and its dotted name, never on the rest of the
+    module: an output function with a twin in the input finds exactly the twin's findings, all
+    held to be the user's and left out. So the output's functions are followed only under the
+    names returned here, and the input's under the same names (every function of the input
+    that bears one: a twin under another such name would also excuse a finding); what
+    ``problems`` reports is the same as when every function of both is followed
+    (``tests/test_inserted_scopes.py``)."""
+    if _encoding(original) != _encoding(output):
+        return None
+    old, new = original.splitlines(), output.splitlines()
+    texts: dict[str, set[tuple[bytes, ...]]] = {}
+    for scope, function in _functions(before, ""):
+        texts.setdefault(scope, set()).add(_text(function, old))
+    return {scope for scope, function in _functions(after, "")
+            if _text(function, new) not in texts.get(scope, ())}
+
+
+def _encoding(source: bytes) -> str:
+    """The encoding Python reads ``source`` in (its BOM or its coding line, else UTF-8)."""
+    lines = iter(source.splitlines(keepends=True)[:2])
+    try:
+        return tokenize.detect_encoding(lambda: next(lines, b""))[0]
+    except SyntaxError:
+        return ""
+
+
+def _text(function: ast.FunctionDef | ast.AsyncFunctionDef,
+          lines: list[bytes]) -> tuple[bytes, ...]:
+    """The lines of ``function``, its decorators first: a function starts its own line, and no
+    other statement shares its last line (what follows a body's ``;`` is of the body)."""
+    first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+    return tuple(lines[first - 1:function.end_lineno])
+
+
+#: Fields that never hold a node of interest: names, numbers, flags, and ``ctx`` (the
+#: ``Load``/``Store``/``Del`` marker of a name, which no check here looks at as a node).
+_SCALAR_FIELDS = frozenset({"id", "attr", "name", "arg", "module", "level", "asname",
+                            "type_comment", "kind", "is_async", "conversion", "ctx", "simple",
+                            "tag", "rest"})
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}  # node class -> its fields less the scalar ones
+
+
+def _children(node: ast.AST) -> list[ast.AST]:
+    """``list(ast.iter_child_nodes(node))``, in its order, less the expression contexts (a
+    third of a tree's nodes, and none a check asks about), read from a per-class list of the
+    fields that can hold nodes: no generator, no look at fields that hold a name or a number."""
+    fields = _NODE_FIELDS.get(node.__class__)
+    if fields is None:
+        fields = _NODE_FIELDS[node.__class__] = tuple(
+            f for f in node._fields if f not in _SCALAR_FIELDS)
+    found: list[ast.AST] = []
+    for field in fields:
         value = getattr(node, field, None)
-        if isinstance(value, ast.AST):
-            yield value
-        elif isinstance(value, list):
-            for item in value:
-                if isinstance(item, ast.AST):
-                    yield item
+        if isinstance(value, list):
+            found += [item for item in value if isinstance(item, ast.AST)]
+        elif isinstance(value, ast.AST):
+            found.append(value)
+    return found
 
 
 def _subtree(node: ast.AST) -> Iterator[ast.AST]:

@@ -15,6 +15,10 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 
+class _AllFound(Exception):
+    """Every target's code is generated: the rest of the module's is not needed."""
+
+
 class _TargetPositions(CodegenState):
     """Code generation that notes where a few target nodes start, and nothing else.
 
@@ -28,12 +32,22 @@ class _TargetPositions(CodegenState):
             default_indent=module.default_indent, default_newline=module.default_newline
         )
         self.targets = targets
+        self.left = set(targets)  # the targets whose code generation has not ended yet
         self.starts: dict[int, int] = {}
         self.fallback: dict[int, int] = {}  # where codegen of a node began, whitespace included
 
     def before_codegen(self, node: cst.CSTNode) -> None:
         if id(node) in self.targets:
             self.fallback.setdefault(id(node), len(self.tokens))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        """A target's start is final once its own code generation ends (its ``starts`` and
+        ``fallback`` entries are set during it, first come first kept): once every target's
+        has ended, stop (nothing after them moves where they start)."""
+        if id(node) in self.left:
+            self.left.discard(id(node))
+            if not self.left:
+                raise _AllFound
 
     @contextlib.contextmanager
     def record_syntactic_position(
@@ -55,9 +69,12 @@ class _TargetPositions(CodegenState):
 
 def node_positions(module: cst.Module, targets: set[int]) -> dict[int, tuple[int, int]]:
     """``{id(node): (line, column)}`` (line 1-based, column 0-based) of the start of each node of
-    ``module`` whose id is in ``targets``, from one code generation (no ``PositionProvider``)."""
+    ``module`` whose id is in ``targets``, from one code generation (no ``PositionProvider``),
+    stopped once the last target's ends (``tests/program/test_positions.py``: the same answers
+    as the whole generation)."""
     state = _TargetPositions(module, set(targets))
-    module._codegen(state)
+    with contextlib.suppress(_AllFound):
+        module._codegen(state)
     # Line and column of each target's first token, counting through the text once.
     where: dict[int, tuple[int, int]] = {}
     line, col, done = 1, 0, 0
