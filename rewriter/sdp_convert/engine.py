@@ -85,6 +85,7 @@ def convert(source: bytes | str, options: Options | None = None) -> Result:
             # resolve only after their edits: an unusual import alias, a star import). Half a
             # conversion is worse than none: the file stays as it was, and the report says why.
             return Result(data, data, result.info, [_unstable(data, again.changes)])
+        _release_tree(again.info)  # the check's tree, kept by its parents map: not needed now
         broken = inserted.problems(data, result.output, dropped_names(result.changes),
                                    getattr(options.project, "collective_helpers", ()))
         if broken:
