@@ -59,6 +59,9 @@ class Facts:
     unfreezes: bool | None = None
     #: The functions (None: the module) holding a ``backward()`` call (``models``).
     backward_functions: frozenset[cst.FunctionDef | None] | None = None
+    #: id(block or module) -> (id(statement) -> its position in the block's body, the position
+    #: of the first statement that leaves the block off rank 0) (``ranks.rank0_only``).
+    rank_exits: dict[int, tuple[dict[int, int], int]] | None = None
     #: id(function, class or module) -> every identifier used inside it.
     names: dict[int, set[str]] | None = None
     #: The migration that reports the library's usual mistakes (once, if two migrations apply).

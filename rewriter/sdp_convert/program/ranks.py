@@ -165,16 +165,36 @@ def rank0_only(fm: FileModel, node: cst.CSTNode) -> bool:
             same_function
             and isinstance(parent, (cst.IndentedBlock, cst.Module))
             and isinstance(child, cst.BaseStatement)
+            and _exit_before(fm, parent, child)
         ):
-            for stmt in parent.body:
-                if stmt is child:
-                    break
-                if is_rank_exit(stmt, lambda test: is_not_rank0_condition(fm, test)):
-                    return True
+            return True
         if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
             same_function = False
         child = parent
     return False
+
+
+def _exit_before(
+    fm: FileModel, block: cst.IndentedBlock | cst.Module, stmt: cst.BaseStatement
+) -> bool:
+    """Whether a statement before ``stmt`` in ``block`` leaves the block off rank 0
+    (``if rank != 0: return``). Where the first such statement of a block is, and where each
+    statement is, are found once per block for the file: asked for every write, a scan of the
+    statements before it would cost a file of module-level writes the square of its length."""
+    memo = fm.facts.rank_exits
+    if memo is None:
+        memo = fm.facts.rank_exits = {}
+    found = memo.get(id(block))
+    if found is None:
+        body = block.body
+        first = next(
+            (i for i, s in enumerate(body)
+             if is_rank_exit(s, lambda test: is_not_rank0_condition(fm, test))),
+            len(body),
+        )
+        found = memo[id(block)] = ({id(s): i for i, s in enumerate(body)}, first)
+    positions, first = found
+    return first < positions.get(id(stmt), len(block.body))
 
 
 def only_called_on_rank0(fm: FileModel, node: cst.CSTNode) -> bool:
