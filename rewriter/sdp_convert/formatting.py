@@ -23,7 +23,7 @@ import difflib
 import functools
 import os
 import sys
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,15 @@ def format_changed(source: bytes, output: bytes, line_length: int) -> bytes:
     import black  # only here: importing it costs more than converting a small file
 
     lines = list(after)
+    ordered = sorted(changed)
+
+    def within(numbers: list[int], first: int, last: int) -> list[int]:
+        """The sorted ``numbers`` from ``first`` to ``last`` (a search: a file has many spans)."""
+        return numbers[bisect_left(numbers, first) : bisect_right(numbers, last)]
+
     for first, last in sorted(spans, reverse=True):
-        mine = {i - first + 1 for i in changed if first <= i <= last}
-        targets = [(i - first + 1,) * 2 for i in long if first <= i <= last]
+        mine = {i - first + 1 for i in within(ordered, first, last)}
+        targets = [(i - first + 1,) * 2 for i in within(long, first, last)]
         new = _black(black, lines[first - 1 : last], line_length, targets, mine)
         if new is not None:
             lines[first - 1 : last] = new
@@ -141,13 +147,15 @@ def _statements_over(tree: ast.Module, wanted: set[int]) -> list[ast.stmt]:
     expressions)."""
     found: list[ast.stmt] = []
     todo: list[ast.AST] = [tree]
+    lines = sorted(wanted)  # whether a statement's span holds one: a search, not a scan
     while todo:
         node = todo.pop()
         for field in _BODIES:
             for child in getattr(node, field, ()):
                 if isinstance(child, ast.stmt):
                     last = child.end_lineno or child.lineno
-                    if any(child.lineno <= line <= last for line in wanted):
+                    at = bisect_left(lines, child.lineno)
+                    if at < len(lines) and lines[at] <= last:
                         found.append(child)
                         todo.append(child)
                 elif isinstance(child, ast.ExceptHandler | ast.match_case):

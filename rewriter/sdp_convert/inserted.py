@@ -417,10 +417,15 @@ class _Names:
 
     def __or__(self, names: Iterable[str]) -> _Names:
         names = frozenset(names)
+        if all(names <= path for path in self.paths):
+            return self  # bound on every path already (a module rebinding its loop names
+            # thousands of times must not copy every path each time: the square of its length)
         return _Names(path | names for path in self.paths)
 
     def __sub__(self, names: Iterable[str]) -> _Names:
         names = frozenset(names)
+        if all(names.isdisjoint(path) for path in self.paths):
+            return self
         return _Names(path - names for path in self.paths)
 
     def __and__(self, other: _Names) -> _Names:
