@@ -209,26 +209,28 @@ class FileIndex:
         if replacing:
             last = replacing[-1].order
             before = [b for b in before if b.order >= last]
-        return [
-            *before,
-            *(b for b in bound
-              if b.order > position and self._in_one_loop(name.value, b.order, position)),
-        ]
+        later = [b for b in bound if b.order > position]
+        if not later:
+            return before
+        # Only the loops around the read matter below: found once for the read, not once for
+        # each later binding (a name rebound in each of a file's thousand blocks).
+        around = [span for span in self.loop_spans if span[0] <= position <= span[1]]
+        return [*before, *(b for b in later if self._in_one_loop(name.value, b.order, around))]
 
-    def _in_one_loop(self, name: str, binding: int, read: int) -> bool:
+    @staticmethod
+    def _in_one_loop(
+        name: str, binding: int, around: list[tuple[int, int, frozenset[str]]]
+    ) -> bool:
         """A later binding reaches a read through a loop around both (the next iteration), unless
         a ``for`` on the way rebinds the name first: the innermost common loop, or a loop around
-        the read that the path enters through its header."""
-        common = [
-            start for start, end, _ in self.loop_spans
-            if start <= binding <= end and start <= read <= end
-        ]
+        the read that the path enters through its header. ``around``: the loops around the
+        read."""
+        common = [start for start, end, _ in around if start <= binding <= end]
         if not common:
             return False
         innermost = max(common)
         return not any(
-            start >= innermost and start <= read <= end and name in rebinds
-            for start, end, rebinds in self.loop_spans
+            start >= innermost and name in rebinds for start, _end, rebinds in around
         )
 
     def uses(self, binding: Binding) -> list[cst.Name]:
