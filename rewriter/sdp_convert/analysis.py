@@ -296,20 +296,15 @@ class Detector(Visitor):
         if stack:
             self.parents[node] = stack[-1]
         stack.append(node)
-        cls = type(node)
-        if cls in _BODIES:
+        if type(node) in _BODIES:
             self._depth += 1
-        name = _hook(type(self), cls, "visit_")
-        return name is None or getattr(self, name)(node) is not False
+        return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self._stack.pop()
-        cls = type(original_node)
-        if cls in _BODIES:
+        if type(original_node) in _BODIES:
             self._depth -= 1
-        name = _hook(type(self), cls, "leave_")
-        if name is not None:
-            getattr(self, name)(original_node)
+        super().on_leave(original_node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         name = node.name.value

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import libcst as cst
 
-from ..analysis import Visitor, _hook
+from ..analysis import Visitor
 from .names import Collector, QualifiedNames
 from .syntax import LAYOUT, code, walk_code
 
@@ -303,8 +303,7 @@ class _Indexer(Visitor):
         path.append(node)
         for rider in self.riders:
             rider.on_visit(node)
-        hook = _hook(type(self), cls, "visit_")
-        if hook is None or getattr(self, hook)(node) is not False:
+        if super().on_visit(node):
             return True
         for rider in self.riders:  # an import's names: the index skips them, the riders do not
             for child in node.children:
@@ -315,9 +314,7 @@ class _Indexer(Visitor):
     def on_leave(self, original_node: cst.CSTNode) -> None:
         for rider in self.riders:
             rider.on_leave(original_node)
-        hook = _hook(type(self), type(original_node), "leave_")
-        if hook is not None:
-            getattr(self, hook)(original_node)
+        super().on_leave(original_node)
         self.names.leave(original_node)
         self.path.pop()
         if id(original_node) in self.ends:
